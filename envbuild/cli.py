@@ -1,0 +1,205 @@
+"""The `envbuild` command line: parses options and delegates; no logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from . import __version__
+from .errors import EnvbuildError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _table(title, headers, rows) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for h in headers:
+        t.add_column(h, overflow="fold")
+    for r in rows:
+        t.add_row(*[escape(str(c)) for c in r])
+    return t
+
+
+def request_options(f):
+    """The options shared by `render` and `build`: what to resolve and how to render it."""
+    opts = [
+        click.option("--gpu", required=True, help="GPU profile or alias (h20, H100, nvidia-a100, ...)."),
+        click.option("--python", help="Python version or PEP 440 specifier."),
+        click.option("--cuda", help="CUDA version or specifier (13.0, '>=12.6')."),
+        click.option("--torch", help="torch version or specifier ('>=2.5,<2.8')."),
+        click.option("--deepspeed", help="DeepSpeed version or specifier."),
+        click.option("--stack", "stack_id", help="Pick a matrix row by id (see `envbuild matrix`)."),
+        click.option("--ds-ops", default="training", show_default=True,
+                     help="Ops to pre-build: training, all, none, or a comma list (cpu_adam,fused_adam)."),
+        click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
+        click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
+        click.option("--cpu-target", default="x86-64-v3", show_default=True,
+                     help="x86-64 level the CPU ops are compiled for (not the build machine's -march=native)."),
+        click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
+        click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
+                     help="Add or override an environment default baked into the image (repeatable)."),
+        click.option("--image-repo", default="envbuild", show_default=True,
+                     help="Image repository the tag belongs to (Singularity.def bootstraps from it)."),
+        click.option("--pip-index-url", help="Package index mirror for pip (a BuildKit secret at build time)."),
+        click.option("--torch-index-url", help="Mirror of PyTorch's CUDA-variant index (a BuildKit secret)."),
+        click.option("--apt-mirror", help="Replaces the distro mirror host, e.g. https://mirror.example (a secret)."),
+        click.option("--ca-cert", type=click.Path(dir_okay=False), help="Extra CA certificate (PEM) for TLS proxies (a secret)."),
+        click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+                     help="Use another matrix directory instead of the built-in one."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _resolve(kw):
+    from .matrix import load_matrix
+    from .resolve import Request, parse_env_pairs, resolve
+
+    m = load_matrix(Path(kw["matrix_dir"]) if kw.get("matrix_dir") else None)
+    req = Request(gpu=kw["gpu"], python=kw["python"], cuda=kw["cuda"], torch=kw["torch"],
+                  deepspeed=kw["deepspeed"], stack=kw["stack_id"], ds_ops=kw["ds_ops"],
+                  base_image=kw["base_image"], builder_image=kw["builder_image"],
+                  env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
+                  keep_toolchain=kw["keep_toolchain"], image_repo=kw["image_repo"])
+    return m, req
+
+
+def _secrets(kw):
+    from .build import BuildSecrets
+    from .resolve import ca_file
+
+    return BuildSecrets(ca_cert=ca_file(kw.get("ca_cert")), pip_index_url=kw.get("pip_index_url"),
+                        torch_index_url=kw.get("torch_index_url"), apt_mirror=kw.get("apt_mirror"))
+
+
+def _print_resolution(r, path=None):
+    s = r.stack
+    rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
+            ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"), ("ds ops", ", ".join(r.ops) or "none"),
+            ("tag", r.image_ref)]
+    if path:
+        rows.append(("output", str(path)))
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    for k, v in rows:
+        t.add_row(k, escape(v))
+    out.print(t)
+
+
+def _explain(m, req):
+    from .resolve import explain_rows
+
+    out.print(_table(f"candidates for {req.describe()}", ("stack", "verdict", "why"), explain_rows(m, req)))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="envbuild")
+def main():
+    """Reproducible GPU training images: pinned torch/CUDA/DeepSpeed stacks with pre-built
+    DeepSpeed ops, per-GPU NCCL defaults and a built-in smoke test."""
+
+
+@main.command()
+@request_options
+@click.option("-o", "--output", type=click.Path(), help="Build directory (default ./build/<tag>).")
+@click.option("--explain", is_flag=True, help="Show every candidate stack and the rule that rejected it; write nothing.")
+def render(output, explain, **kw):
+    """Render Dockerfile, Singularity definitions and manifest.json for one GPU."""
+    from .render import render_files, write_build_dir
+    from .resolve import resolve
+
+    m, req = _resolve(kw)
+    _secrets(kw)  # validate mirror/CA options even though rendering does not embed them
+    if explain:
+        _explain(m, req)
+        _print_resolution(resolve(m, req))
+        return
+    r = resolve(m, req)
+    path = write_build_dir(render_files(r), Path(output) if output else Path("build") / r.tag)
+    _print_resolution(r, path)
+
+
+@main.command("matrix")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+def matrix_cmd(as_json, matrix_dir):
+    """List the pinned stacks."""
+    from .matrix import load_matrix
+    from .tables import STACK_HEADERS, stack_rows
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if as_json:
+        click.echo(json.dumps([s.model_dump() | {"torchvision": m.torch_release(s.torch).torchvision}
+                               for s in m.stacks], indent=2))
+        return
+    out.print(_table("envbuild stacks", STACK_HEADERS, stack_rows(m)))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with reasons and sources.")
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+def gpus(as_json, matrix_dir):
+    """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
+    from .matrix import load_matrix
+    from .tables import GPU_HEADERS, gpu_json, gpu_rows
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if as_json:
+        click.echo(json.dumps(gpu_json(m), indent=2))
+        return
+    out.print(_table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m)))
+    out.print("\nEvery image also gets: " + ", ".join(f"{e.name}={e.value}" for e in m.gpus_file.common_env)
+              + ". `envbuild gpus --json` gives each default's reason and source.")
+
+
+@main.command("readme-tables", hidden=True)
+@click.argument("readme", type=click.Path(exists=True, dir_okay=False))
+@click.option("--check", is_flag=True)
+def readme_tables(readme, check):
+    """Refresh (or --check) the README's generated matrix tables."""
+    from .matrix import load_matrix
+    from .tables import refresh_readme
+
+    if not refresh_readme(Path(readme), load_matrix(), check):
+        if check:
+            raise EnvbuildError(f"{readme}'s generated tables are stale; run `envbuild readme-tables {readme}`.", 1)
+        out.print(f"updated {readme}")
+
+
+def run():
+    """Console entry point: one-paragraph errors, never a traceback for bad input."""
+    try:
+        main.main(standalone_mode=False)
+    except EnvbuildError as e:
+        err.print(f"envbuild: error: {e.message}", markup=False)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        err.print("envbuild: aborted", markup=False)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("envbuild: interrupted", markup=False)
+        sys.exit(130)
+    except Exception as e:  # a bug: say so plainly; ENVBUILD_DEBUG=1 shows the traceback
+        if os.environ.get("ENVBUILD_DEBUG"):
+            raise
+        err.print(f"envbuild: internal error: {type(e).__name__}: {e} (set ENVBUILD_DEBUG=1 for a traceback)",
+                  markup=False)
+        sys.exit(70)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,29 @@
+"""The one exception type users see: a single paragraph, exit code 2, no traceback."""
+
+
+class EnvbuildError(Exception):
+    """A problem with the user's input or environment, explained in one paragraph.
+
+    Parameters
+    ----------
+    message:
+        What was wrong, naming the input and the nearest valid choices.
+    exit_code:
+        Process exit code the CLI uses (2 for bad input, 1 for failed builds/checks).
+    """
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+def nearest(word: str, choices, n: int = 3) -> list[str]:
+    """The closest valid spellings, for 'did you mean' hints."""
+    import difflib
+
+    choices = sorted(set(choices))
+    close = difflib.get_close_matches(word.lower(), choices, n=n, cutoff=0.5)
+    if not close:
+        close = [c for c in choices if c.startswith(word.lower()[:2])][:n]
+    return close

@@ -1,0 +1,454 @@
+"""Load and validate the compatibility matrix (``matrices/*.yaml``).
+
+The matrix is data, not code: four YAML files validated by pydantic models, so a
+malformed file fails with the file, the path of the bad field and what was expected.
+Cross-file checks (a stack naming an unknown torch release, a stack that breaks a rule)
+run once here, at load time, so the resolver can trust what it gets.
+
+Examples
+--------
+>>> m = load_matrix()
+>>> m.gpu("H20").cc
+'9.0'
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .errors import EnvbuildError, nearest
+from .resources import matrices_dir
+
+FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "stacks.yaml")
+
+
+# ---------------------------------------------------------------- field types
+
+
+def _version(v: str) -> str:
+    try:
+        Version(str(v))
+    except InvalidVersion:
+        raise ValueError(f"expected a version like '2.11.0', got {v!r}") from None
+    return str(v)
+
+
+def _specifier(v: str) -> str:
+    try:
+        SpecifierSet(str(v))
+    except InvalidSpecifier:
+        raise ValueError(f"expected a PEP 440 specifier like '>=2.7', got {v!r}") from None
+    return str(v)
+
+
+_CC = re.compile(r"^\d+\.\d+$")
+
+
+def _cc(v: str) -> str:
+    if not _CC.match(str(v)):
+        raise ValueError(f"expected a compute capability like '9.0', got {v!r}")
+    return str(v)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- torch.yaml
+
+
+class TorchRelease(_Strict):
+    torch: str
+    python: str
+    torchvision: str
+    triton: str
+    nccl: str
+    manylinux: str
+    variants: dict[str, str]
+    default_cuda: str
+    note: Optional[str] = None
+
+    _v = field_validator("torch", "torchvision", "triton", "nccl")(_version)
+    _s = field_validator("python")(_specifier)
+
+
+class TorchFile(_Strict):
+    sources: dict[str, str]
+    variant_index: str
+    arch_lists: dict[str, str]
+    releases: list[TorchRelease]
+    cpp_extension_arch_floor: dict[str, str]
+
+
+# ---------------------------------------------------------------- deepspeed.yaml
+
+
+class DsRelease(_Strict):
+    deepspeed: str
+    torch: str
+
+    _v = field_validator("deepspeed")(_version)
+    _s = field_validator("torch")(_specifier)
+
+
+class TritonRule(_Strict):
+    deepspeed: str
+    triton: list[str]
+
+    _s = field_validator("deepspeed")(_specifier)
+
+    @field_validator("triton")
+    @classmethod
+    def _specs(cls, v: list[str]) -> list[str]:
+        return [_specifier(s) for s in v]
+
+
+class Op(_Strict):
+    env: str
+    kind: Literal["cpu", "cuda"]
+    since: str
+    until: Optional[str] = None
+    needs: list[str] = []
+    min_cc: Optional[str] = None
+    triton: list[TritonRule] = []
+    torch: Optional[str] = None
+    reason: Optional[str] = None
+    note: Optional[str] = None
+
+    _v = field_validator("since", "until")(lambda v: v if v is None else _version(v))
+    _c = field_validator("min_cc")(lambda v: v if v is None else _cc(v))
+    _s = field_validator("torch")(lambda v: v if v is None else _specifier(v))
+
+
+class DeepspeedFile(_Strict):
+    sources: dict[str, str]
+    releases: list[DsRelease]
+    nvcc_free_install_from: str
+    ops: dict[str, Op]
+    presets: dict[str, list[str]]
+
+
+# ---------------------------------------------------------------- gpus.yaml
+
+
+class EnvDefault(_Strict):
+    name: str
+    value: str
+    reason: str
+    source: str
+    when: Optional[dict[Literal["torch"], str]] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.match(r"^[A-Z_][A-Z0-9_]*$", v):
+            raise ValueError(f"expected an environment variable name like NCCL_DEBUG, got {v!r}")
+        return v
+
+    @field_validator("when")
+    @classmethod
+    def _when(cls, v):
+        return v if v is None else {k: _specifier(s) for k, s in v.items()}
+
+
+class GpuRequires(_Strict):
+    torch: Optional[str] = None
+    cuda: Optional[str] = None
+    source: str
+
+    _s = field_validator("torch", "cuda")(lambda v: v if v is None else _specifier(v))
+
+
+class GpuProfile(_Strict):
+    name: str
+    aliases: list[str] = []
+    cc: str
+    cc_inferred: bool = False
+    family: str
+    interconnect: str
+    env: list[EnvDefault] = []
+    requires: Optional[GpuRequires] = None
+    notes: list[str] = []
+
+    _c = field_validator("cc")(_cc)
+
+    @property
+    def sm(self) -> str:
+        return "sm_" + self.cc.replace(".", "")
+
+
+class GpusFile(_Strict):
+    sources: dict[str, str]
+    common_env: list[EnvDefault]
+    profiles: list[GpuProfile]
+
+
+# ---------------------------------------------------------------- bases.yaml
+
+
+class Family(_Strict):
+    python: dict[str, str]
+    builder_packages: list[str]
+    runtime_packages: list[str]
+    capabilities: dict[str, dict[Literal["builder", "runtime"], list[str]]] = {}
+    source: str
+
+
+class Toolchain(_Strict):
+    description: str
+    cuda_home: str
+    min_cuda: Optional[str] = None
+    source: Optional[str] = None
+
+
+class BasesFile(_Strict):
+    families: dict[str, Family]
+    toolchains: dict[str, Toolchain]
+
+
+# ---------------------------------------------------------------- stacks.yaml
+
+
+class BaseImages(_Strict):
+    builder: str
+    runtime: str
+
+
+class Stack(_Strict):
+    id: str
+    python: str
+    cuda: str
+    torch: str
+    deepspeed: str
+    os: str
+    toolchain: str
+    cuda_toolkit: Optional[str] = None
+    base_images: BaseImages
+    note: Optional[str] = None
+
+    _v = field_validator("torch", "deepspeed", "cuda", "python")(_version)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not re.match(r"^[a-z0-9][a-z0-9._-]*$", v):
+            raise ValueError(f"expected lower-case letters, digits, '.', '_' or '-', got {v!r}")
+        return v
+
+
+class StacksFile(_Strict):
+    stacks: list[Stack]
+
+
+_MODELS = {
+    "torch.yaml": TorchFile,
+    "deepspeed.yaml": DeepspeedFile,
+    "gpus.yaml": GpusFile,
+    "bases.yaml": BasesFile,
+    "stacks.yaml": StacksFile,
+}
+
+
+# ---------------------------------------------------------------- the matrix
+
+
+class Matrix:
+    """All matrix files, cross-checked, with lookups by name and alias."""
+
+    def __init__(self, directory: Path, torch: TorchFile, deepspeed: DeepspeedFile,
+                 gpus: GpusFile, bases: BasesFile, stacks: StacksFile):
+        self.directory = directory
+        self.torch_file = torch
+        self.deepspeed_file = deepspeed
+        self.gpus_file = gpus
+        self.bases = bases
+        self.stacks = stacks.stacks
+        self._torch = {r.torch: r for r in torch.releases}
+        self._ds = {r.deepspeed: r for r in deepspeed.releases}
+        self._gpu_names: dict[str, GpuProfile] = {}
+
+    # lookups ----------------------------------------------------------
+    def torch_release(self, version: str) -> TorchRelease:
+        return self._torch[version]
+
+    def ds_release(self, version: str) -> DsRelease:
+        return self._ds[version]
+
+    @property
+    def ops(self) -> dict[str, Op]:
+        return self.deepspeed_file.ops
+
+    @property
+    def gpus(self) -> list[GpuProfile]:
+        return self.gpus_file.profiles
+
+    def gpu_names(self) -> dict[str, GpuProfile]:
+        """Every accepted spelling (lower-case) -> profile."""
+        if not self._gpu_names:
+            for p in self.gpus:
+                for n in [p.name, *p.aliases]:
+                    for spelling in (n, f"nvidia-{n}"):
+                        self._gpu_names[spelling.lower()] = p
+        return self._gpu_names
+
+    def gpu(self, name: str) -> GpuProfile:
+        names = self.gpu_names()
+        key = name.strip().lower().replace("_", "-").replace(" ", "-")
+        if key in names:
+            return names[key]
+        if key.replace("-", "") in names:
+            return names[key.replace("-", "")]
+        hint = nearest(key, [p.name for p in self.gpus])
+        did = f" did you mean {', '.join(hint)}?" if hint else ""
+        raise EnvbuildError(
+            f"unknown GPU '{name}';{did} Known GPUs: {', '.join(p.name for p in self.gpus)} "
+            f"(`envbuild gpus` lists them with aliases).")
+
+    def stack(self, stack_id: str) -> Stack:
+        for s in self.stacks:
+            if s.id == stack_id:
+                return s
+        hint = nearest(stack_id, [s.id for s in self.stacks])
+        did = f" did you mean {', '.join(hint)}?" if hint else ""
+        raise EnvbuildError(
+            f"unknown stack '{stack_id}' for --stack;{did} `envbuild matrix` lists all "
+            f"{len(self.stacks)} stacks.")
+
+    def arch_list(self, release: TorchRelease, cuda: str) -> str:
+        return self.torch_file.arch_lists[release.variants[cuda]]
+
+    def torch_index(self, release: TorchRelease, cuda: str) -> Optional[str]:
+        """PyTorch's own index for a non-default CUDA variant; None means plain PyPI."""
+        if cuda == release.default_cuda:
+            return None
+        return self.torch_file.variant_index.format(cuda_nodot=cuda.replace(".", ""))
+
+
+def _locate(loc: tuple, data) -> str:
+    """Turn a pydantic error location into `stacks[3].base_images.builder`, naming
+    the stack id or GPU name when the list element has one."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            label = ""
+            if isinstance(node, list) and part < len(node) and isinstance(node[part], dict):
+                key = node[part].get("id") or node[part].get("name")
+                label = f" ({key})" if key else ""
+            out += f"[{part}]{label}"
+        else:
+            out += f".{part}" if out else str(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return out
+
+
+def _load_file(path: Path):
+    model = _MODELS[path.name]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise EnvbuildError(f"matrix file {path} cannot be read: {e.strerror}.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise EnvbuildError(f"matrix file {path} is not valid YAML{where}: {problem}.") from None
+    try:
+        return model.model_validate(data if data is not None else {})
+    except ValidationError as e:
+        errs = e.errors()
+        parts = []
+        for err in errs[:3]:
+            where = _locate(err["loc"], data) or "(top level)"
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"at {where}: {msg}")
+        more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
+        raise EnvbuildError(f"matrix file {path} is malformed {'; '.join(parts)}{more}.") from None
+
+
+def _check_references(m: Matrix) -> None:
+    """Cross-file integrity, then every stack against the rules."""
+    from . import rules  # rules import matrix types; import here to avoid a cycle
+
+    d = m.directory
+    problems: list[str] = []
+    for name, rel in m._torch.items():
+        for cuda, arch in rel.variants.items():
+            if arch not in m.torch_file.arch_lists:
+                problems.append(f"{d/'torch.yaml'}: torch {name} variant {cuda} names unknown arch list "
+                                f"'{arch}' (known: {', '.join(m.torch_file.arch_lists)})")
+        if rel.default_cuda not in rel.variants:
+            problems.append(f"{d/'torch.yaml'}: torch {name} default_cuda {rel.default_cuda} is not one of its variants")
+    for preset, ops in m.deepspeed_file.presets.items():
+        for op in ops:
+            if op not in m.ops:
+                problems.append(f"{d/'deepspeed.yaml'}: presets.{preset} names unknown op '{op}'")
+    seen: dict[str, str] = {}
+    for p in m.gpus:
+        for n in [p.name, *p.aliases]:
+            if n.lower() in seen and seen[n.lower()] != p.name:
+                problems.append(f"{d/'gpus.yaml'}: alias '{n}' is used by both {seen[n.lower()]} and {p.name}")
+            seen[n.lower()] = p.name
+    ids: set[str] = set()
+    seen_versions: dict[tuple, str] = {}
+    for i, s in enumerate(m.stacks):
+        where = f"{d/'stacks.yaml'}: stacks[{i}] ({s.id})"
+        if s.id in ids:
+            problems.append(f"{where}: duplicate id")
+        ids.add(s.id)
+        versions = (s.torch, s.cuda, s.python, s.deepspeed)
+        if versions in seen_versions:
+            problems.append(f"{where}: same torch/CUDA/Python/DeepSpeed as {seen_versions[versions]}, "
+                            f"so both would get the same image tag")
+        seen_versions[versions] = s.id
+        if s.torch not in m._torch:
+            problems.append(f"{where}.torch: {s.torch} is not a release in torch.yaml "
+                            f"(known: {', '.join(m._torch)})")
+            continue
+        if s.deepspeed not in m._ds:
+            problems.append(f"{where}.deepspeed: {s.deepspeed} is not a release in deepspeed.yaml "
+                            f"(known: {', '.join(m._ds)})")
+            continue
+        if s.os not in m.bases.families:
+            problems.append(f"{where}.os: unknown family '{s.os}' (known: {', '.join(m.bases.families)})")
+            continue
+        if s.toolchain not in m.bases.toolchains:
+            problems.append(f"{where}.toolchain: unknown '{s.toolchain}' (known: {', '.join(m.bases.toolchains)})")
+            continue
+        for rejection in rules.stack_rejections(m, s):
+            problems.append(f"{where}: breaks rule {rejection.rule}: {rejection.message}")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise EnvbuildError("the matrix is inconsistent: " + "; ".join(problems[:3]) + more + ".")
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(directory: str) -> Matrix:
+    d = Path(directory)
+    missing = [f for f in FILES if not (d / f).is_file()]
+    if missing:
+        raise EnvbuildError(f"matrix directory {d} lacks {', '.join(missing)}; it needs {', '.join(FILES)}.")
+    loaded = {f: _load_file(d / f) for f in FILES}
+    m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
+               loaded["bases.yaml"], loaded["stacks.yaml"])
+    _check_references(m)
+    return m
+
+
+def load_matrix(directory: Optional[Path] = None) -> Matrix:
+    """Load the built-in matrix, or the one in `directory` (``--matrix-dir``)."""
+    d = Path(directory) if directory else matrices_dir()
+    return _load_cached(str(d.resolve()))

@@ -1,0 +1,293 @@
+"""From a user's request to one pinned, valid build: the resolver.
+
+Every stack in the matrix is a candidate; :mod:`envbuild.rules` rejects the ones that do
+not fit the request and the GPU; the newest survivor wins, deterministically (torch, then
+CUDA, then DeepSpeed, then Python, then the stack id).
+
+Examples
+--------
+>>> from envbuild.matrix import load_matrix
+>>> r = resolve(load_matrix(), Request(gpu="h20"))
+>>> r.gpu.name, r.arch_list
+('h20', '9.0')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from packaging.version import Version
+
+from . import rules
+from .errors import EnvbuildError
+from .matrix import GpuProfile, Matrix, Stack
+
+VENV = "/opt/venv"
+RUNTIME_PATH = f"{VENV}/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
+DEFAULT_CPU_TARGET = "x86-64-v3"
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for. Version fields take a version or a PEP 440 specifier."""
+
+    gpu: str
+    python: Optional[str] = None
+    cuda: Optional[str] = None
+    torch: Optional[str] = None
+    deepspeed: Optional[str] = None
+    stack: Optional[str] = None
+    ds_ops: str = "training"
+    base_image: Optional[str] = None
+    builder_image: Optional[str] = None
+    env: tuple[tuple[str, str], ...] = ()
+    cpu_target: str = DEFAULT_CPU_TARGET
+    keep_toolchain: bool = False
+    image_repo: str = "envbuild"
+
+    def describe(self) -> str:
+        parts = [f"--gpu {self.gpu}"]
+        for flag in ("stack", "python", "cuda", "torch", "deepspeed"):
+            if getattr(self, flag):
+                parts.append(f"--{flag} {getattr(self, flag)}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable the image sets, with why and where it comes from."""
+
+    name: str
+    value: str
+    reason: str
+    source: str
+    layer: str  # "base" (stack-wide) or "gpu" (the late, per-GPU layer)
+
+
+@dataclass
+class Candidate:
+    stack: Stack
+    rejections: list[rules.Rejection]
+
+
+@dataclass
+class Resolution:
+    request: Request
+    stack: Stack
+    gpu: GpuProfile
+    torchvision: str
+    nccl: str
+    arch_list: str
+    ops: list[str]
+    dropped_ops: list[tuple[str, str]]
+    nvcc_reason: Optional[str]
+    torch_index: Optional[str]
+    base_images: dict[str, str]
+    env: list[EnvVar]
+    tag: str
+    candidates: list[Candidate] = field(default_factory=list)
+    matrix: Optional[Matrix] = field(default=None, repr=False)
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.request.image_repo}:{self.tag}"
+
+
+def _sort_key(s: Stack):
+    return (Version(s.torch), Version(s.cuda), Version(s.deepspeed), Version(s.python), s.id)
+
+
+def _nodot(v: str) -> str:
+    return v.replace(".", "")
+
+
+def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
+                 cpu_target: str, keep_toolchain: bool) -> str:
+    """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices."""
+    tag = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
+    if ops != default_ops:
+        tag += "-ops" + hashlib.sha256(",".join(ops).encode()).hexdigest()[:8]
+    if cpu_target != DEFAULT_CPU_TARGET:
+        tag += "-" + cpu_target.replace("x86-64", "x86_64")
+    if keep_toolchain:
+        tag += "-devel"
+    assert TAG_RE.match(tag), tag
+    return tag
+
+
+def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> list[EnvVar]:
+    out = [
+        EnvVar("VIRTUAL_ENV", VENV, "the pinned stack lives in one virtual environment", "envbuild", "base"),
+        EnvVar("PATH", RUNTIME_PATH, "the venv first; no compiler directory", "envbuild", "base"),
+        EnvVar("PYTHONUNBUFFERED", "1", "log lines reach the job log before a hang, not after", "envbuild", "base"),
+        EnvVar("DS_ACCELERATOR", "cuda",
+               "DeepSpeed >= 0.14.1 falls back to the CPU accelerator when no GPU is visible and then "
+               "treats the pre-built CUDA ops as missing; pin it to the one the ops were built for",
+               "build-notes.md pitfall 1; domain-facts.md section 2", "base"),
+        EnvVar("TORCH_CUDA_ARCH_LIST", arch_list,
+               f"the arches the DeepSpeed ops were pre-built for ({gpu.name}: {gpu.sm})",
+               "gpus.yaml cc", "gpu"),
+    ]
+    if req.keep_toolchain:
+        home = m.bases.toolchains[s.toolchain].cuda_home
+        out[1] = EnvVar("PATH", f"{VENV}/bin:{home}/bin:" + RUNTIME_PATH.split(":", 1)[1],
+                        "the venv first, then nvcc (--keep-toolchain)", "envbuild", "base")
+        out.append(EnvVar("CUDA_HOME", home, "--keep-toolchain: the CUDA compiler stays in the image",
+                          "bases.yaml toolchains", "base"))
+    for d in [*m.gpus_file.common_env, *gpu.env]:
+        if d.when and not rules._contains(d.when["torch"], s.torch):
+            continue
+        out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu"))
+    for name, value in req.env:
+        out = [e for e in out if e.name != name]
+        out.append(EnvVar(name, value, "set with --env at render time", "user", "gpu"))
+    return out
+
+
+def _check_request(m: Matrix, req: Request) -> None:
+    """Fail early, with the nearest valid choices, on input no stack could ever match."""
+    for flag, attr in (("--python", "python"), ("--cuda", "cuda"), ("--torch", "torch"),
+                       ("--deepspeed", "deepspeed")):
+        if getattr(req, attr):
+            rules.user_specifier(flag, getattr(req, attr))
+    if req.cpu_target not in CPU_TARGETS:
+        raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not an x86-64 level; choose one of "
+                            f"{', '.join(CPU_TARGETS)} (default {DEFAULT_CPU_TARGET}).")
+    for name, _ in req.env:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise EnvbuildError(f"--env '{name}' is not a valid environment variable name; use NAME=VALUE.")
+    if req.torch and req.python:
+        tspec = rules.user_specifier("--torch", req.torch)
+        rels = [r for r in m.torch_file.releases if tspec.contains(Version(r.torch))]
+        pspec = rules.user_specifier("--python", req.python)
+        if rels and not any(rules._contains(r.python, p)
+                            for r in rels for p in _pythons(m) if pspec.contains(Version(p))):
+            pys = sorted({p for r in rels for p in _pythons(m) if rules._contains(r.python, p)}, key=Version)
+            raise EnvbuildError(
+                f"--python {req.python}: torch {', '.join(r.torch for r in rels)} has no wheels for it "
+                f"(rule torch-python: wheels exist for Python {', '.join(r.python for r in rels)}); "
+                f"nearest valid choices: --python {', '.join(pys) or 'none in the matrix'}.")
+
+
+def _pythons(m: Matrix) -> list[str]:
+    """Pythons some base family ships: the ones a stack could use."""
+    return sorted({p for f in m.bases.families.values() for p in f.python}, key=Version)
+
+
+def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
+    """Every stack with the rules that reject it for this request (empty list: valid)."""
+    pool = [m.stack(req.stack)] if req.stack else m.stacks
+    out = []
+    for s in sorted(pool, key=_sort_key, reverse=True):
+        rej = rules.request_rejections(m, s, req) + rules.gpu_rejections(m, s, gpu)
+        out.append(Candidate(s, rej))
+    return out
+
+
+def _no_stack_error(m: Matrix, req: Request, gpu: GpuProfile, cands: list[Candidate]) -> EnvbuildError:
+    reasons = []
+    for c in cands:
+        if any(r.rule == "request" for r in c.rejections):
+            continue  # the user ruled this stack out; its other problems are noise
+        for r in c.rejections:
+            if r.message not in reasons:
+                reasons.append(r.message)
+    for_gpu = [c.stack for c in candidates(m, Request(gpu=req.gpu), gpu) if not c.rejections]
+    for_gpu.sort(key=lambda s: _distance(s, req))
+    choices = ", ".join(f"--torch {s.torch} --cuda {s.cuda} --python {s.python} (stack {s.id})"
+                        for s in for_gpu[:3])
+    why = "; ".join(reasons[:3]) if reasons else "no stack in the matrix matches those versions"
+    return EnvbuildError(
+        f"no stack fits {req.describe()}: {why}. "
+        f"Nearest valid choices for {gpu.name}: {choices or 'none'} "
+        f"(`envbuild render {req.describe()} --explain` shows every candidate).")
+
+
+def _distance(s: Stack, req: Request) -> int:
+    """How far a stack is from the versions the user asked for (for 'nearest' hints)."""
+    total = 0
+    for attr in ("python", "cuda", "torch", "deepspeed"):
+        found = re.search(r"\d+(\.\d+)?", getattr(req, attr) or "")
+        if found:
+            want, have = Version(found.group(0)), Version(getattr(s, attr))
+            total += abs((want.major * 100 + want.minor) - (have.major * 100 + have.minor))
+    return total
+
+
+def resolve(m: Matrix, req: Request) -> Resolution:
+    """Pick the newest valid stack for `req`, or raise EnvbuildError saying why none fits."""
+    gpu = m.gpu(req.gpu)
+    _check_request(m, req)
+    cands = candidates(m, req, gpu)
+    valid = [c for c in cands if not c.rejections]
+    if not valid:
+        raise _no_stack_error(m, req, gpu, cands)
+    s = valid[0].stack
+    rel = m.torch_release(s.torch)
+    arch_list = gpu.cc
+    ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops)
+    default_ops, _ = rules.select_ops(m, s, arch_list, "training")
+    base_images = {"builder": s.base_images.builder, "runtime": s.base_images.runtime}
+    if req.base_image:
+        base_images["runtime"] = req.base_image
+        if s.toolchain == "pypi":
+            base_images["builder"] = req.base_image
+    if req.builder_image:
+        base_images["builder"] = req.builder_image
+    return Resolution(
+        request=req, stack=s, gpu=gpu, torchvision=rel.torchvision, nccl=rel.nccl,
+        arch_list=arch_list, ops=ops, dropped_ops=dropped,
+        nvcc_reason=rules.nvcc_required(m, s, ops),
+        torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
+        env=_env(m, s, gpu, arch_list, req),
+        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain),
+        candidates=cands, matrix=m,
+    )
+
+
+def explain_rows(m: Matrix, req: Request) -> list[tuple[str, str, str]]:
+    """(stack id, verdict, reasons) for every candidate, for ``--explain``."""
+    gpu = m.gpu(req.gpu)
+    _check_request(m, req)
+    rows = []
+    chosen = None
+    for c in candidates(m, req, gpu):
+        if c.rejections:
+            rows.append((c.stack.id, "rejected", "; ".join(f"[{r.rule}] {r.message}" for r in c.rejections)))
+        elif chosen is None:
+            chosen = c.stack.id
+            rows.append((c.stack.id, "CHOSEN", "newest stack every rule allows"))
+        else:
+            rows.append((c.stack.id, "valid", "older than the chosen stack"))
+    return rows
+
+
+def parse_env_pairs(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for p in pairs:
+        if "=" not in p:
+            raise EnvbuildError(f"--env '{p}' must be NAME=VALUE, e.g. --env NCCL_P2P_DISABLE=0.")
+        name, value = p.split("=", 1)
+        out.append((name, value))
+    return tuple(out)
+
+
+def ca_file(path: Optional[str]) -> Optional[Path]:
+    """Validate --ca-cert: a readable PEM file."""
+    if not path:
+        return None
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="ascii", errors="replace")
+    except OSError as e:
+        raise EnvbuildError(f"--ca-cert {path}: cannot read it ({e.strerror}); give a PEM file such as "
+                            f"/etc/ssl/certs/ca-certificates.crt.") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise EnvbuildError(f"--ca-cert {path} holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' line).")
+    return p

@@ -1,0 +1,24 @@
+"""Where the shipped data lives: inside the wheel, or at the top of a source checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def _find(name: str) -> Path:
+    # The wheel force-includes templates/ and matrices/ into the package; a source
+    # checkout (editable install, tests) keeps them at the repository top.
+    for candidate in (_PKG / name, _PKG.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"envbuild data directory '{name}' not found next to {_PKG}")
+
+
+def matrices_dir() -> Path:
+    return _find("matrices")
+
+
+def templates_dir() -> Path:
+    return _find("templates")

@@ -1,0 +1,247 @@
+"""Every compatibility rule, in one place.
+
+Rules read the matrix data (torch.yaml, deepspeed.yaml, gpus.yaml, bases.yaml) and answer
+with :class:`Rejection` objects, never booleans, so ``--explain`` and error messages can
+say which rule rejected what and why. The rule names are stable strings users see:
+
+- ``torch-cuda``      the torch release has a wheel for that CUDA
+- ``torch-python``    the torch release has wheels for that Python
+- ``deepspeed-torch`` the DeepSpeed release accepts that torch
+- ``os-python``       the base OS family ships that Python
+- ``toolchain``       the builder's nvcc matches torch's CUDA
+- ``gpu-floor``       the GPU's own torch/CUDA floor (Blackwell: torch >= 2.7, CUDA >= 12.8)
+- ``gpu-arch``        the torch build carries code for the GPU's compute capability
+- ``gpu-jit-arch``    torch's cpp_extension accepts the GPU's arch (needed to pre-build ops)
+- ``ds-op``           a DeepSpeed op can be pre-built for this stack and GPU
+- ``request``         the stack matches the versions the user asked for
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .errors import EnvbuildError
+
+
+@dataclass(frozen=True)
+class Rejection:
+    rule: str
+    message: str
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def mm(version: str) -> str:
+    """'13.0.2' -> '13.0'."""
+    v = Version(version)
+    return f"{v.major}.{v.minor}"
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def arch_runs_on(cc: str, arch_list: str) -> bool:
+    """True if code built for `arch_list` runs on a GPU of compute capability `cc`.
+
+    A cubin runs on later minors of the same major (sm_80 on 8.6/8.9); PTX is JIT-compiled
+    by the driver for any later arch.
+    """
+    want = _cc(cc)
+    for entry in arch_list.replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        ptx = entry.endswith("+PTX")
+        have = _cc(entry.removesuffix("+PTX"))
+        if have[0] == want[0] and have[1] <= want[1]:
+            return True
+        if ptx and have <= want:
+            return True
+    return False
+
+
+def user_specifier(flag: str, text: str) -> SpecifierSet:
+    """Parse a user's --torch/--cuda/--python/--deepspeed value.
+
+    A bare version means that release line: ``2.5`` is ``==2.5.*``, ``2.5.1`` is
+    ``==2.5.1``; anything else must be a PEP 440 specifier.
+    """
+    raw = text.strip()
+    try:
+        v = Version(raw)
+    except InvalidVersion:
+        v = None
+    if v is not None and raw[0].isdigit():
+        return SpecifierSet(f"=={raw}" if len(v.release) >= 3 else f"=={raw}.*")
+    try:
+        spec = SpecifierSet(raw)
+    except InvalidSpecifier:
+        raise EnvbuildError(
+            f"{flag} '{text}' is neither a version nor a PEP 440 specifier; examples: "
+            f"{flag} 2.11, {flag} 2.11.0, {flag} '>=2.5,<2.8'.") from None
+    if not str(spec):
+        raise EnvbuildError(f"{flag} is empty; give a version like 2.11 or a specifier like '>=2.5'.")
+    return spec
+
+
+def _contains(spec: str | SpecifierSet, version: str) -> bool:
+    return SpecifierSet(str(spec)).contains(Version(version), prereleases=True)
+
+
+# ---------------------------------------------------------------- stack rules
+
+
+def stack_rejections(m, s) -> list[Rejection]:
+    """Rules a stack row must satisfy on its own (checked when the matrix loads)."""
+    out: list[Rejection] = []
+    rel = m.torch_release(s.torch)
+    if s.cuda not in rel.variants:
+        out.append(Rejection("torch-cuda", f"torch {s.torch} has no CUDA {s.cuda} wheel "
+                                           f"(variants: {', '.join(rel.variants)})"))
+    if not _contains(rel.python, s.python):
+        out.append(Rejection("torch-python", f"torch {s.torch} has no wheels for Python {s.python} "
+                                             f"(it has {rel.python})"))
+    ds = m.ds_release(s.deepspeed)
+    if not _contains(ds.torch, s.torch):
+        out.append(Rejection("deepspeed-torch", f"DeepSpeed {s.deepspeed} needs torch {ds.torch}"))
+    family = m.bases.families[s.os]
+    if s.python not in family.python:
+        out.append(Rejection("os-python", f"{s.os} ships Python {', '.join(family.python)}, not {s.python}"))
+    tc = m.bases.toolchains[s.toolchain]
+    if s.toolchain == "pypi":
+        if not s.cuda_toolkit:
+            out.append(Rejection("toolchain", "a pypi toolchain stack must pin cuda_toolkit"))
+        elif mm(s.cuda_toolkit) != s.cuda:
+            out.append(Rejection("toolchain", f"cuda_toolkit {s.cuda_toolkit} does not match torch's CUDA {s.cuda}"))
+        if tc.min_cuda and Version(s.cuda) < Version(tc.min_cuda):
+            out.append(Rejection("toolchain", f"PyPI ships an nvcc binary only from CUDA {tc.min_cuda} "
+                                              f"({tc.source})"))
+    elif f":{s.cuda}." not in s.base_images.builder:
+        out.append(Rejection("toolchain", f"builder image {s.base_images.builder} is not a CUDA {s.cuda} "
+                                          f"devel image; DeepSpeed checks nvcc against torch's CUDA"))
+    return out
+
+
+def request_rejections(m, s, req) -> list[Rejection]:
+    """Does the stack match what the user asked for (--python/--cuda/--torch/--deepspeed)?"""
+    out = []
+    for flag, attr in (("--python", "python"), ("--cuda", "cuda"), ("--torch", "torch"),
+                       ("--deepspeed", "deepspeed")):
+        want = getattr(req, attr)
+        if want and not user_specifier(flag, want).contains(Version(getattr(s, attr)), prereleases=True):
+            out.append(Rejection("request", f"{attr} {getattr(s, attr)} does not match {flag} '{want}'"))
+    return out
+
+
+def gpu_rejections(m, s, gpu) -> list[Rejection]:
+    """Can this stack serve this GPU?"""
+    out = []
+    req = gpu.requires
+    if req:
+        if req.torch and not _contains(req.torch, s.torch):
+            out.append(Rejection("gpu-floor", f"{gpu.name} needs torch {req.torch} ({req.source})"))
+        if req.cuda and not _contains(req.cuda, s.cuda):
+            out.append(Rejection("gpu-floor", f"{gpu.name} needs CUDA {req.cuda} ({req.source})"))
+    rel = m.torch_release(s.torch)
+    if s.cuda in rel.variants:
+        arches = m.arch_list(rel, s.cuda)
+        if not arch_runs_on(gpu.cc, arches):
+            out.append(Rejection("gpu-arch", f"torch {s.torch}+cu{s.cuda.replace('.', '')} is built for "
+                                             f"{arches}, which has no code for {gpu.name} ({gpu.sm})"))
+    floor = m.torch_file.cpp_extension_arch_floor.get(gpu.cc)
+    if floor and Version(s.torch) < Version(floor):
+        out.append(Rejection("gpu-jit-arch", f"torch {s.torch}'s cpp_extension rejects arch {gpu.cc} "
+                                             f"(accepted from torch {floor}), so ops cannot be pre-built"))
+    return out
+
+
+# ---------------------------------------------------------------- DeepSpeed ops
+
+
+def capabilities(m, s) -> set[str]:
+    """What the stack's build can provide to ops that need something (`needs:`)."""
+    return set(m.bases.families[s.os].capabilities)
+
+
+def op_rejection(m, s, op_name: str, arch_list: str) -> Optional[Rejection]:
+    """Why `op_name` cannot be pre-built for this stack and arch list (None: it can)."""
+    op = m.ops[op_name]
+    ds = Version(s.deepspeed)
+    if ds < Version(op.since):
+        return Rejection("ds-op", f"{op_name} first appears in DeepSpeed {op.since}")
+    if op.until and ds >= Version(op.until):
+        return Rejection("ds-op", f"{op_name} was removed in DeepSpeed {op.until}")
+    if op.torch and not _contains(op.torch, s.torch):
+        return Rejection("ds-op", f"{op_name}: {op.reason or f'needs torch {op.torch}'}")
+    missing = [n for n in op.needs if n not in capabilities(m, s)]
+    if missing:
+        return Rejection("ds-op", f"{op_name}: {op.reason or 'needs ' + ', '.join(missing)} "
+                                  f"(not provided by envbuild's {s.os} base)")
+    if op.min_cc:
+        lowest = min(_cc(a.removesuffix("+PTX")) for a in arch_list.split(";") if a)
+        if lowest < _cc(op.min_cc):
+            return Rejection("ds-op", f"{op_name} needs compute capability >= {op.min_cc}, "
+                                      f"the arch list is {arch_list}")
+    triton = m.torch_release(s.torch).triton
+    for rule in op.triton:
+        if _contains(rule.deepspeed, s.deepspeed) and not any(_contains(t, triton) for t in rule.triton):
+            return Rejection("ds-op", f"{op_name}: DeepSpeed {s.deepspeed} accepts triton "
+                                      f"{' or '.join(rule.triton)}, torch {s.torch} pins triton {triton}")
+    return None
+
+
+def select_ops(m, s, arch_list: str, choice: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """Resolve ``--ds-ops`` into (ops to pre-build, [(op dropped from a preset, why)]).
+
+    Presets (``training``, ``none``, the computed ``all``) quietly drop what the stack
+    cannot build, and say so in ``--explain``; an op named explicitly that cannot be
+    built is an error.
+    """
+    choice = (choice or "training").strip()
+    presets = m.deepspeed_file.presets
+    if choice == "all" or choice in presets:
+        names = list(m.ops) if choice == "all" else presets[choice]
+        chosen, dropped = [], []
+        for n in names:
+            why = op_rejection(m, s, n, arch_list)
+            (dropped.append((n, why.message)) if why else chosen.append(n))
+        return sorted(chosen), dropped
+    names = [n.strip() for n in choice.split(",") if n.strip()]
+    if not names:
+        raise EnvbuildError("--ds-ops is empty; give a preset (training, all, none) or op names.")
+    chosen = []
+    for n in names:
+        if n not in m.ops:
+            from .errors import nearest
+            hint = nearest(n, m.ops)
+            did = f" did you mean {', '.join(hint)}?" if hint else ""
+            raise EnvbuildError(
+                f"--ds-ops names unknown DeepSpeed op '{n}';{did} Presets: "
+                f"{', '.join(['all', *presets])}; ops: {', '.join(m.ops)}.")
+        why = op_rejection(m, s, n, arch_list)
+        if why:
+            ok = [o for o in m.ops if not op_rejection(m, s, o, arch_list)]
+            raise EnvbuildError(
+                f"--ds-ops: op '{n}' cannot be pre-built for stack {s.id}: {why.message}. "
+                f"Ops this stack can pre-build: {', '.join(ok)}.")
+        if n not in chosen:
+            chosen.append(n)
+    return sorted(chosen), []
+
+
+def nvcc_required(m, s, ops: list[str]) -> Optional[str]:
+    """Why the builder needs nvcc (None: it does not). DeepSpeed < 0.19.8 runs `nvcc -V`
+    in setup.py under DS_ACCELERATOR=cuda even for CPU-only ops (build-notes pitfall 2)."""
+    cuda_ops = [o for o in ops if m.ops[o].kind == "cuda"]
+    if cuda_ops:
+        return f"CUDA ops {', '.join(cuda_ops)} are compiled with nvcc"
+    if Version(s.deepspeed) < Version(m.deepspeed_file.nvcc_free_install_from):
+        return (f"DeepSpeed {s.deepspeed} < {m.deepspeed_file.nvcc_free_install_from} runs "
+                f"`nvcc -V` at install time with DS_ACCELERATOR=cuda")
+    return None

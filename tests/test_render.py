@@ -1,0 +1,129 @@
+"""Rendering: golden files, byte-identical output, layer order, atomic writes."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, tree
+from envbuild.render import render_files, write_build_dir
+from envbuild.resolve import Request, resolve
+
+GOLDEN = ROOT / "tests" / "golden"
+CASES = {
+    "h20-default": Request(gpu="h20"),
+    "h20-pypi-ci": Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam",
+                           base_image="local/debian:bookworm"),
+    "v100-cu126": Request(gpu="v100"),
+    "rtx4090-torch2.5-devel": Request(gpu="rtx4090", torch="2.5", keep_toolchain=True, ds_ops="cpu_adam,async_io"),
+}
+VERBATIM = "envbuild/"  # files copied unchanged from templates/files; compared there, not in golden/
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(matrix, case):
+    files = render_files(resolve(matrix, CASES[case]))
+    golden_dir = GOLDEN / case
+    rendered = {k: v for k, v in files.items() if not k.startswith(VERBATIM)}
+    if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
+        write_build_dir(rendered, golden_dir)
+    assert tree(golden_dir) == rendered, f"re-render with ENVBUILD_UPDATE_GOLDEN=1 and review the diff of {golden_dir}"
+    for k, v in files.items():
+        if k.startswith(VERBATIM):
+            assert v == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
+
+
+def test_render_twice_is_byte_identical(cli, tmp_path):
+    for d in ("a", "b"):
+        r = cli("render", "--gpu", "h20", "-o", str(tmp_path / d))
+        assert r.returncode == 0, r.stderr
+    a, b = tree(tmp_path / "a"), tree(tmp_path / "b")
+    assert a == b and len(a) >= 9
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "a").rglob("*") if p.is_file()}
+    assert modes["entrypoint.sh"] == 0o755 and modes["Dockerfile"] == 0o644
+
+
+def test_build_dir_has_everything_the_dockerfile_copies(matrix, tmp_path):
+    out = write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), tmp_path / "b")
+    dockerfile = (out / "Dockerfile").read_text()
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY") and "--from" not in line:
+            for src in line.split()[1:-1]:
+                assert (out / src).is_file(), src
+
+
+def test_manifest_has_the_required_keys(matrix):
+    m = json.loads(render_files(resolve(matrix, Request(gpu="h20")))["manifest.json"])
+    for key in ("tag", "python", "cuda", "torch", "deepspeed", "gpu", "torch_cuda_arch_list", "ds_ops", "env",
+                "base_images"):
+        assert key in m, key
+    assert m["env"]["NCCL_P2P_DISABLE"] == "1" and m["env"]["DS_ACCELERATOR"] == "cuda"
+    assert m["torch_cuda_arch_list"] == "9.0" and "fused_adam" in m["ds_ops"]
+
+
+def _env_in_dockerfile(text):
+    env = {}
+    for block in re.findall(r"^ENV (.*?)(?:\n(?!    )|\Z)", text, re.S | re.M):
+        for name, value in re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', block):
+            env[name] = json.loads(value) if value.startswith('"') else value
+    return env
+
+
+def test_manifest_env_is_exactly_what_the_runtime_stage_sets(matrix):
+    files = render_files(resolve(matrix, Request(gpu="h20")))
+    runtime = files["Dockerfile"].decode().split("AS runtime", 1)[1]
+    assert _env_in_dockerfile(runtime) == json.loads(files["manifest.json"])["env"]
+
+
+def test_gpu_variants_differ_only_in_the_late_layer(matrix):
+    """h20 and h100 share the arch list 9.0: every line up to the per-GPU marker is equal,
+    so Docker reuses every heavy layer."""
+    h20 = render_files(resolve(matrix, Request(gpu="h20")))["Dockerfile"].decode()
+    h100 = render_files(resolve(matrix, Request(gpu="h100")))["Dockerfile"].decode()
+    marker = "# ---- "
+    instructions = lambda t: [ln for ln in t.split(marker)[0].splitlines() if not ln.startswith("#")]  # noqa: E731
+    assert instructions(h20) == instructions(h100)
+    assert len(instructions(h20)) > 30
+    assert "NCCL_P2P_DISABLE" in h20.split(marker)[1] and "NCCL_P2P_DISABLE" not in h100
+
+
+def test_ds_build_flags(matrix):
+    files = render_files(resolve(matrix, Request(gpu="h20", ds_ops="cpu_adam,fused_adam")))
+    d = files["Dockerfile"].decode()
+    assert "DS_BUILD_OPS=0" in d and "DS_ACCELERATOR=cuda" in d and "TORCH_CUDA_ARCH_LIST=9.0" in d
+    assert "DS_BUILD_CPU_ADAM=1" in d and "DS_BUILD_FUSED_ADAM=1" in d and "DS_BUILD_FUSED_LAMB" not in d
+    assert "--no-build-isolation" in files["envbuild/setup.sh"].decode()
+
+
+def test_singularity_environment_computes_per_job_dir(matrix):
+    files = render_files(resolve(matrix, Request(gpu="h20")))
+    env_sh = files["envbuild/env.sh"].decode()
+    assert "SLURM_JOB_ID" in env_sh and "TORCH_EXTENSIONS_DIR" in env_sh and "$$" in env_sh
+    for name in ("Singularity.def", "Singularity.standalone.def"):
+        text = files[name].decode()
+        assert ". /opt/envbuild/env.sh" in text.split("%environment", 1)[1]
+        assert 'NCCL_P2P_DISABLE="${NCCL_P2P_DISABLE:-1}"' in text
+        assert "/opt/envbuild/smoke.py" in text.split("%test", 1)[1]
+    assert "From: envbuild:torch2.11.0-cu130-py3.12-ds0.19.8-h20" in files["Singularity.def"].decode()
+    standalone = files["Singularity.standalone.def"].decode()
+    assert standalone.count("Bootstrap: docker") == 2 and "From: nvidia/cuda:13.0.2-devel-ubuntu24.04" in standalone
+
+
+def test_failed_write_leaves_nothing(matrix, tmp_path, monkeypatch):
+    files = render_files(resolve(matrix, Request(gpu="h20")))
+    files["zzz/\0bad"] = b"x"  # an impossible file name, written last
+    out = tmp_path / "out"
+    with pytest.raises(Exception):
+        write_build_dir(files, out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rerender_replaces_an_existing_dir_atomically(matrix, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), out)
+    assert not (out / "stale.txt").exists() and (out / "Dockerfile").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

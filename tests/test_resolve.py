@@ -1,0 +1,55 @@
+"""The resolver: newest valid stack, deterministic, explained."""
+
+from envbuild.resolve import Request, explain_rows, resolve
+
+
+def test_h20_default_is_newest_valid_stack(matrix):
+    r = resolve(matrix, Request(gpu="h20"))
+    assert r.stack.torch == "2.11.0" and r.stack.deepspeed == "0.19.8"
+    assert r.arch_list == "9.0"
+    assert r.tag == "torch2.11.0-cu130-py3.12-ds0.19.8-h20"
+
+
+def test_specifiers_narrow_the_choice(matrix):
+    r = resolve(matrix, Request(gpu="a100", torch=">=2.5,<2.8"))
+    assert r.stack.torch == "2.7.1"
+    r = resolve(matrix, Request(gpu="a100", python="3.11"))
+    assert r.stack.id == "torch2.11-cu130-py3.11-pypi"
+    r = resolve(matrix, Request(gpu="a100", cuda="12.4"))
+    assert r.stack.id == "torch2.5-cu124-py3.10"
+
+
+def test_resolution_is_deterministic(matrix):
+    a = [resolve(matrix, Request(gpu=g.name)).stack.id for g in matrix.gpus]
+    b = [resolve(matrix, Request(gpu=g.name)).stack.id for g in reversed(matrix.gpus)][::-1]
+    assert a == b
+
+
+def test_explain_lists_every_candidate_with_rules(matrix):
+    rows = explain_rows(matrix, Request(gpu="b200"))
+    assert len(rows) == len(matrix.stacks)
+    verdicts = {sid: (v, why) for sid, v, why in rows}
+    assert [v for _, v, _ in rows].count("CHOSEN") == 1
+    assert verdicts["torch2.6-cu126-py3.12"][0] == "rejected"
+    assert "[gpu-floor]" in verdicts["torch2.6-cu126-py3.12"][1]
+    assert "[gpu-jit-arch]" in verdicts["torch2.4-cu121-py3.10"][1]
+
+
+def test_env_override_replaces_a_default(matrix):
+    r = resolve(matrix, Request(gpu="h20", env=(("NCCL_P2P_DISABLE", "0"), ("MY_VAR", "x"))))
+    env = {e.name: e for e in r.env}
+    assert env["NCCL_P2P_DISABLE"].value == "0" and env["NCCL_P2P_DISABLE"].source == "user"
+    assert env["MY_VAR"].value == "x"
+
+
+def test_flight_recorder_only_where_torch_knows_it(matrix):
+    old = {e.name for e in resolve(matrix, Request(gpu="h100", torch="2.4")).env}
+    new = {e.name for e in resolve(matrix, Request(gpu="h100")).env}
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in old and "TORCH_NCCL_TRACE_BUFFER_SIZE" in new
+
+
+def test_non_default_choices_change_the_tag(matrix):
+    base = resolve(matrix, Request(gpu="h20")).tag
+    assert resolve(matrix, Request(gpu="h20", ds_ops="cpu_adam")).tag.startswith(base + "-ops")
+    assert resolve(matrix, Request(gpu="h20", cpu_target="x86-64-v4")).tag == base + "-x86_64-v4"
+    assert resolve(matrix, Request(gpu="h20", keep_toolchain=True)).tag == base + "-devel"

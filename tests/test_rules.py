@@ -1,0 +1,116 @@
+"""The compatibility rules, one behaviour each."""
+
+import pytest
+
+from envbuild import rules
+from envbuild.errors import EnvbuildError
+from envbuild.resolve import Request, resolve
+
+
+@pytest.mark.parametrize("cc, arches, ok", [
+    ("9.0", "7.5;8.0;8.6;9.0;10.0;12.0", True),
+    ("8.9", "7.0;7.5;8.0;8.6;9.0", True),          # sm_86 cubin runs on 8.9
+    ("7.0", "7.5;8.0;8.6;9.0;10.0;12.0", False),   # V100 dropped from cu13 wheels
+    ("10.3", "7.5;8.0;9.0;10.0", True),
+    ("12.0", "5.0;6.0;7.0;7.5;8.0;8.6;9.0", False),
+    ("12.1", "9.0;10.0;12.0+PTX", True),
+    ("10.0", "8.0;9.0+PTX", True),                 # PTX is JIT-compiled by the driver
+    ("8.0", "9.0+PTX", False),
+])
+def test_arch_runs_on(cc, arches, ok):
+    assert rules.arch_runs_on(cc, arches) is ok
+
+
+@pytest.mark.parametrize("text, version, ok", [
+    ("2.5", "2.5.1", True), ("2.5", "2.6.0", False), ("2.5.1", "2.5.1", True),
+    (">=2.5,<2.8", "2.7.1", True), (">=2.5,<2.8", "2.8.0", False), ("13", "13.0", True),
+])
+def test_user_specifier(text, version, ok):
+    assert rules.user_specifier("--torch", text).contains(version) is ok
+
+
+@pytest.mark.parametrize("bad", ["2.x", ">>2", "", "latest"])
+def test_user_specifier_rejects_garbage(bad):
+    with pytest.raises(EnvbuildError, match="--torch"):
+        rules.user_specifier("--torch", bad)
+
+
+def test_v100_gets_the_cu126_stack_not_the_default_cu130(matrix):
+    r = resolve(matrix, Request(gpu="v100"))
+    assert r.stack.cuda == "12.6" and r.stack.torch == "2.11.0"
+    assert r.torch_index == "https://download.pytorch.org/whl/cu126"
+
+
+def test_blackwell_needs_torch_27_and_cuda_128(matrix):
+    r = resolve(matrix, Request(gpu="b200", torch="<2.8"))
+    assert (r.stack.torch, r.stack.cuda) == ("2.7.1", "12.8")
+    with pytest.raises(EnvbuildError, match="b200 needs torch >=2.7"):
+        resolve(matrix, Request(gpu="b200", torch="2.5"))
+
+
+def _stack(matrix, sid):
+    return matrix.stack(sid)
+
+
+def test_sparse_attn_never_with_torch2(matrix):
+    why = rules.op_rejection(matrix, _stack(matrix, "torch2.4-cu121-py3.10"), "sparse_attn", "9.0")
+    assert why and "torch < 2.0" in why.message
+
+
+def test_sparse_attn_gone_after_0197(matrix):
+    why = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.12"), "sparse_attn", "9.0")
+    assert "removed in DeepSpeed 0.19.7" in why.message
+
+
+@pytest.mark.parametrize("op", ["cutlass_ops", "ragged_device_ops"])
+def test_dskernels_ops_are_off(matrix, op):
+    why = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.12"), op, "9.0")
+    assert "deepspeed-kernels" in why.message
+
+
+def test_fp_quantizer_triton_limit(matrix):
+    # DeepSpeed 0.18.9 pins triton < 3.3; torch 2.8 brings triton 3.4.
+    why = rules.op_rejection(matrix, _stack(matrix, "torch2.8-cu128-py3.12"), "fp_quantizer", "9.0")
+    assert why and "triton" in why.message
+    # 0.19.8 dropped the check; CC must still be >= 8.0.
+    assert rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.12"), "fp_quantizer", "9.0") is None
+    assert "8.0" in rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu126-py3.12"), "fp_quantizer", "7.0").message
+
+
+def test_async_io_brings_libaio_and_evoformer_needs_cutlass(matrix):
+    s = _stack(matrix, "torch2.11-cu130-py3.12")
+    assert rules.op_rejection(matrix, s, "async_io", "9.0") is None
+    assert "CUTLASS" in rules.op_rejection(matrix, s, "evoformer_attn", "9.0").message
+    r = resolve(matrix, Request(gpu="h100", stack=s.id, ds_ops="async_io"))
+    from envbuild.render import recipe
+    steps = recipe(r)
+    assert "libaio-dev" in steps.builder_steps[0].args and "libaio1t64" in steps.runtime_steps[0].args
+
+
+def test_utils_op_only_from_0171(matrix):
+    old = resolve(matrix, Request(gpu="h100", stack="torch2.5-cu124-py3.10"))
+    assert "utils" not in old.ops and ("utils", "utils first appears in DeepSpeed 0.17.1") in old.dropped_ops
+    assert "utils" in resolve(matrix, Request(gpu="h100")).ops
+
+
+def test_all_preset_is_every_buildable_op(matrix):
+    r = resolve(matrix, Request(gpu="h100", ds_ops="all"))
+    assert {"cpu_adam", "fused_adam", "fp_quantizer", "async_io", "dc", "pin_memory"} <= set(r.ops)
+    assert not {"sparse_attn", "cutlass_ops", "ragged_device_ops", "evoformer_attn", "gds"} & set(r.ops)
+
+
+def test_nvcc_rule(matrix):
+    new = _stack(matrix, "torch2.11-cu130-py3.11-pypi")
+    old = _stack(matrix, "torch2.10-cu128-py3.12")
+    assert rules.nvcc_required(matrix, new, ["cpu_adam"]) is None
+    assert "fused_adam" in rules.nvcc_required(matrix, new, ["cpu_adam", "fused_adam"])
+    old_ds = old.model_copy(update={"deepspeed": "0.18.9"})
+    assert "nvcc -V" in rules.nvcc_required(matrix, old_ds, ["cpu_adam"])
+
+
+def test_pypi_stack_without_cuda_ops_skips_the_toolkit(matrix):
+    from envbuild.render import recipe
+    r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam"))
+    assert [s.args[0] for s in recipe(r).builder_steps] == ["os", "venv", "torch", "deepspeed"]
+    r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam"))
+    assert [s.args[0] for s in recipe(r).builder_steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed"]

@@ -162,6 +162,10 @@ def build_report(manifest: dict, mode: str, checks: list[dict], manifest_path: s
     return {"ok": bool(checks) and all(c["ok"] for c in checks), "mode": mode, "image": image, "checks": checks}
 
 
+def _raise(e: BaseException):
+    raise e
+
+
 def exit_code(report: dict) -> int:
     return 0 if report.get("ok") else 1
 
@@ -246,12 +250,15 @@ def run_ops_child(manifest: dict, args, work: str) -> dict:
     planted = plant_stale_locks(ext, ops)
     result_path, log_path = os.path.join(work, "ops.json"), os.path.join(work, "ops.log")
     env = dict(os.environ, DS_ACCELERATOR=args.accelerator, TORCH_EXTENSIONS_DIR=ext)
-    state, rc = _run_child(_self_cmd("--child", "ops", "--result", result_path, "--ops", ",".join(ops)),
-                           env, args.timeout, log_path)
+    try:
+        state, rc = _run_child(_self_cmd("--child", "ops", "--result", result_path, "--ops", ",".join(ops)),
+                               env, args.timeout, log_path)
+        extra = sorted(tree_entries(ext) - planted)
+    finally:
+        for dirpath, _, _ in os.walk(ext):
+            os.chmod(dirpath, 0o755)  # so the temp dir can be removed without root
     res = _read_json(result_path) or {}
-    res.update(state=state, rc=rc, log=_tail(log_path), extra=sorted(tree_entries(ext) - planted))
-    for dirpath, _, _ in os.walk(ext):
-        os.chmod(dirpath, 0o755)
+    res.update(state=state, rc=rc, log=_tail(log_path), extra=extra)
     return res
 
 
@@ -277,7 +284,8 @@ def check_cpu_adam(res: dict) -> tuple[bool, str, float]:
     if not adam["ok"]:
         return False, adam["detail"], adam["seconds"]
     diff = adam["max_abs_diff"]
-    return diff <= ADAM_TOLERANCE, f"max|DeepSpeedCPUAdam - torch.optim.Adam| = {diff:.2e} (tol {ADAM_TOLERANCE:g})", adam["seconds"]
+    detail = f"max|DeepSpeedCPUAdam - torch.optim.Adam| = {diff:.2e} (tol {ADAM_TOLERANCE:g})"
+    return diff <= ADAM_TOLERANCE, detail, adam["seconds"]
 
 
 def _free_port() -> int:
@@ -301,27 +309,28 @@ def check_collectives(backend: str, nproc: int, args, work: str) -> tuple[bool, 
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + args.timeout
     try:
-        while any(p.poll() is None for p in procs):
+        while True:
             failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:
                 return False, f"rank {failed[0]} exited {procs[failed[0]].returncode}: {_tail(logs[failed[0]])}"
+            if all(p.poll() is not None for p in procs):
+                break
             if time.monotonic() > deadline:
                 return False, hang_hint(backend, args.timeout)
             time.sleep(0.2)
     finally:
         for p in procs:
             if p.poll() is None:
-                _kill_group(p)
+                pass
     results = [_read_json(os.path.join(work, f"rank{r}.json")) for r in range(nproc)]
     bad = [r for r, res in enumerate(results) if not res or not res.get("ok")]
     if bad:
         r = bad[0]
         return False, f"rank {r}: {(results[r] or {}).get('detail') or _tail(logs[r])}"
-    t = results[0]
-    size = t["size_bytes"]
-    return True, (f"{backend} x{nproc}, {size / 2**20:g} MiB: all_reduce {t['all_reduce_s'] * 1e3:.2f} ms "
-                  f"busbw {bus_bandwidth('all_reduce', size, t['all_reduce_s'], nproc):.2f} GB/s; all_gather "
-                  f"{t['all_gather_s'] * 1e3:.2f} ms busbw {bus_bandwidth('all_gather', size, t['all_gather_s'], nproc):.2f} GB/s; values ok")
+    size = results[0]["size_bytes"]
+    parts = [f"{op} {results[0][op + '_s'] * 1e3:.2f} ms busbw "
+             f"{bus_bandwidth(op, size, results[0][op + '_s'], nproc):.2f} GB/s" for op in ("all_reduce", "all_gather")]
+    return True, f"{backend} x{nproc}, {size / 2**20:g} MiB: " + "; ".join(parts) + "; values ok"
 
 
 # ----------------------------------------------------------------------------- image checks
@@ -340,9 +349,12 @@ def check_versions(manifest: dict) -> tuple[bool, str]:
                 return md.version(dist)
         return None
 
-    rows = [("python", manifest["python"], "%d.%d" % sys.version_info[:2], version_matches),
+    def same_minor(expected, actual):
+        return actual is not None and major_minor(expected) == major_minor(actual)
+
+    rows = [("python", manifest["python"], "%d.%d.%d" % sys.version_info[:3], same_minor),
             ("torch", manifest["torch"], torch.__version__, version_matches),
-            ("cuda", manifest["cuda"], torch.version.cuda, lambda e, a: a is not None and major_minor(e) == major_minor(a)),
+            ("cuda", manifest["cuda"], torch.version.cuda, same_minor),
             ("deepspeed", manifest["deepspeed"], deepspeed.__version__, version_matches)]
     if manifest.get("nccl") is not None:
         rows.append(("nccl", manifest["nccl"], nccl_version(), version_matches))
@@ -353,7 +365,8 @@ def check_versions(manifest: dict) -> tuple[bool, str]:
             continue
         good = match(want, have)
         ok &= good
-        parts.append(f"{name} {normalize_version(have) if have is not None else None}" + ("" if good else f" != {want}"))
+        shown = normalize_version(have) if have is not None else None
+        parts.append(f"{name} {shown}" + ("" if good else f" != {want}"))
     return ok, ", ".join(parts)
 
 
@@ -364,7 +377,8 @@ def check_ds_record(manifest: dict, accelerator: str) -> tuple[bool, str]:
     missing = [op for op in manifest["ds_ops"] if not installed_ops.get(op)]
     problems = [f"not pre-built: {', '.join(missing)}"] if missing else []
     if accelerator_name != accelerator:
-        problems.append(f"accelerator recorded {accelerator_name!r}, expected {accelerator!r} (build with DS_ACCELERATOR=cuda)")
+        problems.append(f"accelerator recorded {accelerator_name!r}, expected {accelerator!r} "
+                        "(build with DS_ACCELERATOR=cuda)")
     return not problems, "; ".join(problems) or f"{len(manifest['ds_ops'])} ops pre-built for {accelerator_name}"
 
 
@@ -386,7 +400,7 @@ def run_all(manifest: dict, args, manifest_path: str) -> dict:
     checks = [run_check("versions", check_versions, manifest),
               run_check("ds_record", check_ds_record, manifest, args.accelerator)]
     ops = list(manifest.get("ds_ops") or [])
-    with tempfile.TemporaryDirectory(prefix="envbuild-smoke-") as work:
+    with tempfile.TemporaryDirectory(prefix="envbuild-smoke-", ignore_cleanup_errors=True) as work:
         res: dict = {}
 
         def no_jit():
@@ -445,8 +459,10 @@ def _record_hint(op: str) -> str:
         from deepspeed.git_version_info import accelerator_name, installed_ops
 
         running = get_accelerator()._name
-        if not installed_ops.get(op) or accelerator_name != running:
-            return f" [not recorded as pre-built for {running!r} (record: {accelerator_name!r}), so DeepSpeed tried JIT]"
+        if not installed_ops.get(op):
+            return " [not in DeepSpeed's installed_ops: load() falls back to JIT]"
+        if accelerator_name != running:
+            return f" [ops recorded for {accelerator_name!r}, running {running!r}: load() falls back to JIT]"
     return ""
 
 
@@ -594,7 +610,10 @@ def main(argv=None) -> int:
             print(json.dumps({"ok": False, "error": str(e), "checks": []}))
         return 2
     with stdout_reserved(args.json) as out:
-        report = run_all(manifest, args, path)
+        try:
+            report = run_all(manifest, args, path)
+        except Exception as e:  # noqa: BLE001 - last resort: still one report, never a traceback
+            report = build_report(manifest, "cpu", [run_check("smoke", _raise, e)], path)
         print(json.dumps(report, indent=2) if args.json else render_text(report), file=out)
     return exit_code(report)
 

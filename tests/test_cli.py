@@ -1,0 +1,95 @@
+"""The CLI as a user meets it: exit codes, one-paragraph errors, nothing half-written."""
+
+import json
+
+import pytest
+
+BAD_INPUT = [
+    # (arguments, words the message must contain)
+    (["--gpu", "h21"], ["unknown GPU 'h21'", "did you mean h20, h200"]),
+    (["--gpu", "b200", "--torch", "2.5"], ["no stack fits --gpu b200 --torch 2.5", "needs torch >=2.7",
+                                           "Nearest valid choices", "--torch 2.7.1"]),
+    (["--gpu", "h100", "--torch", "2.4", "--python", "3.13"], ["--python 3.13", "torch 2.4.1 has no wheels",
+                                                               "--python 3.10, 3.11, 3.12"]),
+    (["--gpu", "h100", "--torch", ">=2.x"], ["--torch '>=2.x'", "PEP 440 specifier"]),
+    (["--gpu", "h100", "--python", "3.11", "--cuda", "12.1"], ["no stack fits", "Nearest valid choices"]),
+    (["--gpu", "h20", "--stack", "torch2.11-cu13"], ["unknown stack 'torch2.11-cu13'", "did you mean"]),
+    (["--gpu", "h20", "--ds-ops", "fused_adamm"], ["unknown DeepSpeed op 'fused_adamm'", "did you mean fused_adam"]),
+    (["--gpu", "h20", "--ds-ops", "sparse_attn"], ["op 'sparse_attn' cannot be pre-built", "removed in DeepSpeed 0.19.7"]),
+    (["--gpu", "h20", "--cpu-target", "native"], ["--cpu-target 'native'", "x86-64-v3"]),
+    (["--gpu", "h20", "--env", "NOEQUALS"], ["--env 'NOEQUALS' must be NAME=VALUE"]),
+    (["--gpu", "h20", "--ca-cert", "/nonexistent/ca.pem"], ["--ca-cert /nonexistent/ca.pem", "cannot read"]),
+]
+
+
+def _assert_clean_failure(r, words, code=2):
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    msg = r.stderr.strip()
+    assert msg.startswith("envbuild: error:"), msg
+    assert "\n\n" not in msg  # one paragraph
+    for w in words:
+        assert w in " ".join(msg.split()), (w, msg)
+
+
+@pytest.mark.parametrize("args, words", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input(cli, tmp_path, args, words):
+    out = tmp_path / "out"
+    r = cli("render", *args, "-o", str(out))
+    _assert_clean_failure(r, words)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_no_stack_left_after_filtering(cli, tmp_path):
+    r = cli("render", "--gpu", "v100", "--cuda", "13.0", "-o", str(tmp_path / "o"))
+    _assert_clean_failure(r, ["no stack fits --gpu v100 --cuda 13.0", "no code for v100 (sm_70)",
+                              "--cuda 12.8"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_malformed_matrix_file(cli, matrix_copy, tmp_path):
+    p = matrix_copy / "gpus.yaml"
+    p.write_text(p.read_text().replace('cc: "7.5", family: Turing', 'cc: 7.5.1, family: Turing'))
+    r = cli("render", "--gpu", "h20", "--matrix-dir", str(matrix_copy), "-o", str(tmp_path / "o"))
+    _assert_clean_failure(r, [str(p), "profiles[1] (t4).cc", "expected a compute capability like '9.0'"])
+    assert not (tmp_path / "o").exists()
+
+
+def test_output_path_that_cannot_be_written(cli, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = cli("render", "--gpu", "h20", "-o", str(blocker / "out"))
+    _assert_clean_failure(r, [f"output path {blocker / 'out'} cannot be written", "-o/--output"])
+    r = cli("render", "--gpu", "h20", "-o", str(blocker))
+    _assert_clean_failure(r, ["exists and is not a directory"])
+    assert blocker.read_text() == "not a directory"
+
+
+def test_render_prints_the_stack_and_path(cli, tmp_path):
+    r = cli("render", "--gpu", "H20", "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    for w in ("torch2.11-cu130-py3.12", "2.11.0", "0.19.8", "h20 (sm_90)", str(tmp_path / "o")):
+        assert w in r.stdout
+
+
+def test_default_output_is_build_tag(cli, tmp_path):
+    r = cli("render", "--gpu", "h20", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "build" / "torch2.11.0-cu130-py3.12-ds0.19.8-h20" / "Dockerfile").is_file()
+
+
+def test_explain_writes_nothing(cli, tmp_path):
+    r = cli("render", "--gpu", "b200", "--explain", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "rejected" in r.stdout and "CHOSEN" in r.stdout and "[gpu-floor]" in r.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_matrix_and_gpus_json(cli, matrix):
+    stacks = json.loads(cli("matrix", "--json").stdout)
+    assert [s["id"] for s in stacks] == [s.id for s in matrix.stacks]
+    gpus = json.loads(cli("gpus", "--json").stdout)
+    h20 = next(g for g in gpus if g["name"] == "h20")
+    assert h20["cc"] == "9.0" and h20["env"][0]["name"] == "NCCL_P2P_DISABLE" and h20["env"][0]["reason"]
+    table = cli("gpus", env={"COLUMNS": "300"}).stdout
+    assert "NCCL_P2P_DISABLE=1" in table and "h20" in table

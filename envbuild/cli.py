@@ -130,6 +130,80 @@ def render(output, explain, **kw):
     _print_resolution(r, path)
 
 
+@main.command()
+@request_options
+@click.option("-o", "--output", type=click.Path(), help="Build directory (default ./build/<tag>).")
+def build(output, **kw):
+    """Render, then build the image with BuildKit and tag it (readable + content tag)."""
+    from rich.live import Live
+    from rich.text import Text
+
+    from .build import build_image
+    from .render import render_files, write_build_dir
+    from .resolve import resolve
+
+    m, req = _resolve(kw)
+    secrets = _secrets(kw)
+    r = resolve(m, req)
+    path = write_build_dir(render_files(r), Path(output) if output else Path("build") / r.tag)
+    _print_resolution(r, path)
+    import time
+    start = time.monotonic()
+    current = {"step": "starting"}
+
+    def line():
+        return Text(f"  {time.monotonic() - start:6.0f}s  {current['step']}"[:160], style="cyan")
+
+    with Live(line(), console=err, refresh_per_second=2, transient=True) as live:
+        def on_step(event, name):
+            if event == "start":
+                current["step"] = name
+            elif event == "done":
+                err.print(f"  done  {name}"[:160], markup=False)
+            live.update(line())
+        result = build_image(path, r.tag, req.image_repo, secrets, on_step=on_step)
+    out.print(f"built {result.image_id[:19]} in {result.seconds:.0f} s")
+    for t in result.tags:
+        out.print(f"  tagged {t}", markup=False)
+    out.print(f"  log {result.log}", markup=False)
+    out.print(f"next: envbuild smoke {result.tags[0]}", markup=False)
+
+
+@main.command()
+@click.argument("image")
+@click.option("--gpus", help="Pass GPUs to the container (all, or a count), as docker run --gpus.")
+@click.option("--json", "as_json", is_flag=True, help="Print the smoke test's JSON result.")
+@click.option("--timeout", default=900, show_default=True, help="Seconds before a hung smoke test is killed.")
+def smoke(image, gpus, as_json, timeout):
+    """Run the image's built-in smoke test; non-zero exit on any failed check."""
+    from .smoke import record_path, run_smoke
+
+    rep = run_smoke(image, gpus=gpus, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(rep.raw, indent=2))
+    else:
+        rows = [(c.get("name"), "ok" if c.get("ok") else "FAIL", f"{c.get('seconds', 0):.1f}s", c.get("detail", ""))
+                for c in rep.checks]
+        out.print(_table(f"smoke test of {image} ({rep.mode} mode)", ("check", "result", "time", "detail"), rows))
+        out.print(("PASSED" if rep.ok else "FAILED") + f" in {rep.seconds:.0f} s; recorded in {record_path(rep.image_id)}",
+                  markup=False)
+    if not rep.ok:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("image")
+@click.option("--registry", required=True, help="Registry HOST[:PORT] to push to.")
+def push(image, registry):
+    """Push an image whose smoke test passed (both tags), pull it back by digest, compare."""
+    from .publish import push as do_push
+
+    res = do_push(image, registry, on_event=lambda s: err.print(f"  {s}", markup=False))
+    for ref in res.refs:
+        out.print(f"pushed {ref}", markup=False)
+    out.print(f"digest {res.digest}", markup=False)
+
+
 @main.command("matrix")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")

@@ -228,6 +228,7 @@ def render_files(r: Resolution) -> dict[str, bytes]:
                            ("Singularity.def", "singularity/Singularity.def.j2"),
                            ("Singularity.standalone.def", "singularity/Singularity.standalone.def.j2")):
         files[name] = env.get_template(template).render(**ctx).encode()
+    files[".dockerignore"] = b"build.log\n*.sif\n"
     files["manifest.json"] = (json.dumps(rec.manifest, indent=2, sort_keys=False) + "\n").encode()
     src = templates_dir() / "files"
     for name in (*BUILDER_FILES, *IMAGE_FILES):

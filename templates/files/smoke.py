@@ -92,10 +92,12 @@ def parse_arch_list(arch_list: str) -> list[tuple[int, int, bool]]:
 
 
 def arch_satisfied(capability: str, arch_list: str) -> bool:
-    """A device runs the ops if its arch was built, or PTX for an older-or-equal arch was (driver JIT)."""
+    """A device runs the ops if a cubin of its major and an equal-or-lower minor was built
+    (sm_80 code runs on 8.6 and 8.9), or PTX for an older-or-equal arch (driver JIT).
+    Same rule as envbuild/rules.py arch_runs_on."""
     major, minor = (int(x) for x in capability.split(".")[:2])
     for a_major, a_minor, ptx in parse_arch_list(arch_list):
-        if (a_major, a_minor) == (major, minor) or (ptx and (a_major, a_minor) <= (major, minor)):
+        if (a_major == major and a_minor <= minor) or (ptx and (a_major, a_minor) <= (major, minor)):
             return True
     return False
 
@@ -321,7 +323,7 @@ def check_collectives(backend: str, nproc: int, args, work: str) -> tuple[bool, 
     finally:
         for p in procs:
             if p.poll() is None:
-                pass
+                _kill_group(p)
     results = [_read_json(os.path.join(work, f"rank{r}.json")) for r in range(nproc)]
     bad = [r for r, res in enumerate(results) if not res or not res.get("ok")]
     if bad:

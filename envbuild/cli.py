@@ -204,6 +204,26 @@ def push(image, registry):
     out.print(f"digest {res.digest}", markup=False)
 
 
+@main.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=".github/workflows/publish.yml",
+              show_default=True, help="Workflow file to write.")
+@click.option("--check", is_flag=True, help="Exit 1 if the file differs from what would be generated.")
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+def ci(output, check, matrix_dir):
+    """Generate the GitHub Actions workflow that builds, smoke-tests and publishes the matrix."""
+    from .ci import render_workflow, write_workflow
+    from .matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if check:
+        current = Path(output).read_text() if Path(output).is_file() else ""
+        if current != render_workflow(m):
+            raise EnvbuildError(f"{output} is stale; run `envbuild ci -o {output}`.", 1)
+        out.print(f"{output} is current")
+        return
+    out.print(f"wrote {write_workflow(m, Path(output))}")
+
+
 @main.command("matrix")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -165,8 +166,10 @@ def build_image(build_dir: Path, readable_tag: str, repo: str, secrets: BuildSec
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="envbuild-secrets-") as tmp:
         iidfile = Path(tmp) / "iid"
+        # ENVBUILD_DOCKER_BUILD_ARGS: extra `docker build` flags (e.g. --no-cache, --pull).
+        env_args = shlex.split(os.environ.get("ENVBUILD_DOCKER_BUILD_ARGS", ""))
         cmd = [cli, "build", "--network", "host", "--progress", "plain", "--iidfile", str(iidfile),
-               *_secret_args(secrets, Path(tmp)), *extra_args, str(build_dir)]
+               *_secret_args(secrets, Path(tmp)), *env_args, *extra_args, str(build_dir)]
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
         progress = _Progress(on_step)
         tail: list[str] = []

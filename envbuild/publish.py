@@ -15,7 +15,7 @@ from .smoke import docker_client, get_image, require_passed
 TRANSIENT = ("500 internal server error", "502 bad gateway", "503 service unavailable", "504 gateway",
              "connection reset", "broken pipe", "eof", "i/o timeout", "tls handshake timeout",
              "toomanyrequests", "429")
-AUTH = ("unauthorized", "authentication required", "denied", "401", "403")
+AUTH = ("unauthorized", "authentication required", "no basic auth credentials", "denied", "401", "403")
 
 
 @dataclass

@@ -112,7 +112,8 @@ def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[st
     """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices."""
     tag = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
     if ops != default_ops:
-        tag += "-ops" + hashlib.sha256(",".join(ops).encode()).hexdigest()[:8]
+        names = ".".join(ops) or "none"
+        tag += "-ops-" + (names if len(names) <= 40 else hashlib.sha256(names.encode()).hexdigest()[:8])
     if cpu_target != DEFAULT_CPU_TARGET:
         tag += "-" + cpu_target.replace("x86-64", "x86_64")
     if keep_toolchain:

@@ -100,8 +100,8 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
         container.remove(force=True)
     seconds = time.monotonic() - start
     try:
-        raw = json.loads(stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
+        raw = _last_json(stdout)
+    except ValueError:
         raise EnvbuildError(f"smoke test of {image} printed no result (exit {status.get('StatusCode')}); "
                             f"is /opt/envbuild/smoke.py in the image? Last output: "
                             f"{(stderr or stdout).strip()[-800:]}", exit_code=1) from None
@@ -114,6 +114,20 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
                                  "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                  "checks": rep.checks}, indent=2))
     return rep
+
+
+def _last_json(text: str) -> dict:
+    """The last JSON object in `text` (the smoke test prints one, possibly indented)."""
+    starts = [0] if text.startswith("{") else []
+    starts += [i + 1 for i in range(len(text)) if text.startswith("\n{", i)]
+    for start in reversed(starts):
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text[start:])
+            if isinstance(obj, dict):
+                return obj
+        except json.JSONDecodeError:
+            continue
+    raise ValueError("no JSON object")
 
 
 def require_passed(image_id: str, image: str) -> dict:

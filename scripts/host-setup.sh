@@ -26,7 +26,7 @@ die() { printf '[host-setup] ERROR: %s\n' "$*" >&2; exit 1; }
 [[ ${EUID} -eq 0 ]] || die "must run as root"
 
 # --- 1. packages --------------------------------------------------------------------
-PACKAGES=(docker.io docker-registry debootstrap binutils curl ca-certificates procps)
+PACKAGES=(docker.io docker-registry debootstrap binutils curl ca-certificates procps apache2-utils openssl)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -50,6 +50,7 @@ def test_flight_recorder_only_where_torch_knows_it(matrix):
 
 def test_non_default_choices_change_the_tag(matrix):
     base = resolve(matrix, Request(gpu="h20")).tag
-    assert resolve(matrix, Request(gpu="h20", ds_ops="cpu_adam")).tag.startswith(base + "-ops")
+    assert resolve(matrix, Request(gpu="h20", ds_ops="cpu_adam")).tag == base + "-ops-cpu_adam"
+    assert resolve(matrix, Request(gpu="h20", ds_ops="all")).tag.startswith(base + "-ops-")
     assert resolve(matrix, Request(gpu="h20", cpu_target="x86-64-v4")).tag == base + "-x86_64-v4"
     assert resolve(matrix, Request(gpu="h20", keep_toolchain=True)).tag == base + "-devel"

@@ -86,7 +86,8 @@ step_cuda_toolkit() {
     pip_env
     local version=$1 home=/opt/cuda-pypi/nvidia/cu${1%%.*}
     "$VENV/bin/pip" install --target /opt/cuda-pypi "cuda-toolkit[nvcc,nvvm,crt,cccl,cudart]==$version"
-    # DeepSpeed and cpp_extension expect a classic CUDA_HOME: lib64/ and unversioned .so links.
+    # DeepSpeed and cpp_extension expect a classic CUDA_HOME: nvcc.profile and torch link
+    # with -L$CUDA_HOME/lib64 and -lcudart.
     [[ -e $home/lib64 ]] || ln -s lib "$home/lib64"
     local lib
     for lib in "$home"/lib/lib*.so.*; do
@@ -94,6 +95,13 @@ step_cuda_toolkit() {
         local plain=${lib%%.so.*}.so
         [[ -e $plain ]] || ln -s "$(basename "$lib")" "$plain"
     done
+    # torch's headers include cublas/cusparse/cusolver headers, which the wheels torch
+    # itself depends on carry (in the venv) but the nvcc extras do not: link them in.
+    local site
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if [[ -d $site/nvidia/cu${1%%.*}/include ]]; then
+        cp -rsn "$site/nvidia/cu${1%%.*}/include/." "$home/include/"
+    fi
     "$home/bin/nvcc" --version | tail -n 2
 }
 
@@ -115,9 +123,11 @@ step_deepspeed() {
     pip_env
     local spec=$1; shift
     cpu_target_wrappers
-    # setup.py imports these before pip resolves anything (--no-build-isolation).
-    "$VENV/bin/pip" install py-cpuinfo packaging psutil ninja
-    "$VENV/bin/pip" install --no-build-isolation "$spec"
+    # With --no-build-isolation, setup.py imports DeepSpeed's dependencies before pip
+    # resolves anything: install them first. ninja compiles the ops in parallel.
+    "$VENV/bin/pip" install einops hjson msgpack ninja numpy "packaging>=20.0" psutil py-cpuinfo \
+        "pydantic>=2.0.0" tqdm
+    DS_ENABLE_NINJA=1 "$VENV/bin/pip" install --no-build-isolation "$spec"
     "$VENV/bin/python" "$SETUP_DIR/verify_ops.py" "$@"
     if [[ ${ENVBUILD_KEEP_TOOLCHAIN:-0} != 1 ]]; then
         # Without ninja nothing can JIT-compile at run time, even by accident.

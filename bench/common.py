@@ -1,0 +1,71 @@
+"""Shared helpers for the benchmarks: build through envbuild itself, run containers, print
+a table. Benchmarks measure; they assert nothing (tests do)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+DOCKER = "/usr/bin/docker"
+BASE = "local/debian:bookworm"
+STACK = "torch2.11-cu130-py3.11-pypi"
+REPO = "envbuild-bench"
+CA = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def envbuild(*args, check=True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "envbuild", *args], capture_output=True, text=True, cwd=ROOT)
+    if check and r.returncode != 0:
+        sys.exit(f"envbuild {' '.join(args)} failed:\n{r.stderr[-3000:]}")
+    return r
+
+
+def build(gpu: str, name: str, *extra: str) -> tuple[str, float]:
+    """Build through `envbuild build`; return (image ref, wall seconds)."""
+    out = OUT / name
+    t = time.monotonic()
+    envbuild("build", "--gpu", gpu, "--stack", STACK, "--base-image", BASE, "--ca-cert", CA,
+             "--image-repo", REPO, "-o", str(out), *extra)
+    seconds = time.monotonic() - t
+    tag = json.loads((out / "manifest.json").read_text())["tag"]
+    return f"{REPO}:{tag}", seconds
+
+
+def docker(*args, timeout=None, check=True) -> subprocess.CompletedProcess:
+    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        sys.exit(f"docker {' '.join(args)} failed:\n{r.stderr[-2000:]}")
+    return r
+
+
+def inspect(image: str) -> dict:
+    return json.loads(docker("image", "inspect", image).stdout)[0]
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, no GPU"
+
+
+def table(title: str, headers: list[str], rows: list[list]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    text = "\n".join([f"### {title}", "", line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *map(line, rows)])
+    print(text + "\n", flush=True)
+    return text

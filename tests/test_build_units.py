@@ -1,0 +1,123 @@
+"""Logic of build/smoke/push that needs no engine: tags, progress parsing, retries,
+smoke records. The registry and engine paths run for real in test_docker_e2e.py."""
+
+import json
+
+import pytest
+
+from envbuild import build, publish, smoke
+from envbuild.errors import EnvbuildError
+from envbuild.render import render_files, write_build_dir
+from envbuild.resolve import Request, TAG_RE, resolve
+
+
+def test_content_tag_follows_rendered_inputs(matrix, tmp_path):
+    a = write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), tmp_path / "a")
+    b = write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), tmp_path / "b")
+    c = write_build_dir(render_files(resolve(matrix, Request(gpu="h20", env=(("X", "1"),)))), tmp_path / "c")
+    (b / build.LOG_NAME).write_text("a log does not change the content")
+    ta, tb, tc = (build.content_tag("t", d) for d in (a, b, c))
+    assert ta == tb != tc and ta.startswith("t-") and len(ta) == 2 + 12
+
+
+def test_every_tag_is_a_valid_docker_tag(matrix):
+    for s in matrix.stacks:
+        for g in matrix.gpus:
+            try:
+                r = resolve(matrix, Request(gpu=g.name, stack=s.id, ds_ops="cpu_adam", cpu_target="x86-64-v4",
+                                            keep_toolchain=True))
+            except EnvbuildError:
+                continue
+            assert TAG_RE.match(r.tag) and len(r.tag) + 13 <= 128, r.tag
+
+
+LOG = """#5 [builder 3/7] RUN bash /opt/envbuild-setup/setup.sh venv /usr/bin/python3.11
+#5 DONE 4.2s
+#6 [builder 4/7] RUN bash /opt/envbuild-setup/setup.sh deepspeed deepspeed==0.19.8 cpu_adam
+#6 1.0 Collecting deepspeed==0.19.8
+#6 55.2 error: command '/usr/bin/g++' failed with exit code 1
+#6 ERROR: executor failed running [/bin/bash -o pipefail -c bash /opt/envbuild-setup/setup.sh deepspeed]
+"""
+
+
+def test_progress_names_the_failing_step_and_its_last_lines():
+    events = []
+    p = build._Progress(lambda e, n: events.append((e, n)))
+    for line in LOG.splitlines():
+        p.feed(line)
+    step, lines = p.failure([])
+    assert "setup.sh deepspeed" in step and "[builder 4/7]" in step
+    assert any("g++' failed" in ln for ln in lines)
+    assert p.steps == [("[builder 3/7] RUN bash /opt/envbuild-setup/setup.sh venv /usr/bin/python3.11", 4.2)]
+    assert ("error", step) in events
+
+
+def test_secrets_go_to_private_files_not_the_command_line(tmp_path):
+    s = build.BuildSecrets(pip_index_url="https://u:tok@mirror/simple", apt_mirror="http://m")
+    args = build._secret_args(s, tmp_path)
+    assert "tok" not in " ".join(args)
+    assert (tmp_path / "pip_index_url").read_text().strip() == "https://u:tok@mirror/simple"
+    assert (tmp_path / "pip_index_url").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("msg, kind", [
+    ("received unexpected HTTP status: 503 Service Unavailable", "transient"),
+    ("read tcp 127.0.0.1:5000: connection reset by peer", "transient"),
+    ("unauthorized: authentication required", "auth"),
+    ("no basic auth credentials", "auth"),
+    ("manifest invalid", "fatal"),
+])
+def test_classify(msg, kind):
+    assert publish.classify(msg) == kind
+
+
+def test_retries_transient_then_succeeds():
+    # A fake push (no registry): fails twice with a transient error, then succeeds.
+    calls, sleeps = [], []
+
+    def action():
+        calls.append(1)
+        if len(calls) < 3:
+            raise publish.RegistryError("502 Bad Gateway", "r:5000")
+        return "sha256:abc"
+
+    assert publish.with_retries(action, "push", sleep=sleeps.append) == ("sha256:abc", 3)
+    assert sleeps == [2.0, 4.0]
+
+
+def test_auth_error_is_not_retried():
+    calls = []
+
+    def action():
+        calls.append(1)
+        raise publish.RegistryError("unauthorized: authentication required", "r:5000")
+
+    with pytest.raises(EnvbuildError, match="docker login r:5000"):
+        publish.with_retries(action, "push", sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+def test_repo_of():
+    assert publish.repo_of("localhost:5000/envbuild:t1") == "localhost:5000/envbuild"
+    assert publish.repo_of("envbuild:t1") == "envbuild"
+    assert publish.repo_of("a/b@sha256:00") == "a/b"
+
+
+def test_push_needs_a_passing_smoke_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVBUILD_STATE_DIR", str(tmp_path))
+    with pytest.raises(EnvbuildError, match="no smoke test has been recorded"):
+        smoke.require_passed("sha256:" + "a" * 64, "img")
+    p = smoke.record_path("sha256:" + "a" * 64)
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps({"ok": False, "checks": [{"name": "no_jit", "ok": False}]}))
+    with pytest.raises(EnvbuildError, match=r"smoke test failed \(no_jit"):
+        smoke.require_passed("sha256:" + "a" * 64, "img")
+    p.write_text(json.dumps({"ok": True, "checks": []}))
+    assert smoke.require_passed("sha256:" + "a" * 64, "img")["ok"]
+
+
+def test_last_json_reads_an_indented_report_after_other_output():
+    text = 'Setting ds_accelerator to cuda\n{\n  "ok": true,\n  "checks": [{"name": "x"}]\n}\n'
+    assert smoke._last_json(text) == {"ok": True, "checks": [{"name": "x"}]}
+    with pytest.raises(ValueError):
+        smoke._last_json("no json here")

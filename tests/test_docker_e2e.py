@@ -1,0 +1,343 @@
+"""Real builds on a real Docker engine and registry (scripts/host-setup.sh starts them).
+
+One h20 image of the PyPI-CUDA-13 stack (cpu_adam + fused_adam for sm_90) is built once
+per module, on the debootstrap base, with a throw-away CA and an index URL holding a
+credential passed as secrets. Everything below uses that image; only the h100 variant
+and the broken build build again (the first from cache).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.docker
+
+DOCKER = "/usr/bin/docker"
+BASE = "local/debian:bookworm"
+STACK = "torch2.11-cu130-py3.11-pypi"
+REPO = "envbuild-test"
+REGISTRY = "127.0.0.1:5000"
+OPS = "cpu_adam,fused_adam"
+
+
+def docker(*args, check=True, timeout=900, **kw):
+    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed: {r.stderr[-2000:]}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def engine():
+    r = subprocess.run([DOCKER, "info"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail("no Docker engine answers; run scripts/host-setup.sh (scripts/test.sh does)")
+    if docker("image", "inspect", BASE, check=False).returncode != 0:
+        pytest.fail(f"base image {BASE} missing; run scripts/host-setup.sh")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def state(work):
+    """A private smoke-record store, so records of other runs cannot vouch for these images."""
+    d = work / "state"
+    d.mkdir()
+    return {"ENVBUILD_STATE_DIR": str(d)}
+
+
+@pytest.fixture(scope="module")
+def test_ca(work):
+    """The host's CA bundle (the TLS proxy's CA is in it) plus a throw-away CA made here,
+    whose base64 body is a marker no image may contain."""
+    key, crt = work / "ca.key", work / "ca.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    f"/CN=envbuild-leak-test-{secrets.token_hex(4)}", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    bundle = work / "bundle.pem"
+    bundle.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes() + crt.read_bytes())
+    body = [ln for ln in crt.read_text().splitlines() if ln and not ln.startswith("-----")]
+    return {"bundle": bundle, "markers": [body[3], body[-3]]}
+
+
+@pytest.fixture(scope="module")
+def credential():
+    token = "tok" + secrets.token_hex(12)
+    return {"url": f"https://envbuild-ci:{token}@pypi.org/simple", "token": token}
+
+
+def _build(work, state, gpu, extra=(), name=None, check=True):
+    out = work / (name or gpu)
+    r = run_cli("build", "--gpu", gpu, "--stack", STACK, "--ds-ops", OPS, "--base-image", BASE,
+                "--image-repo", REPO, "-o", str(out), *extra, env=state, timeout=3600)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, out
+
+
+def _tags(out: Path) -> tuple[str, str]:
+    text = (out / "manifest.json").read_text()
+    readable = f"{REPO}:{json.loads(text)['tag']}"
+    ids = docker("images", "--format", "{{.Repository}}:{{.Tag}}", REPO).stdout.split()
+    content = [t for t in ids if t.startswith(readable + "-") and re.fullmatch(r".*-[0-9a-f]{12}", t)]
+    return readable, content[0] if content else ""
+
+
+@pytest.fixture(scope="module")
+def h20(engine, work, state, test_ca, credential):
+    r, out = _build(work, state, "h20", ("--ca-cert", str(test_ca["bundle"]), "--pip-index-url", credential["url"]))
+    readable, content = _tags(out)
+    return {"out": out, "image": readable, "content_tag": content, "stdout": r.stdout}
+
+
+def test_build_tags_labels_and_env(h20):
+    assert h20["image"] == f"{REPO}:torch2.11.0-cu130-py3.11-ds0.19.8-h20-ops-cpu_adam.fused_adam"
+    assert h20["content_tag"], "no content tag"
+    a = json.loads(docker("image", "inspect", h20["image"]).stdout)[0]
+    b = json.loads(docker("image", "inspect", h20["content_tag"]).stdout)[0]
+    assert a["Id"] == b["Id"]
+    labels = a["Config"]["Labels"]
+    assert labels["io.envbuild.gpu"] == "h20" and labels["io.envbuild.ds-ops"] == OPS
+    assert labels["org.opencontainers.image.version"] == h20["image"].split(":", 1)[1]
+    env = dict(e.split("=", 1) for e in a["Config"]["Env"])
+    assert env["NCCL_P2P_DISABLE"] == "1" and env["DS_ACCELERATOR"] == "cuda"
+    assert (h20["out"] / "build.log").stat().st_size > 10_000
+
+
+def test_smoke_passes_on_cpu(h20, state):
+    r = run_cli("smoke", h20["image"], "--json", env=state, timeout=1200)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    checks = {c["name"]: c for c in rep["checks"]}
+    assert rep["ok"] and rep["mode"] == "cpu"
+    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "compilers", "env", "collectives"):
+        assert checks[name]["ok"], checks[name]
+    assert "fused_adam" in checks["no_jit"]["detail"]
+    records = list(Path(state["ENVBUILD_STATE_DIR"], "smoke").glob("*.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["ok"]
+
+
+NO_JIT_PROBE = r"""
+import json, os, shutil, time
+import torch.utils.cpp_extension as ce
+def refuse(*a, **k): raise RuntimeError("JIT compile attempted")
+ce.load = ce.load_inline = ce._jit_compile = refuse
+found = {c: shutil.which(c) for c in ("ninja", "gcc", "g++", "cc", "c++", "nvcc", "x86_64-linux-gnu-g++")}
+import torch
+from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
+t = time.time()
+CPUAdamBuilder().load(); FusedAdamBuilder().load()
+from deepspeed.ops.adam import DeepSpeedCPUAdam
+p1 = torch.nn.Parameter(torch.randn(64)); p2 = torch.nn.Parameter(p1.detach().clone())
+g = torch.randn(64); p1.grad = g.clone(); p2.grad = g.clone()
+DeepSpeedCPUAdam([p1], lr=1e-2, adamw_mode=False).step(); torch.optim.Adam([p2], lr=1e-2).step()
+print(json.dumps({"compilers": {k: v for k, v in found.items() if v}, "load_s": time.time() - t,
+                  "diff": float((p1 - p2).abs().max()), "ext": sorted(os.listdir("/ext")),
+                  "home_writable": os.access(os.environ["HOME"], os.W_OK)}))
+"""
+
+
+def test_no_jit_with_stale_lock_readonly_home_no_compilers(h20, work):
+    """Field reports 1 and 2: a stale `lock` in the extensions dir hangs a JIT build forever.
+    The pre-built image never gets there: read-only root and home, read-only extensions
+    dir with stale locks, no network, no compiler."""
+    ext = work / "ext"
+    for op in ("cpu_adam", "fused_adam"):
+        (ext / op).mkdir(parents=True)
+        (ext / op / "lock").write_text("")
+    start = time.monotonic()
+    r = docker("run", "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp", "-v", f"{ext}:/ext:ro",
+               "-e", "TORCH_EXTENSIONS_DIR=/ext", "-e", "HOME=/root", "-e", "DS_ACCELERATOR=cuda",
+               h20["image"], "python", "-c", NO_JIT_PROBE, timeout=180)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert time.monotonic() - start < 170
+    assert res["compilers"] == {} and res["diff"] < 1e-6 and not res["home_writable"]
+    assert res["ext"] == ["cpu_adam", "fused_adam"]
+    assert sorted(p.name for p in ext.rglob("*")) == ["cpu_adam", "fused_adam", "lock", "lock"]
+
+
+def test_cpu_ops_are_portable(h20, work):
+    """cpu_adam was compiled for x86-64-v3 (the wrapper's flag is in the DWARF producer),
+    and holds no AVX-512 instruction."""
+    cid = docker("create", h20["image"]).stdout.strip()
+    try:
+        dest = work / "ops"
+        find = docker("run", "--rm", "--entrypoint", "sh", h20["image"], "-c",
+                      "ls /opt/venv/lib/python3.11/site-packages/deepspeed/ops/adam/cpu_adam_op*.so").stdout.split()
+        assert find, "cpu_adam .so not found"
+        docker("cp", f"{cid}:{find[0]}", str(dest))
+    finally:
+        docker("rm", "-f", cid)
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(dest)], capture_output=True, text=True).stdout
+    assert "%zmm" not in asm and "%ymm" in asm
+    dwarf = subprocess.run(["objdump", "--dwarf=info", str(dest)], capture_output=True, text=True).stdout
+    producers = set(re.findall(r"DW_AT_producer\s*:.*?(-march=\S+)", dwarf))
+    assert producers == {"-march=x86-64-v3"}, producers
+
+
+def test_h100_variant_reuses_every_heavy_layer(h20, work, state):
+    r, out = _build(work, state, "h100")
+    h100_image, _ = _tags(out)
+    a = json.loads(docker("image", "inspect", h20["image"]).stdout)[0]["RootFS"]["Layers"]
+    b = json.loads(docker("image", "inspect", h100_image).stdout)[0]["RootFS"]["Layers"]
+    assert len(a) == len(b) and a[:-1] == b[:-1] and a[-1] != b[-1]  # only manifest.json differs
+    log = (out / "build.log").read_text()
+    runs = re.findall(r"^#\d+ \[(?:builder|runtime) [^\]]+\] RUN .*$", log, re.M)
+    assert runs and len(re.findall(r"^#\d+ CACHED$", log, re.M)) >= len(runs)
+
+
+def _registry_tags(name):
+    try:
+        with urllib.request.urlopen(f"http://{REGISTRY}/v2/{name}/tags/list", timeout=10) as f:
+            return json.load(f).get("tags") or []
+    except urllib.error.HTTPError:
+        return []
+
+
+def test_push_and_pull_back_by_digest(h20, state):
+    r = run_cli("push", h20["image"], "--registry", REGISTRY, env=state, timeout=1800)
+    assert r.returncode == 0, r.stdout + r.stderr
+    digest = re.search(r"digest (sha256:[0-9a-f]{64})", r.stdout).group(1)
+    tags = _registry_tags(REPO)
+    assert h20["image"].split(":", 1)[1] in tags and h20["content_tag"].split(":", 1)[1] in tags
+    pulled = docker("pull", f"{REGISTRY}/{REPO}@{digest}")
+    assert pulled.returncode == 0
+
+
+def _scan_bytes(data: bytes, needles: list[bytes], where: str, hits: list):
+    for n in needles:
+        if n in data:
+            hits.append(f"{where}: {n[:12]!r}...")
+
+
+def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential, work):
+    needles = [m.encode() for m in test_ca["markers"]] + [credential["token"].encode()]
+    hits: list[str] = []
+    saved = work / "image.tar"
+    docker("save", "-o", str(saved), h20["image"], timeout=1800)
+    with tarfile.open(saved) as outer:
+        for member in outer:
+            if not member.isfile():
+                continue
+            data = outer.extractfile(member).read()
+            if member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=io.BytesIO(data)) as layer:
+                    for f in layer:
+                        if f.isfile():
+                            _scan_bytes(layer.extractfile(f).read(), needles, f"{member.name}:{f.name}", hits)
+            else:
+                _scan_bytes(data, needles, member.name, hits)  # config (history, labels, env), manifest
+    history = docker("history", "--no-trunc", h20["image"]).stdout.encode()
+    inspect = docker("image", "inspect", h20["image"]).stdout.encode()
+    _scan_bytes(history, needles, "docker history", hits)
+    _scan_bytes(inspect, needles, "docker inspect", hits)
+    for p in h20["out"].rglob("*"):
+        if p.is_file():
+            _scan_bytes(p.read_bytes(), needles, str(p), hits)
+    saved.unlink()
+    assert hits == []
+    # The scan can fail: the marker is really in the bundle the build used.
+    assert all(n in test_ca["bundle"].read_bytes() for n in needles[:-1])
+
+
+def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix_copy_module):
+    """An op that cannot compile: cutlass_ops without the closed deepspeed-kernels package
+    (its is_compatible() does not check, so the compile itself fails)."""
+    ds = matrix_copy_module / "deepspeed.yaml"
+    ds.write_text(ds.read_text().replace("cutlass_ops:     {env: CUTLASS_OPS, kind: cuda, since: \"0.12.0\", needs: [dskernels],",
+                                         "cutlass_ops:     {env: CUTLASS_OPS, kind: cuda, since: \"0.12.0\","))
+    out = work / "broken"
+    r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", "cutlass_ops", "--base-image", BASE,
+                "--image-repo", REPO, "--matrix-dir", str(matrix_copy_module), "-o", str(out),
+                env=state, timeout=3600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    msg = r.stderr
+    assert "image build failed at step" in msg and "setup.sh deepspeed" in msg
+    assert f"Full log: {out / 'build.log'}" in " ".join(msg.split()) and "No tag was applied" in msg
+    assert "Traceback" not in msg
+    tag = json.loads((out / "manifest.json").read_text())["tag"]
+    assert docker("image", "inspect", f"{REPO}:{tag}", check=False).returncode != 0
+    assert not [t for t in docker("images", "--format", "{{.Tag}}", REPO).stdout.split() if t.startswith(tag)]
+
+
+@pytest.fixture(scope="module")
+def matrix_copy_module(work):
+    d = work / "matrices"
+    shutil.copytree(ROOT / "matrices", d)
+    return d
+
+
+def test_failing_smoke_test_blocks_push(h20, state, work):
+    """An image whose environment lost the H20 default fails its smoke test, and push
+    refuses it; an image never smoke-tested is refused too. The registry gains nothing."""
+    bad = f"{REPO}:broken-smoke"
+    ctx = work / "bad-ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {h20['image']}\nENV NCCL_P2P_DISABLE=0\n")
+    docker("build", "-t", bad, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    before = _registry_tags(REPO)
+    r = run_cli("push", bad, "--registry", REGISTRY, env=state)
+    assert r.returncode == 1 and "no smoke test has been recorded" in r.stderr, r.stderr
+    r = run_cli("smoke", bad, env={**state, "COLUMNS": "200"}, timeout=1200)
+    assert r.returncode == 1 and "FAILED" in r.stdout and "NCCL_P2P_DISABLE" in r.stdout, r.stdout[-3000:]
+    r = run_cli("push", bad, "--registry", REGISTRY, env=state)
+    assert r.returncode == 1 and "smoke test failed (env" in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr
+    assert _registry_tags(REPO) == before and "broken-smoke" not in before
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_registry_is_a_clear_error(h20, state):
+    port = _free_port()
+    r = run_cli("push", h20["image"], "--registry", f"127.0.0.1:{port}", env=state)
+    assert r.returncode == 1 and f"registry 127.0.0.1:{port} cannot be reached" in r.stderr, r.stderr
+
+
+def test_registry_refusing_authentication_is_a_clear_error(h20, state, work):
+    """A second real registry, with htpasswd auth, and no `docker login`."""
+    port = _free_port()
+    d = work / "authreg"
+    d.mkdir()
+    subprocess.run(["htpasswd", "-Bbc", str(d / "htpasswd"), "someone", "pw"], check=True, capture_output=True)
+    (d / "config.yml").write_text(
+        "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: " + str(d / "data") +
+        f"\nhttp:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: test\n    path: {d / 'htpasswd'}\n")
+    reg = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                time.sleep(0.2)
+        r = run_cli("push", h20["image"], "--registry", f"127.0.0.1:{port}", env=state, timeout=600)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "refused authentication" in r.stderr and f"docker login 127.0.0.1:{port}" in r.stderr, r.stderr
+    finally:
+        reg.terminate()
+        reg.wait(timeout=10)

@@ -224,6 +224,32 @@ def ci(output, check, matrix_dir):
     out.print(f"wrote {write_workflow(m, Path(output))}")
 
 
+@main.command()
+@click.argument("log", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+def doctor(log, matrix_dir):
+    """Recognise known hang/failure signatures in a training log and say what to do."""
+    from .doctor import diagnose, load_issues
+    from .resources import matrices_dir
+
+    try:
+        text = sys.stdin.read() if log == "-" else Path(log).read_text(errors="replace")
+    except OSError as e:
+        raise EnvbuildError(f"log file {log} cannot be read: {e.strerror}.") from None
+    findings = diagnose(text, load_issues(Path(matrix_dir) if matrix_dir else matrices_dir()))
+    if not findings:
+        out.print("no known signature found in the log (known: `matrices/known_issues.yaml`).")
+        return
+    for f in findings:
+        out.print(f"[bold]{escape(f.issue.title)}[/bold] ({f.issue.id}), line {f.line_no}"
+                  + (f", {f.count} times" if f.count > 1 else ""))
+        out.print(f"  > {f.line[:200]}", markup=False)
+        out.print(f"  cause: {f.issue.cause}", markup=False)
+        out.print(f"  fix:   {f.issue.fix}", markup=False)
+        out.print(f"  source: {f.issue.source}\n", markup=False)
+    sys.exit(3)
+
+
 @main.command("matrix")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")

@@ -8,7 +8,6 @@ and the broken build build again (the first from cache).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -119,7 +118,7 @@ def test_build_tags_labels_and_env(h20):
     assert labels["org.opencontainers.image.version"] == h20["image"].split(":", 1)[1]
     env = dict(e.split("=", 1) for e in a["Config"]["Env"])
     assert env["NCCL_P2P_DISABLE"] == "1" and env["DS_ACCELERATOR"] == "cuda"
-    assert (h20["out"] / "build.log").stat().st_size > 10_000
+    assert "setup.sh deepspeed" in (h20["out"] / "build.log").read_text()
 
 
 def test_smoke_passes_on_cpu(h20, state):
@@ -233,18 +232,22 @@ def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential, work)
     hits: list[str] = []
     saved = work / "image.tar"
     docker("save", "-o", str(saved), h20["image"], timeout=1800)
+    scanned = 0
     with tarfile.open(saved) as outer:
         for member in outer:
             if not member.isfile():
                 continue
-            data = outer.extractfile(member).read()
             if member.name.endswith("layer.tar"):
-                with tarfile.open(fileobj=io.BytesIO(data)) as layer:
+                # Stream each layer: a venv layer is several GB.
+                with tarfile.open(fileobj=outer.extractfile(member), mode="r|") as layer:
                     for f in layer:
                         if f.isfile():
-                            _scan_bytes(layer.extractfile(f).read(), needles, f"{member.name}:{f.name}", hits)
-            else:
-                _scan_bytes(data, needles, member.name, hits)  # config (history, labels, env), manifest
+                            data = layer.extractfile(f).read()
+                            scanned += len(data)
+                            _scan_bytes(data, needles, f"{member.name}:{f.name}", hits)
+            else:  # the image config (history, labels, env) and the manifest
+                _scan_bytes(outer.extractfile(member).read(), needles, member.name, hits)
+    assert scanned > 1_000_000_000  # the scan really read the layers
     history = docker("history", "--no-trunc", h20["image"]).stdout.encode()
     inspect = docker("image", "inspect", h20["image"]).stdout.encode()
     _scan_bytes(history, needles, "docker history", hits)

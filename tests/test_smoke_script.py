@@ -410,3 +410,11 @@ def test_full_run_without_torch_fails_cleanly(tmp_path):
     assert doc["ok"] is False and doc["mode"] == "cpu"
     assert "No module named 'torch'" in doc["checks"][0]["detail"]
     assert "Traceback" not in r.stderr
+
+
+def test_fused_adam_numerics_verdict(smoke):
+    ok = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 1e-9}}
+    bad = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 0.5}}
+    assert smoke.check_fused_adam(ok)[0] is True and "FusedAdam" in smoke.check_fused_adam(ok)[1]
+    assert smoke.check_fused_adam(bad)[0] is False
+    assert smoke.check_fused_adam({"state": "hung", "rc": None})[0] is False

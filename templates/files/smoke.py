@@ -253,8 +253,10 @@ def run_ops_child(manifest: dict, args, work: str) -> dict:
     result_path, log_path = os.path.join(work, "ops.json"), os.path.join(work, "ops.log")
     env = dict(os.environ, DS_ACCELERATOR=args.accelerator, TORCH_EXTENSIONS_DIR=ext)
     try:
-        state, rc = _run_child(_self_cmd("--child", "ops", "--result", result_path, "--ops", ",".join(ops)),
-                               env, args.timeout, log_path)
+        cmd = _self_cmd("--child", "ops", "--result", result_path, "--ops", ",".join(ops))
+        if getattr(args, "gpu_numerics", False):
+            cmd.append("--gpu-numerics")
+        state, rc = _run_child(cmd, env, args.timeout, log_path)
         extra = sorted(tree_entries(ext) - planted)
     finally:
         for dirpath, _, _ in os.walk(ext):
@@ -279,15 +281,19 @@ def check_no_jit(res: dict, ops: list[str], timeout: float) -> tuple[bool, str]:
     return all(v["ok"] for v in done.values()), "; ".join(parts) or "no ops in manifest"
 
 
-def check_cpu_adam(res: dict) -> tuple[bool, str, float]:
-    adam = res.get("adam")
+def check_cpu_adam(res: dict, key: str = "adam", label: str = "DeepSpeedCPUAdam") -> tuple[bool, str, float]:
+    adam = res.get(key)
     if not adam:
         return False, f"no result from the op child ({res.get('state')}, rc={res.get('rc')})", 0.0
     if not adam["ok"]:
         return False, adam["detail"], adam["seconds"]
     diff = adam["max_abs_diff"]
-    detail = f"max|DeepSpeedCPUAdam - torch.optim.Adam| = {diff:.2e} (tol {ADAM_TOLERANCE:g})"
+    detail = f"max|{label} - torch.optim.Adam| = {diff:.2e} (tol {ADAM_TOLERANCE:g})"
     return diff <= ADAM_TOLERANCE, detail, adam["seconds"]
+
+
+def check_fused_adam(res: dict) -> tuple[bool, str, float]:
+    return check_cpu_adam(res, "fused_adam", "FusedAdam")
 
 
 def _free_port() -> int:
@@ -402,6 +408,13 @@ def run_all(manifest: dict, args, manifest_path: str) -> dict:
     checks = [run_check("versions", check_versions, manifest),
               run_check("ds_record", check_ds_record, manifest, args.accelerator)]
     ops = list(manifest.get("ds_ops") or [])
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - the versions check already reports a broken torch
+        gpus = 0
+    args.gpu_numerics = bool(gpus)
     with tempfile.TemporaryDirectory(prefix="envbuild-smoke-", ignore_cleanup_errors=True) as work:
         res: dict = {}
 
@@ -412,14 +425,10 @@ def run_all(manifest: dict, args, manifest_path: str) -> dict:
         checks.append(run_check("no_jit", no_jit))
         if "cpu_adam" in ops:
             checks.append(run_check("cpu_adam", check_cpu_adam, res))
+        if "fused_adam" in ops and gpus:
+            checks.append(run_check("fused_adam", check_fused_adam, res))
         checks.append(run_check("compilers", check_compilers, manifest))
         checks.append(run_check("env", check_env, manifest))
-        try:
-            import torch
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        except Exception:  # noqa: BLE001 - the versions check already reports a broken torch
-            gpus = 0
         if gpus:
             checks.append(run_check("gpu_arch", check_gpu_arch, manifest))
             n = min(args.nproc or gpus, gpus)
@@ -483,6 +492,33 @@ def adam_numerics() -> dict:
     return {"max_abs_diff": (ds_p.detach() - ref_p.detach()).abs().max().item()}
 
 
+def fused_adam_numerics() -> dict:
+    """On a GPU, one FusedAdam step must equal torch.optim.Adam: the pre-built sm_XX code
+    really runs on this device."""
+    import torch
+    from deepspeed.ops.adam import FusedAdam
+
+    torch.manual_seed(0)
+    init, grad = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    ds_p, ref_p = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
+    ds_p.grad, ref_p.grad = grad.clone(), grad.clone()
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    FusedAdam([ds_p], adam_w_mode=False, **hp).step()
+    torch.optim.Adam([ref_p], **hp).step()
+    torch.cuda.synchronize()
+    return {"max_abs_diff": (ds_p.detach() - ref_p.detach()).abs().max().item()}
+
+
+def _numerics(fn) -> dict:
+    t0 = time.monotonic()
+    try:
+        res = dict(fn(), ok=True, detail="")
+    except Exception as e:  # noqa: BLE001
+        res = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
+    res["seconds"] = time.monotonic() - t0
+    return res
+
+
 def child_ops(args) -> int:
     """In the no-JIT sandbox: refuse every cpp_extension JIT entry point, then load each op."""
     if os.environ.get(HANG_ENV) == "no_jit":
@@ -506,12 +542,10 @@ def child_ops(args) -> int:
         out["ops"][op] = dict(entry, seconds=time.monotonic() - t0)
         _write_json(args.result, out)
     if "cpu_adam" in ops:
-        t0 = time.monotonic()
-        try:
-            out["adam"] = dict(adam_numerics(), ok=True, detail="")
-        except Exception as e:  # noqa: BLE001
-            out["adam"] = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
-        out["adam"]["seconds"] = time.monotonic() - t0
+        out["adam"] = _numerics(adam_numerics)
+        _write_json(args.result, out)
+    if "fused_adam" in ops and args.gpu_numerics:
+        out["fused_adam"] = _numerics(fused_adam_numerics)
         _write_json(args.result, out)
     return 0
 
@@ -574,6 +608,7 @@ def parse_args(argv=None):
     p.add_argument("--child", choices=("ops", "collective"), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--ops", default="", help=argparse.SUPPRESS)
+    p.add_argument("--gpu-numerics", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

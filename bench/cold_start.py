@@ -10,6 +10,7 @@ which hangs a JIT build forever; reported as timed out after TIMEOUT seconds.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 import time
@@ -33,15 +34,14 @@ def run(image: str, stale_lock: bool) -> str:
         if stale_lock:
             (Path(ext) / "cpu_adam").mkdir()
             (Path(ext) / "cpu_adam" / "lock").write_text("")
-        cmd = [DOCKER, "run", "--rm", "--network", "none", "-v", f"{ext}:/ext", "-e", "TORCH_EXTENSIONS_DIR=/ext",
-               "-e", "DS_ACCELERATOR=cuda", image, "python", "-c", STEP]
+        name = f"envbuild-bench-{os.getpid()}-{time.monotonic_ns()}"
+        cmd = [DOCKER, "run", "--rm", "--name", name, "--network", "none", "-v", f"{ext}:/ext",
+               "-e", "TORCH_EXTENSIONS_DIR=/ext", "-e", "DS_ACCELERATOR=cuda", image, "python", "-c", STEP]
         t = time.monotonic()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
-            subprocess.run([DOCKER, "ps", "-q", "--filter", f"ancestor={image}"], capture_output=True)
-            subprocess.run(f"{DOCKER} ps -q --filter ancestor={image} | xargs -r {DOCKER} kill", shell=True,
-                           capture_output=True)
+            subprocess.run([DOCKER, "kill", name], capture_output=True)  # only the container this run started
             return f"timed out (> {TIMEOUT} s)"
         if r.returncode != 0:
             return "failed: " + r.stderr.strip().splitlines()[-1][:80]

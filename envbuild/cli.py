@@ -272,15 +272,15 @@ def matrix_cmd(as_json, matrix_dir):
 def gpus(as_json, matrix_dir):
     """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
     from .matrix import load_matrix
-    from .tables import GPU_HEADERS, gpu_json, gpu_rows
+    from .tables import GPU_HEADERS, env_rows, gpu_json, gpu_rows
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
         click.echo(json.dumps(gpu_json(m), indent=2))
         return
     out.print(_table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m)))
-    out.print("\nEvery image also gets: " + ", ".join(f"{e.name}={e.value}" for e in m.gpus_file.common_env)
-              + ". `envbuild gpus --json` gives each default's reason and source.")
+    out.print(_table("baked environment defaults (override: docker run -e / apptainer --env / render --env)",
+                     ("gpu", "variable", "reason", "source"), env_rows(m)))
 
 
 @main.command("readme-tables", hidden=True)

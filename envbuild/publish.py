@@ -3,6 +3,8 @@ compare: what the registry serves must be exactly what was tested."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -12,10 +14,13 @@ from typing import Callable
 from .errors import EnvbuildError
 from .smoke import docker_client, get_image, require_passed
 
-TRANSIENT = ("500 internal server error", "502 bad gateway", "503 service unavailable", "504 gateway",
-             "connection reset", "broken pipe", "eof", "i/o timeout", "tls handshake timeout",
-             "toomanyrequests", "429")
-AUTH = ("unauthorized", "authentication required", "no basic auth credentials", "denied", "401", "403")
+TRANSIENT = re.compile(r"\b(50[0234])\b|internal server error|bad gateway|service unavailable|gateway time"
+                       r"|connection reset|broken pipe|\beof\b|i/o timeout|tls handshake timeout"
+                       r"|toomanyrequests|\b429\b")
+AUTH = re.compile(r"unauthorized|authentication required|no basic auth credentials|\bdenied\b"
+                  r"|\b40[13]\b")
+MANIFEST_TYPES = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
+                            "application/vnd.oci.image.manifest.v1+json"])
 
 
 @dataclass
@@ -27,10 +32,11 @@ class PushResult:
 
 def classify(message: str) -> str:
     """'auth', 'transient' or 'fatal' for a registry error message."""
-    low = message.lower()
-    if any(w in low for w in AUTH):
+    # Status codes only as whole words: "401" inside a sha256 digest is not an HTTP status.
+    low = re.sub(r"sha256:[0-9a-f]+", "sha256:…", message.lower())
+    if AUTH.search(low):
         return "auth"
-    if any(w in low for w in TRANSIENT):
+    if TRANSIENT.search(low):
         return "transient"
     return "fatal"
 
@@ -75,6 +81,25 @@ def check_reachable(registry: str, timeout: float = 10) -> None:
                         f"and that the registry is running.", exit_code=1)
 
 
+def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict] | None:
+    """(digest, manifest) the registry serves for name:reference, via the registry API.
+
+    None when it cannot tell without credentials (401) or has no such reference (404):
+    then the pull-back by digest is the check.
+    """
+    for scheme in ("https", "http"):
+        req = urllib.request.Request(f"{scheme}://{registry}/v2/{name}/manifests/{reference}",
+                                     headers={"Accept": MANIFEST_TYPES})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.headers.get("Docker-Content-Digest", ""), json.load(resp)
+        except urllib.error.HTTPError:
+            return None
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+    return None
+
+
 def _push_tag(client, repo: str, tag: str, registry: str) -> str:
     digest = ""
     for event in client.images.push(repo, tag=tag, stream=True, decode=True):
@@ -105,6 +130,8 @@ def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: 
     for rt in sorted(repo_tags):
         name, tag = rt.rsplit(":", 1)
         target = f"{registry}/{name.split('/')[-1]}"
+        if CONTENT_TAG.search(tag):
+            _refuse_to_move(registry, target, tag, img.id)
         img.tag(target, tag)
         on_event(f"pushing {target}:{tag}")
         d, n = with_retries(lambda: _push_tag(client, target, tag, registry), f"push of {target}:{tag}")
@@ -123,7 +150,22 @@ def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: 
             raise RegistryError(str(e), registry) from None
 
     pulled_id, n = with_retries(pull, f"pull of {by_digest}")
-    if pulled_id != img.id:
-        raise EnvbuildError(f"pulled {by_digest} back but got image {pulled_id[:19]}, not the pushed "
-                            f"{img.id[:19]}: the registry does not serve what was tested.", exit_code=1)
+    served = remote_manifest(registry, by_digest.split("/", 1)[1].split("@")[0], digest)
+    served_config = served[1].get("config", {}).get("digest") if served else pulled_id
+    if pulled_id != img.id or served_config != img.id:
+        raise EnvbuildError(f"pulled {by_digest} back but the registry serves image {str(served_config)[:19]}, "
+                            f"not the tested {img.id[:19]}.", exit_code=1)
     return PushResult(refs, digest, attempts + n)
+
+
+CONTENT_TAG = re.compile(r"-[0-9a-f]{12}$")
+
+
+def _refuse_to_move(registry: str, target: str, tag: str, image_id: str) -> None:
+    """A content tag is immutable: never re-point it at other bits."""
+    served = remote_manifest(registry, target.split("/", 1)[1], tag)
+    if served and served[1].get("config", {}).get("digest") not in (None, image_id):
+        raise EnvbuildError(f"{target}:{tag} already exists in the registry for other bits (image "
+                            f"{served[1]['config']['digest'][:19]}); content tags are immutable. Rebuilt "
+                            f"images are not bit-identical: push the existing one, or change the inputs.",
+                            exit_code=1)

@@ -236,6 +236,14 @@ def render_files(r: Resolution) -> dict[str, bytes]:
     return files
 
 
+def _is_build_dir(path: Path) -> bool:
+    """Only a directory envbuild rendered may be replaced by a re-render."""
+    try:
+        return "envbuild" in json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def write_build_dir(files: dict[str, bytes], out: Path) -> Path:
     """Write all files to `out` atomically: a sibling temp dir, then one rename.
 
@@ -248,6 +256,10 @@ def write_build_dir(files: dict[str, bytes], out: Path) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
         if out.exists() and not out.is_dir():
             raise EnvbuildError(f"output path {out} exists and is not a directory; choose another -o/--output.")
+        if out.is_dir() and any(out.iterdir()) and not _is_build_dir(out):
+            raise EnvbuildError(f"output path {out} is a non-empty directory that envbuild did not write (no "
+                                f"envbuild manifest.json in it); refusing to replace it. Choose an empty or new "
+                                f"directory with -o/--output.")
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
     except EnvbuildError:
         raise

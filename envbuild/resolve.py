@@ -30,6 +30,7 @@ VENV = "/opt/venv"
 RUNTIME_PATH = f"{VENV}/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
 DEFAULT_CPU_TARGET = "x86-64-v3"
+PYTHONS = tuple(f"3.{n}" for n in range(8, 16))  # every CPython 3 a torch wheel could target
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -82,7 +83,7 @@ class Resolution:
     stack: Stack
     gpu: GpuProfile
     torchvision: str
-    nccl: str
+    nccl: Optional[str]
     arch_list: str
     ops: list[str]
     dropped_ops: list[tuple[str, str]]
@@ -108,7 +109,7 @@ def _nodot(v: str) -> str:
 
 
 def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
-                 cpu_target: str, keep_toolchain: bool) -> str:
+                 cpu_target: str, keep_toolchain: bool, custom: tuple = ()) -> str:
     """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices."""
     tag = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
     if ops != default_ops:
@@ -118,6 +119,8 @@ def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[st
         tag += "-" + cpu_target.replace("x86-64", "x86_64")
     if keep_toolchain:
         tag += "-devel"
+    if custom:
+        tag += "-custom-" + hashlib.sha256(repr(custom).encode()).hexdigest()[:8]
     assert TAG_RE.match(tag), tag
     return tag
 
@@ -160,20 +163,29 @@ def _check_request(m: Matrix, req: Request) -> None:
     if req.cpu_target not in CPU_TARGETS:
         raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not an x86-64 level; choose one of "
                             f"{', '.join(CPU_TARGETS)} (default {DEFAULT_CPU_TARGET}).")
-    for name, _ in req.env:
+    for name, value in req.env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             raise EnvbuildError(f"--env '{name}' is not a valid environment variable name; use NAME=VALUE.")
-    if req.torch and req.python:
+        bad = sorted({c for c in value if c in '$"\\`' or ord(c) < 32 or ord(c) == 127})
+        if bad:
+            raise EnvbuildError(f"--env {name}: the value may not contain {' '.join(repr(c) for c in bad)} "
+                                f"(it is written into Dockerfile ENV lines and shell code); use plain text.")
+    pspec = rules.user_specifier("--python", req.python) if req.python else None
+    if pspec is not None and req.torch:
         tspec = rules.user_specifier("--torch", req.torch)
         rels = [r for r in m.torch_file.releases if tspec.contains(Version(r.torch))]
-        pspec = rules.user_specifier("--python", req.python)
-        if rels and not any(rules._contains(r.python, p)
-                            for r in rels for p in _pythons(m) if pspec.contains(Version(p))):
-            pys = sorted({p for r in rels for p in _pythons(m) if rules._contains(r.python, p)}, key=Version)
+        wanted = [p for p in PYTHONS if pspec.contains(Version(p))]
+        if rels and wanted and not any(rules._contains(r.python, p) for r in rels for p in wanted):
+            pys = [p for p in _pythons(m) if any(rules._contains(r.python, p) for r in rels)]
             raise EnvbuildError(
                 f"--python {req.python}: torch {', '.join(r.torch for r in rels)} has no wheels for it "
                 f"(rule torch-python: wheels exist for Python {', '.join(r.python for r in rels)}); "
                 f"nearest valid choices: --python {', '.join(pys) or 'none in the matrix'}.")
+    if pspec is not None and not any(pspec.contains(Version(p)) for p in _pythons(m)):
+        raise EnvbuildError(
+            f"--python {req.python}: no base OS in the matrix ships it (rule os-python: "
+            + "; ".join(f"{name} ships {', '.join(f.python)}" for name, f in m.bases.families.items())
+            + f"); nearest valid choices: --python {', '.join(_pythons(m))}.")
 
 
 def _pythons(m: Matrix) -> list[str]:
@@ -221,6 +233,13 @@ def _distance(s: Stack, req: Request) -> int:
     return total
 
 
+def _customisation(req: Request) -> tuple:
+    """--env values make an image differ from the stack's stock one: they get their own
+    readable tag. (--base-image is meant to be a mirror of the same base: the content tag,
+    not the readable one, tells those apart.)"""
+    return tuple(req.env)
+
+
 def resolve(m: Matrix, req: Request) -> Resolution:
     """Pick the newest valid stack for `req`, or raise EnvbuildError saying why none fits."""
     gpu = m.gpu(req.gpu)
@@ -242,12 +261,15 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     if req.builder_image:
         base_images["builder"] = req.builder_image
     return Resolution(
-        request=req, stack=s, gpu=gpu, torchvision=rel.torchvision, nccl=rel.nccl,
+        request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
+        # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
+        nccl=rel.nccl if s.cuda == rel.default_cuda else None,
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
         nvcc_reason=rules.nvcc_required(m, s, ops),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, arch_list, req),
-        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain),
+        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain,
+                         _customisation(req)),
         candidates=cands, matrix=m,
     )
 

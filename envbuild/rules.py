@@ -72,13 +72,14 @@ def user_specifier(flag: str, text: str) -> SpecifierSet:
     A bare version means that release line: ``2.5`` is ``==2.5.*``, ``2.5.1`` is
     ``==2.5.1``; anything else must be a PEP 440 specifier.
     """
-    raw = text.strip()
+    raw = text.strip().split("+", 1)[0]  # '2.11.0+cu130' (torch.__version__) means 2.11.0
     try:
         v = Version(raw)
     except InvalidVersion:
         v = None
-    if v is not None and raw[0].isdigit():
-        return SpecifierSet(f"=={raw}" if len(v.release) >= 3 else f"=={raw}.*")
+    if v is not None and raw[:1].isdigit():
+        plain = not (v.is_prerelease or v.is_postrelease or v.is_devrelease)
+        return SpecifierSet(f"=={raw}.*" if plain and len(v.release) < 3 else f"=={raw}")
     try:
         spec = SpecifierSet(raw)
     except InvalidSpecifier:

@@ -38,6 +38,18 @@ def gpu_rows(m: Matrix) -> list[tuple[str, ...]]:
     return rows
 
 
+def env_rows(m: Matrix) -> list[tuple[str, ...]]:
+    """Every baked default with its reason and source: common ones first, then per GPU."""
+    rows = []
+    for e in m.gpus_file.common_env:
+        when = f" (torch {e.when['torch']})" if e.when else ""
+        rows.append(("all" + when, f"{e.name}={e.value}", e.reason, e.source))
+    for p in m.gpus:
+        for e in p.env:
+            rows.append((p.name, f"{e.name}={e.value}", e.reason, e.source))
+    return rows
+
+
 def gpu_json(m: Matrix) -> list[dict]:
     out = []
     for p in m.gpus:

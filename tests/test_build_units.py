@@ -66,6 +66,7 @@ def test_secrets_go_to_private_files_not_the_command_line(tmp_path):
     ("unauthorized: authentication required", "auth"),
     ("no basic auth credentials", "auth"),
     ("manifest invalid", "fatal"),
+    ("blob unknown: sha256:401abc403def", "fatal"),  # status codes inside a digest are not statuses
 ])
 def test_classify(msg, kind):
     assert publish.classify(msg) == kind
@@ -121,3 +122,27 @@ def test_last_json_reads_an_indented_report_after_other_output():
     assert smoke._last_json(text) == {"ok": True, "checks": [{"name": "x"}]}
     with pytest.raises(ValueError):
         smoke._last_json("no json here")
+
+
+def test_verify_ops_reads_the_record_without_importing_deepspeed(tmp_path):
+    """A stand-in deepspeed package (DeepSpeed is not installed on the host; the real one is
+    checked inside the image by test_docker_e2e): its __init__ raises, as DeepSpeed < 0.17.5
+    does with DS_ACCELERATOR=cuda and no GPU driver, so only a file read can pass."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    pkg = tmp_path / "deepspeed"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('no driver')\n")
+    (pkg / "git_version_info_installed.py").write_text(
+        "installed_ops = {'cpu_adam': 1, 'fused_adam': 0}\naccelerator_name = 'cuda'\n")
+    script = ROOT / "templates" / "files" / "verify_ops.py"
+    run = lambda *ops: subprocess.run([sys.executable, str(script), *ops], capture_output=True, text=True,  # noqa: E731
+                                      env={"PYTHONPATH": str(tmp_path)})
+    assert run("cpu_adam").returncode == 0
+    r = run("cpu_adam", "fused_adam")
+    assert r.returncode == 1 and "ops not pre-built: fused_adam" in r.stderr
+    (pkg / "git_version_info_installed.py").write_text("installed_ops = {'cpu_adam': 1}\naccelerator_name = 'cpu'\n")
+    r = run("cpu_adam")
+    assert r.returncode == 1 and "recorded as 'cpu'" in r.stderr

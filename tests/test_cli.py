@@ -93,3 +93,4 @@ def test_matrix_and_gpus_json(cli, matrix):
     assert h20["cc"] == "9.0" and h20["env"][0]["name"] == "NCCL_P2P_DISABLE" and h20["env"][0]["reason"]
     table = cli("gpus", env={"COLUMNS": "300"}).stdout
     assert "NCCL_P2P_DISABLE=1" in table and "h20" in table
+    assert "field report 5" in table and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in table  # reasons and sources

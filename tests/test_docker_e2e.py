@@ -302,7 +302,7 @@ def test_failing_smoke_test_blocks_push(h20, state, work):
     (ctx / "Dockerfile").write_text(
         f"FROM {h20['image']}\n"
         "RUN rm /opt/venv/lib/python3.11/site-packages/deepspeed/ops/adam/cpu_adam_op*.so\n")
-    docker("build", "-t", bad, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    docker("build", "--network", "host", "-t", bad, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
     before = _registry_tags(REPO)
     r = run_cli("push", bad, "--registry", REGISTRY, env=state)
     assert r.returncode == 1 and "no smoke test has been recorded" in r.stderr, r.stderr

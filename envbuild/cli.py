@@ -15,6 +15,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import EnvbuildError
+from .resolve import DEFAULT_CPU_TARGET
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -42,7 +43,7 @@ def request_options(f):
                      help="Ops to pre-build: training, all, none, or a comma list (cpu_adam,fused_adam)."),
         click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
         click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
-        click.option("--cpu-target", default="x86-64-v3", show_default=True,
+        click.option("--cpu-target", default=DEFAULT_CPU_TARGET, show_default=True,
                      help="x86-64 level the CPU ops are compiled for (not the build machine's -march=native)."),
         click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
         click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",

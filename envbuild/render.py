@@ -222,7 +222,8 @@ def render_files(r: Resolution) -> dict[str, bytes]:
     """All files of the build directory, path -> bytes. Pure and deterministic."""
     rec = recipe(r)
     env = _environment()
-    ctx = {"r": r, "rec": rec, "version": __version__, "setup": SETUP}
+    ctx = {"r": r, "rec": rec, "version": __version__, "setup": SETUP,
+           "builder_files": BUILDER_FILES, "image_files": IMAGE_FILES}
     files: dict[str, bytes] = {}
     for name, template in (("Dockerfile", "docker/Dockerfile.j2"),
                            ("Singularity.def", "singularity/Singularity.def.j2"),

@@ -134,7 +134,11 @@ def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: 
             _refuse_to_move(registry, target, tag, img.id)
         img.tag(target, tag)
         on_event(f"pushing {target}:{tag}")
-        d, n = with_retries(lambda: _push_tag(client, target, tag, registry), f"push of {target}:{tag}")
+        try:
+            d, n = with_retries(lambda: _push_tag(client, target, tag, registry), f"push of {target}:{tag}")
+        except EnvbuildError:
+            client.images.remove(f"{target}:{tag}", noprune=True)  # leave no tag for a failed push
+            raise
         attempts += n
         if digest and d != digest:
             raise EnvbuildError(f"the two tags of {image} got different digests ({digest}, {d}).", exit_code=1)

@@ -52,7 +52,12 @@ def engine():
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("e2e")
+    yield tmp_path_factory.mktemp("e2e")
+    # Untag what this module made (BuildKit's cache stays, so the next run is fast).
+    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
+    mine = [r for r in refs if r.split(":")[0].split("/")[-1] == REPO or r.rsplit(":", 1)[0].endswith("/" + REPO)]
+    if mine:
+        docker("rmi", *mine, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +130,14 @@ def test_build_tags_labels_and_env(h20):
     assert "setup.sh deepspeed" in (h20["out"] / "build.log").read_text()
 
 
-def test_smoke_passes_on_cpu(h20, state):
-    r = run_cli("smoke", h20["image"], "--json", env=state, timeout=1200)
+@pytest.fixture(scope="module")
+def smoked(h20, state):
+    """The h20 image's smoke run (its passing record is what lets push publish it)."""
+    return run_cli("smoke", h20["image"], "--json", env=state, timeout=1200)
+
+
+def test_smoke_passes_on_cpu(smoked, state):
+    r = smoked
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     rep = json.loads(r.stdout)
     checks = {c["name"]: c for c in rep["checks"]}
@@ -215,7 +226,7 @@ def _registry_tags(name):
         return []
 
 
-def test_push_and_pull_back_by_digest(h20, state):
+def test_push_and_pull_back_by_digest(h20, smoked, state):
     r = run_cli("push", h20["image"], "--registry", REGISTRY, env=state, timeout=1800)
     assert r.returncode == 0, r.stdout + r.stderr
     digest = re.search(r"digest (sha256:[0-9a-f]{64})", r.stdout).group(1)
@@ -320,13 +331,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_unreachable_registry_is_a_clear_error(h20, state):
+def test_unreachable_registry_is_a_clear_error(h20, smoked, state):
     port = _free_port()
     r = run_cli("push", h20["image"], "--registry", f"127.0.0.1:{port}", env=state)
     assert r.returncode == 1 and f"registry 127.0.0.1:{port} cannot be reached" in r.stderr, r.stderr
 
 
-def test_registry_refusing_authentication_is_a_clear_error(h20, state, work):
+def test_registry_refusing_authentication_is_a_clear_error(h20, smoked, state, work):
     """A second real registry, with htpasswd auth, and no `docker login`."""
     port = _free_port()
     d = work / "authreg"

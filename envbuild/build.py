@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -85,16 +85,19 @@ def content_tag(readable: str, build_dir: Path) -> str:
 
 
 def _secret_args(secrets: BuildSecrets, tmp: Path) -> list[str]:
+    """`--secret` flags; each field name of BuildSecrets is its BuildKit secret id."""
     args = []
-    if secrets.ca_cert:
-        args += ["--secret", f"id=ca_cert,src={Path(secrets.ca_cert).resolve()}"]
-    for sid, value in (("pip_index_url", secrets.pip_index_url), ("torch_index_url", secrets.torch_index_url),
-                       ("apt_mirror", secrets.apt_mirror)):
-        if value:
-            f = tmp / sid
-            f.touch(mode=0o600)
-            f.write_text(value + "\n")
-            args += ["--secret", f"id={sid},src={f}"]
+    for f in fields(secrets):
+        value = getattr(secrets, f.name)
+        if not value:
+            continue
+        if isinstance(value, Path):
+            src = value.resolve()
+        else:
+            src = tmp / f.name
+            src.touch(mode=0o600)
+            src.write_text(value + "\n")
+        args += ["--secret", f"id={f.name},src={src}"]
     return args
 
 

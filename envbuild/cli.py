@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -75,6 +76,19 @@ def _resolve(kw):
     return m, req
 
 
+def _render_to(kw, output):
+    """Resolve the request and write its build directory (shared by render and build)."""
+    from .render import render_files, write_build_dir
+    from .resolve import resolve
+
+    m, req = _resolve(kw)
+    secrets = _secrets(kw)  # validated before anything is written
+    r = resolve(m, req)
+    path = write_build_dir(render_files(r), Path(output) if output else Path("build") / r.tag)
+    _print_resolution(r, path)
+    return r, secrets, path
+
+
 def _secrets(kw):
     from .build import BuildSecrets
     from .resolve import ca_file
@@ -117,18 +131,14 @@ def main():
 @click.option("--explain", is_flag=True, help="Show every candidate stack and the rule that rejected it; write nothing.")
 def render(output, explain, **kw):
     """Render Dockerfile, Singularity definitions and manifest.json for one GPU."""
-    from .render import render_files, write_build_dir
-    from .resolve import resolve
-
-    m, req = _resolve(kw)
-    _secrets(kw)  # validate mirror/CA options even though rendering does not embed them
     if explain:
+        from .resolve import resolve
+
+        m, req = _resolve(kw)
         _explain(m, req)
         _print_resolution(resolve(m, req))
         return
-    r = resolve(m, req)
-    path = write_build_dir(render_files(r), Path(output) if output else Path("build") / r.tag)
-    _print_resolution(r, path)
+    _render_to(kw, output)
 
 
 @main.command()
@@ -140,15 +150,8 @@ def build(output, **kw):
     from rich.text import Text
 
     from .build import build_image
-    from .render import render_files, write_build_dir
-    from .resolve import resolve
 
-    m, req = _resolve(kw)
-    secrets = _secrets(kw)
-    r = resolve(m, req)
-    path = write_build_dir(render_files(r), Path(output) if output else Path("build") / r.tag)
-    _print_resolution(r, path)
-    import time
+    r, secrets, path = _render_to(kw, output)
     start = time.monotonic()
     current = {"step": "starting"}
 
@@ -162,7 +165,7 @@ def build(output, **kw):
             elif event == "done":
                 err.print(f"  done  {name}"[:160], markup=False)
             live.update(line())
-        result = build_image(path, r.tag, req.image_repo, secrets, on_step=on_step)
+        result = build_image(path, r.tag, r.request.image_repo, secrets, on_step=on_step)
     out.print(f"built {result.image_id[:19]} in {result.seconds:.0f} s")
     for t in result.tags:
         out.print(f"  tagged {t}", markup=False)

@@ -66,19 +66,33 @@ class RegistryError(Exception):
         self.registry = registry
 
 
+def _registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30):
+    """Open https://REGISTRY/PATH, falling back to http (local registries on 127.0.0.0/8).
+
+    An HTTPError passes through (the registry answered); otherwise the last connection
+    error is raised.
+    """
+    last: Exception = OSError("no scheme tried")
+    for scheme in ("https", "http"):
+        req = urllib.request.Request(f"{scheme}://{registry}{path}", headers=headers or {})
+        try:
+            return urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, OSError) as e:
+            last = e
+    raise last
+
+
 def check_reachable(registry: str, timeout: float = 10) -> None:
     """Fail fast, clearly, when nothing answers at the registry address."""
-    last = ""
-    for scheme in ("https", "http"):
-        try:
-            urllib.request.urlopen(f"{scheme}://{registry}/v2/", timeout=timeout)
-            return
-        except urllib.error.HTTPError:
-            return  # it answered (401 means: log in; that is reported on push)
-        except (urllib.error.URLError, OSError) as e:
-            last = str(getattr(e, "reason", e))
-    raise EnvbuildError(f"registry {registry} cannot be reached ({last}); check --registry HOST[:PORT] "
-                        f"and that the registry is running.", exit_code=1)
+    try:
+        _registry_open(registry, "/v2/", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return  # it answered (401 means: log in; that is reported on push)
+    except (urllib.error.URLError, OSError) as e:
+        raise EnvbuildError(f"registry {registry} cannot be reached ({getattr(e, 'reason', e)}); check "
+                            f"--registry HOST[:PORT] and that the registry is running.", exit_code=1) from None
 
 
 def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict] | None:
@@ -87,17 +101,11 @@ def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict
     None when it cannot tell without credentials (401) or has no such reference (404):
     then the pull-back by digest is the check.
     """
-    for scheme in ("https", "http"):
-        req = urllib.request.Request(f"{scheme}://{registry}/v2/{name}/manifests/{reference}",
-                                     headers={"Accept": MANIFEST_TYPES})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.headers.get("Docker-Content-Digest", ""), json.load(resp)
-        except urllib.error.HTTPError:
-            return None
-        except (urllib.error.URLError, OSError, ValueError):
-            continue
-    return None
+    try:
+        with _registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": MANIFEST_TYPES}) as resp:
+            return resp.headers.get("Docker-Content-Digest", ""), json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError):  # HTTPError is a URLError
+        return None
 
 
 def _push_tag(client, repo: str, tag: str, registry: str) -> str:

@@ -92,7 +92,6 @@ class Resolution:
     base_images: dict[str, str]
     env: list[EnvVar]
     tag: str
-    candidates: list[Candidate] = field(default_factory=list)
     matrix: Optional[Matrix] = field(default=None, repr=False)
 
     @property
@@ -145,7 +144,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
         out.append(EnvVar("CUDA_HOME", home, "--keep-toolchain: the CUDA compiler stays in the image",
                           "bases.yaml toolchains", "base"))
     for d in [*m.gpus_file.common_env, *gpu.env]:
-        if d.when and not rules._contains(d.when["torch"], s.torch):
+        if d.when and not rules.contains(d.when["torch"], s.torch):
             continue
         out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu"))
     for name, value in req.env:
@@ -175,8 +174,8 @@ def _check_request(m: Matrix, req: Request) -> None:
         tspec = rules.user_specifier("--torch", req.torch)
         rels = [r for r in m.torch_file.releases if tspec.contains(Version(r.torch))]
         wanted = [p for p in PYTHONS if pspec.contains(Version(p))]
-        if rels and wanted and not any(rules._contains(r.python, p) for r in rels for p in wanted):
-            pys = [p for p in _pythons(m) if any(rules._contains(r.python, p) for r in rels)]
+        if rels and wanted and not any(rules.contains(r.python, p) for r in rels for p in wanted):
+            pys = [p for p in _pythons(m) if any(rules.contains(r.python, p) for r in rels)]
             raise EnvbuildError(
                 f"--python {req.python}: torch {', '.join(r.torch for r in rels)} has no wheels for it "
                 f"(rule torch-python: wheels exist for Python {', '.join(r.python for r in rels)}); "
@@ -233,18 +232,16 @@ def _distance(s: Stack, req: Request) -> int:
     return total
 
 
-def _customisation(req: Request) -> tuple:
-    """--env values make an image differ from the stack's stock one: they get their own
-    readable tag. (--base-image is meant to be a mirror of the same base: the content tag,
-    not the readable one, tells those apart.)"""
-    return tuple(req.env)
+def _evaluate(m: Matrix, req: Request) -> tuple[GpuProfile, list[Candidate]]:
+    """The GPU and every candidate with its rejections: what resolve and --explain share."""
+    gpu = m.gpu(req.gpu)
+    _check_request(m, req)
+    return gpu, candidates(m, req, gpu)
 
 
 def resolve(m: Matrix, req: Request) -> Resolution:
     """Pick the newest valid stack for `req`, or raise EnvbuildError saying why none fits."""
-    gpu = m.gpu(req.gpu)
-    _check_request(m, req)
-    cands = candidates(m, req, gpu)
+    gpu, cands = _evaluate(m, req)
     valid = [c for c in cands if not c.rejections]
     if not valid:
         raise _no_stack_error(m, req, gpu, cands)
@@ -268,19 +265,19 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         nvcc_reason=rules.nvcc_required(m, s, ops),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, arch_list, req),
-        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain,
-                         _customisation(req)),
-        candidates=cands, matrix=m,
+        # --env values get their own readable tag; a --base-image is meant to be a mirror of
+        # the same base, told apart by the content tag only.
+        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain, tuple(req.env)),
+        matrix=m,
     )
 
 
 def explain_rows(m: Matrix, req: Request) -> list[tuple[str, str, str]]:
     """(stack id, verdict, reasons) for every candidate, for ``--explain``."""
-    gpu = m.gpu(req.gpu)
-    _check_request(m, req)
+    _, cands = _evaluate(m, req)
     rows = []
     chosen = None
-    for c in candidates(m, req, gpu):
+    for c in cands:
         if c.rejections:
             rows.append((c.stack.id, "rejected", "; ".join(f"[{r.rule}] {r.message}" for r in c.rejections)))
         elif chosen is None:

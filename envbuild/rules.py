@@ -24,7 +24,7 @@ from typing import Optional
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .errors import EnvbuildError
+from .errors import EnvbuildError, nearest
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def user_specifier(flag: str, text: str) -> SpecifierSet:
     return spec
 
 
-def _contains(spec: str | SpecifierSet, version: str) -> bool:
+def contains(spec: str | SpecifierSet, version: str) -> bool:
     return SpecifierSet(str(spec)).contains(Version(version), prereleases=True)
 
 
@@ -105,11 +105,11 @@ def stack_rejections(m, s) -> list[Rejection]:
     if s.cuda not in rel.variants:
         out.append(Rejection("torch-cuda", f"torch {s.torch} has no CUDA {s.cuda} wheel "
                                            f"(variants: {', '.join(rel.variants)})"))
-    if not _contains(rel.python, s.python):
+    if not contains(rel.python, s.python):
         out.append(Rejection("torch-python", f"torch {s.torch} has no wheels for Python {s.python} "
                                              f"(it has {rel.python})"))
     ds = m.ds_release(s.deepspeed)
-    if not _contains(ds.torch, s.torch):
+    if not contains(ds.torch, s.torch):
         out.append(Rejection("deepspeed-torch", f"DeepSpeed {s.deepspeed} needs torch {ds.torch}"))
     family = m.bases.families[s.os]
     if s.python not in family.python:
@@ -145,9 +145,9 @@ def gpu_rejections(m, s, gpu) -> list[Rejection]:
     out = []
     req = gpu.requires
     if req:
-        if req.torch and not _contains(req.torch, s.torch):
+        if req.torch and not contains(req.torch, s.torch):
             out.append(Rejection("gpu-floor", f"{gpu.name} needs torch {req.torch} ({req.source})"))
-        if req.cuda and not _contains(req.cuda, s.cuda):
+        if req.cuda and not contains(req.cuda, s.cuda):
             out.append(Rejection("gpu-floor", f"{gpu.name} needs CUDA {req.cuda} ({req.source})"))
     rel = m.torch_release(s.torch)
     if s.cuda in rel.variants:
@@ -178,7 +178,7 @@ def op_rejection(m, s, op_name: str, arch_list: str) -> Optional[Rejection]:
         return Rejection("ds-op", f"{op_name} first appears in DeepSpeed {op.since}")
     if op.until and ds >= Version(op.until):
         return Rejection("ds-op", f"{op_name} was removed in DeepSpeed {op.until}")
-    if op.torch and not _contains(op.torch, s.torch):
+    if op.torch and not contains(op.torch, s.torch):
         return Rejection("ds-op", f"{op_name}: {op.reason or f'needs torch {op.torch}'}")
     missing = [n for n in op.needs if n not in capabilities(m, s)]
     if missing:
@@ -191,7 +191,7 @@ def op_rejection(m, s, op_name: str, arch_list: str) -> Optional[Rejection]:
                                       f"the arch list is {arch_list}")
     triton = m.torch_release(s.torch).triton
     for rule in op.triton:
-        if _contains(rule.deepspeed, s.deepspeed) and not any(_contains(t, triton) for t in rule.triton):
+        if contains(rule.deepspeed, s.deepspeed) and not any(contains(t, triton) for t in rule.triton):
             return Rejection("ds-op", f"{op_name}: DeepSpeed {s.deepspeed} accepts triton "
                                       f"{' or '.join(rule.triton)}, torch {s.torch} pins triton {triton}")
     return None
@@ -219,7 +219,6 @@ def select_ops(m, s, arch_list: str, choice: str) -> tuple[list[str], list[tuple
     chosen = []
     for n in names:
         if n not in m.ops:
-            from .errors import nearest
             hint = nearest(n, m.ops)
             did = f" did you mean {', '.join(hint)}?" if hint else ""
             raise EnvbuildError(

@@ -11,10 +11,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from envbuild.matrix import load_matrix  # noqa: E402  (this checkout's, not an installed one)
+
 OUT = ROOT / "bench" / "out"
 DOCKER = "/usr/bin/docker"
 BASE = "local/debian:bookworm"
-STACK = "torch2.11-cu130-py3.11-pypi"
+# The production matrix's PyPI-toolchain stack on plain Debian (what CI builds for real).
+STACK = next(s.id for s in load_matrix().stacks if s.toolchain == "pypi" and s.os == "debian12")
 REPO = "envbuild-bench"
 CA = "/etc/ssl/certs/ca-certificates.crt"
 

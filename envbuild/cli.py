@@ -101,7 +101,10 @@ def _print_resolution(r, path=None):
     s = r.stack
     rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
             ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"), ("ds ops", ", ".join(r.ops) or "none"),
+            ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"),
             ("tag", r.image_ref)]
+    if r.dropped_ops:
+        rows.insert(7, ("ops left out", "; ".join(f"{op}: {why}" for op, why in r.dropped_ops)))
     if path:
         rows.append(("output", str(path)))
     t = Table(show_header=False, box=None, pad_edge=False)
@@ -276,15 +279,16 @@ def matrix_cmd(as_json, matrix_dir):
 def gpus(as_json, matrix_dir):
     """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
     from .matrix import load_matrix
-    from .tables import GPU_HEADERS, env_rows, gpu_json, gpu_rows
+    from .tables import ENV_HEADERS, GPU_HEADERS, NOT_BAKED_HEADERS, env_rows, gpu_json, gpu_rows, not_baked_rows
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
         click.echo(json.dumps(gpu_json(m), indent=2))
         return
     out.print(_table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m)))
-    out.print(_table("baked environment defaults (override: docker run -e / apptainer --env / render --env)",
-                     ("gpu", "variable", "reason", "source"), env_rows(m)))
+    out.print(_table("environment defaults (override: docker run -e / apptainer --env / render --env)",
+                     ENV_HEADERS, env_rows(m)))
+    out.print(_table("considered and not baked", NOT_BAKED_HEADERS, not_baked_rows(m)))
 
 
 @main.command("readme-tables", hidden=True)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from .errors import EnvbuildError, nearest
 from .resources import matrices_dir
 
-FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "stacks.yaml")
+FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "cuda.yaml", "stacks.yaml")
 
 
 # ---------------------------------------------------------------- field types
@@ -50,6 +50,13 @@ def _specifier(v: str) -> str:
 
 
 _CC = re.compile(r"^\d+\.\d+$")
+_DRIVER = re.compile(r"^\d{3}(\.\d+){1,2}$")
+
+
+def _driver(v: str) -> str:
+    if not _DRIVER.match(str(v)):
+        raise ValueError(f"expected an NVIDIA driver version like '580.65.06', got {v!r}")
+    return str(v)
 
 
 def _cc(v: str) -> str:
@@ -66,18 +73,33 @@ class _Strict(BaseModel):
 
 
 class TorchRelease(_Strict):
+    """One torch release. Every field but `variants` and `note` is derived from the PyPI
+    artifacts by `envbuild matrix refresh`; `source` names what it was read from."""
+
     torch: str
     python: str
     torchvision: str
-    triton: str
+    triton: str  # the requirement exactly as the Linux x86_64 wheel states it: "==3.3.1", "~=3.8.0"
     nccl: str
     manylinux: str
-    variants: dict[str, str]
     default_cuda: str
+    cuda_toolkit: Optional[str] = None  # the cuda-toolkit pin of wheels that depend on it (>= 2.11)
+    default_arches: str  # TORCH_CUDA_ARCH_LIST form of the default wheel's own arch string
+    cuda_platforms: list[Literal["x86_64", "aarch64"]] = ["x86_64"]
+    aarch64_arches: Optional[str] = None
+    cpp_extension_arches: str  # what cpp_extension accepts in TORCH_CUDA_ARCH_LIST
+    extension_lock: Literal["filebaton", "flock"]
+    variants: dict[str, str]  # CUDA -> a named arch list, or "default" for the PyPI wheel's
     note: Optional[str] = None
+    source: Optional[str] = None
 
-    _v = field_validator("torch", "torchvision", "triton", "nccl")(_version)
-    _s = field_validator("python")(_specifier)
+    _v = field_validator("torch", "torchvision", "nccl", "default_cuda")(_version)
+    _s = field_validator("python", "triton")(_specifier)
+    _o = field_validator("cuda_toolkit")(lambda v: v if v is None else _version(v))
+
+    def accepts_arch(self, cc: str) -> bool:
+        """Does cpp_extension accept `cc` in TORCH_CUDA_ARCH_LIST (needed to pre-build ops)?"""
+        return cc in self.cpp_extension_arches.split(";")
 
 
 class TorchFile(_Strict):
@@ -85,15 +107,19 @@ class TorchFile(_Strict):
     variant_index: str
     arch_lists: dict[str, str]
     releases: list[TorchRelease]
-    cpp_extension_arch_floor: dict[str, str]
 
 
 # ---------------------------------------------------------------- deepspeed.yaml
 
 
 class DsRelease(_Strict):
+    """One DeepSpeed release, derived from its sdist by `envbuild matrix refresh`."""
+
     deepspeed: str
-    torch: str
+    torch: str  # requirements.txt's torch requirement ("" when unversioned)
+    gpu_free_install: bool  # setup.py and import work with DS_ACCELERATOR=cuda and no GPU
+    nvcc_free_install: bool  # setup.py needs no nvcc when only CPU ops are pre-built
+    source: Optional[str] = None
 
     _v = field_validator("deepspeed")(_version)
     _s = field_validator("torch")(_specifier)
@@ -116,6 +142,7 @@ class Op(_Strict):
     kind: Literal["cpu", "cuda"]
     since: str
     until: Optional[str] = None
+    cuda_extension_until: Optional[str] = None  # a CUDA extension (links cudart) before this release
     needs: list[str] = []
     min_cc: Optional[str] = None
     triton: list[TritonRule] = []
@@ -123,7 +150,7 @@ class Op(_Strict):
     reason: Optional[str] = None
     note: Optional[str] = None
 
-    _v = field_validator("since", "until")(lambda v: v if v is None else _version(v))
+    _v = field_validator("since", "until", "cuda_extension_until")(lambda v: v if v is None else _version(v))
     _c = field_validator("min_cc")(lambda v: v if v is None else _cc(v))
     _s = field_validator("torch")(lambda v: v if v is None else _specifier(v))
 
@@ -131,7 +158,6 @@ class Op(_Strict):
 class DeepspeedFile(_Strict):
     sources: dict[str, str]
     releases: list[DsRelease]
-    nvcc_free_install_from: str
     ops: dict[str, Op]
     presets: dict[str, list[str]]
 
@@ -139,12 +165,26 @@ class DeepspeedFile(_Strict):
 # ---------------------------------------------------------------- gpus.yaml
 
 
+class NodeCondition(_Strict):
+    """A condition only the node can answer (its driver, its network), checked at start-up
+    by the image's entrypoint / Apptainer environment instead of being baked blindly."""
+
+    driver_below: Optional[str] = None
+    infiniband: Optional[Literal["absent", "present"]] = None
+
+    _v = field_validator("driver_below")(lambda v: v if v is None else _driver(v))
+
+
 class EnvDefault(_Strict):
+    """A default the image sets: what it is for (reason, source) and what it costs."""
+
     name: str
     value: str
     reason: str
     source: str
+    cost: str
     when: Optional[dict[Literal["torch"], str]] = None
+    node: Optional[NodeCondition] = None
 
     @field_validator("name")
     @classmethod
@@ -157,6 +197,16 @@ class EnvDefault(_Strict):
     @classmethod
     def _when(cls, v):
         return v if v is None else {k: _specifier(s) for k, s in v.items()}
+
+
+class NotBaked(_Strict):
+    """A default that was considered and left out, with why: so nobody adds it back blindly."""
+
+    name: str
+    value: str
+    gpus: list[str]
+    why: str
+    source: str
 
 
 class GpuRequires(_Strict):
@@ -189,6 +239,27 @@ class GpusFile(_Strict):
     sources: dict[str, str]
     common_env: list[EnvDefault]
     profiles: list[GpuProfile]
+    not_baked: list[NotBaked] = []
+
+
+# ---------------------------------------------------------------- cuda.yaml
+
+
+class DriverFloor(_Strict):
+    """The oldest Linux driver a CUDA major's runtime runs on (minor-version compatibility)."""
+
+    cuda: str  # a CUDA major: "12", "13"
+    min_driver: str
+    branch: str
+    source: str
+
+    _v = field_validator("min_driver")(lambda v: _driver(v))
+
+
+class CudaFile(_Strict):
+    sources: dict[str, str]
+    driver_floors: list[DriverFloor]
+    forward_compat: str
 
 
 # ---------------------------------------------------------------- bases.yaml
@@ -253,6 +324,7 @@ _MODELS = {
     "deepspeed.yaml": DeepspeedFile,
     "gpus.yaml": GpusFile,
     "bases.yaml": BasesFile,
+    "cuda.yaml": CudaFile,
     "stacks.yaml": StacksFile,
 }
 
@@ -264,8 +336,9 @@ class Matrix:
     """All matrix files, cross-checked, with lookups by name and alias."""
 
     def __init__(self, directory: Path, torch: TorchFile, deepspeed: DeepspeedFile,
-                 gpus: GpusFile, bases: BasesFile, stacks: StacksFile):
+                 gpus: GpusFile, bases: BasesFile, cuda: CudaFile, stacks: StacksFile):
         self.directory = directory
+        self.cuda_file = cuda
         self.torch_file = torch
         self.deepspeed_file = deepspeed
         self.gpus_file = gpus
@@ -323,7 +396,17 @@ class Matrix:
             f"{len(self.stacks)} stacks.")
 
     def arch_list(self, release: TorchRelease, cuda: str) -> str:
-        return self.torch_file.arch_lists[release.variants[cuda]]
+        """The arches torch's `cuda` build carries code for."""
+        name = release.variants[cuda]
+        return release.default_arches if name == "default" else self.torch_file.arch_lists[name]
+
+    def driver_floor(self, cuda: str) -> DriverFloor:
+        """The oldest driver that runs CUDA `cuda` ('13.0' -> the CUDA 13 floor)."""
+        major = cuda.split(".")[0]
+        for floor in self.cuda_file.driver_floors:
+            if floor.cuda == major:
+                return floor
+        raise KeyError(cuda)
 
     def torch_index(self, release: TorchRelease, cuda: str) -> Optional[str]:
         """PyTorch's own index for a non-default CUDA variant; None means plain PyPI."""
@@ -387,11 +470,12 @@ def _check_references(m: Matrix) -> None:
     problems: list[str] = []
     for name, rel in m._torch.items():
         for cuda, arch in rel.variants.items():
-            if arch not in m.torch_file.arch_lists:
+            if arch != "default" and arch not in m.torch_file.arch_lists:
                 problems.append(f"{d/'torch.yaml'}: torch {name} variant {cuda} names unknown arch list "
                                 f"'{arch}' (known: {', '.join(m.torch_file.arch_lists)})")
-        if rel.default_cuda not in rel.variants:
-            problems.append(f"{d/'torch.yaml'}: torch {name} default_cuda {rel.default_cuda} is not one of its variants")
+        if rel.variants.get(rel.default_cuda) != "default":
+            problems.append(f"{d/'torch.yaml'}: torch {name}: variants[{rel.default_cuda}] (its default_cuda) must be "
+                            f"'default' (the PyPI wheel's own arch list)")
     for preset, ops in m.deepspeed_file.presets.items():
         for op in ops:
             if op not in m.ops:
@@ -402,6 +486,12 @@ def _check_references(m: Matrix) -> None:
             if n.lower() in seen and seen[n.lower()] != p.name:
                 problems.append(f"{d/'gpus.yaml'}: alias '{n}' is used by both {seen[n.lower()]} and {p.name}")
             seen[n.lower()] = p.name
+    majors = {f.cuda for f in m.cuda_file.driver_floors}
+    for rel in m.torch_file.releases:
+        for cuda in rel.variants:
+            if cuda.split(".")[0] not in majors:
+                problems.append(f"{d/'cuda.yaml'}: no driver floor for CUDA {cuda} (torch {rel.torch}); "
+                                f"known majors: {', '.join(sorted(majors))}")
     ids: set[str] = set()
     seen_versions: dict[tuple, str] = {}
     for i, s in enumerate(m.stacks):
@@ -443,7 +533,7 @@ def _load_cached(directory: str) -> Matrix:
         raise EnvbuildError(f"matrix directory {d} lacks {', '.join(missing)}; it needs {', '.join(FILES)}.")
     loaded = {f: _load_file(d / f) for f in FILES}
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
-               loaded["bases.yaml"], loaded["stacks.yaml"])
+               loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"])
     _check_references(m)
     return m
 

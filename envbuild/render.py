@@ -167,6 +167,7 @@ def _labels(r: Resolution) -> list[tuple[str, str]]:
         ("io.envbuild.ds-ops", ",".join(r.ops)),
         ("io.envbuild.torch-cuda-arch-list", r.arch_list),
         ("io.envbuild.cpu-target", r.request.cpu_target),
+        ("io.envbuild.min-driver", r.driver.min_driver),
     ]
 
 
@@ -195,8 +196,12 @@ def manifest(r: Resolution) -> dict:
         "toolchain_kept": r.request.keep_toolchain,
         "torch_index": r.torch_index,
         "env": {e.name: e.value for e in r.env},
-        "env_reasons": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source}
-                        for e in r.env],
+        "env_reasons": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source,
+                         **({"cost": e.cost} if e.cost else {})} for e in r.env],
+        "node_env": [{"name": d.name, "value": d.value, "when": d.node.model_dump(exclude_none=True),
+                      "reason": d.reason, "source": d.source, "cost": d.cost} for d in r.node_env],
+        "driver": {"cuda": s.cuda, "min_driver": r.driver.min_driver, "branch": r.driver.branch,
+                   "forward_compat": r.matrix.cuda_file.forward_compat, "source": r.driver.source},
         "base_images": dict(r.base_images),
     }
 

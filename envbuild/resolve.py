@@ -24,7 +24,7 @@ from packaging.version import Version
 
 from . import rules
 from .errors import EnvbuildError
-from .matrix import GpuProfile, Matrix, Stack
+from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
 
 VENV = "/opt/venv"
 RUNTIME_PATH = f"{VENV}/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -69,6 +69,7 @@ class EnvVar:
     reason: str
     source: str
     layer: str  # "base" (stack-wide) or "gpu" (the late, per-GPU layer)
+    cost: str = ""
 
 
 @dataclass
@@ -91,6 +92,8 @@ class Resolution:
     torch_index: Optional[str]
     base_images: dict[str, str]
     env: list[EnvVar]
+    node_env: list[EnvDefault]
+    driver: DriverFloor
     tag: str
     matrix: Optional[Matrix] = field(default=None, repr=False)
 
@@ -124,7 +127,20 @@ def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[st
     return tag
 
 
+def _applies(d: EnvDefault, s: Stack) -> bool:
+    return not d.when or rules.contains(d.when["torch"], s.torch)
+
+
+def _node_env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request) -> list[EnvDefault]:
+    """Defaults the node decides at start-up (driver, InfiniBand); a --env of the same name
+    bakes the user's value instead."""
+    overridden = {name for name, _ in req.env}
+    return [d for d in [*m.gpus_file.common_env, *gpu.env]
+            if d.node and _applies(d, s) and d.name not in overridden]
+
+
 def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> list[EnvVar]:
+    floor = m.driver_floor(s.cuda)
     out = [
         EnvVar("VIRTUAL_ENV", VENV, "the pinned stack lives in one virtual environment", "envbuild", "base"),
         EnvVar("PATH", RUNTIME_PATH, "the venv first; no compiler directory", "envbuild", "base"),
@@ -133,6 +149,9 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
                "DeepSpeed >= 0.14.1 falls back to the CPU accelerator when no GPU is visible and then "
                "treats the pre-built CUDA ops as missing; pin it to the one the ops were built for",
                "build-notes.md pitfall 1; domain-facts.md section 2", "base"),
+        EnvVar("ENVBUILD_MIN_DRIVER", floor.min_driver,
+               f"the oldest NVIDIA driver CUDA {s.cuda} runs on; the entrypoint and the smoke test say so "
+               f"clearly on an older one, instead of CUDA error 803 later", floor.source, "base"),
         EnvVar("TORCH_CUDA_ARCH_LIST", arch_list,
                f"the arches the DeepSpeed ops were pre-built for ({gpu.name}: {gpu.sm})",
                "gpus.yaml cc", "gpu"),
@@ -144,9 +163,8 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
         out.append(EnvVar("CUDA_HOME", home, "--keep-toolchain: the CUDA compiler stays in the image",
                           "bases.yaml toolchains", "base"))
     for d in [*m.gpus_file.common_env, *gpu.env]:
-        if d.when and not rules.contains(d.when["torch"], s.torch):
-            continue
-        out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu"))
+        if _applies(d, s) and not d.node:
+            out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu", d.cost))
     for name, value in req.env:
         out = [e for e in out if e.name != name]
         out.append(EnvVar(name, value, "set with --env at render time", "user", "gpu"))
@@ -264,7 +282,8 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
         nvcc_reason=rules.nvcc_required(m, s, ops),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
-        env=_env(m, s, gpu, arch_list, req),
+        env=_env(m, s, gpu, arch_list, req), node_env=_node_env(m, s, gpu, req),
+        driver=m.driver_floor(s.cuda),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
         tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain, tuple(req.env)),

@@ -7,8 +7,9 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``torch-cuda``      the torch release has a wheel for that CUDA
 - ``torch-python``    the torch release has wheels for that Python
 - ``deepspeed-torch`` the DeepSpeed release accepts that torch
+- ``deepspeed-no-gpu`` the DeepSpeed release installs on a builder without a GPU
 - ``os-python``       the base OS family ships that Python
-- ``toolchain``       the builder's nvcc matches torch's CUDA
+- ``toolchain``       the builder's nvcc matches torch's CUDA (and torch's cuda-toolkit pin)
 - ``gpu-floor``       the GPU's own torch/CUDA floor (Blackwell: torch >= 2.7, CUDA >= 12.8)
 - ``gpu-arch``        the torch build carries code for the GPU's compute capability
 - ``gpu-jit-arch``    torch's cpp_extension accepts the GPU's arch (needed to pre-build ops)
@@ -95,6 +96,27 @@ def contains(spec: str | SpecifierSet, version: str) -> bool:
     return SpecifierSet(str(spec)).contains(Version(version), prereleases=True)
 
 
+def pinned_version(requirement: str) -> str:
+    """The version a pin installs at least: '==3.3.1' -> '3.3.1', '~=3.8.0' -> '3.8.0'.
+
+    >>> pinned_version("~=3.8.0")
+    '3.8.0'
+    """
+    for spec in SpecifierSet(requirement):
+        if spec.operator in ("==", "===", "~=", ">="):
+            return spec.version.removesuffix(".*")
+    raise ValueError(f"{requirement!r} pins no version")
+
+
+def pin_overlaps(requirement: str, accepted: str) -> bool:
+    """Can a version satisfying torch's `requirement` (a pin) also satisfy `accepted`?
+
+    >>> pin_overlaps("~=3.8.0", ">=2.3,<3.3"), pin_overlaps("==3.1.0", ">=3.0,<3.2")
+    (False, True)
+    """
+    return contains(accepted, pinned_version(requirement))
+
+
 # ---------------------------------------------------------------- stack rules
 
 
@@ -111,6 +133,10 @@ def stack_rejections(m, s) -> list[Rejection]:
     ds = m.ds_release(s.deepspeed)
     if not contains(ds.torch, s.torch):
         out.append(Rejection("deepspeed-torch", f"DeepSpeed {s.deepspeed} needs torch {ds.torch}"))
+    if not ds.gpu_free_install:
+        out.append(Rejection("deepspeed-no-gpu", f"DeepSpeed {s.deepspeed} cannot be installed on a builder without a "
+                                                 f"GPU: with DS_ACCELERATOR=cuda its import (which setup.py runs) calls "
+                                                 f"torch.cuda.get_device_capability() (0.16.4-0.17.4)"))
     family = m.bases.families[s.os]
     if s.python not in family.python:
         out.append(Rejection("os-python", f"{s.os} ships Python {', '.join(family.python)}, not {s.python}"))
@@ -120,6 +146,9 @@ def stack_rejections(m, s) -> list[Rejection]:
             out.append(Rejection("toolchain", "a pypi toolchain stack must pin cuda_toolkit"))
         elif mm(s.cuda_toolkit) != s.cuda:
             out.append(Rejection("toolchain", f"cuda_toolkit {s.cuda_toolkit} does not match torch's CUDA {s.cuda}"))
+        elif s.cuda == rel.default_cuda and rel.cuda_toolkit and s.cuda_toolkit != rel.cuda_toolkit:
+            out.append(Rejection("toolchain", f"cuda_toolkit {s.cuda_toolkit} differs from the cuda-toolkit=="
+                                              f"{rel.cuda_toolkit} torch {s.torch} itself depends on"))
         if tc.min_cuda and Version(s.cuda) < Version(tc.min_cuda):
             out.append(Rejection("toolchain", f"PyPI ships an nvcc binary only from CUDA {tc.min_cuda} "
                                               f"({tc.source})"))
@@ -155,10 +184,11 @@ def gpu_rejections(m, s, gpu) -> list[Rejection]:
         if not arch_runs_on(gpu.cc, arches):
             out.append(Rejection("gpu-arch", f"torch {s.torch}+cu{s.cuda.replace('.', '')} is built for "
                                              f"{arches}, which has no code for {gpu.name} ({gpu.sm})"))
-    floor = m.torch_file.cpp_extension_arch_floor.get(gpu.cc)
-    if floor and Version(s.torch) < Version(floor):
+    if not rel.accepts_arch(gpu.cc):
+        first = next((r.torch for r in m.torch_file.releases if r.accepts_arch(gpu.cc)), None)
+        since = f"accepted from torch {first}" if first else "no torch in the matrix accepts it"
         out.append(Rejection("gpu-jit-arch", f"torch {s.torch}'s cpp_extension rejects arch {gpu.cc} "
-                                             f"(accepted from torch {floor}), so ops cannot be pre-built"))
+                                             f"({since}), so ops cannot be pre-built"))
     return out
 
 
@@ -191,7 +221,7 @@ def op_rejection(m, s, op_name: str, arch_list: str) -> Optional[Rejection]:
                                       f"the arch list is {arch_list}")
     triton = m.torch_release(s.torch).triton
     for rule in op.triton:
-        if contains(rule.deepspeed, s.deepspeed) and not any(contains(t, triton) for t in rule.triton):
+        if contains(rule.deepspeed, s.deepspeed) and not any(pin_overlaps(triton, t) for t in rule.triton):
             return Rejection("ds-op", f"{op_name}: DeepSpeed {s.deepspeed} accepts triton "
                                       f"{' or '.join(rule.triton)}, torch {s.torch} pins triton {triton}")
     return None
@@ -241,7 +271,6 @@ def nvcc_required(m, s, ops: list[str]) -> Optional[str]:
     cuda_ops = [o for o in ops if m.ops[o].kind == "cuda"]
     if cuda_ops:
         return f"CUDA ops {', '.join(cuda_ops)} are compiled with nvcc"
-    if Version(s.deepspeed) < Version(m.deepspeed_file.nvcc_free_install_from):
-        return (f"DeepSpeed {s.deepspeed} < {m.deepspeed_file.nvcc_free_install_from} runs "
-                f"`nvcc -V` at install time with DS_ACCELERATOR=cuda")
+    if not m.ds_release(s.deepspeed).nvcc_free_install:
+        return f"DeepSpeed {s.deepspeed} runs `nvcc -V` at install time with DS_ACCELERATOR=cuda"
     return None

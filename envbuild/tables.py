@@ -12,7 +12,7 @@ from pathlib import Path
 from .matrix import Matrix
 
 STACK_HEADERS = ("stack", "python", "cuda", "torch", "torchvision", "deepspeed", "os", "nvcc from",
-                 "builder base", "runtime base")
+                 "min driver", "builder base", "runtime base")
 GPU_HEADERS = ("gpu", "aliases", "cc", "family", "interconnect", "torch/CUDA floor", "baked env defaults")
 
 
@@ -22,7 +22,7 @@ def stack_rows(m: Matrix) -> list[tuple[str, ...]]:
         rel = m.torch_release(s.torch)
         rows.append((s.id, s.python, s.cuda, s.torch, rel.torchvision, s.deepspeed, s.os,
                      "PyPI cuda-toolkit " + s.cuda_toolkit if s.toolchain == "pypi" else "NVIDIA devel image",
-                     s.base_images.builder, s.base_images.runtime))
+                     m.driver_floor(s.cuda).min_driver, s.base_images.builder, s.base_images.runtime))
     return rows
 
 
@@ -32,30 +32,61 @@ def gpu_rows(m: Matrix) -> list[tuple[str, ...]]:
         floor = ""
         if p.requires:
             floor = ", ".join(f"{k} {v}" for k, v in (("torch", p.requires.torch), ("CUDA", p.requires.cuda)) if v)
-        env = ", ".join(f"{e.name}={e.value}" for e in p.env)
+        env = ", ".join(f"{e.name}={e.value}" + (f" ({condition(e)})" if e.node else "") for e in p.env)
         rows.append((p.name, ", ".join(p.aliases), p.cc + (" (arch)" if p.cc_inferred else ""), p.family,
                      p.interconnect, floor, env))
     return rows
 
 
+ENV_HEADERS = ("gpu", "variable", "reason", "cost", "source")
+NOT_BAKED_HEADERS = ("gpus", "variable", "why not", "source")
+
+
+def condition(e) -> str:
+    """When a default applies: its torch range, and the node conditions checked at start-up.
+
+    >>> from envbuild.matrix import EnvDefault, NodeCondition
+    >>> condition(EnvDefault(name="X", value="1", reason="r", source="s", cost="c",
+    ...                      node=NodeCondition(driver_below="550.40.07", infiniband="absent")))
+    'on nodes with driver < 550.40.07 and no InfiniBand'
+    """
+    parts = []
+    if e.when:
+        parts.append(f"torch {e.when['torch']}")
+    if e.node:
+        node = []
+        if e.node.driver_below:
+            node.append(f"driver < {e.node.driver_below}")
+        if e.node.infiniband:
+            node.append("no InfiniBand" if e.node.infiniband == "absent" else "InfiniBand")
+        parts.append("on nodes with " + " and ".join(node))
+    return "; ".join(parts)
+
+
 def env_rows(m: Matrix) -> list[tuple[str, ...]]:
-    """Every baked default with its reason and source: common ones first, then per GPU."""
+    """Every default with its reason, cost and source: common ones first, then per GPU."""
     rows = []
     for e in m.gpus_file.common_env:
-        when = f" (torch {e.when['torch']})" if e.when else ""
-        rows.append(("all" + when, f"{e.name}={e.value}", e.reason, e.source))
+        rows.append(("all" + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}",
+                     e.reason, e.cost, e.source))
     for p in m.gpus:
         for e in p.env:
-            rows.append((p.name, f"{e.name}={e.value}", e.reason, e.source))
+            rows.append((p.name + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}",
+                         e.reason, e.cost, e.source))
     return rows
+
+
+def not_baked_rows(m: Matrix) -> list[tuple[str, ...]]:
+    return [(", ".join(d.gpus), f"{d.name}={d.value}", d.why, d.source) for d in m.gpus_file.not_baked]
 
 
 def gpu_json(m: Matrix) -> list[dict]:
     out = []
     for p in m.gpus:
-        d = p.model_dump()
+        d = p.model_dump(exclude_none=True)
         d["sm"] = p.sm
-        d["common_env"] = [e.model_dump() for e in m.gpus_file.common_env]
+        d["common_env"] = [e.model_dump(exclude_none=True) for e in m.gpus_file.common_env]
+        d["not_baked"] = [n.model_dump() for n in m.gpus_file.not_baked if p.name in n.gpus or "all" in n.gpus]
         out.append(d)
     return out
 
@@ -71,12 +102,20 @@ _BLOCK = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", r
 
 
 def readme_blocks(m: Matrix) -> dict[str, str]:
-    common = "\n".join(f"- `{e.name}={e.value}`"
-                       + (f" (torch {e.when['torch']})" if e.when else "") + f": {e.reason}. Source: {e.source}."
+    common = "\n".join(f"- `{e.name}={e.value}`" + (f" ({condition(e)})" if condition(e) else "")
+                       + f": {e.reason}. Cost: {e.cost}. Source: {e.source}."
                        for e in m.gpus_file.common_env)
+    per_gpu = "\n".join(f"- {p.name}: `{e.name}={e.value}`" + (f" ({condition(e)})" if condition(e) else "")
+                        + f": {e.reason}. Cost: {e.cost}. Source: {e.source}."
+                        for p in m.gpus for e in p.env)
+    floors = markdown(("CUDA", "min driver (Linux)", "branch", "source"),
+                      [(f"{f.cuda}.x", f.min_driver, f.branch, f.source) for f in m.cuda_file.driver_floors])
     return {
-        "stacks": markdown(STACK_HEADERS, stack_rows(m)),
-        "gpus": markdown(GPU_HEADERS, gpu_rows(m)) + "\n\nEvery image also gets:\n\n" + common,
+        "stacks": markdown(STACK_HEADERS, stack_rows(m)) + "\n\nDriver floors (`matrices/cuda.yaml`): "
+                  + m.cuda_file.forward_compat + "\n\n" + floors,
+        "gpus": markdown(GPU_HEADERS, gpu_rows(m)) + "\n\nEvery image also gets:\n\n" + common
+                + "\n\nPer GPU:\n\n" + per_gpu
+                + "\n\nConsidered and not baked:\n\n" + markdown(NOT_BAKED_HEADERS, not_baked_rows(m)),
     }
 
 

@@ -1,5 +1,10 @@
 """Shared fixtures. Tests marked `docker` need the engine, registry and base image that
-scripts/host-setup.sh starts; the rest run anywhere in seconds."""
+scripts/host-setup.sh starts; the rest run anywhere in seconds.
+
+Behaviour tests (resolver, goldens, CLI) run against a small FROZEN matrix,
+tests/fixtures/matrix, so adding a stack to matrices/ changes none of them; tests of the
+production matrix itself (every row passes the rules, every combination lints, generated
+files are current) use the `production_matrix` fixture."""
 
 from __future__ import annotations
 
@@ -12,20 +17,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_MATRIX = ROOT / "tests" / "fixtures" / "matrix"
+MATRIX_COMMANDS = {"render", "build", "matrix", "gpus"}  # the commands that resolve stacks
 sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="session")
 def matrix():
+    """The frozen fixture matrix: what behaviour tests resolve against."""
+    from envbuild.matrix import load_matrix
+
+    return load_matrix(FIXTURE_MATRIX)
+
+
+@pytest.fixture(scope="session")
+def production_matrix():
+    """The shipped matrix (matrices/): only for properties every matrix must have."""
     from envbuild.matrix import load_matrix
 
     return load_matrix()
 
 
-def run_cli(*args, cwd=None, env=None, timeout=120):
-    """Run the real console entry point in a subprocess (exit codes, stderr, no traceback)."""
+def run_cli(*args, cwd=None, env=None, timeout=120, production=False):
+    """Run the real console entry point of THIS checkout in a subprocess (exit codes,
+    stderr, no traceback), against the fixture matrix unless `production`."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("ENVBUILD_DEBUG", None)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [full_env.get("PYTHONPATH")])])
+    if production or (args and args[0] not in MATRIX_COMMANDS):
+        full_env.pop("ENVBUILD_MATRIX_DIR", None)
+    else:
+        full_env.setdefault("ENVBUILD_MATRIX_DIR", str(FIXTURE_MATRIX))
     return subprocess.run([sys.executable, "-m", "envbuild", *args], cwd=cwd or ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -44,5 +66,5 @@ def tree(path: Path) -> dict[str, bytes]:
 def matrix_copy(tmp_path):
     """A writable copy of the built-in matrix, for tests that break it on purpose."""
     d = tmp_path / "matrices"
-    shutil.copytree(ROOT / "matrices", d)
+    shutil.copytree(FIXTURE_MATRIX, d)
     return d

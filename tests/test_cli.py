@@ -90,7 +90,16 @@ def test_matrix_and_gpus_json(cli, matrix):
     assert [s["id"] for s in stacks] == [s.id for s in matrix.stacks]
     gpus = json.loads(cli("gpus", "--json").stdout)
     h20 = next(g for g in gpus if g["name"] == "h20")
-    assert h20["cc"] == "9.0" and h20["env"][0]["name"] == "NCCL_P2P_DISABLE" and h20["env"][0]["reason"]
+    assert h20["cc"] == "9.0" and h20["env"][0]["name"] == "NCCL_P2P_DISABLE" and h20["env"][0]["cost"]
     table = cli("gpus", env={"COLUMNS": "300"}).stdout
     assert "NCCL_P2P_DISABLE=1" in table and "h20" in table
-    assert "field report 5" in table and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in table  # reasons and sources
+    assert "field report 5" in table and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in table  # reasons and sources
+    assert "driver < 550.40.07" in table  # a node-decided default says when it applies
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in table.split("not baked", 1)[1]  # and what was left out
+
+
+def test_the_default_render_picks_the_newest_torch_on_pypi(cli, production_matrix, tmp_path):
+    newest = max(production_matrix.torch_file.releases, key=lambda r: tuple(map(int, r.torch.split("."))))
+    r = cli("render", "--gpu", "h20", "-o", str(tmp_path / "o"), production=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["torch"] == newest.torch

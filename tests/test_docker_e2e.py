@@ -28,7 +28,16 @@ pytestmark = pytest.mark.docker
 
 DOCKER = "/usr/bin/docker"
 BASE = "local/debian:bookworm"
-STACK = "torch2.11-cu130-py3.11-pypi"
+def _ci_stack():
+    """The production matrix's PyPI-toolchain stack on plain Debian: the newest torch whose
+    CUDA toolchain is on PyPI (a test in test_matrix.py keeps it so)."""
+    from envbuild.matrix import load_matrix
+
+    return next(s for s in load_matrix().stacks if s.toolchain == "pypi" and s.os == "debian12")
+
+
+CI_STACK = _ci_stack()
+STACK = CI_STACK.id
 REPO = "envbuild-test"
 REGISTRY = "127.0.0.1:5000"
 OPS = "cpu_adam,fused_adam"
@@ -95,7 +104,7 @@ def credential():
 def _build(work, state, gpu, extra=(), name=None, check=True):
     out = work / (name or gpu)
     r = run_cli("build", "--gpu", gpu, "--stack", STACK, "--ds-ops", OPS, "--base-image", BASE,
-                "--image-repo", REPO, "-o", str(out), *extra, env=state, timeout=3600)
+                "--image-repo", REPO, "-o", str(out), *extra, env=state, timeout=3600, production=True)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r, out
@@ -117,7 +126,9 @@ def h20(engine, work, state, test_ca, credential):
 
 
 def test_build_tags_labels_and_env(h20):
-    assert h20["image"] == f"{REPO}:torch2.11.0-cu130-py3.11-ds0.19.8-h20-ops-cpu_adam.fused_adam"
+    s = CI_STACK
+    assert h20["image"] == (f"{REPO}:torch{s.torch}-cu{s.cuda.replace('.', '')}-py{s.python}-ds{s.deepspeed}"
+                            f"-h20-ops-cpu_adam.fused_adam")
     assert h20["content_tag"], "no content tag"
     a = json.loads(docker("image", "inspect", h20["image"]).stdout)[0]
     b = json.loads(docker("image", "inspect", h20["content_tag"]).stdout)[0]
@@ -285,7 +296,7 @@ def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix
     out = work / "broken"
     r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", "cutlass_ops", "--base-image", BASE,
                 "--image-repo", REPO, "--matrix-dir", str(matrix_copy_module), "-o", str(out),
-                env=state, timeout=3600)
+                env=state, timeout=3600, production=True)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     msg = r.stderr
     assert "image build failed at step" in msg and "setup.sh deepspeed" in msg

@@ -15,8 +15,8 @@ DOMAIN_FACTS_GPUS = {"v100": "7.0", "t4": "7.5", "a10": "8.6", "a100": "8.0", "a
                      "gb10": "12.1"}
 
 
-def test_every_gpu_of_the_domain_facts_has_its_compute_capability(matrix):
-    assert {p.name: p.cc for p in matrix.gpus} == DOMAIN_FACTS_GPUS
+def test_every_gpu_of_the_domain_facts_has_its_compute_capability(production_matrix):
+    assert {p.name: p.cc for p in production_matrix.gpus} == DOMAIN_FACTS_GPUS
 
 
 @pytest.mark.parametrize("spelling", ["h20", "H20", "nvidia-h20", "NVIDIA-H20", "h20-96gb", "nvidia_h20"])
@@ -24,41 +24,59 @@ def test_gpu_aliases(matrix, spelling):
     assert matrix.gpu(spelling).name == "h20"
 
 
-def test_h20_disables_nccl_p2p_with_reason_and_source(matrix):
-    env = {e.name: e for e in matrix.gpu("h20").env}
+def test_h20_disables_nccl_p2p_with_reason_source_and_cost(production_matrix):
+    env = {e.name: e for e in production_matrix.gpu("h20").env}
     assert env["NCCL_P2P_DISABLE"].value == "1"
     assert "field report 5" in env["NCCL_P2P_DISABLE"].source
-    assert env["NCCL_P2P_DISABLE"].reason
+    assert "NVLink" in env["NCCL_P2P_DISABLE"].cost  # what it takes away is stated
+    assert "NCCL_NVLS_ENABLE" not in env  # one bare comment is not evidence
 
 
-def test_every_env_default_has_reason_and_source(matrix):
-    for e in [*matrix.gpus_file.common_env, *(e for p in matrix.gpus for e in p.env)]:
-        assert len(e.reason) > 20 and e.source, e.name
+def test_every_env_default_has_reason_source_and_cost(production_matrix):
+    for e in [*production_matrix.gpus_file.common_env, *(e for p in production_matrix.gpus for e in p.env)]:
+        assert len(e.reason) > 20 and e.source and len(e.cost) > 10, e.name
 
 
-def test_common_env_turns_hangs_into_errors(matrix):
-    names = {e.name for e in matrix.gpus_file.common_env}
-    assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"} <= names
+def test_what_is_not_baked_says_why(production_matrix):
+    left_out = {(d.name, tuple(d.gpus)) for d in production_matrix.gpus_file.not_baked}
+    assert ("TORCH_NCCL_ASYNC_ERROR_HANDLING", ("all",)) in left_out
+    assert ("NCCL_NVLS_ENABLE", ("h20",)) in left_out and ("NCCL_P2P_DISABLE", ("l20",)) in left_out
+    baked = {(e.name, p.name) for p in production_matrix.gpus for e in p.env}
+    for d in production_matrix.gpus_file.not_baked:
+        assert all((d.name, g) not in baked for g in d.gpus), d.name
 
 
-def test_stacks_cover_the_required_ranges(matrix):
-    torches = {".".join(s.torch.split(".")[:2]) for s in matrix.stacks}
-    assert {"2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10", "2.11"} <= torches
-    assert {"12.1", "12.4", "12.6", "12.8", "13.0"} <= {s.cuda for s in matrix.stacks}
-    assert {"3.10", "3.11", "3.12"} <= {s.python for s in matrix.stacks}
-    ds = {".".join(s.deepspeed.split(".")[:2]) for s in matrix.stacks}
-    assert {"0.15", "0.19"} <= ds and "0.19.8" in {s.deepspeed for s in matrix.stacks}
+def test_every_cuda_of_every_stack_has_a_driver_floor(production_matrix):
+    for s in production_matrix.stacks:
+        assert production_matrix.driver_floor(s.cuda).min_driver
 
 
-def test_a_pypi_cuda13_stack_exists_on_plain_debian(matrix):
-    pypi = [s for s in matrix.stacks if s.toolchain == "pypi"]
-    assert pypi and pypi[0].cuda == "13.0" and pypi[0].deepspeed == "0.19.8"
-    assert not pypi[0].base_images.builder.startswith("nvidia/")
-    assert pypi[0].cuda_toolkit.startswith("13.0")
+def test_stacks_cover_the_required_ranges(production_matrix):
+    stacks = production_matrix.stacks
+    torches = {".".join(s.torch.split(".")[:2]) for s in stacks}
+    assert {"2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15"} <= torches
+    assert {"12.1", "12.4", "12.6", "12.8", "13.0", "13.2"} <= {s.cuda for s in stacks}
+    assert {"3.10", "3.11", "3.12"} <= {s.python for s in stacks}
+    ds = {".".join(s.deepspeed.split(".")[:2]) for s in stacks}
+    assert {"0.15", "0.19"} <= ds and "0.19.8" in {s.deepspeed for s in stacks}
 
 
-def test_every_stack_pins_base_images_by_full_tag(matrix):
-    for s in matrix.stacks:
+def test_every_torch_minor_on_record_has_a_stack(production_matrix):
+    """A torch row without a stack is a release users cannot get (the stale-matrix defect)."""
+    used = {s.torch for s in production_matrix.stacks}
+    assert [r.torch for r in production_matrix.torch_file.releases if r.torch not in used] == []
+
+
+def test_the_newest_pypi_toolchain_stack_uses_the_newest_torch(production_matrix):
+    """CI builds the PyPI-toolchain stack for real: it must be the newest torch, on plain Debian."""
+    newest = max(production_matrix.torch_file.releases, key=lambda r: tuple(map(int, r.torch.split("."))))
+    ci = [s for s in production_matrix.stacks if s.toolchain == "pypi" and s.os == "debian12"]
+    assert len(ci) == 1 and ci[0].torch == newest.torch and ci[0].cuda_toolkit == newest.cuda_toolkit
+    assert not ci[0].base_images.builder.startswith("nvidia/")
+
+
+def test_every_stack_pins_base_images_by_full_tag(production_matrix):
+    for s in production_matrix.stacks:
         for ref in (s.base_images.builder, s.base_images.runtime):
             assert re.match(r"^[\w./-]+:[\w.-]+$", ref), ref
             if ref.startswith("nvidia/cuda:"):
@@ -76,7 +94,8 @@ def _break(matrix_copy, name, old, new):
     ("stacks.yaml", 'torch: "2.5.1"', 'torch: "two.five"', r"stacks\[1\] \(torch2.5-cu124-py3.10\)\.torch: expected a version"),
     ("stacks.yaml", "    toolchain: pypi\n", "    toolchain: pypi\n    colour: blue\n", r"stacks\[9\].*colour: Extra inputs are not permitted"),
     ("gpus.yaml", 'cc: "9.0", cc_inferred: true, family: Hopper, interconnect: "HGX', 'cc: "nine", cc_inferred: true, family: Hopper, interconnect: "HGX', r"profiles\[15\] \(h20\)\.cc: expected a compute capability"),
-    ("torch.yaml", 'python: ">=3.9,<3.14", torchvision: "0.20.1"', 'python: "~=>3.9", torchvision: "0.20.1"', r"releases\[1\]\.python: expected a PEP 440 specifier"),
+    ("torch.yaml", 'python: ">=3.9,<3.13"', 'python: "~=>3.9"', r"releases\[1\]\.python: expected a PEP 440 specifier"),
+    ("cuda.yaml", 'min_driver: "580.65.06"', 'min_driver: "r580"', r"driver_floors\[2\]\.min_driver: expected an NVIDIA driver version"),
     ("deepspeed.yaml", "kind: cpu, since", "kind: gpu, since", r"ops\.cpu_adam\.kind: Input should be 'cpu' or 'cuda'"),
     ("bases.yaml", "  debian12:\n", "  debian12:\n  - oops\n", r"bases.yaml is not valid YAML at line"),
 ])
@@ -94,6 +113,14 @@ def test_a_stack_that_breaks_a_rule_is_a_matrix_error(matrix_copy):
     with pytest.raises(EnvbuildError) as e:
         load_matrix(matrix_copy)
     assert "torch-python" in e.value.message and "torch2.4-cu121-py3.10" in e.value.message
+
+
+def test_a_deepspeed_that_needs_a_gpu_to_install_is_rejected(matrix_copy):
+    """0.16.4-0.17.4 import torch.cuda.get_device_capability() in setup.py: CI has no GPU."""
+    _break(matrix_copy, "stacks.yaml", 'deepspeed: "0.16.3"', 'deepspeed: "0.16.9"')
+    with pytest.raises(EnvbuildError) as e:
+        load_matrix(matrix_copy)
+    assert "deepspeed-no-gpu" in e.value.message and "torch2.5-cu124-py3.10" in e.value.message
 
 
 def test_unknown_reference_is_a_matrix_error(matrix_copy):

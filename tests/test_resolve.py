@@ -1,5 +1,7 @@
 """The resolver: newest valid stack, deterministic, explained."""
 
+import pytest
+
 from envbuild.resolve import Request, explain_rows, resolve
 
 
@@ -60,10 +62,40 @@ def test_env_override_replaces_a_default(matrix):
     assert env["MY_VAR"].value == "x"
 
 
-def test_flight_recorder_only_where_torch_knows_it(matrix):
-    old = {e.name for e in resolve(matrix, Request(gpu="h100", torch="2.4")).env}
-    new = {e.name for e in resolve(matrix, Request(gpu="h100")).env}
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in old and "TORCH_NCCL_TRACE_BUFFER_SIZE" in new
+@pytest.mark.parametrize("torch, buffer_var", [
+    ("2.4", None),                              # no flight recorder yet
+    ("2.5", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ("2.7", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ("2.8", "TORCH_FR_BUFFER_SIZE"),            # the old name is deprecated from 2.8
+    ("2.10", "TORCH_FR_BUFFER_SIZE"),
+    ("2.11", None),                             # 2000 is torch's own default from 2.11
+])
+def test_flight_recorder_variables_follow_the_torch_version(matrix, torch, buffer_var):
+    env = {e.name: e.value for e in resolve(matrix, Request(gpu="h100", torch=torch)).env}
+    buffers = {n for n in env if n in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")}
+    assert buffers == ({buffer_var} if buffer_var else set())
+    assert ("TORCH_NCCL_DUMP_ON_TIMEOUT" in env) == (torch != "2.4")
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env  # torch's default (3) is the right one
+
+
+def test_node_dependent_defaults_are_not_baked(matrix):
+    """RTX 4090's P2P/IB workaround depends on the node's driver: it reaches the node as a
+    condition, never as a baked ENV."""
+    r = resolve(matrix, Request(gpu="rtx4090"))
+    assert not {"NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"} & {e.name for e in r.env}
+    node = {d.name: d.node for d in r.node_env}
+    assert node["NCCL_P2P_DISABLE"].driver_below == "550.40.07"
+    assert node["NCCL_IB_DISABLE"].infiniband == "absent"
+    # A user's --env bakes their value and drops the node condition for that variable.
+    r = resolve(matrix, Request(gpu="rtx4090", env=(("NCCL_IB_DISABLE", "0"),)))
+    assert "NCCL_IB_DISABLE" not in {d.name for d in r.node_env}
+
+
+def test_driver_floor_follows_the_cuda_major(matrix):
+    assert resolve(matrix, Request(gpu="h100", cuda="12.8")).driver.min_driver == "525.60.13"
+    r = resolve(matrix, Request(gpu="h100", cuda="13.0"))
+    assert r.driver.min_driver == "580.65.06"
+    assert {e.name: e.value for e in r.env}["ENVBUILD_MIN_DRIVER"] == "580.65.06"
 
 
 def test_non_default_choices_change_the_tag(matrix):

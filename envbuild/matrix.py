@@ -158,6 +158,7 @@ class Op(_Strict):
 class DeepspeedFile(_Strict):
     sources: dict[str, str]
     releases: list[DsRelease]
+    build_requires: list[str]  # what setup.py imports before pip resolves (--no-build-isolation)
     ops: dict[str, Op]
     presets: dict[str, list[str]]
 
@@ -266,16 +267,28 @@ class CudaFile(_Strict):
 
 
 class Family(_Strict):
+    """An OS release the images are built on (one per distro release)."""
+
     python: dict[str, str]
     builder_packages: list[str]
     runtime_packages: list[str]
     capabilities: dict[str, dict[Literal["builder", "runtime"], list[str]]] = {}
+    mirror_hosts: list[str]  # the hosts an --apt-mirror replaces in the apt sources
     source: str
+
+
+class ToolchainInstall(_Strict):
+    """How a build step installs the CUDA toolchain (absent: the base image brings it)."""
+
+    package: str
+    extras: list[str]
+    prefix: str
 
 
 class Toolchain(_Strict):
     description: str
     cuda_home: str
+    install: Optional[ToolchainInstall] = None
     min_cuda: Optional[str] = None
     source: Optional[str] = None
 

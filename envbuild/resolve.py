@@ -271,7 +271,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     base_images = {"builder": s.base_images.builder, "runtime": s.base_images.runtime}
     if req.base_image:
         base_images["runtime"] = req.base_image
-        if s.toolchain == "pypi":
+        if m.bases.toolchains[s.toolchain].install:  # the builder is the same plain OS base
             base_images["builder"] = req.base_image
     if req.builder_image:
         base_images["builder"] = req.builder_image

@@ -141,9 +141,9 @@ def stack_rejections(m, s) -> list[Rejection]:
     if s.python not in family.python:
         out.append(Rejection("os-python", f"{s.os} ships Python {', '.join(family.python)}, not {s.python}"))
     tc = m.bases.toolchains[s.toolchain]
-    if s.toolchain == "pypi":
+    if tc.install:
         if not s.cuda_toolkit:
-            out.append(Rejection("toolchain", "a pypi toolchain stack must pin cuda_toolkit"))
+            out.append(Rejection("toolchain", f"a {s.toolchain} toolchain stack must pin cuda_toolkit"))
         elif mm(s.cuda_toolkit) != s.cuda:
             out.append(Rejection("toolchain", f"cuda_toolkit {s.cuda_toolkit} does not match torch's CUDA {s.cuda}"))
         elif s.cuda == rel.default_cuda and rel.cuda_toolkit and s.cuda_toolkit != rel.cuda_toolkit:

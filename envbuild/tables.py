@@ -20,8 +20,9 @@ def stack_rows(m: Matrix) -> list[tuple[str, ...]]:
     rows = []
     for s in m.stacks:
         rel = m.torch_release(s.torch)
+        install = m.bases.toolchains[s.toolchain].install
         rows.append((s.id, s.python, s.cuda, s.torch, rel.torchvision, s.deepspeed, s.os,
-                     "PyPI cuda-toolkit " + s.cuda_toolkit if s.toolchain == "pypi" else "NVIDIA devel image",
+                     f"PyPI {install.package} {s.cuda_toolkit}" if install else "NVIDIA devel image",
                      m.driver_floor(s.cuda).min_driver, s.base_images.builder, s.base_images.runtime))
     return rows
 

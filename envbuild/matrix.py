@@ -223,7 +223,7 @@ class GpuProfile(_Strict):
     aliases: list[str] = []
     cc: str
     cc_inferred: bool = False
-    family: str
+    generation: str  # the chip generation: Volta, Ampere, Hopper, Blackwell ...
     interconnect: str
     env: list[EnvDefault] = []
     requires: Optional[GpuRequires] = None

@@ -26,8 +26,6 @@ from . import rules
 from .errors import EnvbuildError
 from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
 
-VENV = "/opt/venv"
-RUNTIME_PATH = f"{VENV}/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
 DEFAULT_CPU_TARGET = "x86-64-v3"
 PYTHONS = tuple(f"3.{n}" for n in range(8, 16))  # every CPython 3 a torch wheel could target
@@ -142,8 +140,6 @@ def _node_env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request) -> list[EnvDef
 def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> list[EnvVar]:
     floor = m.driver_floor(s.cuda)
     out = [
-        EnvVar("VIRTUAL_ENV", VENV, "the pinned stack lives in one virtual environment", "envbuild", "base"),
-        EnvVar("PATH", RUNTIME_PATH, "the venv first; no compiler directory", "envbuild", "base"),
         EnvVar("PYTHONUNBUFFERED", "1", "log lines reach the job log before a hang, not after", "envbuild", "base"),
         EnvVar("DS_ACCELERATOR", "cuda",
                "DeepSpeed >= 0.14.1 falls back to the CPU accelerator when no GPU is visible and then "
@@ -156,12 +152,6 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
                f"the arches the DeepSpeed ops were pre-built for ({gpu.name}: {gpu.sm})",
                "gpus.yaml cc", "gpu"),
     ]
-    if req.keep_toolchain:
-        home = m.bases.toolchains[s.toolchain].cuda_home
-        out[1] = EnvVar("PATH", f"{VENV}/bin:{home}/bin:" + RUNTIME_PATH.split(":", 1)[1],
-                        "the venv first, then nvcc (--keep-toolchain)", "envbuild", "base")
-        out.append(EnvVar("CUDA_HOME", home, "--keep-toolchain: the CUDA compiler stays in the image",
-                          "bases.yaml toolchains", "base"))
     for d in [*m.gpus_file.common_env, *gpu.env]:
         if _applies(d, s) and not d.node:
             out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu", d.cost))

@@ -94,7 +94,7 @@ def test_ds_build_flags(matrix):
     d = files["Dockerfile"].decode()
     assert "DS_BUILD_OPS=0" in d and "DS_ACCELERATOR=cuda" in d and "TORCH_CUDA_ARCH_LIST=9.0" in d
     assert "DS_BUILD_CPU_ADAM=1" in d and "DS_BUILD_FUSED_ADAM=1" in d and "DS_BUILD_FUSED_LAMB" not in d
-    assert "--no-build-isolation" in files["envbuild/setup.sh"].decode()
+    assert "--no-build-isolation" in files["envbuild/steps/deepspeed.sh"].decode()
 
 
 def test_singularity_environment_computes_per_job_dir(matrix):

@@ -37,8 +37,7 @@ DOCKER = "docker"
 APPTAINER = "apptainer"
 FORMATS = (DOCKER, APPTAINER)
 
-# Where the system's own programs are; the image's directories go before them.
-SYSTEM_PATH = "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_PATH = paths.SYSTEM_PATH
 STEPS_SOURCE = "envbuild/steps"  # build-directory folder of the step scripts (templates/files/steps)
 PIP_SECRETS = ("ca_cert", "pip_index_url")
 APT_SECRETS = ("ca_cert", "apt_mirror")

@@ -22,8 +22,9 @@ from typing import Optional
 
 from packaging.version import Version
 
-from . import rules
+from . import rules, validate
 from .errors import EnvbuildError
+from .image import paths
 from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
 
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
@@ -163,6 +164,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
 
 def _check_request(m: Matrix, req: Request) -> None:
     """Fail early, with the nearest valid choices, on input no stack could ever match."""
+    validate.check_request(m, req, paths.RUNTIME_PATH)
     for flag, attr in (("--python", "python"), ("--cuda", "cuda"), ("--torch", "torch"),
                        ("--deepspeed", "deepspeed")):
         if getattr(req, attr):
@@ -170,13 +172,6 @@ def _check_request(m: Matrix, req: Request) -> None:
     if req.cpu_target not in CPU_TARGETS:
         raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not an x86-64 level; choose one of "
                             f"{', '.join(CPU_TARGETS)} (default {DEFAULT_CPU_TARGET}).")
-    for name, value in req.env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            raise EnvbuildError(f"--env '{name}' is not a valid environment variable name; use NAME=VALUE.")
-        bad = sorted({c for c in value if c in '$"\\`' or ord(c) < 32 or ord(c) == 127})
-        if bad:
-            raise EnvbuildError(f"--env {name}: the value may not contain {' '.join(repr(c) for c in bad)} "
-                                f"(it is written into Dockerfile ENV lines and shell code); use plain text.")
     pspec = rules.user_specifier("--python", req.python) if req.python else None
     if pspec is not None and req.torch:
         tspec = rules.user_specifier("--torch", req.torch)
@@ -254,6 +249,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     if not valid:
         raise _no_stack_error(m, req, gpu, cands)
     s = valid[0].stack
+    validate.check_base_images(m, s, req)
     rel = m.torch_release(s.torch)
     arch_list = gpu.cc
     ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops)

@@ -25,3 +25,7 @@ SETUP = SETUP_DIR + "/setup.sh"
 # Environment variables the image reads.
 MANIFEST_ENV = "ENVBUILD_MANIFEST"
 MIN_DRIVER_ENV = "ENVBUILD_MIN_DRIVER"
+
+# The system's own program directories; the image's directories (the venv first) go before them.
+SYSTEM_PATH = "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RUNTIME_PATH = VENV + "/bin:" + SYSTEM_PATH

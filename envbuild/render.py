@@ -27,15 +27,20 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
+from . import __version__, image as image_package
 from .errors import EnvbuildError
+from .image import paths as image_paths
 from .resolve import Resolution
 from .resources import templates_dir
 
-SETUP = "/opt/envbuild-setup/setup.sh"
+SETUP = image_paths.SETUP
 # Files from templates/files copied into the build directory under envbuild/.
 BUILDER_FILES = ("setup.sh", "cc-wrapper.sh", "verify_ops.py")
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
+# The in-image package (envbuild/image), copied as envbuild/lib/envbuild_image/ and into the image
+# next to IMAGE_FILES (/opt/envbuild/lib/envbuild_image).
+IMAGE_LIB = f"lib/{image_paths.PACKAGE}"
+IMAGE_PACKAGE_FILES = tuple(f"{IMAGE_LIB}/{name}" for name in image_package.modules())
 EXECUTABLE = {"setup.sh", "cc-wrapper.sh", "entrypoint.sh"}
 
 
@@ -223,7 +228,8 @@ def render_files(r: Resolution) -> dict[str, bytes]:
     rec = recipe(r)
     env = _environment()
     ctx = {"r": r, "rec": rec, "version": __version__, "setup": SETUP,
-           "builder_files": BUILDER_FILES, "image_files": IMAGE_FILES}
+           "builder_files": BUILDER_FILES, "image_files": IMAGE_FILES, "image_package_files": IMAGE_PACKAGE_FILES,
+           "image_lib": IMAGE_LIB}
     files: dict[str, bytes] = {}
     for name, template in (("Dockerfile", "docker/Dockerfile.j2"),
                            ("Singularity.def", "singularity/Singularity.def.j2"),
@@ -234,6 +240,8 @@ def render_files(r: Resolution) -> dict[str, bytes]:
     src = templates_dir() / "files"
     for name in (*BUILDER_FILES, *IMAGE_FILES):
         files[f"envbuild/{name}"] = (src / name).read_bytes()
+    for name in IMAGE_PACKAGE_FILES:
+        files[f"envbuild/{name}"] = image_package.module_bytes(name.rsplit("/", 1)[1])
     return files
 
 

@@ -95,6 +95,16 @@ print(json.dumps([m for m in new if m not in sys.stdlib_module_names and m != {p
     assert json.loads(r.stdout) == []
 
 
+def test_package_is_valid_for_the_oldest_python_in_the_matrix(matrix):
+    """The package runs on every stack's Python: its grammar must be the oldest one's."""
+    import ast
+
+    oldest = min(tuple(int(x) for x in s.python.split(".")) for s in matrix.stacks)
+    for module in (ROOT / "envbuild" / "image").glob("*.py"):
+        ast.parse(module.read_text(), filename=str(module), feature_version=oldest)
+    ast.parse((ROOT / "templates" / "files" / "smoke.py").read_text(), feature_version=oldest)
+
+
 def test_python_dash_m_runs_the_same_program(build_dir, tmp_path):
     r = subprocess.run([sys.executable, "-m", paths.PACKAGE, "--manifest", str(tmp_path / "absent.json")],
                        env={**os.environ, "PYTHONPATH": str(build_dir / "envbuild" / "lib")},

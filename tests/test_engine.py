@@ -13,7 +13,6 @@ the same code). Here:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

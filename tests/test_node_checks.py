@@ -11,7 +11,6 @@ itself runs for real, in dash and bash, with only its image paths pointed at thi
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

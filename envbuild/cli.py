@@ -193,15 +193,14 @@ def build(output, **kw):
 @click.option("--timeout", default=900, show_default=True, help="Seconds before a hung smoke test is killed.")
 def smoke(image, gpus, as_json, timeout):
     """Run the image's built-in smoke test; non-zero exit on any failed check."""
-    from .smoke import record_path, run_smoke
+    from .smoke import record_path, run_smoke, table_rows
 
     rep = run_smoke(image, gpus=gpus, timeout=timeout)
     if as_json:
         click.echo(json.dumps(rep.raw, indent=2))
     else:
-        rows = [(c.get("name"), "ok" if c.get("ok") else "FAIL", f"{c.get('seconds', 0):.1f}s", c.get("detail", ""))
-                for c in rep.checks]
-        out.print(_table(f"smoke test of {image} ({rep.mode} mode)", ("check", "result", "time", "detail"), rows))
+        out.print(_table(f"smoke test of {image} ({rep.mode} mode)", ("check", "result", "time", "detail"),
+                         table_rows(rep)))
         out.print(("PASSED" if rep.ok else "FAILED") + f" in {rep.seconds:.0f} s; recorded in {record_path(rep.image_id)}",
                   markup=False)
     if not rep.ok:

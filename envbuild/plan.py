@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import posixpath
+from pathlib import Path
 import shlex
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from . import __version__
+from . import image as image_package
 from .image import paths
 from .resolve import EnvVar, Resolution
 
@@ -241,10 +243,11 @@ class BuildPlan:
     kept_toolchain_home: Optional[str]  # the same, when the runtime keeps it
     image_env: tuple[EnvVar, ...]  # the final image's environment, stack-wide part first
     image_files: Copy
+    image_package: Copy  # the in-image package, one directory
     manifest_file: Copy
     labels: Label
     manifest: dict
-    build_files: dict[str, str] = field(default_factory=dict)  # build dir path -> templates/files path
+    build_files: dict[str, Path] = field(default_factory=dict)  # build dir path -> the file it copies
 
     @property
     def base_env(self) -> tuple[EnvVar, ...]:
@@ -262,6 +265,7 @@ class BuildPlan:
         """The final stage's Apptainer sections: the runtime stage plus the image's files."""
         sections = self.runtime.apptainer()
         sections["files"] = sections["files"] + [*self.image_files.apptainer()["files"],
+                                                 *self.image_package.apptainer()["files"],
                                                  *self.manifest_file.apptainer()["files"]]
         return sections
 
@@ -338,21 +342,40 @@ def build_plan(r: Resolution) -> BuildPlan:
                         binds_builder=(paths.SETUP_DIR,))
 
     image_env = _image_env(r, kept_toolchain_home)
+    # The image's own files: the entry scripts, and the in-image package (envbuild/image,
+    # stdlib only) as /opt/envbuild/lib/envbuild_image.
     image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES))
+    package = Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),))
     plan = BuildPlan(
         resolution=r, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
         kept_toolchain_home=kept_toolchain_home, image_env=image_env, image_files=image_files,
+        image_package=package,
         manifest_file=Copy((FileCopy("manifest.json", paths.MANIFEST),)),
         labels=Label(tuple(_labels(r))), manifest={},
-        build_files={**{f.source: "files/steps/" + posixpath.basename(f.source)
-                        for step in steps for f in step.files},
-                     **{f.source: "files/" + posixpath.basename(f.source) for f in image_files.files}},
+        build_files=_build_files(steps, image_files),
     )
     object.__setattr__(plan, "manifest", _manifest(plan))
     return plan
 
 
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
+
+
+def _build_files(steps, image_files: Copy) -> dict[str, Path]:
+    """Build-directory path -> the file it is a copy of (templates/files, or the package)."""
+    from .resources import templates_dir
+
+    files = templates_dir() / "files"
+    package_dir = Path(image_package.__file__).parent
+    out: dict[str, Path] = {f"envbuild/lib/{paths.PACKAGE}/{name}": package_dir / name
+                            for name in image_package.modules()}
+    for copy in [f for step in steps for f in step.files] + list(image_files.files):
+        name = posixpath.basename(copy.source)
+        if copy.source.startswith(STEPS_SOURCE + "/"):
+            out[copy.source] = files / "steps" / name
+        else:
+            out[copy.source] = files / name
+    return out
 
 
 def _image_env(r: Resolution, kept_toolchain_home: Optional[str]) -> tuple[EnvVar, ...]:

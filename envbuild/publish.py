@@ -1,5 +1,6 @@
 """Push an image that passed its smoke test, both tags, then pull it back by digest and
-compare: what the registry serves must be exactly what was tested."""
+compare: what the registry serves must be exactly what was tested. Pushes and pulls go through
+the engine interface (:mod:`envbuild.engine`); the registry's HTTP API is read directly."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
+from .engine import Engine, RegistryError, get_engine
 from .errors import EnvbuildError
-from .smoke import docker_client, get_image, require_passed
+from .smoke import require_passed
 
 TRANSIENT = re.compile(r"\b(50[0234])\b|internal server error|bad gateway|service unavailable|gateway time"
                        r"|connection reset|broken pipe|\beof\b|i/o timeout|tls handshake timeout"
@@ -59,13 +61,6 @@ def with_retries(action: Callable[[], str], what: str, attempts: int = 4, delay:
     raise AssertionError("unreachable")
 
 
-class RegistryError(Exception):
-    def __init__(self, message: str, registry: str):
-        super().__init__(message)
-        self.message = message
-        self.registry = registry
-
-
 def _registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30):
     """Open https://REGISTRY/PATH, falling back to http (local registries on 127.0.0.0/8).
 
@@ -108,18 +103,6 @@ def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict
         return None
 
 
-def _push_tag(client, repo: str, tag: str, registry: str) -> str:
-    digest = ""
-    for event in client.images.push(repo, tag=tag, stream=True, decode=True):
-        if "error" in event:
-            raise RegistryError(event.get("error", ""), registry)
-        aux = event.get("aux") or {}
-        digest = aux.get("Digest", digest)
-    if not digest:
-        raise RegistryError("push finished without a digest", registry)
-    return digest
-
-
 def repo_of(ref: str) -> str:
     """'localhost:5000/envbuild:tag' -> 'localhost:5000/envbuild' (a port is not a tag)."""
     head, _, last = ref.rpartition("/")
@@ -127,46 +110,41 @@ def repo_of(ref: str) -> str:
     return f"{head}/{name}" if head else name
 
 
-def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: None) -> PushResult:
+def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: None,
+         engine: Optional[Engine] = None) -> PushResult:
     """Push both envbuild tags of `image` to `registry`, pull back by digest, compare."""
-    client = docker_client()
-    img = get_image(client, image)
-    require_passed(img.id, image)
+    engine = engine or get_engine()
+    info = engine.inspect(image)
+    require_passed(info.id, image)
     check_reachable(registry)
-    repo_tags = [t for t in img.tags if repo_of(t) == repo_of(image)] or [image]
+    repo_tags = [t for t in info.tags if repo_of(t) == repo_of(image)] or [image]
     refs, digest, attempts = [], "", 0
     for rt in sorted(repo_tags):
         name, tag = rt.rsplit(":", 1)
         target = f"{registry}/{name.split('/')[-1]}"
+        ref = f"{target}:{tag}"
         if CONTENT_TAG.search(tag):
-            _refuse_to_move(registry, target, tag, img.id)
-        img.tag(target, tag)
-        on_event(f"pushing {target}:{tag}")
+            _refuse_to_move(registry, target, tag, info.id)
+        engine.tag(info.id, ref)
+        on_event(f"pushing {ref}")
         try:
-            d, n = with_retries(lambda: _push_tag(client, target, tag, registry), f"push of {target}:{tag}")
+            d, n = with_retries(lambda: engine.push(ref), f"push of {ref}")
         except EnvbuildError:
-            client.images.remove(f"{target}:{tag}", noprune=True)  # leave no tag for a failed push
+            engine.untag(ref)  # leave no tag for a failed push
             raise
         attempts += n
         if digest and d != digest:
             raise EnvbuildError(f"the two tags of {image} got different digests ({digest}, {d}).", exit_code=1)
         digest = d
-        refs.append(f"{target}:{tag}")
+        refs.append(ref)
     by_digest = f"{refs[0].rsplit(':', 1)[0]}@{digest}"
     on_event(f"pulling back {by_digest}")
-
-    def pull():
-        try:
-            return client.images.pull(by_digest).id
-        except Exception as e:  # docker.errors.APIError carries the registry's words
-            raise RegistryError(str(e), registry) from None
-
-    pulled_id, n = with_retries(pull, f"pull of {by_digest}")
+    pulled_id, n = with_retries(lambda: engine.pull(by_digest), f"pull of {by_digest}")
     served = remote_manifest(registry, by_digest.split("/", 1)[1].split("@")[0], digest)
     served_config = served[1].get("config", {}).get("digest") if served else pulled_id
-    if pulled_id != img.id or served_config != img.id:
+    if pulled_id != info.id or served_config != info.id:
         raise EnvbuildError(f"pulled {by_digest} back but the registry serves image {str(served_config)[:19]}, "
-                            f"not the tested {img.id[:19]}.", exit_code=1)
+                            f"not the tested {info.id[:19]}.", exit_code=1)
     return PushResult(refs, digest, attempts + n)
 
 

@@ -63,7 +63,6 @@ def render_files(r: Resolution) -> dict[str, bytes]:
     files = {name: env.get_template(layout).render(**ctx).encode() for name, layout in LAYOUTS.items()}
     files[".dockerignore"] = DOCKERIGNORE
     files["manifest.json"] = (json.dumps(plan.manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()
-    src = templates_dir()
-    for build_path, template_path in sorted(plan.build_files.items()):
-        files[build_path] = (src / template_path).read_bytes()
+    for build_path, source in sorted(plan.build_files.items()):
+        files[build_path] = source.read_bytes()
     return files

@@ -26,6 +26,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import EnvbuildError, nearest
+from .image.arch import arch_runs_on  # the gpu-arch rule, defined once with the in-image smoke test
 
 
 @dataclass(frozen=True)
@@ -46,25 +47,6 @@ def mm(version: str) -> str:
 def _cc(text: str) -> tuple[int, int]:
     major, minor = text.split(".")
     return int(major), int(minor)
-
-
-def arch_runs_on(cc: str, arch_list: str) -> bool:
-    """True if code built for `arch_list` runs on a GPU of compute capability `cc`.
-
-    A cubin runs on later minors of the same major (sm_80 on 8.6/8.9); PTX is JIT-compiled
-    by the driver for any later arch.
-    """
-    want = _cc(cc)
-    for entry in arch_list.replace(" ", ";").split(";"):
-        if not entry:
-            continue
-        ptx = entry.endswith("+PTX")
-        have = _cc(entry.removesuffix("+PTX"))
-        if have[0] == want[0] and have[1] <= want[1]:
-            return True
-        if ptx and have <= want:
-            return True
-    return False
 
 
 def user_specifier(flag: str, text: str) -> SpecifierSet:

@@ -1,5 +1,6 @@
 """Run an image's built-in smoke test (/opt/envbuild/smoke.py) in a container and record
-the verdict, so `envbuild push` can refuse an image that has not passed.
+the verdict, so `envbuild push` can refuse an image that has not passed. The container runs
+through the engine interface (:mod:`envbuild.engine`).
 
 The record is a JSON file named after the image ID (the sha256 of its config), in
 ``$ENVBUILD_STATE_DIR`` (default ``~/.local/state/envbuild``)/smoke/. An image ID cannot
@@ -15,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .engine import Engine, get_engine
 from .errors import EnvbuildError
+from .image import paths as image_paths
+from .image.report import status_word
 
-SMOKE = "/opt/envbuild/smoke.py"
-PYTHON = "/opt/venv/bin/python"
+SMOKE = image_paths.SMOKE
+PYTHON = image_paths.VENV_PYTHON
 
 
 @dataclass
@@ -42,31 +46,8 @@ def record_path(image_id: str) -> Path:
     return state_dir() / "smoke" / (image_id.split(":", 1)[-1] + ".json")
 
 
-def docker_client():
-    import docker
-    from docker.errors import DockerException
-
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-        return client
-    except DockerException as e:
-        raise EnvbuildError(f"cannot reach the Docker engine ({e}); start dockerd "
-                            f"(scripts/host-setup.sh does) or set DOCKER_HOST.") from None
-
-
-def get_image(client, image: str):
-    from docker.errors import ImageNotFound
-
-    try:
-        return client.images.get(image)
-    except ImageNotFound:
-        raise EnvbuildError(f"image '{image}' does not exist locally; build it with `envbuild build` "
-                            f"or pull it first.") from None
-
-
 def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
-              env: Optional[dict] = None, record: bool = True) -> SmokeReport:
+              env: Optional[dict] = None, record: bool = True, engine: Optional[Engine] = None) -> SmokeReport:
     """Run the smoke test of `image`; record the verdict under its image ID.
 
     Parameters
@@ -75,45 +56,41 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
         ``all`` or a count, as ``docker run --gpus``; None runs the CPU checks only.
     timeout:
         Seconds before the container is killed and the run counts as hung.
+    engine:
+        The container engine (default: :func:`envbuild.engine.get_engine`).
     """
-    from docker.types import DeviceRequest
-
-    client = docker_client()
-    img = get_image(client, image)
-    kwargs = dict(network_mode="none", shm_size="1g", detach=True, environment=env or {},
-                  entrypoint=["/opt/envbuild/entrypoint.sh"])
-    if gpus:
-        count = -1 if gpus == "all" else int(gpus)
-        kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
+    engine = engine or get_engine()
+    info = engine.inspect(image)
     start = time.monotonic()
-    container = client.containers.run(img.id, [PYTHON, SMOKE, "--json"], **kwargs)
-    try:
-        try:
-            status = container.wait(timeout=timeout)
-        except Exception:
-            container.kill()
-            raise EnvbuildError(f"smoke test of {image} did not finish in {timeout} s; the container was "
-                                f"killed. Re-run with a larger --timeout, or look for a hang.", exit_code=1)
-        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
-    finally:
-        container.remove(force=True)
+    # By image ID, not by name: the verdict is recorded for exactly the bits that ran.
+    run = engine.run(info.id, [PYTHON, SMOKE, "--json"], timeout=timeout, gpus=gpus, network="none",
+                     env=env or {}, entrypoint=[image_paths.ENTRYPOINT])
+    if run.timed_out:
+        raise EnvbuildError(f"smoke test of {image} did not finish in {timeout} s; the container was "
+                            f"killed. Re-run with a larger --timeout, or look for a hang.", exit_code=1)
     seconds = time.monotonic() - start
     try:
-        raw = _last_json(stdout)
+        raw = _last_json(run.stdout)
     except ValueError:
-        raise EnvbuildError(f"smoke test of {image} printed no result (exit {status.get('StatusCode')}); "
-                            f"is /opt/envbuild/smoke.py in the image? Last output: "
-                            f"{(stderr or stdout).strip()[-800:]}", exit_code=1) from None
-    rep = SmokeReport(image, img.id, bool(raw.get("ok")) and status.get("StatusCode") == 0,
+        raise EnvbuildError(f"smoke test of {image} printed no result (exit {run.exit_code}); "
+                            f"is {SMOKE} in the image? Last output: "
+                            f"{(run.stderr or run.stdout).strip()[-800:]}", exit_code=1) from None
+    rep = SmokeReport(image, info.id, bool(raw.get("ok")) and run.exit_code == 0,
                       raw.get("mode", "?"), raw.get("checks", []), seconds, raw)
     if record:
-        p = record_path(img.id)
+        p = record_path(info.id)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps({"image": image, "image_id": img.id, "ok": rep.ok, "mode": rep.mode,
+        p.write_text(json.dumps({"image": image, "image_id": info.id, "ok": rep.ok, "mode": rep.mode,
                                  "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                  "checks": rep.checks}, indent=2))
     return rep
+
+
+def table_rows(report: SmokeReport) -> list[tuple[str, str, str, str]]:
+    """(check, result, time, detail) per check, as `envbuild smoke` prints them; result is ok, FAIL
+    or skip (a check that does not apply here: CPU mode, a single GPU)."""
+    return [(str(c.get("name")), status_word(c), f"{c.get('seconds', 0):.1f}s", str(c.get("detail", "")))
+            for c in report.checks]
 
 
 def _last_json(text: str) -> dict:

@@ -1,11 +1,13 @@
 """Logic of build/smoke/push that needs no engine: tags, progress parsing, retries,
-smoke records. The registry and engine paths run for real in test_docker_e2e.py."""
+smoke records. The registry and engine paths run for real in test_docker_e2e.py; the engine
+boundary itself is in test_engine.py."""
 
 import json
 
 import pytest
 
 from envbuild import build, publish, smoke
+from envbuild.engine import docker as docker_engine
 from envbuild.errors import EnvbuildError
 from envbuild.render import render_files, write_build_dir
 from envbuild.resolve import Request, TAG_RE, resolve
@@ -42,7 +44,7 @@ LOG = """#5 [builder 3/7] RUN bash /opt/envbuild-setup/setup.sh venv /usr/bin/py
 
 def test_progress_names_the_failing_step_and_its_last_lines():
     events = []
-    p = build._Progress(lambda e, n: events.append((e, n)))
+    p = docker_engine.BuildkitProgress(lambda e, n: events.append((e, n)))
     for line in LOG.splitlines():
         p.feed(line)
     step, lines = p.failure([])
@@ -54,7 +56,7 @@ def test_progress_names_the_failing_step_and_its_last_lines():
 
 def test_secrets_go_to_private_files_not_the_command_line(tmp_path):
     s = build.BuildSecrets(pip_index_url="https://u:tok@mirror/simple", apt_mirror="http://m")
-    args = build._secret_args(s, tmp_path)
+    args = docker_engine.secret_args(s, tmp_path)
     assert "tok" not in " ".join(args)
     assert (tmp_path / "pip_index_url").read_text().strip() == "https://u:tok@mirror/simple"
     assert (tmp_path / "pip_index_url").stat().st_mode & 0o077 == 0

@@ -33,7 +33,9 @@ def test_golden(matrix, case):
             (golden_dir / rel).write_bytes(data)
     assert tree(golden_dir) == rendered, f"re-render with ENVBUILD_UPDATE_GOLDEN=1 and review the diff of {golden_dir}"
     for k, v in files.items():
-        if k.startswith(VERBATIM):
+        if k.startswith(VERBATIM + "lib/"):  # the in-image package, copied from envbuild/image/
+            assert v == (ROOT / "envbuild" / "image" / k.rsplit("/", 1)[1]).read_bytes()
+        elif k.startswith(VERBATIM):
             assert v == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
 
 
@@ -53,7 +55,7 @@ def test_build_dir_has_everything_the_dockerfile_copies(matrix, tmp_path):
     for line in dockerfile.splitlines():
         if line.startswith("COPY") and "--from" not in line:
             for src in line.split()[1:-1]:
-                assert (out / src).is_file(), src
+                assert (out / src).is_file() or any((out / src).iterdir()), src
 
 
 def test_manifest_has_the_required_keys(matrix):
@@ -133,12 +135,9 @@ def test_never_replaces_a_directory_envbuild_did_not_write(cli, tmp_path):
 
 
 def _smoke_module():
-    import importlib.util
+    from envbuild.image import checks
 
-    spec = importlib.util.spec_from_file_location("smoke_for_env", ROOT / "templates" / "files" / "smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return checks
 
 
 @pytest.mark.parametrize("name", ["Singularity.def", "Singularity.standalone.def"])

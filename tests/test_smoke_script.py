@@ -1,8 +1,9 @@
-"""templates/files/smoke.py: the smoke test copied into every image.
+"""The in-image smoke test: the envbuild.image package (envbuild_image inside images).
 
-It needs torch and DeepSpeed only inside the image; these tests run on a host without them,
-so they cover its pure logic and its subprocess/timeout machinery (children that hang or die
-before importing torch), loading the script from its file exactly as the image runs it.
+torch and DeepSpeed exist only inside the images; these tests run on a host without them, so
+they cover the package's pure logic and its subprocess/timeout machinery (children that hang
+or die before importing torch). The script is run from a rendered build directory, laid out
+exactly as the image holds it (smoke.py + lib/envbuild_image).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "templates" / "files" / "smoke.py"
+from conftest import ROOT
+from envbuild.image import arch, checks, cli, collectives, manifest as manifest_mod, paths, report, sandbox, versions
+from envbuild.render import render_files, write_build_dir
+from envbuild.resolve import Request, resolve
+
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 GOOD_MANIFEST = {
@@ -31,20 +36,16 @@ GOOD_MANIFEST = {
 
 
 @pytest.fixture(scope="module")
-def smoke():
-    before = set(sys.modules)
-    spec = importlib.util.spec_from_file_location("envbuild_smoke_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module._imported_at_load = set(sys.modules) - before
-    return module
+def build_dir(matrix, tmp_path_factory):
+    """A rendered build directory: envbuild/smoke.py and envbuild/lib/envbuild_image as in the image."""
+    return write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), tmp_path_factory.mktemp("b") / "out")
 
 
-def run_script(*args, env=None, timeout=60):
+def run_script(build_dir, *args, env=None, timeout=60):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ENVBUILD_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, str(SCRIPT), *args], env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(build_dir / "envbuild" / "smoke.py"), *args], env=full_env,
+                          capture_output=True, text=True, timeout=timeout, cwd=build_dir)
 
 
 def write_manifest(tmp_path, **changes):
@@ -59,15 +60,61 @@ def args_ns(**kw):
     return SimpleNamespace(**{**base, **kw})
 
 
-# --------------------------------------------------------------------------- import, manifest
-def test_imports_with_stdlib_only(smoke):
-    assert not {m for m in smoke._imported_at_load if m.split(".")[0] in ("torch", "deepspeed")}
-    assert callable(smoke.main)
+# --------------------------------------------------------------------------- package layout
+def test_build_dir_holds_the_package_as_the_image_does(build_dir):
+    lib = build_dir / "envbuild" / "lib" / paths.PACKAGE
+    shipped = sorted(p.name for p in lib.iterdir())
+    source = ROOT / "envbuild" / "image"
+    assert shipped == sorted(p.name for p in source.glob("*.py"))
+    assert {"cli.py", "node.py", "arch.py", "paths.py", "__main__.py"} <= set(shipped)
+    for name in shipped:
+        assert (lib / name).read_bytes() == (source / name).read_bytes()
+    dockerfile = (build_dir / "Dockerfile").read_text()
+    assert f"COPY envbuild/lib/{paths.PACKAGE} {paths.LIB}/{paths.PACKAGE}\n" in dockerfile  # the whole directory
+    standalone = (build_dir / "Singularity.standalone.def").read_text()
+    assert f"envbuild/lib/{paths.PACKAGE} {paths.LIB}/{paths.PACKAGE}\n" in standalone
+    assert f"exec {paths.VENV_PYTHON} {paths.SMOKE}" in (build_dir / "Singularity.def").read_text()
 
 
-def test_manifest_missing_is_usage_error(smoke, tmp_path):
-    with pytest.raises(smoke.UsageError, match="manifest not found"):
-        smoke.load_manifest(str(tmp_path / "nope.json"))
+def test_package_imports_with_the_standard_library_alone(build_dir):
+    """Every module of the in-image package, imported under its in-image name in an isolated
+    interpreter (no site-packages, no checkout on sys.path): only stdlib modules get loaded."""
+    lib = build_dir / "envbuild" / "lib"
+    code = f"""
+import importlib, json, sys
+sys.path[:0] = [{str(lib)!r}]
+before = set(sys.modules)
+for name in {sorted(p.stem for p in (lib / paths.PACKAGE).glob('*.py') if p.stem != '__main__')!r}:
+    importlib.import_module({paths.PACKAGE!r} + ("" if name == "__init__" else "." + name))
+new = sorted({{m.split(".")[0] for m in set(sys.modules) - before}})
+print(json.dumps([m for m in new if m not in sys.stdlib_module_names and m != {paths.PACKAGE!r}]))
+"""
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, cwd=build_dir)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == []
+
+
+def test_package_is_valid_for_the_oldest_python_in_the_matrix(matrix):
+    """The package runs on every stack's Python: its grammar must be the oldest one's."""
+    import ast
+
+    oldest = min(tuple(int(x) for x in s.python.split(".")) for s in matrix.stacks)
+    for module in (ROOT / "envbuild" / "image").glob("*.py"):
+        ast.parse(module.read_text(), filename=str(module), feature_version=oldest)
+    ast.parse((ROOT / "templates" / "files" / "smoke.py").read_text(), feature_version=oldest)
+
+
+def test_python_dash_m_runs_the_same_program(build_dir, tmp_path):
+    r = subprocess.run([sys.executable, "-m", paths.PACKAGE, "--manifest", str(tmp_path / "absent.json")],
+                       env={**os.environ, "PYTHONPATH": str(build_dir / "envbuild" / "lib")},
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "manifest not found" in r.stderr
+
+
+# --------------------------------------------------------------------------- manifest
+def test_manifest_missing_is_usage_error(tmp_path):
+    with pytest.raises(manifest_mod.UsageError, match="manifest not found"):
+        manifest_mod.load_manifest(str(tmp_path / "nope.json"))
 
 
 @pytest.mark.parametrize("content, message", [
@@ -75,41 +122,44 @@ def test_manifest_missing_is_usage_error(smoke, tmp_path):
     ("[1, 2]", "not a JSON object"),
     (json.dumps({"python": "3.11", "cuda": "13.0", "deepspeed": "0.19.8", "ds_ops": []}), "lacks keys: torch"),
 ])
-def test_manifest_malformed_is_usage_error(smoke, tmp_path, content, message):
+def test_manifest_malformed_is_usage_error(tmp_path, content, message):
     path = tmp_path / "m.json"
     path.write_text(content)
-    with pytest.raises(smoke.UsageError, match=message):
-        smoke.load_manifest(str(path))
+    with pytest.raises(manifest_mod.UsageError, match=message):
+        manifest_mod.load_manifest(str(path))
 
 
-def test_manifest_valid_loads(smoke, tmp_path):
-    assert smoke.load_manifest(str(write_manifest(tmp_path)))["ds_ops"] == ["cpu_adam", "fused_adam"]
+def test_manifest_valid_loads_and_path_precedence(tmp_path):
+    assert manifest_mod.load_manifest(str(write_manifest(tmp_path)))["ds_ops"] == ["cpu_adam", "fused_adam"]
+    assert manifest_mod.manifest_path("/x.json", {paths.MANIFEST_ENV: "/y.json"}) == "/x.json"
+    assert manifest_mod.manifest_path(None, {paths.MANIFEST_ENV: "/y.json"}) == "/y.json"
+    assert manifest_mod.manifest_path(None, {}) == paths.MANIFEST == "/opt/envbuild/manifest.json"
 
 
-def test_cli_missing_manifest_exits_2_with_message(tmp_path):
-    r = run_script("--manifest", str(tmp_path / "absent.json"))
+def test_cli_missing_manifest_exits_2_with_message(build_dir, tmp_path):
+    r = run_script(build_dir, "--manifest", str(tmp_path / "absent.json"))
     assert r.returncode == 2
     assert "manifest not found" in r.stderr and "absent.json" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_cli_missing_manifest_json_mode_prints_one_object(tmp_path):
-    r = run_script("--json", env={"ENVBUILD_MANIFEST": str(tmp_path / "from-env.json")})
+def test_cli_missing_manifest_json_mode_prints_one_object(build_dir, tmp_path):
+    r = run_script(build_dir, "--json", env={"ENVBUILD_MANIFEST": str(tmp_path / "from-env.json")})
     assert r.returncode == 2
     doc = json.loads(r.stdout)
     assert doc["ok"] is False and "from-env.json" in doc["error"]
 
 
-def test_cli_bad_flag_exits_2():
-    assert run_script("--no-such-flag").returncode == 2
+def test_cli_bad_flag_exits_2(build_dir):
+    assert run_script(build_dir, "--no-such-flag").returncode == 2
 
 
 # --------------------------------------------------------------------------- versions
 @pytest.mark.parametrize("raw, norm", [
     ("2.11.0+cu130", "2.11.0"), ("0.19.8+4f2a1b", "0.19.8"), ((2, 28, 9), "2.28.9"), (" 13.0 ", "13.0"),
 ])
-def test_normalize_version(smoke, raw, norm):
-    assert smoke.normalize_version(raw) == norm
+def test_normalize_version(raw, norm):
+    assert versions.normalize_version(raw) == norm
 
 
 @pytest.mark.parametrize("expected, actual, ok", [
@@ -122,21 +172,34 @@ def test_normalize_version(smoke, raw, norm):
     ("2.28.9", (2, 28, 9), True),
     ("2.28.9", None, False),
 ])
-def test_version_matches(smoke, expected, actual, ok):
-    assert smoke.version_matches(expected, actual) is ok
+def test_version_matches(expected, actual, ok):
+    assert versions.version_matches(expected, actual) is ok
 
 
-def test_major_minor(smoke):
-    assert smoke.major_minor("13.0.2") == "13.0"
-    assert smoke.major_minor("12.8") == "12.8"
-    assert smoke.major_minor("3.11.7") != "3.1"
+def test_major_minor():
+    assert versions.major_minor("13.0.2") == "13.0"
+    assert versions.major_minor("12.8") == "12.8"
+    assert versions.major_minor("3.11.7") != "3.1"
 
 
-# --------------------------------------------------------------------------- GPU arch list
-def test_parse_arch_list(smoke):
-    assert smoke.parse_arch_list("8.0;9.0+PTX") == [(8, 0, False), (9, 0, True)]
-    assert smoke.parse_arch_list("7.5 8.0  12.0+ptx") == [(7, 5, False), (8, 0, False), (12, 0, True)]
-    assert smoke.parse_arch_list("") == []
+@pytest.mark.parametrize("have, floor, older", [
+    ("535.104.05", "580.65.06", True),
+    ("580.65.06", "580.65.06", False),
+    ("580.82.07", "580.65.06", False),
+    ("580.65.5", "580.65.06", True),      # '06' is 6: numeric, not text (and not octal)
+    ("550.40.07", "550.40.7", False),
+    ("384.98", "384.98.0", False),        # missing parts are 0
+    ("1000.1", "999.99.99", False),       # 1000 > 999 as numbers, '1000' < '999' as text
+])
+def test_older_than_compares_numerically(have, floor, older):
+    assert versions.older_than(have, floor) is older
+
+
+# --------------------------------------------------------------------------- GPU arch list (one definition)
+def test_parse_arch_list():
+    assert arch.parse_arch_list("8.0;9.0+PTX") == [(8, 0, False), (9, 0, True)]
+    assert arch.parse_arch_list("7.5 8.0  12.0+ptx") == [(7, 5, False), (8, 0, False), (12, 0, True)]
+    assert arch.parse_arch_list("") == []
 
 
 @pytest.mark.parametrize("cc, arch_list, ok", [
@@ -151,59 +214,77 @@ def test_parse_arch_list(smoke):
     ("12.0", "8.0 9.0 10.0", False),
     ("9.0", "9.0a", True),
 ])
-def test_arch_satisfied(smoke, cc, arch_list, ok):
-    assert smoke.arch_satisfied(cc, arch_list) is ok
+def test_arch_runs_on(cc, arch_list, ok):
+    assert arch.arch_runs_on(cc, arch_list) is ok
+
+
+def test_rules_use_the_in_image_arch_rule():
+    """One definition: the resolver's gpu-arch rule is the smoke test's function."""
+    from envbuild import rules
+
+    assert rules.arch_runs_on is arch.arch_runs_on
 
 
 # --------------------------------------------------------------------------- bandwidth
-def test_bus_bandwidth_matches_nccl_tests(smoke):
-    assert smoke.bus_bandwidth("all_reduce", 1e9, 1.0, 8) == pytest.approx(1.75)
-    assert smoke.bus_bandwidth("all_gather", 1e9, 1.0, 8) == pytest.approx(0.875)
-    assert smoke.bus_bandwidth("all_reduce", 64 * 2**20, 0.5, 2) == pytest.approx(64 * 2**20 / 0.5 / 1e9)
-    assert smoke.bus_bandwidth("all_reduce", 1e9, 1.0, 1) == 0.0
-    assert smoke.bus_bandwidth("all_gather", 1e9, 0.0, 8) == 0.0
+def test_bus_bandwidth_matches_nccl_tests():
+    bw = collectives.bus_bandwidth
+    assert bw("all_reduce", 1e9, 1.0, 8) == pytest.approx(1.75)
+    assert bw("all_gather", 1e9, 1.0, 8) == pytest.approx(0.875)
+    assert bw("all_reduce", 64 * 2**20, 0.5, 2) == pytest.approx(64 * 2**20 / 0.5 / 1e9)
+    assert bw("all_reduce", 1e9, 1.0, 1) == 0.0
+    assert bw("all_gather", 1e9, 0.0, 8) == 0.0
 
 
 # --------------------------------------------------------------------------- report shape
-def test_run_check_turns_exceptions_into_failed_checks(smoke):
+def test_run_check_turns_exceptions_into_failed_checks():
     def boom():
         raise ValueError("boom")
 
     def leave():
         raise SystemExit(3)
 
-    c = smoke.run_check("x", boom)
+    c = report.run_check("x", boom)
     assert c == {"name": "x", "ok": False, "detail": "ValueError: boom", "seconds": c["seconds"]}
     assert isinstance(c["seconds"], float)
-    assert smoke.run_check("y", leave)["ok"] is False
-    assert smoke.run_check("z", lambda: (True, "fine", 1.23456)) == \
+    assert report.run_check("y", leave)["ok"] is False
+    assert report.run_check("z", lambda: (True, "fine", 1.23456)) == \
         {"name": "z", "ok": True, "detail": "fine", "seconds": 1.235}
 
 
-def test_report_json_shape_and_exit_codes(smoke):
-    good = [smoke.run_check("a", lambda: (True, "ok")), smoke.run_check("b", lambda: (True, "ok"))]
-    report = smoke.build_report(GOOD_MANIFEST, "gpu", good, "/opt/envbuild/manifest.json")
-    doc = json.loads(json.dumps(report))
+def test_run_check_carries_data_and_skips():
+    c = report.run_check("p2p", lambda: (True, "fine", None, {"busbw": 1.5}))
+    assert c["data"] == {"busbw": 1.5} and c["ok"] is True and "skipped" not in c
+    s = report.run_check("driver", lambda: report.Skipped("CPU mode", {"driver": None}))
+    assert s["ok"] is True and s["skipped"] is True and s["detail"] == "skipped: CPU mode"
+    assert s["data"] == {"driver": None}
+    assert [report.status_word(x) for x in (c, s, {"ok": False})] == ["ok", "skip", "FAIL"]
+
+
+def test_report_json_shape_and_exit_codes():
+    good = [report.run_check("a", lambda: (True, "ok")), report.run_check("b", lambda: (True, "ok"))]
+    rep = report.build_report(GOOD_MANIFEST, "gpu", good, "/opt/envbuild/manifest.json")
+    doc = json.loads(json.dumps(rep))
     assert set(doc) == {"ok", "mode", "image", "checks"}
     assert doc["ok"] is True and doc["mode"] == "gpu"
     assert doc["image"]["tag"] == "t-h100" and doc["image"]["gpu"] == "h100"
     assert all(set(c) == {"name", "ok", "detail", "seconds"} for c in doc["checks"])
-    assert smoke.exit_code(report) == 0
+    assert report.exit_code(rep) == 0
 
-    bad = good + [smoke.run_check("c", lambda: (False, "broken"))]
-    report = smoke.build_report(GOOD_MANIFEST, "cpu", bad)
-    assert report["ok"] is False and smoke.exit_code(report) == 1
-    assert smoke.exit_code(smoke.build_report(GOOD_MANIFEST, "cpu", [])) == 1
+    bad = good + [report.run_check("c", lambda: (False, "broken"))]
+    rep = report.build_report(GOOD_MANIFEST, "cpu", bad)
+    assert rep["ok"] is False and report.exit_code(rep) == 1
+    assert report.exit_code(report.build_report(GOOD_MANIFEST, "cpu", [])) == 1
 
 
-def test_render_text_is_an_aligned_table(smoke):
-    checks = [{"name": "versions", "ok": True, "detail": "all pinned", "seconds": 1.5},
-              {"name": "collectives", "ok": False, "detail": "timed out", "seconds": 120.0}]
-    text = smoke.render_text(smoke.build_report(GOOD_MANIFEST, "cpu", checks))
+def test_render_text_is_an_aligned_table():
+    rows = [{"name": "versions", "ok": True, "detail": "all pinned", "seconds": 1.5},
+            {"name": "collectives", "ok": False, "detail": "timed out", "seconds": 120.0},
+            {"name": "p2p", "ok": True, "skipped": True, "detail": "skipped: CPU mode", "seconds": 0.0}]
+    text = report.render_text(report.build_report(GOOD_MANIFEST, "cpu", rows))
     lines = text.splitlines()
     assert "t-h100" in lines[0] and "mode=cpu" in lines[0]
-    assert lines[1].index("ok") == lines[2].index("FAIL")
-    assert lines[1].index("all pinned") == lines[2].index("timed out")
+    assert lines[1].index("ok") == lines[2].index("FAIL") == lines[3].index("skip")
+    assert lines[1].index("all pinned") == lines[2].index("timed out") == lines[3].index("skipped: CPU mode")
     assert lines[-1] == "RESULT: FAILED"
 
 
@@ -216,59 +297,60 @@ def make_exe(directory: Path, name: str, executable: bool = True) -> Path:
     return p
 
 
-def test_compilers_found_fail_the_check(smoke, tmp_path):
+def test_compilers_found_fail_the_check(tmp_path):
     nvcc = make_exe(tmp_path / "bin", "nvcc")
-    ok, detail = smoke.check_compilers({"toolchain_kept": False}, path=str(tmp_path / "bin"))
+    ok, detail = checks.check_compilers({"toolchain_kept": False}, path=str(tmp_path / "bin"))
     assert ok is False and f"nvcc={nvcc}" in detail
 
 
-def test_compilers_default_path_is_the_environment(smoke, tmp_path, monkeypatch):
+def test_compilers_default_path_is_the_environment(tmp_path, monkeypatch):
     make_exe(tmp_path / "bin", "ninja")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    ok, detail = smoke.check_compilers({})
+    ok, detail = checks.check_compilers({})
     assert ok is False and "ninja=" in detail
 
 
-def test_compilers_absent_or_not_executable_pass(smoke, tmp_path):
+def test_compilers_absent_or_not_executable_pass(tmp_path):
     make_exe(tmp_path / "bin", "gcc", executable=False)
-    ok, detail = smoke.check_compilers({"toolchain_kept": False}, path=str(tmp_path / "bin"))
+    ok, detail = checks.check_compilers({"toolchain_kept": False}, path=str(tmp_path / "bin"))
     assert ok is True and "none of" in detail
 
 
-def test_compilers_allowed_when_toolchain_kept(smoke, tmp_path):
+def test_compilers_allowed_when_toolchain_kept(tmp_path):
     make_exe(tmp_path / "bin", "g++")
-    ok, detail = smoke.check_compilers({"toolchain_kept": True}, path=str(tmp_path / "bin"))
+    ok, detail = checks.check_compilers({"toolchain_kept": True}, path=str(tmp_path / "bin"))
     assert ok is True and "g++=" in detail
 
 
-def test_env_check(smoke):
+def test_env_check():
     manifest = {"env": {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "PATH": "/opt/venv/bin:/usr/bin"}}
-    ok, detail = smoke.check_env(manifest, {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
-                                            "PATH": "/opt/venv/bin:/opt/venv/bin:/host/bin",
-                                            "TORCH_EXTENSIONS_DIR": "/tmp/te-42"})
+    ok, detail = checks.check_env(manifest, {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
+                                             "PATH": "/opt/venv/bin:/opt/venv/bin:/host/bin",
+                                             "TORCH_EXTENSIONS_DIR": "/tmp/te-42"})
     assert ok is True and "TORCH_EXTENSIONS_DIR=/tmp/te-42" in detail and "overridden" not in detail
-    ok, detail = smoke.check_env(manifest, {"NCCL_P2P_DISABLE": "0", "PATH": "/opt/venv/bin"})
+    ok, detail = checks.check_env(manifest, {"NCCL_P2P_DISABLE": "0", "PATH": "/opt/venv/bin"})
     assert ok is False
     assert "NCCL_NVLS_ENABLE missing" in detail and "overridden: NCCL_P2P_DISABLE='0'" in detail
     assert "TORCH_EXTENSIONS_DIR=(unset)" in detail
-    ok, detail = smoke.check_env(manifest, {"NCCL_P2P_DISABLE": "0", "NCCL_NVLS_ENABLE": "0", "PATH": "/usr/bin"})
+    ok, detail = checks.check_env(manifest, {"NCCL_P2P_DISABLE": "0", "NCCL_NVLS_ENABLE": "0", "PATH": "/usr/bin"})
     assert ok is False and "PATH does not start with /opt/venv/bin" in detail
-    assert smoke.check_env({"env": {}}, {})[0] is True
+    assert checks.check_env({"env": {}}, {})[0] is True
 
 
 # --------------------------------------------------------------------------- no-JIT sandbox
-def test_planted_locks_and_write_detection(smoke, tmp_path):
+def test_planted_locks_and_write_detection(tmp_path):
     root = tmp_path / "te"
     root.mkdir()
-    planted = smoke.plant_stale_locks(str(root), ["cpu_adam", "fused_adam"])
+    planted = sandbox.plant_stale_locks(str(root), ["cpu_adam", "fused_adam"])
     assert planted == {"cpu_adam", "cpu_adam/lock", "fused_adam", "fused_adam/lock"}
     assert (root / "cpu_adam" / "lock").is_file()
     assert stat.S_IMODE(root.stat().st_mode) == 0o555
-    assert smoke.tree_entries(str(root)) == planted
+    assert sandbox.tree_entries(str(root)) == planted
     for d in (root, root / "cpu_adam"):
         d.chmod(0o755)  # what root could do regardless of modes: a JIT build writing
     (root / "cpu_adam" / "build.ninja").write_text("")
-    assert smoke.tree_entries(str(root)) - planted == {"cpu_adam/build.ninja"}
+    assert sandbox.tree_entries(str(root)) - planted == {"cpu_adam/build.ninja"}
+    sandbox.make_writable(str(root))
 
 
 def fake_child(state="done", rc=0, ops=None, adam=None, extra=()):
@@ -278,47 +360,55 @@ def fake_child(state="done", rc=0, ops=None, adam=None, extra=()):
 OK_OP = {"ok": True, "detail": "", "seconds": 0.01}
 
 
-def test_no_jit_all_loaded(smoke):
-    ok, detail = smoke.check_no_jit(fake_child(ops={"cpu_adam": OK_OP, "utils": OK_OP}), ["cpu_adam", "utils"], 120)
+def test_no_jit_all_loaded():
+    ok, detail = checks.check_no_jit(fake_child(ops={"cpu_adam": OK_OP, "utils": OK_OP}), ["cpu_adam", "utils"], 120)
     assert ok is True and "cpu_adam ok" in detail and "utils ok" in detail
 
 
-def test_no_jit_failed_op_is_reported(smoke):
+def test_no_jit_failed_op_is_reported():
     bad = {"ok": False, "detail": "RuntimeError: JIT compile attempted", "seconds": 0.2}
-    ok, detail = smoke.check_no_jit(fake_child(ops={"cpu_adam": OK_OP, "fused_lamb": bad}),
-                                    ["cpu_adam", "fused_lamb"], 120)
+    ok, detail = checks.check_no_jit(fake_child(ops={"cpu_adam": OK_OP, "fused_lamb": bad}),
+                                     ["cpu_adam", "fused_lamb"], 120)
     assert ok is False and "fused_lamb FAILED" in detail and "JIT compile attempted" in detail
 
 
-def test_no_jit_timeout_names_field_report_and_stuck_op(smoke):
-    ok, detail = smoke.check_no_jit(fake_child(state="timeout", rc=None, ops={"cpu_adam": OK_OP}),
-                                    ["cpu_adam", "fused_adam"], 120)
-    assert ok is False and smoke.JIT_HANG_MSG in detail and "stuck on fused_adam" in detail
+def test_no_jit_timeout_names_field_report_and_stuck_op():
+    ok, detail = checks.check_no_jit(fake_child(state="timeout", rc=None, ops={"cpu_adam": OK_OP}),
+                                     ["cpu_adam", "fused_adam"], 120)
+    assert ok is False and checks.JIT_HANG_MSG in detail and "stuck on fused_adam" in detail
 
 
-def test_no_jit_write_into_extensions_dir_fails(smoke):
-    ok, detail = smoke.check_no_jit(fake_child(ops={"cpu_adam": OK_OP}, extra=["cpu_adam/build.ninja"]),
-                                    ["cpu_adam"], 120)
+def test_no_jit_write_into_extensions_dir_fails():
+    ok, detail = checks.check_no_jit(fake_child(ops={"cpu_adam": OK_OP}, extra=["cpu_adam/build.ninja"]),
+                                     ["cpu_adam"], 120)
     assert ok is False and "build.ninja" in detail
 
 
-def test_no_jit_crashed_child_fails(smoke):
-    ok, detail = smoke.check_no_jit(fake_child(rc=1, ops={}), ["cpu_adam"], 120)
+def test_no_jit_crashed_child_fails():
+    ok, detail = checks.check_no_jit(fake_child(rc=1, ops={}), ["cpu_adam"], 120)
     assert ok is False and "exited 1" in detail and "log tail" in detail
 
 
-def test_cpu_adam_tolerance(smoke):
-    assert smoke.check_cpu_adam({"adam": {"ok": True, "max_abs_diff": 6e-8, "seconds": 0.1}})[0] is True
-    assert smoke.check_cpu_adam({"adam": {"ok": True, "max_abs_diff": 2e-5, "seconds": 0.1}})[0] is False
-    assert smoke.check_cpu_adam({"state": "timeout", "rc": None})[0] is False
+def test_cpu_adam_tolerance():
+    assert checks.check_cpu_adam({"adam": {"ok": True, "max_abs_diff": 6e-8, "seconds": 0.1}})[0] is True
+    assert checks.check_cpu_adam({"adam": {"ok": True, "max_abs_diff": 2e-5, "seconds": 0.1}})[0] is False
+    assert checks.check_cpu_adam({"state": "timeout", "rc": None})[0] is False
+
+
+def test_fused_adam_numerics_verdict():
+    ok = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 1e-9}}
+    bad = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 0.5}}
+    assert checks.check_fused_adam(ok)[0] is True and "FusedAdam" in checks.check_fused_adam(ok)[1]
+    assert checks.check_fused_adam(bad)[0] is False
+    assert checks.check_fused_adam({"state": "hung", "rc": None})[0] is False
 
 
 # --------------------------------------------------------------------------- timeouts (real subprocesses)
 @pytest.fixture
 def guard():
-    """Fail (not hang) if the script's own deadline is broken; the test then kills what it left."""
+    """Fail (not hang) if the package's own deadline is broken; the test then kills what it left."""
     def expired(*_):
-        raise TimeoutError("the smoke script ignored its own timeout")
+        raise TimeoutError("the smoke test ignored its own timeout")
 
     old = signal.signal(signal.SIGALRM, expired)
     signal.alarm(30)
@@ -341,16 +431,27 @@ def live_pids_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_hung_collective_is_killed_with_likely_causes(smoke, tmp_path, monkeypatch, guard):
-    monkeypatch.setenv(smoke.HANG_ENV, "collective")
-    t0 = time.monotonic()
+def kill_leftovers(text: str) -> list[int]:
+    leftovers = live_pids_mentioning(text)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    return leftovers
+
+
+def test_children_run_the_package_cli_by_import():
+    argv = sandbox.self_command("--child", "ops")
+    assert argv[:3] == [sys.executable, "-u", "-c"] and argv[-2:] == ["--child", "ops"]
+    assert "from envbuild.image.cli import main" in argv[3] and repr(str(ROOT)) in argv[3]
+
+
+def test_hung_collective_is_killed_with_likely_causes(tmp_path, monkeypatch, guard):
+    monkeypatch.setenv(sandbox.HANG_ENV, "collective")
+    start = time.monotonic()
     try:
-        ok, detail = smoke.check_collectives("nccl", 2, args_ns(timeout=3.0), str(tmp_path))
+        ok, detail = collectives.check_collectives("nccl", 2, args_ns(timeout=3.0), str(tmp_path))
     finally:
-        leftovers = live_pids_mentioning(str(tmp_path))
-        for pid in leftovers:
-            os.kill(pid, signal.SIGKILL)
-    elapsed = time.monotonic() - t0
+        leftovers = kill_leftovers(str(tmp_path))
+    elapsed = time.monotonic() - start
     assert ok is False
     assert 3.0 <= elapsed < 20
     for hint in ("timed out after 3s", "NCCL_P2P_DISABLE=1", "H20", "--shm-size", "--ipc=host",
@@ -359,25 +460,24 @@ def test_hung_collective_is_killed_with_likely_causes(smoke, tmp_path, monkeypat
     assert leftovers == []
 
 
-def test_dead_rank_fails_fast_with_its_output(smoke, tmp_path, monkeypatch, guard):
-    monkeypatch.setattr(smoke, "_self_cmd",
-                        lambda *a: [sys.executable, "-c", "import sys; print('rank broke'); sys.exit(3)"])
-    t0 = time.monotonic()
-    ok, detail = smoke.check_collectives("gloo", 2, args_ns(timeout=60.0), str(tmp_path))
+def test_dead_rank_fails_fast_with_its_output(tmp_path, guard):
+    def dying(rank, result):
+        return [sys.executable, "-c", "import sys; print('rank broke'); sys.exit(3)"]
+
+    start = time.monotonic()
+    ok, detail = collectives.check_collectives("gloo", 2, args_ns(timeout=60.0), str(tmp_path), command=dying)
     assert ok is False and "exited 3" in detail and "rank broke" in detail
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - start < 30
 
 
-def test_hung_op_loader_reports_jit_hang(smoke, tmp_path, monkeypatch, guard):
-    monkeypatch.setenv(smoke.HANG_ENV, "no_jit")
+def test_hung_op_loader_reports_jit_hang(tmp_path, monkeypatch, guard):
+    monkeypatch.setenv(sandbox.HANG_ENV, "no_jit")
     try:
-        res = smoke.run_ops_child({"ds_ops": ["cpu_adam"]}, args_ns(timeout=2.0), str(tmp_path))
+        res = checks.run_ops_child({"ds_ops": ["cpu_adam"]}, args_ns(timeout=2.0), str(tmp_path))
     finally:
-        leftovers = live_pids_mentioning(str(tmp_path))
-        for pid in leftovers:
-            os.kill(pid, signal.SIGKILL)
+        leftovers = kill_leftovers(str(tmp_path))
     assert res["state"] == "timeout" and res["extra"] == []
-    ok, detail = smoke.check_no_jit(res, ["cpu_adam"], 2.0)
+    ok, detail = checks.check_no_jit(res, ["cpu_adam"], 2.0)
     assert ok is False and "field report 1" in detail
     assert leftovers == []
     # the read-only tree was made removable again
@@ -385,12 +485,12 @@ def test_hung_op_loader_reports_jit_hang(smoke, tmp_path, monkeypatch, guard):
 
 
 # --------------------------------------------------------------------------- stdout discipline
-def test_json_mode_keeps_stdout_for_the_report(tmp_path):
+def test_json_mode_keeps_stdout_for_the_report():
     code = f"""
-import importlib.util, os, sys
-spec = importlib.util.spec_from_file_location("s", {str(SCRIPT)!r})
-m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-with m.stdout_reserved(True) as out:
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from envbuild.image.cli import stdout_reserved
+with stdout_reserved(True) as out:
     print("library chatter")
     os.write(1, b"C-level chatter\\n")
     print('{{"ok": true}}', file=out)
@@ -403,21 +503,43 @@ print("after")
 
 
 @pytest.mark.skipif(HAS_TORCH, reason="checks the torch-less failure path")
-def test_full_run_without_torch_fails_cleanly(tmp_path):
+def test_full_run_without_torch_fails_cleanly(build_dir, tmp_path):
     manifest = write_manifest(tmp_path, ds_ops=["cpu_adam"])
-    r = run_script("--json", "--manifest", str(manifest), "--timeout", "30", timeout=120)
+    r = run_script(build_dir, "--json", "--manifest", str(manifest), "--timeout", "30", timeout=120,
+                   env={"ENVBUILD_NODE_ROOT": str(tmp_path / "no-gpu-here"), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     names = [c["name"] for c in doc["checks"]]
-    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "env", "collectives"]
+    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "env", "driver", "node_env",
+                     "collectives", "p2p"]
     assert doc["ok"] is False and doc["mode"] == "cpu"
     assert "No module named 'torch'" in doc["checks"][0]["detail"]
+    by_name = {c["name"]: c for c in doc["checks"]}
+    for name in ("driver", "node_env", "p2p"):
+        assert by_name[name]["ok"] and by_name[name]["skipped"], by_name[name]
     assert "Traceback" not in r.stderr
 
 
-def test_fused_adam_numerics_verdict(smoke):
-    ok = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 1e-9}}
-    bad = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 0.5}}
-    assert smoke.check_fused_adam(ok)[0] is True and "FusedAdam" in smoke.check_fused_adam(ok)[1]
-    assert smoke.check_fused_adam(bad)[0] is False
-    assert smoke.check_fused_adam({"state": "hung", "rc": None})[0] is False
+def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
+    """run_all with every check replaced by a recorder (no torch here): the order, and which
+    checks exist in CPU mode."""
+    calls = []
+
+    def record(name):
+        def fn(*a):
+            calls.append(name)
+            return True, name
+        return fn
+
+    for name in ("check_versions", "check_ds_record", "check_compilers", "check_env", "check_gpu_arch"):
+        monkeypatch.setattr(checks, name, record(name))
+    monkeypatch.setattr(checks, "run_ops_child", lambda *a: fake_child(ops={"cpu_adam": OK_OP},
+                                                                       adam={"ok": True, "max_abs_diff": 0.0,
+                                                                             "seconds": 0.1}))
+    monkeypatch.setattr(collectives, "check_collectives", record("check_collectives"))
+    monkeypatch.setenv("ENVBUILD_NODE_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ["cpu_adam"]}, args_ns(), "m.json", gpus=0)
+    assert [c["name"] for c in rep["checks"]] == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "env",
+                                                  "driver", "node_env", "collectives", "p2p"]
+    assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls

@@ -18,9 +18,8 @@ SMOKE = HOME + "/smoke.py"
 LIB = HOME + "/lib"
 PACKAGE = "envbuild_image"
 
-# Build-time only: setup.sh and the builder's helpers (removed from the final image).
+# Build-time only: the build step scripts and the builder's helpers (removed from the final image).
 SETUP_DIR = "/opt/envbuild-setup"
-SETUP = SETUP_DIR + "/setup.sh"
 
 # Environment variables the image reads.
 MANIFEST_ENV = "ENVBUILD_MANIFEST"

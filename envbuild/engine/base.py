@@ -1,0 +1,126 @@
+"""What envbuild asks of a container engine, and the plain data it gets back.
+
+build.py, smoke.py and publish.py talk to an :class:`Engine` only; Docker is one
+implementation (:mod:`.docker`). Another engine (Apptainer, Enroot, Podman) is one new class
+with these methods, not edits in three modules. Errors a user can act on are
+:class:`~envbuild.errors.EnvbuildError`; a failed build is :class:`BuildFailed` (build.py words
+the message, the same for every engine); a registry's refusal is :class:`RegistryError`
+(publish.py decides whether to retry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
+
+# on_step(event, step name): event is 'start', 'done', 'cached' or 'error'.
+StepCallback = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class BuildSecrets:
+    """Mirror URLs and an extra CA, handed to the build as secrets only.
+
+    They are never rendered into a file of the build directory, a layer, the history or a
+    label: setup.sh reads them from /run/secrets inside one build step and removes its copy.
+    Each field name is the secret's id.
+    """
+
+    ca_cert: Optional[Path] = None
+    pip_index_url: Optional[str] = None
+    torch_index_url: Optional[str] = None
+    apt_mirror: Optional[str] = None
+
+    def values(self) -> list[str]:
+        """The secret strings, for leak scans."""
+        return [v for v in (self.pip_index_url, self.torch_index_url, self.apt_mirror) if v]
+
+
+@dataclass
+class BuildOutcome:
+    """A finished build: the image's ID and each step's duration (cached steps excluded)."""
+
+    image_id: str
+    steps: list[tuple[str, float]] = field(default_factory=list)
+
+
+class BuildFailed(Exception):
+    """The build ran and failed: the failing step, its last output lines, and an engine hint."""
+
+    def __init__(self, step: str, lines: list[str], hint: str = ""):
+        super().__init__(step)
+        self.step = step
+        self.lines = lines
+        self.hint = hint
+
+
+@dataclass
+class ImageInfo:
+    """A local image: its ID (sha256 of its config: what a smoke record vouches for) and its tags."""
+
+    id: str
+    tags: list[str]
+
+
+@dataclass
+class RunResult:
+    """A finished (or killed) container run; stdout and stderr kept apart."""
+
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+class RegistryError(Exception):
+    """A registry refused or failed a push/pull; `message` carries the registry's own words."""
+
+    def __init__(self, message: str, registry: str):
+        super().__init__(message)
+        self.message = message
+        self.registry = registry
+
+
+def registry_of(ref: str) -> str:
+    """'127.0.0.1:5000/envbuild:t' -> '127.0.0.1:5000'; 'envbuild:t' -> 'docker.io' (Docker's rule)."""
+    head, sep, _ = ref.partition("/")
+    if sep and ("." in head or ":" in head or head == "localhost"):
+        return head
+    return "docker.io"
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Build, inspect, run, tag, push and pull images."""
+
+    name: str
+
+    def build(self, context: Path, tags: Sequence[str], secrets: BuildSecrets, log_path: Path,
+              on_step: Optional[StepCallback] = None, extra_args: Sequence[str] = ()) -> BuildOutcome:
+        """Build `context`, write the full log to `log_path`, then (only after success) apply `tags`.
+
+        Raises BuildFailed when the build fails (nothing tagged), EnvbuildError when the engine
+        cannot be reached or a tag cannot be applied.
+        """
+
+    def inspect(self, ref: str) -> ImageInfo:
+        """The local image `ref` names; EnvbuildError if there is none."""
+
+    def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
+            network: Optional[str] = "none", env: Optional[dict] = None,
+            entrypoint: Optional[Sequence[str]] = None) -> RunResult:
+        """Run `argv` in a new container of `image` and remove it; killed after `timeout` s
+        (``timed_out``). `gpus` is 'all' or a count, None for no GPU."""
+
+    def tag(self, image: str, ref: str) -> None:
+        """Give image (ID or ref) the name `ref` (REPO:TAG)."""
+
+    def untag(self, ref: str) -> None:
+        """Remove the name `ref`; the image stays."""
+
+    def push(self, ref: str) -> str:
+        """Push `ref`; its manifest digest (sha256:...). RegistryError on the registry's refusal."""
+
+    def pull(self, ref: str) -> str:
+        """Pull `ref` (REPO@DIGEST); the pulled image's ID. RegistryError on the registry's refusal."""

@@ -1,0 +1,238 @@
+"""Docker as an :class:`~envbuild.engine.base.Engine`.
+
+Builds go through BuildKit driven by Debian's own ``/usr/bin/docker`` with
+``DOCKER_BUILDKIT=1``: the Docker SDK only drives the legacy builder, which has no secret
+mounts, and another ``docker`` client first on PATH may demand a buildx plugin
+(build-notes.md). Everything else (inspect, run, tag, push, pull) goes through the Docker SDK.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..errors import EnvbuildError
+from .base import (BuildFailed, BuildOutcome, BuildSecrets, ImageInfo, RegistryError, RunResult, StepCallback,
+                   registry_of)
+
+DOCKER_CLI_CANDIDATES = ("/usr/bin/docker", "docker")
+CLI_ENV = "ENVBUILD_DOCKER_CLI"          # the docker client to build with
+BUILD_ARGS_ENV = "ENVBUILD_DOCKER_BUILD_ARGS"  # extra `docker build` flags (e.g. --no-cache, --pull)
+DAEMON_DOWN = "Cannot connect to the Docker daemon"
+
+
+def docker_cli() -> str:
+    """Debian's docker CLI (BuildKit works through it), else whatever `docker` is."""
+    override = os.environ.get(CLI_ENV)
+    for candidate in ([override] if override else []) + list(DOCKER_CLI_CANDIDATES):
+        path = shutil.which(candidate) if not os.path.isabs(candidate) else (
+            candidate if os.access(candidate, os.X_OK) else None)
+        if path:
+            return path
+    raise EnvbuildError("no docker CLI found; install Docker (Debian: apt-get install docker.io) and start dockerd.")
+
+
+def secret_args(secrets: BuildSecrets, tmp: Path) -> list[str]:
+    """`--secret` flags; each field name of BuildSecrets is its BuildKit secret id. Values that
+    are strings go to private files in `tmp`, never onto the command line."""
+    args = []
+    for spec in fields(secrets):
+        value = getattr(secrets, spec.name)
+        if not value:
+            continue
+        if isinstance(value, Path):
+            src = value.resolve()
+        else:
+            src = tmp / spec.name
+            src.touch(mode=0o600)
+            src.write_text(value + "\n")
+        args += ["--secret", f"id={spec.name},src={src}"]
+    return args
+
+
+_STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
+_DONE = re.compile(r"^#(\d+) (DONE|CACHED|ERROR)(?: ([\d.]+)s)?")
+
+
+class BuildkitProgress:
+    """Follows BuildKit's plain progress: which step runs, how long each took, which failed."""
+
+    def __init__(self, on_step: Optional[StepCallback]):
+        self.on_step = on_step
+        self.names: dict[str, str] = {}
+        self.output: dict[str, list[str]] = {}
+        self.steps: list[tuple[str, float]] = []
+        self.failed: Optional[str] = None
+
+    def feed(self, line: str) -> None:
+        match = _STEP.match(line)
+        if match:
+            self.names[match.group(1)] = f"[{match.group(2)}] {match.group(3)}"
+            if self.on_step:
+                self.on_step("start", self.names[match.group(1)])
+            return
+        match = _DONE.match(line)
+        if match and match.group(1) in self.names:
+            name = self.names[match.group(1)]
+            if match.group(2) == "ERROR":
+                self.failed = self.failed or match.group(1)
+            elif match.group(2) == "DONE" and match.group(3):
+                self.steps.append((name, float(match.group(3))))
+            if self.on_step:
+                self.on_step(match.group(2).lower(), name)
+            return
+        num = line.split(" ", 1)[0].lstrip("#")
+        if num.isdigit():
+            self.output.setdefault(num, []).append(line.split(" ", 2)[-1] if line.count(" ") >= 2 else line)
+
+    def failure(self, tail: list[str]) -> tuple[str, list[str]]:
+        """(failing step, its last lines); the log's tail when no step was named."""
+        if self.failed:
+            return self.names.get(self.failed, f"step #{self.failed}"), self.output.get(self.failed, [])[-25:]
+        return "(unknown step)", tail[-25:]
+
+
+class DockerEngine:
+    """The Docker engine: BuildKit through the docker CLI for builds, the SDK for the rest.
+
+    Parameters
+    ----------
+    client:
+        A docker SDK client (tests pass a stand-in); default: ``docker.from_env()`` on first use.
+    cli:
+        The docker CLI used for builds; default: :func:`docker_cli` on first build.
+    """
+
+    name = "docker"
+
+    def __init__(self, client=None, cli: Optional[str] = None):
+        self._client = client
+        self._cli = cli
+
+    # ------------------------------------------------------------------ SDK
+    @property
+    def client(self):
+        if self._client is None:
+            import docker
+            from docker.errors import DockerException
+
+            try:
+                client = docker.from_env(timeout=600)
+                client.ping()
+            except DockerException as error:
+                raise EnvbuildError(f"cannot reach the Docker engine ({error}); start dockerd "
+                                    f"(scripts/host-setup.sh does) or set DOCKER_HOST.") from None
+            self._client = client
+        return self._client
+
+    def _get(self, ref: str):
+        from docker.errors import ImageNotFound
+
+        try:
+            return self.client.images.get(ref)
+        except ImageNotFound:
+            raise EnvbuildError(f"image '{ref}' does not exist locally; build it with `envbuild build` "
+                                f"or pull it first.") from None
+
+    def inspect(self, ref: str) -> ImageInfo:
+        image = self._get(ref)
+        return ImageInfo(image.id, list(image.tags))
+
+    def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
+            network: Optional[str] = "none", env: Optional[dict] = None,
+            entrypoint: Optional[Sequence[str]] = None) -> RunResult:
+        """`docker run` detached with a 1 GB /dev/shm; killed after `timeout`, always removed."""
+        kwargs = dict(shm_size="1g", detach=True, environment=env or {})
+        if network:
+            kwargs["network_mode"] = network
+        if entrypoint:
+            kwargs["entrypoint"] = list(entrypoint)
+        if gpus:
+            from docker.types import DeviceRequest
+
+            count = -1 if gpus == "all" else int(gpus)
+            kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
+        container = self.client.containers.run(image, list(argv), **kwargs)
+        try:
+            try:
+                status = container.wait(timeout=timeout)
+            except Exception:  # requests' ReadTimeout, or the engine went away: either way, stop it
+                container.kill()
+                return RunResult(None, "", "", timed_out=True)
+            stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        finally:
+            container.remove(force=True)
+        return RunResult(status.get("StatusCode"), stdout, stderr)
+
+    def tag(self, image: str, ref: str) -> None:
+        repo, _, tag = ref.rpartition(":")
+        if not repo or "/" in tag:
+            repo, tag = ref, "latest"
+        self._get(image).tag(repo, tag)
+
+    def untag(self, ref: str) -> None:
+        self.client.images.remove(ref, noprune=True)
+
+    def push(self, ref: str) -> str:
+        repo, _, tag = ref.rpartition(":")
+        digest = ""
+        for event in self.client.images.push(repo, tag=tag, stream=True, decode=True):
+            if "error" in event:
+                raise RegistryError(event.get("error", ""), registry_of(ref))
+            digest = (event.get("aux") or {}).get("Digest", digest)
+        if not digest:
+            raise RegistryError("push finished without a digest", registry_of(ref))
+        return digest
+
+    def pull(self, ref: str) -> str:
+        try:
+            return self.client.images.pull(ref).id
+        except Exception as error:  # docker.errors.APIError carries the registry's words
+            raise RegistryError(str(error), registry_of(ref)) from None
+
+    # ------------------------------------------------------------------ BuildKit through the CLI
+    def build(self, context: Path, tags: Sequence[str], secrets: BuildSecrets, log_path: Path,
+              on_step: Optional[StepCallback] = None, extra_args: Sequence[str] = ()) -> BuildOutcome:
+        cli = self._cli or docker_cli()
+        with tempfile.TemporaryDirectory(prefix="envbuild-secrets-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            env_args = shlex.split(os.environ.get(BUILD_ARGS_ENV, ""))
+            cmd = [cli, "build", "--network", "host", "--progress", "plain", "--iidfile", str(iidfile),
+                   *secret_args(secrets, Path(tmp)), *env_args, *extra_args, str(context)]
+            env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+            progress = BuildkitProgress(on_step)
+            tail: list[str] = []
+            with open(log_path, "w", encoding="utf-8") as log:
+                log.write("$ " + " ".join(cmd) + "\n")
+                try:
+                    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                            text=True, errors="replace", bufsize=1)
+                except OSError as error:
+                    raise EnvbuildError(f"cannot run {cli}: {error.strerror}.") from None
+                assert proc.stdout
+                for line in proc.stdout:
+                    log.write(line)
+                    line = line.rstrip("\n")
+                    tail = (tail + [line])[-40:]
+                    progress.feed(line)
+                rc = proc.wait()
+            if rc != 0:
+                step, lines = progress.failure(tail)
+                hint = " Is dockerd running? (scripts/host-setup.sh starts one.)" if DAEMON_DOWN in "\n".join(tail) \
+                    else ""
+                raise BuildFailed(step, lines, hint)
+            image_id = iidfile.read_text().strip()
+        for ref in tags:
+            done = subprocess.run([cli, "tag", image_id, ref], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise EnvbuildError(f"built {image_id} but could not tag it {ref}: {done.stderr.strip()}",
+                                    exit_code=1)
+        return BuildOutcome(image_id, progress.steps)

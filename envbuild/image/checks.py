@@ -1,0 +1,227 @@
+"""The smoke test's checks of the image itself: versions, DeepSpeed's op record, ops loading
+with JIT impossible, optimizer numerics, compilers, the baked environment, the GPU arch, the
+driver floor and the node's conditional environment.
+
+torch and deepspeed are imported inside the checks that need them, so a broken install is a
+failed check, and this module imports with the standard library alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+
+from . import node, sandbox
+from .arch import arch_runs_on
+from .report import Skipped
+from .versions import major_minor, normalize_version, version_matches
+
+COMPILERS = ("ninja", "gcc", "g++", "cc", "c++", "nvcc", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++")
+JIT_HANG_MSG = "hung: a JIT compile waiting on a lock — field report 1"
+ADAM_TOLERANCE = 1e-5
+
+
+# ----------------------------------------------------------------------------- versions and record
+def check_versions(manifest: dict) -> tuple[bool, str]:
+    """The pinned stack must be the one installed: op .so files are only valid for it."""
+    import importlib.metadata as md
+
+    import torch  # first: a missing torch is the root cause to report, not DeepSpeed's import of it
+    import deepspeed  # noqa: I001
+
+    def nccl_version():
+        with contextlib.suppress(Exception):
+            return torch.cuda.nccl.version()
+        for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
+            with contextlib.suppress(md.PackageNotFoundError):
+                return md.version(dist)
+        return None
+
+    def same_minor(expected, actual):
+        return actual is not None and major_minor(expected) == major_minor(actual)
+
+    rows = [("python", manifest["python"], "%d.%d.%d" % sys.version_info[:3], same_minor),
+            ("torch", manifest["torch"], torch.__version__, version_matches),
+            ("cuda", manifest["cuda"], torch.version.cuda, same_minor),
+            ("deepspeed", manifest["deepspeed"], deepspeed.__version__, version_matches)]
+    if manifest.get("nccl") is not None:
+        rows.append(("nccl", manifest["nccl"], nccl_version(), version_matches))
+    parts, ok = [], True
+    for name, want, have, match in rows:
+        if want is None:
+            parts.append(f"{name} (not pinned)")
+            continue
+        good = match(want, have)
+        ok &= good
+        shown = normalize_version(have) if have is not None else None
+        parts.append(f"{name} {shown}" + ("" if good else f" != {want}"))
+    return ok, ", ".join(parts)
+
+
+def check_ds_record(manifest: dict, accelerator: str) -> tuple[bool, str]:
+    """DeepSpeed JIT-compiles any op not recorded as installed for the running accelerator."""
+    from deepspeed.git_version_info import accelerator_name, installed_ops
+
+    missing = [op for op in manifest["ds_ops"] if not installed_ops.get(op)]
+    problems = [f"not pre-built: {', '.join(missing)}"] if missing else []
+    if accelerator_name != accelerator:
+        problems.append(f"accelerator recorded {accelerator_name!r}, expected {accelerator!r} "
+                        "(build with DS_ACCELERATOR=cuda)")
+    return not problems, "; ".join(problems) or f"{len(manifest['ds_ops'])} ops pre-built for {accelerator_name}"
+
+
+# ----------------------------------------------------------------------------- no JIT
+def run_ops_child(manifest: dict, args, work: str) -> dict:
+    """Load every op in a child with JIT impossible; returns the child's JSON plus sandbox facts."""
+    ops = list(manifest.get("ds_ops") or [])
+    ext = os.path.join(work, "torch_extensions")
+    os.makedirs(ext)
+    planted = sandbox.plant_stale_locks(ext, ops)
+    result_path, log_path = os.path.join(work, "ops.json"), os.path.join(work, "ops.log")
+    env = dict(os.environ, DS_ACCELERATOR=args.accelerator, TORCH_EXTENSIONS_DIR=ext)
+    try:
+        cmd = sandbox.self_command("--child", "ops", "--result", result_path, "--ops", ",".join(ops))
+        if getattr(args, "gpu_numerics", False):
+            cmd.append("--gpu-numerics")
+        state, rc = sandbox.run_child(cmd, env, args.timeout, log_path)
+        extra = sorted(sandbox.tree_entries(ext) - planted)
+    finally:
+        sandbox.make_writable(ext)
+    res = sandbox.read_json(result_path) or {}
+    res.update(state=state, rc=rc, log=sandbox.tail(log_path), extra=extra)
+    return res
+
+
+def check_no_jit(res: dict, ops: list[str], timeout: float) -> tuple[bool, str]:
+    done = res.get("ops") or {}
+    parts = [f"{op} {'ok' if done[op]['ok'] else 'FAILED'} {done[op]['seconds']:.3f}s"
+             + ("" if done[op]["ok"] else f" ({done[op]['detail']})") for op in ops if op in done]
+    if res["state"] == "timeout":
+        waiting = [op for op in ops if op not in done]
+        stuck = waiting[0] if waiting else "cpu_adam numerics"
+        return False, "; ".join([f"{JIT_HANG_MSG} (killed after {timeout:g}s, stuck on {stuck})", *parts])
+    if res["extra"]:
+        return False, f"the extensions dir was written to (a JIT build ran): {res['extra'][:5]}; " + "; ".join(parts)
+    if res["rc"] != 0 or set(done) != set(ops):
+        return False, f"child exited {res['rc']} after {sorted(done)}: {res['log']}"
+    return all(v["ok"] for v in done.values()), "; ".join(parts) or "no ops in manifest"
+
+
+def check_cpu_adam(res: dict, key: str = "adam", label: str = "DeepSpeedCPUAdam") -> tuple[bool, str, float]:
+    adam = res.get(key)
+    if not adam:
+        return False, f"no result from the op child ({res.get('state')}, rc={res.get('rc')})", 0.0
+    if not adam["ok"]:
+        return False, adam["detail"], adam["seconds"]
+    diff = adam["max_abs_diff"]
+    detail = f"max|{label} - torch.optim.Adam| = {diff:.2e} (tol {ADAM_TOLERANCE:g})"
+    return diff <= ADAM_TOLERANCE, detail, adam["seconds"]
+
+
+def check_fused_adam(res: dict) -> tuple[bool, str, float]:
+    return check_cpu_adam(res, "fused_adam", "FusedAdam")
+
+
+# ----------------------------------------------------------------------------- image contents
+def check_compilers(manifest: dict, path: str | None = None) -> tuple[bool, str]:
+    """A compiler (or ninja) in the image is what lets a silent JIT compile start at all."""
+    found = [f"{name}={where}" for name in COMPILERS if (where := shutil.which(name, path=path))]
+    if manifest.get("toolchain_kept"):
+        return True, "toolchain kept on purpose" + (f": {', '.join(found)}" if found else "")
+    return (not found), ("found: " + ", ".join(found)) if found else "none of " + " ".join(COMPILERS)
+
+
+def check_env(manifest: dict, environ=None) -> tuple[bool, str]:
+    """The per-GPU NCCL defaults are only a fix if they reach the process. A missing one
+    fails; one set to another value was overridden on purpose (docker run -e, apptainer
+    --env, the host's environment under Apptainer) and is reported, not failed. PATH only
+    needs the venv first (Apptainer prepends it to the host's PATH)."""
+    environ = os.environ if environ is None else environ
+    missing, overridden = [], []
+    for key, want in sorted((manifest.get("env") or {}).items()):
+        have = environ.get(key)
+        if have is None:
+            missing.append(f"{key} missing (want {want!r})")
+        elif key == "PATH":
+            first = str(want).split(":", 1)[0]
+            if have.split(":", 1)[0] != first:
+                missing.append(f"PATH does not start with {first} (PATH={have!r})")
+        elif have != str(want):
+            overridden.append(f"{key}={have!r} (default {want!r})")
+    info = f"TORCH_EXTENSIONS_DIR={environ.get('TORCH_EXTENSIONS_DIR', '(unset)')}"
+    notes = ([f"overridden: {', '.join(overridden)}"] if overridden else []) + [info]
+    if missing:
+        return False, "; ".join(missing + notes)
+    return True, "; ".join([f"{len(manifest.get('env') or {})} vars present"] + notes)
+
+
+# ----------------------------------------------------------------------------- the GPU and the node
+def check_gpu_arch(manifest: dict) -> tuple[bool, str]:
+    """Ops built for other SMs would fail (or JIT) on this GPU."""
+    import torch
+
+    arch = manifest.get("torch_cuda_arch_list") or ""
+    parts, ok = [], True
+    for index in range(torch.cuda.device_count()):
+        cc = "%d.%d" % torch.cuda.get_device_capability(index)
+        good = arch_runs_on(cc, arch)
+        ok &= good
+        parts.append(f"cuda:{index} {torch.cuda.get_device_name(index)} sm {cc}" + ("" if good else " NOT BUILT"))
+    return ok, f"arch list {arch!r}: " + "; ".join(parts)
+
+
+def check_driver(manifest: dict, gpu_mode: bool, facts=None, environ=None):
+    """The node's driver against the image's floor (CUDA error 803/804 otherwise).
+
+    In CPU mode a visible driver below the floor still fails: it is why torch sees no GPU.
+    With no GPU handed to the container there is nothing to check.
+    """
+    facts = node.probe() if facts is None else facts
+    minimum, source = node.driver_floor(manifest, environ)
+    data = {"driver": facts.driver, "min_driver": minimum, "floor_from": source}
+    if not gpu_mode and not facts.gpu_visible:
+        return Skipped("CPU mode: no GPU handed to this container (no /dev/nvidiactl, no nvidia-smi)", data)
+    if not minimum:
+        return True, f"driver {facts.driver or '(unknown)'}; no driver floor recorded in the manifest", None, data
+    if not node.is_dotted_number(minimum):
+        return False, f"invalid driver floor {minimum!r} (from {source}); expected a version like 580.65.06", None, data
+    if not facts.driver:
+        return True, f"driver version not readable ({facts.driver_source}); floor {minimum} not checked", None, data
+    problem = node.driver_problem(facts, manifest, environ)
+    if problem:
+        return False, problem, None, data
+    cuda = (manifest.get("driver") or {}).get("cuda") or manifest.get("cuda")
+    return True, (f"driver {facts.driver} >= {minimum} (CUDA {cuda}; floor from {source}; "
+                  f"read from {facts.driver_source})"), None, data
+
+
+def check_node_env(manifest: dict, gpu_mode: bool, facts=None, environ=None):
+    """The manifest's conditional settings reached this process where their condition holds.
+
+    env.sh applies them only where a GPU is visible (they tune NCCL), so CPU mode skips.
+    """
+    facts = node.probe() if facts is None else facts
+    environ = os.environ if environ is None else environ
+    entries = manifest.get("node_env") or []
+    if not entries:
+        return Skipped("the manifest has no node_env entries")
+    if not gpu_mode and not facts.gpu_visible:
+        return Skipped("CPU mode: env.sh applies node_env only where a GPU is visible")
+    parts, ok = [], True
+    for decision in node.node_env_decisions(manifest, facts, environ):
+        name, value, state = decision["name"], decision["value"], decision["state"]
+        if state == "invalid":
+            ok = False
+            parts.append(f"{name}: invalid entry ({decision['why']})")
+        elif state == "skip":
+            parts.append(f"{name}={value} not needed ({decision['why']})")
+        elif decision["have"] == value:
+            parts.append(f"{name}={value} set ({decision['why']})")
+        elif decision["have"]:
+            parts.append(f"{name}={decision['have']!r} set by the user (node_env would set {value!r}: {decision['why']})")
+        else:
+            ok = False
+            parts.append(f"{name} unset but needed here ({decision['why']}): env.sh did not run?")
+    return ok, "; ".join(parts)

@@ -1,0 +1,163 @@
+"""What the sandboxed children run (``--child ops`` / ``--child collective``): the only code
+here that needs torch and DeepSpeed, imported inside each function."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+from .sandbox import HANG_ENV, write_json
+
+JIT_ENTRY_POINTS = ("load", "load_inline", "_jit_compile")
+
+
+def find_builder(name: str):
+    """ALL_OPS[name]; else scan the builder classes (the module layout moves between versions)."""
+    try:
+        from deepspeed.ops.op_builder.all_ops import ALL_OPS
+    except ImportError:
+        ALL_OPS = {}
+    if name in ALL_OPS:
+        return ALL_OPS[name]
+    import deepspeed.ops.op_builder as ob
+    from deepspeed.accelerator import get_accelerator
+
+    for attr in dir(ob):
+        cls = get_accelerator().get_op_builder(attr) if attr.endswith("Builder") else None
+        if cls is not None and getattr(cls, "NAME", None) == name:
+            return cls()
+    raise KeyError(f"no op builder named {name!r} for accelerator {get_accelerator()._name!r}")
+
+
+def _record_hint(op: str) -> str:
+    """Say why load() went the JIT way: the build record, not the loader, is usually at fault."""
+    with contextlib.suppress(Exception):
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import accelerator_name, installed_ops
+
+        running = get_accelerator()._name
+        if not installed_ops.get(op):
+            return " [not in DeepSpeed's installed_ops: load() falls back to JIT]"
+        if accelerator_name != running:
+            return f" [ops recorded for {accelerator_name!r}, running {running!r}: load() falls back to JIT]"
+    return ""
+
+
+def adam_numerics() -> dict:
+    """One DeepSpeedCPUAdam step must equal torch.optim.Adam: a mis-built .so can load yet compute garbage."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    torch.manual_seed(0)
+    init, grad = torch.randn(4096), torch.randn(4096)
+    ds_p, ref_p = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
+    ds_p.grad, ref_p.grad = grad.clone(), grad.clone()
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    DeepSpeedCPUAdam([ds_p], adamw_mode=False, **hp).step()
+    torch.optim.Adam([ref_p], **hp).step()
+    return {"max_abs_diff": (ds_p.detach() - ref_p.detach()).abs().max().item()}
+
+
+def fused_adam_numerics() -> dict:
+    """On a GPU, one FusedAdam step must equal torch.optim.Adam: the pre-built sm_XX code
+    really runs on this device."""
+    import torch
+    from deepspeed.ops.adam import FusedAdam
+
+    torch.manual_seed(0)
+    init, grad = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    ds_p, ref_p = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
+    ds_p.grad, ref_p.grad = grad.clone(), grad.clone()
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    FusedAdam([ds_p], adam_w_mode=False, **hp).step()
+    torch.optim.Adam([ref_p], **hp).step()
+    torch.cuda.synchronize()
+    return {"max_abs_diff": (ds_p.detach() - ref_p.detach()).abs().max().item()}
+
+
+def _numerics(fn) -> dict:
+    start = time.monotonic()
+    try:
+        res = dict(fn(), ok=True, detail="")
+    except Exception as error:  # noqa: BLE001
+        res = {"ok": False, "detail": f"{type(error).__name__}: {error}"}
+    res["seconds"] = time.monotonic() - start
+    return res
+
+
+def child_ops(args) -> int:
+    """In the no-JIT sandbox: refuse every cpp_extension JIT entry point, then load each op."""
+    if os.environ.get(HANG_ENV) == "no_jit":
+        time.sleep(1e9)
+    import torch.utils.cpp_extension as cpp_extension
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("JIT compile attempted")
+
+    for name in JIT_ENTRY_POINTS:
+        setattr(cpp_extension, name, refuse)
+    out: dict = {"ops": {}, "adam": None}
+    ops = [o for o in args.ops.split(",") if o]
+    for op in ops:
+        start = time.monotonic()
+        try:
+            find_builder(op).load()
+            entry = {"ok": True, "detail": ""}
+        except Exception as error:  # noqa: BLE001
+            entry = {"ok": False, "detail": f"{type(error).__name__}: {error}{_record_hint(op)}"}
+        out["ops"][op] = dict(entry, seconds=time.monotonic() - start)
+        write_json(args.result, out)
+    if "cpu_adam" in ops:
+        out["adam"] = _numerics(adam_numerics)
+        write_json(args.result, out)
+    if "fused_adam" in ops and args.gpu_numerics:
+        out["fused_adam"] = _numerics(fused_adam_numerics)
+        write_json(args.result, out)
+    return 0
+
+
+def child_collective(args) -> int:
+    """One rank: all_reduce(sum) and all_gather with value checks, timed over a few iterations."""
+    from datetime import timedelta
+
+    if os.environ.get(HANG_ENV) == "collective":
+        time.sleep(1e9)
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    dist.init_process_group(args.backend, rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
+    numel = max(world, int(args.size_mb * 2**20) // 4 // world * world)
+    out = {"ok": True, "detail": "", "size_bytes": numel * 4}
+    x = torch.empty(numel, dtype=torch.float32, device=device)
+    chunk = torch.full((numel // world,), float(rank), device=device)
+    gathered = [torch.empty_like(chunk) for _ in range(world)]
+    times = {}
+    for op, iters in (("all_reduce", 5), ("all_gather", 5)):
+        for i in range(iters + 1):  # the first iteration is warm-up (connection set-up)
+            if i == 1:
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
+            if op == "all_reduce":
+                x.fill_(rank + 1)
+                dist.all_reduce(x)
+            else:
+                dist.all_gather(gathered, chunk)
+        sync()
+        times[op + "_s"] = (time.perf_counter() - start) / iters
+        want = world * (world + 1) / 2
+        if op == "all_reduce" and not bool((x == want).all()):
+            out.update(ok=False, detail=f"all_reduce sum wrong: got {x[0].item()} want {want}")
+        if op == "all_gather" and not all(bool((g == r).all()) for r, g in enumerate(gathered)):
+            out.update(ok=False, detail="all_gather contents wrong")
+    out.update(times)
+    write_json(args.result, out)
+    dist.destroy_process_group()
+    return 0

@@ -40,12 +40,49 @@ def by_id(findings, issue_id):
 # --- the real logs --------------------------------------------------------------------------
 
 
+DOC = ROOT / "docs" / "doctor.md"
+TABLE_START, TABLE_END = "<!-- doctor-table:start -->", "<!-- doctor-table:end -->"
+
+
+def verdict(found) -> str:
+    return ", ".join(f"`{i}`" for i in sorted(found)) or "nothing"
+
+
+def render_table() -> str:
+    """The measurement table of docs/doctor.md: every INDEX entry, before and now, and the scores."""
+    lines, scores = [], []
+    for name, entries in (("fit", [e for e in INDEX if e.get("set") != "held-out"]),
+                          ("held-out", [e for e in INDEX if e.get("set") == "held-out"])):
+        lines += ["", f"**{name}** set", "",
+                  "| log | thread | cause (per the thread) | expected | before | now |", "|---|---|---|---|---|---|"]
+        right_before = right_now = 0
+        for e in entries:
+            now = ids(diagnose_log(str(LOGS / e["file"]), ISSUES))
+            ok_before, ok_now = sorted(e["before"]) == sorted(e["expected"]), sorted(now) == sorted(e["expected"])
+            right_before += ok_before
+            right_now += ok_now
+            cause = e["cause"].replace("|", "\\|")
+            thread = e["source"].removeprefix("https://github.com/").replace("/issues/", "#")
+            lines.append(f"| [{e['file']}](../tests/fixtures/logs/{e['file']}) | [{thread}]({e['source']}) "
+                         f"| {cause} | {verdict(e['expected'])} | {verdict(e['before'])} {'✓' if ok_before else '✗'} "
+                         f"| {verdict(now)} {'✓' if ok_now else '✗'} |")
+        scores.append(f"- {name}: before {right_before}/{len(entries)}, now {right_now}/{len(entries)}")
+    return "\n".join(["Scores (right / total):", *scores, *lines])
+
+
+def test_docs_table_is_what_doctor_says_today():
+    """docs/doctor.md's table is regenerated from INDEX.yaml and a live run; it cannot drift."""
+    text = DOC.read_text()
+    table = text[text.index(TABLE_START) + len(TABLE_START):text.index(TABLE_END)].strip()
+    assert table == render_table(), "regenerate: python3 -c 'import sys; sys.path[:0]=[\"tests\", \".\"]; import test_doctor as t; print(t.render_table())'"
+
+
 def test_index_lists_every_fixture_once_with_a_source():
     listed = [entry["file"] for entry in INDEX]
     assert sorted(listed) == sorted(p.name for p in LOGS.glob("*.log")) and len(set(listed)) == len(listed)
     assert all(re.match(r"https://github\.com/[^/]+/[^/]+/issues/\d+$", e["source"]) for e in INDEX)
     known = {i.id for i in ISSUES}
-    assert all(set(e["expected"]) <= known and e["cause"] for e in INDEX)
+    assert all(set(e["expected"]) <= known and set(e["before"]) <= known and e["cause"] for e in INDEX)
     assert len(INDEX) >= 25 and known <= {i for e in INDEX for i in e["expected"]} | {"cpu-adam-illegal-instruction"}
 
 

@@ -133,10 +133,11 @@ class WaitTracker:
         self.evidence = issue.regex("evidence")
         self.moved_on = issue.regex("moved_on")
         self.streams: dict[Optional[str], _Stream] = {}
+        self.open = 0  # waits open over all ranks
         self.evidence_hits: list[tuple[int, str, Optional[str]]] = []
 
     def waiting(self) -> bool:
-        return any(s.pending for s in self.streams.values())
+        return self.open > 0
 
     def idle(self, rank: Optional[str]):
         """A line that matches none of this signature's expressions: it only counts as a line after a wait."""
@@ -167,6 +168,7 @@ class WaitTracker:
                 stream.since, stream.lines_after, stream.moved_on = (line_no, excerpt_of(line, match.start())), 0, False
             stream.pending += 1
             stream.opened += 1
+            self.open += 1
         for _ in range(resolved):
             self._resolve(rank)
 
@@ -179,6 +181,7 @@ class WaitTracker:
                 return
             stream = min(open_streams, key=lambda s: s.since[0])
         stream.pending -= 1
+        self.open -= 1
         if not stream.pending:
             stream.since = None
 

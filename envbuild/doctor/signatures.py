@@ -108,9 +108,14 @@ class GuardedRegex:
     def __init__(self, pattern: str):
         self.regex = re.compile(pattern)
         self.guard = literal_guard(pattern)
-
-    def possible(self, line: str) -> bool:
-        return self.guard is None or any(word in line for word in self.guard)
+        if self.guard is None:
+            self.possible = lambda line: True
+        elif len(self.guard) == 1:
+            word = self.guard[0]
+            self.possible = lambda line: word in line
+        else:
+            words = re.compile("|".join(re.escape(word) for word in self.guard))
+            self.possible = lambda line: words.search(line) is not None
 
     def search(self, line: str):
         return self.regex.search(line) if self.possible(line) else None

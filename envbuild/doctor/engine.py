@@ -100,9 +100,9 @@ class MatchTracker:
     def _record(self, line_no: int, excerpt: str, rank: Optional[str]):
         self.count += 1
         self.cancelled = False
-        if self.first is None:
+        if self.first is None or line_no < self.first[0]:
             self.first = (line_no, excerpt)
-        if rank:
+        if rank and len(self.ranks) < MAX_LABELS:
             self.ranks.add(rank)
 
     def finding(self, all_ranks: set[str]) -> Optional[Finding]:
@@ -134,7 +134,9 @@ class WaitTracker:
         self.moved_on = issue.regex("moved_on")
         self.streams: dict[Optional[str], _Stream] = {}
         self.open = 0  # waits open over all ranks
-        self.evidence_hits: list[tuple[int, str, Optional[str]]] = []
+        self.evidence_first: Optional[tuple[int, str]] = None  # (line_no, excerpt)
+        self.evidence_count = 0
+        self.evidence_ranks: set[str] = set()
 
     def waiting(self) -> bool:
         return self.open > 0
@@ -158,7 +160,10 @@ class WaitTracker:
         if self.evidence:
             match = self.evidence.search(line)
             if match:
-                self.evidence_hits.append((line_no, excerpt_of(line, match.start()), rank))
+                self.evidence_count += 1
+                self.evidence_first = self.evidence_first or (line_no, excerpt_of(line, match.start()))
+                if rank and len(self.evidence_ranks) < MAX_LABELS:
+                    self.evidence_ranks.add(rank)
         for match in opened:
             if stream is None:
                 if len(self.streams) >= MAX_LABELS:
@@ -188,20 +193,20 @@ class WaitTracker:
     def finding(self, all_ranks: set[str]) -> Optional[Finding]:
         hung = {rank: s for rank, s in self.streams.items()
                 if s.pending and not s.moved_on and s.lines_after < self.issue.quiet_lines}
-        if not hung and not self.evidence_hits:
+        if not hung and not self.evidence_count:
             return None
-        starts = [s.since for s in hung.values()] + [(n, text) for n, text, _ in self.evidence_hits]
+        starts = [s.since for s in hung.values()] + ([self.evidence_first] if self.evidence_first else [])
         line_no, excerpt = min(starts)
         stuck = sum(s.pending for s in hung.values())
         opened = sum(s.opened for s in self.streams.values())
-        ranks = set(hung) | {rank for _, _, rank in self.evidence_hits}
+        ranks = set(hung) | self.evidence_ranks
         loaded = {rank for rank, s in self.streams.items() if rank not in ranks and s.opened and not s.pending}
         details = []
         if stuck:
             details.append(f"{stuck} of {opened} extension loads never finished")
-        if self.evidence_hits:
-            details.append(f"a stack waits in the lock's wait loop (line {self.evidence_hits[0][0]})")
-        return Finding(self.issue, line_no, excerpt, stuck or len(self.evidence_hits), sorted_ranks(ranks),
+        if self.evidence_count:
+            details.append(f"a stack waits in the lock's wait loop (line {self.evidence_first[0]})")
+        return Finding(self.issue, line_no, excerpt, stuck or self.evidence_count, sorted_ranks(ranks),
                        sorted_ranks(loaded), "; ".join(details))
 
 

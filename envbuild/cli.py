@@ -241,29 +241,22 @@ def ci(output, check, matrix_dir):
 
 
 @main.command()
-@click.argument("log", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("log")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: a list of findings.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
-def doctor(log, matrix_dir):
-    """Recognise known hang/failure signatures in a training log and say what to do."""
-    from .doctor import diagnose, load_issues
+def doctor(log, as_json, matrix_dir):
+    """Recognise known hang/failure signatures in a training log and say what to do.
+
+    LOG is a file (text, gzip, bzip2 or xz; UTF-8 or UTF-16) or - for standard input.
+    Exit status: 0 nothing known found, 3 something found, 2 the log cannot be read.
+    """
+    from .doctor import diagnose_log, load_issues, render_json, render_text
     from .resources import matrices_dir
 
-    try:
-        text = sys.stdin.read() if log == "-" else Path(log).read_text(errors="replace")
-    except OSError as e:
-        raise EnvbuildError(f"log file {log} cannot be read: {e.strerror}.") from None
-    findings = diagnose(text, load_issues(Path(matrix_dir) if matrix_dir else matrices_dir()))
-    if not findings:
-        out.print("no known signature found in the log (known: `matrices/known_issues.yaml`).")
-        return
-    for f in findings:
-        out.print(f"[bold]{escape(f.issue.title)}[/bold] ({f.issue.id}), line {f.line_no}"
-                  + (f", {f.count} times" if f.count > 1 else ""))
-        out.print(f"  > {f.line[:200]}", markup=False)
-        out.print(f"  cause: {f.issue.cause}", markup=False)
-        out.print(f"  fix:   {f.issue.fix}", markup=False)
-        out.print(f"  source: {f.issue.source}\n", markup=False)
-    sys.exit(3)
+    findings = diagnose_log(log, load_issues(Path(matrix_dir) if matrix_dir else matrices_dir()))
+    click.echo(render_json(findings) if as_json else render_text(findings))
+    if findings:
+        sys.exit(3)
 
 
 @main.command("matrix")

@@ -32,14 +32,16 @@ class BuildResult:
 
 
 def content_hash(build_dir: Path) -> str:
-    """sha256 over every rendered file (path, mode, bytes), excluding the build log."""
+    """sha256 over every file envbuild rendered (path, mode, bytes): the files its record
+    lists, so a build.log, a .sif or the user's own files beside them change nothing."""
+    from .output import recorded_files
+
     h = hashlib.sha256()
-    for p in sorted(build_dir.rglob("*")):
-        if p.is_file() and p.name != LOG_NAME:
-            rel = p.relative_to(build_dir).as_posix()
-            h.update(f"{rel}\0{p.stat().st_mode & 0o111 != 0}\0".encode())
-            h.update(p.read_bytes())
-            h.update(b"\0")
+    for rel in recorded_files(build_dir):
+        p = build_dir / rel
+        h.update(f"{rel}\0{p.stat().st_mode & 0o111 != 0}\0".encode())
+        h.update(p.read_bytes())
+        h.update(b"\0")
     return h.hexdigest()
 
 

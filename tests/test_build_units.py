@@ -18,8 +18,12 @@ def test_content_tag_follows_rendered_inputs(matrix, tmp_path):
     b = write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), tmp_path / "b")
     c = write_build_dir(render_files(resolve(matrix, Request(gpu="h20", env=(("X", "1"),)))), tmp_path / "c")
     (b / build.LOG_NAME).write_text("a log does not change the content")
+    (b / "train.py").write_text("nor does the user's own file beside the rendered ones")
+    (b / "image.sif").write_bytes(b"nor an image built there")
     ta, tb, tc = (build.content_tag("t", d) for d in (a, b, c))
     assert ta == tb != tc and ta.startswith("t-") and len(ta) == 2 + 12
+    (b / "Dockerfile").write_text((b / "Dockerfile").read_text() + "# edited\n")
+    assert build.content_tag("t", b) != ta  # an edited rendered file does
 
 
 def test_every_tag_is_a_valid_docker_tag(matrix):

@@ -48,6 +48,18 @@ def test_render_prints_the_exact_next_commands_for_this_tag(cli, tmp_path):
     assert again.returncode == 0 and again.stdout.strip() == tag
 
 
+def test_after_build_the_next_lines_start_at_the_smoke_test(matrix, tmp_path):
+    """`envbuild build` needs an engine; its `next:` lines are the same function without the build line."""
+    from envbuild.resolve import Request, resolve
+    from envbuild.running import next_commands
+
+    for repo, first in (("envbuild", "envbuild smoke envbuild:"), ("ghcr.io/acme/envbuild", "envbuild smoke ghcr.io/")):
+        lines = next_commands(resolve(matrix, Request(gpu="h20", image_repo=repo)), tmp_path)
+        assert 3 <= len(lines) <= 5 and lines[0].startswith(first) and not any("envbuild build" in ln for ln in lines)
+        assert any(ln.startswith("docker run --gpus all --ipc=host") for ln in lines)
+        assert lines[-1].startswith("apptainer build ")
+
+
 def test_render_json_is_the_resolution_and_nothing_else_on_stdout(cli, tmp_path):
     out = tmp_path / "o"
     r = cli("render", "--gpu", "b200", "--json", "-o", str(out))
@@ -318,3 +330,70 @@ def test_env_sh_gives_the_per_job_caches_the_readme_promises(tmp_path):
                                                         "TRITON_CACHE_DIR": "/mine"}, capture_output=True, text=True)
     assert r.stdout.split() == ["/scratch/torch_extensions-7", "/mine"]
     assert "`${ENVBUILD_LOCAL_DIR:-${TMPDIR:-/tmp}}/torch_extensions-<job>`" in _section("Running it")
+
+
+# --- every option the examples and the next: lines use exists -------------------------------
+
+TOOL_OPTIONS = ROOT / "tests" / "fixtures" / "run-tool-options.yaml"
+
+
+def _words(command: str) -> list[str]:
+    """Shell words of one command line; `$( ... )` opened up, `bash -c '...'` scripts included."""
+    lexer = shlex.shlex(command.replace("$(", " $( ").replace(")", " ) "), posix=True, punctuation_chars=";&|")
+    lexer.commenters = "#"
+    words = list(lexer)
+    for i, w in enumerate(words[:-1]):
+        if w == "-c" and i and words[i - 1] == "bash":
+            words += ["&&"] + _words(words[i + 1])
+    return words
+
+
+def _options_used(script: str) -> list[tuple[str, str]]:
+    """(tool, option) for every --option in a script, the tool being the last one named before it."""
+    used = [("slurm", m) for m in re.findall(r"^#SBATCH --([a-z-]+)", script, re.M)]
+    script = re.sub(r"\\\n", " ", script)
+    tools = {"docker": "docker_run", "apptainer": "apptainer", "srun": "srun", "torchrun": "torchrun",
+             "envbuild": "envbuild"}
+    for line in script.splitlines():
+        tool = None
+        for w in _words(line):
+            if w in tools:
+                tool = tools[w]
+            elif w in (";", "&&", "|", "||", "$(", ")"):
+                tool = None
+            elif w.startswith("--") and tool:
+                used.append((tool, w[2:].split("=", 1)[0]))
+    return used
+
+
+def _inline_commands() -> list[str]:
+    """Inline `code` of the Running it prose: commands as they are, bare options as options of
+    the tool whose paragraph (**Docker**, **Apptainer**, **Slurm + pyxis/enroot**) they are in."""
+    text = _section("Running it")
+    parts = re.split(r"^\*\*(Docker|Apptainer|Slurm \+ Apptainer|Slurm \+ pyxis/enroot)\*\*", text, flags=re.M)
+    tool = {"Docker": "docker run", "Apptainer": "apptainer exec", "Slurm + Apptainer": "apptainer exec",
+            "Slurm + pyxis/enroot": "srun"}
+    out = []
+    for heading, body in zip(parts[1::2], parts[2::2]):
+        body = re.sub(r"```.*?```", "", body, flags=re.S)
+        for span in (s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", body)):
+            out.append(f"{tool[heading]} {span}" if span.startswith("--") else span)
+    return out
+
+
+def test_every_option_in_the_run_examples_and_next_lines_exists(cli, tmp_path):
+    import yaml
+
+    from envbuild.cli import main
+
+    known = {tool: set(d["options"]) for tool, d in yaml.safe_load(TOOL_OPTIONS.read_text()).items()}
+    known["srun"] = known["slurm"] | known["pyxis"]  # pyxis adds its options to srun
+    known["envbuild"] = {o[2:] for c in main.commands.values() for p in c.params for o in p.opts if o[:2] == "--"}
+    scripts = _running_blocks() + _inline_commands()
+    for args in ([], ["--registry", "ghcr.io/acme"]):
+        r = cli("render", "--gpu", "h20", "-o", str(tmp_path / "o"), *args)
+        scripts.append("\n".join(_next_block(r.stdout)))
+    used = [u for s in scripts for u in _options_used(s)]
+    assert {t for t, _ in used} == {"docker_run", "apptainer", "slurm", "srun", "torchrun", "envbuild"}
+    unknown = sorted({f"{t} --{o}" for t, o in used if o not in known[t]})
+    assert not unknown, unknown

@@ -62,7 +62,7 @@ def request_options(f):
                           "Env: ENVBUILD_REGISTRY."),
         click.option("--image-repo", envvar="ENVBUILD_IMAGE_REPO", metavar="[HOST/]NAME",
                      help="The whole image repository instead (wins over --registry). Default: the local name "
-                          "envbuild, which Singularity.def can only take from this machine's Docker daemon."),
+                          "envbuild, which no registry serves (render warns). Env: ENVBUILD_IMAGE_REPO."),
         click.option("--pip-index-url", help="Package index mirror for pip (a BuildKit secret at build time)."),
         click.option("--torch-index-url", help="Mirror of PyTorch's CUDA-variant index (a BuildKit secret)."),
         click.option("--apt-mirror", help="Replaces the distro mirror host, e.g. https://mirror.example (a secret)."),
@@ -183,6 +183,7 @@ def _explain(m, req, as_json=False):
         out.print(_table(f"candidates for {req.describe()}", ("stack", "verdict", "min driver", "why"),
                          [(c["stack"], c["verdict"], c["min_driver"], c["why"]) for c in cands], ids=(0, 2),
                          box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True))
+        _markers_note([c["why"] for c in cands])
         _print_resolution(resolve(m, req))
         return
     doc = {"request": req.describe(), "candidates": [{k: v for k, v in c.items() if k != "why"} for c in cands]}

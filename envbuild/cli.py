@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -22,10 +24,15 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _table(title, headers, rows) -> Table:
-    t = Table(title=title, title_justify="left", show_lines=False)
-    for h in headers:
-        t.add_column(h, overflow="fold")
+def _table(title, headers, rows, ids=(), **table_options) -> Table:
+    """A rich table; the columns in `ids` hold names to copy (stack ids, GPU names, tags) and
+    are never wrapped or folded, whatever the terminal width."""
+    t = Table(title=title, title_justify="left", show_lines=False, **table_options)
+    for i, h in enumerate(headers):
+        if i in ids:
+            t.add_column(h, no_wrap=True, min_width=max([len(str(r[i])) for r in rows] + [len(h)]))
+        else:
+            t.add_column(h, overflow="fold")
     for r in rows:
         t.add_row(*[escape(str(c)) for c in r])
     return t
@@ -49,8 +56,13 @@ def request_options(f):
         click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
         click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
                      help="Add or override an environment default baked into the image (repeatable)."),
-        click.option("--image-repo", default="envbuild", show_default=True,
-                     help="Image repository the tag belongs to (Singularity.def bootstraps from it)."),
+        click.option("--registry", envvar="ENVBUILD_REGISTRY", metavar="HOST[/NAMESPACE]",
+                     help="Where the image is published (as `envbuild push --registry`, e.g. ghcr.io/acme): "
+                          "the image becomes REGISTRY/envbuild:TAG and Singularity.def pulls it from there. "
+                          "Env: ENVBUILD_REGISTRY."),
+        click.option("--image-repo", envvar="ENVBUILD_IMAGE_REPO", metavar="[HOST/]NAME",
+                     help="The whole image repository instead (wins over --registry). Default: the local name "
+                          "envbuild, which no registry serves (render warns). Env: ENVBUILD_IMAGE_REPO."),
         click.option("--pip-index-url", help="Package index mirror for pip (a BuildKit secret at build time)."),
         click.option("--torch-index-url", help="Mirror of PyTorch's CUDA-variant index (a BuildKit secret)."),
         click.option("--apt-mirror", help="Replaces the distro mirror host, e.g. https://mirror.example (a secret)."),
@@ -67,20 +79,28 @@ def _resolve(kw):
     from .matrix import load_matrix
     from .resolve import Request, parse_env_pairs, resolve
 
+    from .running import image_repo
+
     m = load_matrix(Path(kw["matrix_dir"]) if kw.get("matrix_dir") else None)
+    repo = image_repo(kw.get("image_repo"), kw.get("registry"), m.directory)
     req = Request(gpu=kw["gpu"], python=kw["python"], cuda=kw["cuda"], torch=kw["torch"],
                   deepspeed=kw["deepspeed"], stack=kw["stack_id"], ds_ops=kw["ds_ops"],
                   base_image=kw["base_image"], builder_image=kw["builder_image"],
                   env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
-                  keep_toolchain=kw["keep_toolchain"], image_repo=kw["image_repo"])
+                  keep_toolchain=kw["keep_toolchain"], image_repo=repo)
     return m, req
 
 
-def _render_to(kw, output):
-    """Resolve the request and write its build directory (shared by render and build)."""
-    from .output import write_build_dir
+def _render_to(kw, output, show=True):
+    """Resolve the request and write its build directory (shared by render and build).
+
+    Returns the resolution, the secrets, the directory and the files written; with `show`,
+    prints the resolution; a local-only bootstrap is warned about on stderr either way.
+    """
+    from .output import RECORD, write_build_dir
     from .render import render_files
     from .resolve import resolve
+    from .running import local_bootstrap_warning
     from .validate import env_warnings
 
     if output is not None and not output.strip():
@@ -90,11 +110,43 @@ def _render_to(kw, output):
     r = resolve(m, req)
     for warning in env_warnings(r):
         err.print(f"envbuild: warning: {warning}", markup=False)
-    path = write_build_dir(render_files(r), Path(output) if output else Path("build") / r.tag)
+    files = render_files(r)
+    path = write_build_dir(files, Path(output) if output else Path("build") / r.tag)
     if output and Path(output).is_symlink():
         err.print(f"envbuild: note: -o {output} is a symlink; rendered into its target {path}", markup=False)
-    _print_resolution(r, path)
-    return r, secrets, path
+    if show:
+        _print_resolution(r, path)
+    warning = local_bootstrap_warning(r)
+    if warning:
+        err.print(f"envbuild: warning: {warning}", markup=False, soft_wrap=False)
+    return r, secrets, path, sorted([*files, RECORD])
+
+
+def _command_line(ctx: click.Context, skip=()) -> str:
+    """The command as typed (the options given on the command line), for the `next:` block."""
+    from click.core import ParameterSource
+
+    words = ["envbuild", ctx.command.name]
+    for p in ctx.command.params:
+        if p.name in skip or ctx.get_parameter_source(p.name) is not ParameterSource.COMMANDLINE:
+            continue
+        flag, value = max(p.opts, key=len), ctx.params[p.name]
+        if getattr(p, "is_flag", False):
+            words += [flag] if value else []
+        elif p.multiple:
+            for v in value:
+                words += [flag, str(v)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _print_next(lines):
+    """The `next:` block: commands on lines of their own, never wrapped (copy and paste)."""
+    out.print("next (README \"Running it\": Slurm, multi-node, per-job caches):", markup=False)
+    for line in lines:
+        out.print(f"  {line}", markup=False, soft_wrap=True)
+
 
 
 def _secrets(kw):
@@ -112,23 +164,47 @@ def _print_resolution(r, path=None):
     rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
             ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"), ("ds ops", ", ".join(r.ops) or "none"),
             ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"),
-            ("tag", r.image_ref)]
+            ("tag", r.tag), ("image", r.image_ref)]
     if r.dropped_ops:
         rows.insert(7, ("ops left out", "; ".join(f"{op}: {why}" for op, why in r.dropped_ops)))
     if path:
         rows.append(("output", str(path)))
-    t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_column(style="bold")
-    t.add_column(overflow="fold")
-    for k, v in rows:
-        t.add_row(k, escape(v))
-    out.print(t)
+    for k, v in rows:  # plain lines: a tag or a path is never folded mid-name
+        out.print(f"[bold]{k:<12}[/bold] {escape(v)}", soft_wrap=True)
 
 
-def _explain(m, req):
-    from .resolve import explain_rows
+def _explain_candidates(m, req) -> list[dict]:
+    """Every candidate stack with its verdict, driver floor and the rules that rejected it."""
+    from .resolve import candidates, explain_rows
 
-    out.print(_table(f"candidates for {req.describe()}", ("stack", "verdict", "why"), explain_rows(m, req)))
+    rows = explain_rows(m, req)  # validates the request first
+    rejections = {c.stack.id: c.rejections for c in candidates(m, req, m.gpu(req.gpu))}
+    return [{"stack": stack_id, "verdict": verdict, "min_driver": m.driver_floor(m.stack(stack_id).cuda).min_driver,
+             "why": why, "rejections": [{"rule": x.rule, "message": x.message} for x in rejections[stack_id]]}
+            for stack_id, verdict, why in rows]
+
+
+def _explain(m, req, as_json=False):
+    """--explain: every candidate, then the chosen stack (or the reason none fits)."""
+    from .resolve import resolve
+    from .running import resolution_dict
+
+    cands = _explain_candidates(m, req)
+    if not as_json:
+        out.print(_table(f"candidates for {req.describe()}", ("stack", "verdict", "min driver", "why"),
+                         [(c["stack"], c["verdict"], c["min_driver"], c["why"]) for c in cands], ids=(0, 2),
+                         box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True))
+        _markers_note([c["why"] for c in cands])
+        _print_resolution(resolve(m, req))
+        return
+    doc = {"request": req.describe(), "candidates": [{k: v for k, v in c.items() if k != "why"} for c in cands]}
+    try:
+        doc["chosen"] = resolution_dict(resolve(m, req))
+    except EnvbuildError:
+        doc["chosen"] = None
+        click.echo(json.dumps(doc, indent=2))
+        raise
+    click.echo(json.dumps(doc, indent=2))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -142,16 +218,34 @@ def main():
 @request_options
 @click.option("-o", "--output", type=click.Path(), help="Build directory (default ./build/<tag>).")
 @click.option("--explain", is_flag=True, help="Show every candidate stack and the rule that rejected it; write nothing.")
-def render(output, explain, **kw):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the resolution as JSON on stdout (tag, image, versions, ops, driver floor, output, "
+                   "files); with --explain, every candidate too.")
+@click.option("--print-tag", is_flag=True, help="Resolve only and print the readable tag (for scripts); write nothing.")
+@click.pass_context
+def render(ctx, output, explain, as_json, print_tag, **kw):
     """Render Dockerfile, Singularity definitions and manifest.json for one GPU."""
-    if explain:
+    from .running import next_commands, resolution_dict
+
+    if print_tag and (explain or as_json):
+        raise EnvbuildError("--print-tag prints only the tag; leave out --explain and --json "
+                            "(`render --json` holds the tag too, as \"tag\").")
+    if print_tag:
         from .resolve import resolve
 
-        m, req = _resolve(kw)
-        _explain(m, req)
-        _print_resolution(resolve(m, req))
+        click.echo(resolve(*_resolve(kw)).tag)
         return
-    _render_to(kw, output)
+    if explain:
+        _explain(*_resolve(kw), as_json=as_json)
+        return
+    r, _, path, files = _render_to(kw, output, show=not as_json)
+    commands = next_commands(r, path, _command_line(ctx, skip={"explain", "as_json", "print_tag"})
+                             .replace("envbuild render", "envbuild build", 1))
+    if as_json:
+        click.echo(json.dumps(resolution_dict(r) | {"output": str(path), "files": files, "next": commands},
+                              indent=2))
+        return
+    _print_next(commands)
 
 
 @main.command()
@@ -164,7 +258,9 @@ def build(output, **kw):
 
     from .build import build_image
 
-    r, secrets, path = _render_to(kw, output)
+    from .running import next_commands
+
+    r, secrets, path, _ = _render_to(kw, output)
     start = time.monotonic()
     current = {"step": "starting"}
 
@@ -183,7 +279,7 @@ def build(output, **kw):
     for t in result.tags:
         out.print(f"  tagged {t}", markup=False)
     out.print(f"  log {result.log}", markup=False)
-    out.print(f"next: envbuild smoke {result.tags[0]}", markup=False)
+    _print_next(next_commands(r, path))
 
 
 @main.command()
@@ -259,38 +355,92 @@ def doctor(log, as_json, matrix_dir):
         sys.exit(3)
 
 
+def _notes(title, notes):
+    """`key  text` lines under a table; the text wraps with a hanging indent, the key never."""
+    if not notes:
+        return
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, text in notes:
+        grid.add_row(escape(key), escape(text))
+    out.print(f"\n{title}")
+    out.print(grid)
+
+
+def _blocks(title, blocks):
+    """One block per default: its VAR=VALUE on a line of its own, then labelled, wrapped text."""
+    out.print(f"\n[bold]{escape(title)}[/bold]", soft_wrap=False)
+    for head, where, fields in blocks:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column(overflow="fold")
+        for label, text in [("gpus" if "not" in fields[0][0] else "gpu", where), *fields]:
+            grid.add_row(f"  {label}", escape(text))
+        out.print(f"\n[bold]{escape(head)}[/bold]", soft_wrap=True)
+        out.print(grid)
+
+
+def _markers_note(texts):
+    """Explain [V]/[S]/[U] and the research-note references when any shown text holds one."""
+    from .tables import MARKERS
+
+    if any(w in t for t in texts for w in ("[V", "[S", "[U", "field report", "domain-facts", "build-notes")):
+        out.print(f"\n{MARKERS}", markup=False, soft_wrap=False)
+
+
 @main.command("matrix")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--wide", is_flag=True, help="Every column (torchvision, OS, toolchain, base images).")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
-def matrix_cmd(as_json, matrix_dir):
-    """List the pinned stacks."""
+def matrix_cmd(as_json, wide, matrix_dir):
+    """List the pinned stacks, with the oldest NVIDIA driver each one needs."""
     from .matrix import load_matrix
-    from .tables import STACK_HEADERS, stack_rows
+    from .tables import STACK_HEADERS, STACK_NARROW, narrow, stack_notes, stack_rows
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
-        click.echo(json.dumps([s.model_dump() | {"torchvision": m.torch_release(s.torch).torchvision}
+        click.echo(json.dumps([s.model_dump() | {"torchvision": m.torch_release(s.torch).torchvision,
+                                                 "min_driver": m.driver_floor(s.cuda).min_driver}
                                for s in m.stacks], indent=2))
         return
-    out.print(_table("envbuild stacks", STACK_HEADERS, stack_rows(m)))
+    headers = STACK_HEADERS if wide else STACK_NARROW
+    out.print(_table("envbuild stacks" + ("" if wide else " (--wide: every column)"), headers,
+                     narrow(STACK_HEADERS, headers, stack_rows(m)), ids=(0,),
+                     **({} if wide else {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True})))
+    _notes("notes:", stack_notes(m))
+    out.print("\nmin driver: the oldest NVIDIA driver (Linux) the stack's CUDA runs on; older data-centre "
+              "drivers need NVIDIA's forward-compatibility package (README: The matrix).", soft_wrap=False)
+    _markers_note([n for _, n in stack_notes(m)])
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with reasons and sources.")
+@click.option("--wide", is_flag=True, help="Every column, and the defaults as wide tables.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
-def gpus(as_json, matrix_dir):
+def gpus(as_json, wide, matrix_dir):
     """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
     from .matrix import load_matrix
-    from .tables import ENV_HEADERS, GPU_HEADERS, NOT_BAKED_HEADERS, env_rows, gpu_json, gpu_rows, not_baked_rows
+    from .tables import (ENV_HEADERS, GPU_HEADERS, GPU_NARROW, NOT_BAKED_HEADERS, env_blocks, env_rows, gpu_json,
+                         gpu_notes, gpu_rows, narrow, not_baked_blocks, not_baked_rows)
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
         click.echo(json.dumps(gpu_json(m), indent=2))
         return
-    out.print(_table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m)))
-    out.print(_table("environment defaults (override: docker run -e / apptainer --env / render --env)",
-                     ENV_HEADERS, env_rows(m)))
-    out.print(_table("considered and not baked", NOT_BAKED_HEADERS, not_baked_rows(m)))
+    env_title = "environment defaults baked into the images (override: docker run -e, apptainer --env, render --env)"
+    if wide:
+        out.print(_table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m), ids=(0,)))
+        out.print(_table(env_title, ENV_HEADERS, env_rows(m), ids=(1,)))
+        out.print(_table("considered and not baked", NOT_BAKED_HEADERS, not_baked_rows(m), ids=(1,)))
+    else:
+        out.print(_table("envbuild GPU profiles (--wide: aliases and defaults as tables)", GPU_NARROW,
+                         narrow(GPU_HEADERS, GPU_NARROW, gpu_rows(m)), ids=(0,), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True))
+        _notes("notes:", gpu_notes(m))
+        _blocks(env_title, env_blocks(m))
+        _blocks("considered and not baked", not_baked_blocks(m))
+    texts = [t for _, _, fields in env_blocks(m) + not_baked_blocks(m) for _, t in fields]
+    _markers_note(texts + [n for _, n in gpu_notes(m)])
 
 
 @main.command("readme-tables", hidden=True)

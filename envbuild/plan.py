@@ -387,6 +387,15 @@ def _image_env(r: Resolution, kept_toolchain_home: Optional[str]) -> tuple[EnvVa
         EnvVar("PATH", ":".join([*own, SYSTEM_PATH]),
                "the venv first, then nvcc (--keep-toolchain)" if kept_toolchain_home
                else "the venv first; no compiler directory", "envbuild", "base"),
+        # Plain OS bases (the PyPI-toolchain stacks) do not set these; NVIDIA's CUDA images do.
+        EnvVar("NVIDIA_VISIBLE_DEVICES", "all",
+               "the NVIDIA container runtime and enroot's GPU hook (Slurm pyxis) mount the driver only into images "
+               "that ask for it", "nvidia/cuda image Dockerfiles; enroot hooks/98-nvidia.sh", "base",
+               "where the NVIDIA runtime is Docker's default runtime, a container started without --gpus sees "
+               "every GPU, as with NVIDIA's own images"),
+        EnvVar("NVIDIA_DRIVER_CAPABILITIES", "compute,utility",
+               "CUDA (compute) and nvidia-smi (utility) from the host driver, no more",
+               "nvidia/cuda image Dockerfiles; NVIDIA container toolkit docs", "base", "none"),
     ]
     toolchain = [EnvVar("CUDA_HOME", kept_toolchain_home, "--keep-toolchain: the CUDA compiler stays in the image",
                         "bases.yaml toolchains", "base")] if kept_toolchain_home else []

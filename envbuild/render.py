@@ -25,6 +25,7 @@ import jinja2
 from . import __version__
 from .image import paths
 from .output import write_build_dir  # noqa: F401  (re-exported: writing lives in output.py)
+from . import running
 from .plan import Environment, build_plan
 from .resolve import Resolution
 from .resources import templates_dir
@@ -59,7 +60,8 @@ def render_files(r: Resolution) -> dict[str, bytes]:
     """All files of the build directory, path -> bytes. Pure and deterministic."""
     plan = build_plan(r)
     env = _environment()
-    ctx = {"plan": plan, "resolution": r, "version": __version__}
+    ctx = {"plan": plan, "resolution": r, "version": __version__,
+           "local_only": running.local_only(r.request.image_repo)}
     files = {name: env.get_template(layout).render(**ctx).encode() for name, layout in LAYOUTS.items()}
     files[".dockerignore"] = DOCKERIGNORE
     files["manifest.json"] = (json.dumps(plan.manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()

@@ -14,6 +14,40 @@ from .matrix import Matrix
 STACK_HEADERS = ("stack", "python", "cuda", "torch", "torchvision", "deepspeed", "os", "nvcc from",
                  "min driver", "builder base", "runtime base")
 GPU_HEADERS = ("gpu", "aliases", "cc", "generation", "interconnect", "torch/CUDA floor", "baked env defaults")
+# What `envbuild matrix` / `envbuild gpus` show by default: fits 80 columns; --wide shows all.
+STACK_NARROW = ("stack", "python", "cuda", "torch", "deepspeed", "min driver")
+GPU_NARROW = ("gpu", "cc", "generation", "interconnect", "torch/CUDA floor")
+MARKERS = ("[V] = checked in a primary artifact (wheel, sdist, repository file), [S] = a secondary source, "
+           "[U] = unverified; \"field report N\" = one of the five public failure write-ups envbuild exists "
+           "to prevent; domain-facts.md and build-notes.md = the project's research notes. README: "
+           "\"Where the facts come from\".")
+
+
+def narrow(headers: tuple[str, ...], wanted: tuple[str, ...], rows: list[tuple]) -> list[tuple]:
+    """The `wanted` columns of `rows`, in the order of `wanted`."""
+    idx = [headers.index(h) for h in wanted]
+    return [tuple(r[i] for i in idx) for r in rows]
+
+
+def stack_notes(m: Matrix) -> list[tuple[str, str]]:
+    """(stack id, note) for every stack that has one."""
+    return [(s.id, s.note) for s in m.stacks if s.note]
+
+
+def gpu_notes(m: Matrix) -> list[tuple[str, str]]:
+    """(gpu, note) for every GPU profile note."""
+    return [(p.name, n) for p in m.gpus for n in p.notes]
+
+
+def env_blocks(m: Matrix) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """Every baked default as (VAR=VALUE, where it applies, [(label, text)]): one block per
+    default, readable at any width (the wide table is `envbuild gpus --wide`)."""
+    return [(var, where, [("why", reason), ("cost", cost), ("source", source)])
+            for where, var, reason, cost, source in env_rows(m)]
+
+
+def not_baked_blocks(m: Matrix) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    return [(var, gpus, [("why not", why), ("source", source)]) for gpus, var, why, source in not_baked_rows(m)]
 
 
 def stack_rows(m: Matrix) -> list[tuple[str, ...]]:
@@ -111,8 +145,10 @@ def readme_blocks(m: Matrix) -> dict[str, str]:
                         for p in m.gpus for e in p.env)
     floors = markdown(("CUDA", "min driver (Linux)", "branch", "source"),
                       [(f"{f.cuda}.x", f.min_driver, f.branch, f.source) for f in m.cuda_file.driver_floors])
+    notes = "\n".join(f"- `{sid}`: {note}" for sid, note in stack_notes(m))
     return {
-        "stacks": markdown(STACK_HEADERS, stack_rows(m)) + "\n\nDriver floors (`matrices/cuda.yaml`): "
+        "stacks": markdown(STACK_HEADERS, stack_rows(m)) + (f"\n\nNotes:\n\n{notes}" if notes else "")
+                  + "\n\nDriver floors (`matrices/cuda.yaml`): "
                   + m.cuda_file.forward_compat + "\n\n" + floors,
         "gpus": markdown(GPU_HEADERS, gpu_rows(m)) + "\n\nEvery image also gets:\n\n" + common
                 + "\n\nPer GPU:\n\n" + per_gpu

@@ -22,6 +22,8 @@ def _render(monkeypatch, capsys, tmp_path, *args):
     """`envbuild render ARGS -o tmp/out` through the real entry point, in-process (the
     subprocess path is covered by test_cli); returns (exit code, stdout, stderr)."""
     output = [] if "-o" in args else ["-o", str(tmp_path / "out")]
+    if not {"--image-repo", "--registry"} & set(args):  # a pullable name: no local-only bootstrap warning
+        output += ["--image-repo", "localhost:5000/envbuild"]
     monkeypatch.setenv("ENVBUILD_MATRIX_DIR", str(FIXTURE_MATRIX))  # behaviour tests: the frozen matrix
     monkeypatch.setattr(sys, "argv", ["envbuild", "render", *args, *output])
     try:

@@ -257,11 +257,14 @@ def doctor(log, matrix_dir):
     sys.exit(3)
 
 
-@main.command("matrix")
+@main.group("matrix", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
-def matrix_cmd(as_json, matrix_dir):
-    """List the pinned stacks."""
+@click.pass_context
+def matrix_cmd(ctx, as_json, matrix_dir):
+    """List the pinned stacks (`envbuild matrix refresh`: derive the release facts from PyPI)."""
+    if ctx.invoked_subcommand:
+        return
     from .matrix import load_matrix
     from .tables import STACK_HEADERS, stack_rows
 
@@ -271,6 +274,11 @@ def matrix_cmd(as_json, matrix_dir):
                                for s in m.stacks], indent=2))
         return
     out.print(_table("envbuild stacks", STACK_HEADERS, stack_rows(m)))
+
+
+from .refresh import refresh_command  # noqa: E402  (registered under `matrix`)
+
+matrix_cmd.add_command(refresh_command)
 
 
 @main.command()

@@ -83,6 +83,26 @@ def _first(lo: int, hi: int, holds: Callable[[int], bool]) -> int:
     return hi
 
 
+def op_bounds(scanned: list[int], newest: int, has: Callable[[int], bool]) -> tuple[int, Optional[int]]:
+    """(since, until) positions of an op present in some `scanned` release: the start of the
+    run of releases that has it, and the first release after the last scanned one with it
+    that lacks it (None when the newest release still has it). Bisects between scanned
+    releases, so only O(log n) more releases are read."""
+    present = [p for p in scanned if has(p)]
+    first, last = present[0], present[-1]
+    # From the last scanned release without the op (ops come and go: utils existed in
+    # 0.3-0.9 and came back in 0.17.1), else from the first release on PyPI.
+    absent = [p for p in scanned if p < first]
+    if absent:
+        since = _first(absent[-1], first, has)
+    else:
+        since = 0 if has(0) else _first(0, first, has)
+    if last == newest:
+        return since, None
+    gone = next(p for p in scanned if p > last)
+    return since, _first(last, gone, lambda p: not has(p))
+
+
 def derive(index: Index, tracked: list[str]) -> DeepSpeedHistory:
     """Facts of the tracked releases plus the ops table over all of PyPI's releases."""
     rel = _Releases(index)
@@ -99,20 +119,12 @@ def derive(index: Index, tracked: list[str]) -> DeepSpeedHistory:
         raise EnvbuildError(f"deepspeed {rel.versions[positions[-1]]}: only {len(rel.ops(positions[-1]))} ops found "
                             f"in op_builder (at least {MIN_OPS} expected); the sdist layout changed.")
     for name in universe:
-        has = [p for p in scanned if name in rel.ops(p)]
-        first, last = has[0], has[-1]
-        # Bisect from the last scanned release without the op (ops come and go: utils existed
-        # in 0.3-0.13 and came back in 0.17.1), else from PyPI's first release.
-        absent = [p for p in scanned if p < first]
-        if absent:
-            since = _first(absent[-1], first, lambda p: name in rel.ops(p))
-        else:
-            since = 0 if name in rel.ops(0) else _first(0, first, lambda p: name in rel.ops(p))
-        entry = OpHistory(facts=rel.ops(last)[name], since=str(rel.versions[since]))
-        if last != newest:
-            gone = next(p for p in scanned if p > last)
-            entry.until = str(rel.versions[_first(last, gone, lambda p: name not in rel.ops(p))])
+        since, until = op_bounds(scanned, newest, lambda p: name in rel.ops(p))
+        last = max(p for p in scanned if name in rel.ops(p))
+        entry = OpHistory(facts=rel.ops(last)[name], since=str(rel.versions[since]),
+                          until=None if until is None else str(rel.versions[until]))
         if entry.facts.kind == "cpu" and not entry.facts.cuda_extension:
+            has = [p for p in scanned if name in rel.ops(p)]
             was_cuda = [p for p in has if rel.ops(p)[name].cuda_extension]
             if was_cuda:
                 after = next(p for p in has if p > was_cuda[-1])

@@ -160,10 +160,10 @@ def derive_release(index: Index, version: Version) -> TorchFacts:
     if not x86:
         raise EnvbuildError(f"{name}: no manylinux x86_64 wheel on the index.")
     wheel = x86[0]
-    meta = read_metadata(index, wheel)
     torch_tags = PythonTags(x86)
     if not torch_tags.exact:
         raise EnvbuildError(f"{name}: no cpXY tags on its manylinux x86_64 wheels; the index changed shape.")
+    meta = read_metadata(index, wheel)
     requires_python = (meta.get("requires-python") or [None])[0]
     some_minor = max(torch_tags.exact)
 

@@ -377,6 +377,19 @@ def test_command_bad_fixture_dir(cli, tmp_path):
     assert r.returncode == 2 and "not a fixture directory" in r.stderr
 
 
+def test_refresh_workflow_is_current_and_opens_a_pull_request():
+    from envbuild.ci import REFRESH_WORKFLOW, render_refresh_workflow
+
+    text = (ROOT / REFRESH_WORKFLOW).read_text()
+    assert text == render_refresh_workflow(), "re-render .github/workflows/matrix-refresh.yml"
+    workflow = yaml.safe_load(text)
+    assert set(workflow[True]) == {"schedule", "workflow_dispatch"}  # YAML 1.1 reads `on` as True
+    runs = [s.get("run", "") for s in workflow["jobs"]["refresh"]["steps"]]
+    order = [next(i for i, r in enumerate(runs) if needle in r)
+             for needle in ("envbuild matrix refresh --write", 'pytest -m "not docker"', "gh pr create")]
+    assert order == sorted(order)
+
+
 # ---------------------------------------------------------------- range requests
 
 

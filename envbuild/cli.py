@@ -78,13 +78,21 @@ def _resolve(kw):
 
 def _render_to(kw, output):
     """Resolve the request and write its build directory (shared by render and build)."""
-    from .render import render_files, write_build_dir
+    from .output import write_build_dir
+    from .render import render_files
     from .resolve import resolve
+    from .validate import env_warnings
 
+    if output is not None and not output.strip():
+        raise EnvbuildError("-o/--output is empty; give a directory, or leave it out for ./build/<tag>.")
     m, req = _resolve(kw)
     secrets = _secrets(kw)  # validated before anything is written
     r = resolve(m, req)
+    for warning in env_warnings(r):
+        err.print(f"envbuild: warning: {warning}", markup=False)
     path = write_build_dir(render_files(r), Path(output) if output else Path("build") / r.tag)
+    if output and Path(output).is_symlink():
+        err.print(f"envbuild: note: -o {output} is a symlink; rendered into its target {path}", markup=False)
     _print_resolution(r, path)
     return r, secrets, path
 
@@ -92,7 +100,9 @@ def _render_to(kw, output):
 def _secrets(kw):
     from .build import BuildSecrets
     from .resolve import ca_file
+    from .validate import check_mirror_options
 
+    check_mirror_options(kw)
     return BuildSecrets(ca_cert=ca_file(kw.get("ca_cert")), pip_index_url=kw.get("pip_index_url"),
                         torch_index_url=kw.get("torch_index_url"), apt_mirror=kw.get("apt_mirror"))
 

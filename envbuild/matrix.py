@@ -223,7 +223,7 @@ class GpuProfile(_Strict):
     aliases: list[str] = []
     cc: str
     cc_inferred: bool = False
-    family: str
+    generation: str  # the chip generation: Volta, Ampere, Hopper, Blackwell ...
     interconnect: str
     env: list[EnvDefault] = []
     requires: Optional[GpuRequires] = None
@@ -386,17 +386,15 @@ class Matrix:
         return self._gpu_names
 
     def gpu(self, name: str) -> GpuProfile:
+        """A profile by name, alias or the name nvidia-smi prints ('NVIDIA H100 80GB HBM3')."""
+        from .validate import gpu_spellings, unknown_gpu
+
         names = self.gpu_names()
-        key = name.strip().lower().replace("_", "-").replace(" ", "-")
-        if key in names:
-            return names[key]
-        if key.replace("-", "") in names:
-            return names[key.replace("-", "")]
-        hint = nearest(key, [p.name for p in self.gpus])
-        did = f" did you mean {', '.join(hint)}?" if hint else ""
-        raise EnvbuildError(
-            f"unknown GPU '{name}';{did} Known GPUs: {', '.join(p.name for p in self.gpus)} "
-            f"(`envbuild gpus` lists them with aliases).")
+        spellings = gpu_spellings(name)
+        for key in spellings:
+            if key in names:
+                return names[key]
+        raise unknown_gpu(name, spellings, [p.name for p in self.gpus])
 
     def stack(self, stack_id: str) -> Stack:
         for s in self.stacks:

@@ -22,12 +22,11 @@ from typing import Optional
 
 from packaging.version import Version
 
-from . import rules
+from . import rules, validate
 from .errors import EnvbuildError
+from .image import paths
 from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
 
-VENV = "/opt/venv"
-RUNTIME_PATH = f"{VENV}/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
 DEFAULT_CPU_TARGET = "x86-64-v3"
 PYTHONS = tuple(f"3.{n}" for n in range(8, 16))  # every CPython 3 a torch wheel could target
@@ -142,8 +141,6 @@ def _node_env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request) -> list[EnvDef
 def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> list[EnvVar]:
     floor = m.driver_floor(s.cuda)
     out = [
-        EnvVar("VIRTUAL_ENV", VENV, "the pinned stack lives in one virtual environment", "envbuild", "base"),
-        EnvVar("PATH", RUNTIME_PATH, "the venv first; no compiler directory", "envbuild", "base"),
         EnvVar("PYTHONUNBUFFERED", "1", "log lines reach the job log before a hang, not after", "envbuild", "base"),
         EnvVar("DS_ACCELERATOR", "cuda",
                "DeepSpeed >= 0.14.1 falls back to the CPU accelerator when no GPU is visible and then "
@@ -156,12 +153,6 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
                f"the arches the DeepSpeed ops were pre-built for ({gpu.name}: {gpu.sm})",
                "gpus.yaml cc", "gpu"),
     ]
-    if req.keep_toolchain:
-        home = m.bases.toolchains[s.toolchain].cuda_home
-        out[1] = EnvVar("PATH", f"{VENV}/bin:{home}/bin:" + RUNTIME_PATH.split(":", 1)[1],
-                        "the venv first, then nvcc (--keep-toolchain)", "envbuild", "base")
-        out.append(EnvVar("CUDA_HOME", home, "--keep-toolchain: the CUDA compiler stays in the image",
-                          "bases.yaml toolchains", "base"))
     for d in [*m.gpus_file.common_env, *gpu.env]:
         if _applies(d, s) and not d.node:
             out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu", d.cost))
@@ -173,6 +164,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
 
 def _check_request(m: Matrix, req: Request) -> None:
     """Fail early, with the nearest valid choices, on input no stack could ever match."""
+    validate.check_request(m, req, paths.RUNTIME_PATH)
     for flag, attr in (("--python", "python"), ("--cuda", "cuda"), ("--torch", "torch"),
                        ("--deepspeed", "deepspeed")):
         if getattr(req, attr):
@@ -180,13 +172,6 @@ def _check_request(m: Matrix, req: Request) -> None:
     if req.cpu_target not in CPU_TARGETS:
         raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not an x86-64 level; choose one of "
                             f"{', '.join(CPU_TARGETS)} (default {DEFAULT_CPU_TARGET}).")
-    for name, value in req.env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            raise EnvbuildError(f"--env '{name}' is not a valid environment variable name; use NAME=VALUE.")
-        bad = sorted({c for c in value if c in '$"\\`' or ord(c) < 32 or ord(c) == 127})
-        if bad:
-            raise EnvbuildError(f"--env {name}: the value may not contain {' '.join(repr(c) for c in bad)} "
-                                f"(it is written into Dockerfile ENV lines and shell code); use plain text.")
     pspec = rules.user_specifier("--python", req.python) if req.python else None
     if pspec is not None and req.torch:
         tspec = rules.user_specifier("--torch", req.torch)
@@ -264,6 +249,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     if not valid:
         raise _no_stack_error(m, req, gpu, cands)
     s = valid[0].stack
+    validate.check_base_images(m, s, req)
     rel = m.torch_release(s.torch)
     arch_list = gpu.cc
     ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops)

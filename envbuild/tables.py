@@ -13,7 +13,7 @@ from .matrix import Matrix
 
 STACK_HEADERS = ("stack", "python", "cuda", "torch", "torchvision", "deepspeed", "os", "nvcc from",
                  "min driver", "builder base", "runtime base")
-GPU_HEADERS = ("gpu", "aliases", "cc", "family", "interconnect", "torch/CUDA floor", "baked env defaults")
+GPU_HEADERS = ("gpu", "aliases", "cc", "generation", "interconnect", "torch/CUDA floor", "baked env defaults")
 
 
 def stack_rows(m: Matrix) -> list[tuple[str, ...]]:
@@ -34,7 +34,7 @@ def gpu_rows(m: Matrix) -> list[tuple[str, ...]]:
         if p.requires:
             floor = ", ".join(f"{k} {v}" for k, v in (("torch", p.requires.torch), ("CUDA", p.requires.cuda)) if v)
         env = ", ".join(f"{e.name}={e.value}" + (f" ({condition(e)})" if e.node else "") for e in p.env)
-        rows.append((p.name, ", ".join(p.aliases), p.cc + (" (arch)" if p.cc_inferred else ""), p.family,
+        rows.append((p.name, ", ".join(p.aliases), p.cc + (" (arch)" if p.cc_inferred else ""), p.generation,
                      p.interconnect, floor, env))
     return rows
 

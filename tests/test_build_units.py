@@ -137,7 +137,7 @@ def test_verify_ops_reads_the_record_without_importing_deepspeed(tmp_path):
     (pkg / "__init__.py").write_text("raise RuntimeError('no driver')\n")
     (pkg / "git_version_info_installed.py").write_text(
         "installed_ops = {'cpu_adam': 1, 'fused_adam': 0}\naccelerator_name = 'cuda'\n")
-    script = ROOT / "templates" / "files" / "verify_ops.py"
+    script = ROOT / "templates" / "files" / "steps" / "verify_ops.py"
     run = lambda *ops: subprocess.run([sys.executable, str(script), *ops], capture_output=True, text=True,  # noqa: E731
                                       env={"PYTHONPATH": str(tmp_path)})
     assert run("cpu_adam").returncode == 0

@@ -49,7 +49,7 @@ def _compile(tmp_path, target):
     bindir.mkdir(exist_ok=True)
     link = bindir / "g++"
     if not link.exists():
-        link.symlink_to(ROOT / "templates" / "files" / "cc-wrapper.sh")
+        link.symlink_to(ROOT / "templates" / "files" / "steps" / "cc-wrapper.sh")
     out = tmp_path / f"simd-{target}.o"
     env = {**os.environ, "ENVBUILD_CPU_TARGET": target}
     # Exactly the flags DeepSpeed's cpu_adam builder passes on an AVX-512 build machine.

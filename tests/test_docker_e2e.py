@@ -138,7 +138,7 @@ def test_build_tags_labels_and_env(h20):
     assert labels["org.opencontainers.image.version"] == h20["image"].split(":", 1)[1]
     env = dict(e.split("=", 1) for e in a["Config"]["Env"])
     assert env["NCCL_P2P_DISABLE"] == "1" and env["DS_ACCELERATOR"] == "cuda"
-    assert "setup.sh deepspeed" in (h20["out"] / "build.log").read_text()
+    assert "deepspeed.sh deepspeed==" in (h20["out"] / "build.log").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +299,7 @@ def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix
                 env=state, timeout=3600, production=True)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     msg = r.stderr
-    assert "image build failed at step" in msg and "setup.sh deepspeed" in msg
+    assert "image build failed at step" in msg and "deepspeed.sh deepspeed==" in msg
     assert f"Full log: {out / 'build.log'}" in " ".join(msg.split()) and "No tag was applied" in msg
     assert "Traceback" not in msg
     tag = json.loads((out / "manifest.json").read_text())["tag"]

@@ -93,7 +93,7 @@ def _break(matrix_copy, name, old, new):
 @pytest.mark.parametrize("name, old, new, expected", [
     ("stacks.yaml", 'torch: "2.5.1"', 'torch: "two.five"', r"stacks\[1\] \(torch2.5-cu124-py3.10\)\.torch: expected a version"),
     ("stacks.yaml", "    toolchain: pypi\n", "    toolchain: pypi\n    colour: blue\n", r"stacks\[9\].*colour: Extra inputs are not permitted"),
-    ("gpus.yaml", 'cc: "9.0", cc_inferred: true, family: Hopper, interconnect: "HGX', 'cc: "nine", cc_inferred: true, family: Hopper, interconnect: "HGX', r"profiles\[15\] \(h20\)\.cc: expected a compute capability"),
+    ("gpus.yaml", 'cc: "9.0", cc_inferred: true, generation: Hopper, interconnect: "HGX', 'cc: "nine", cc_inferred: true, generation: Hopper, interconnect: "HGX', r"profiles\[15\] \(h20\)\.cc: expected a compute capability"),
     ("torch.yaml", 'python: ">=3.9,<3.13"', 'python: "~=>3.9"', r"releases\[1\]\.python: expected a PEP 440 specifier"),
     ("cuda.yaml", 'min_driver: "580.65.06"', 'min_driver: "r580"', r"driver_floors\[2\]\.min_driver: expected an NVIDIA driver version"),
     ("deepspeed.yaml", "kind: cpu, since", "kind: gpu, since", r"ops\.cpu_adam\.kind: Input should be 'cpu' or 'cuda'"),

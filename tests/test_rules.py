@@ -82,9 +82,9 @@ def test_async_io_brings_libaio_and_evoformer_needs_cutlass(matrix):
     assert rules.op_rejection(matrix, s, "async_io", "9.0") is None
     assert "CUTLASS" in rules.op_rejection(matrix, s, "evoformer_attn", "9.0").message
     r = resolve(matrix, Request(gpu="h100", stack=s.id, ds_ops="async_io"))
-    from envbuild.render import recipe
-    steps = recipe(r)
-    assert "libaio-dev" in steps.builder_steps[0].args and "libaio1t64" in steps.runtime_steps[0].args
+    from envbuild.plan import build_plan
+    plan = build_plan(r)
+    assert "libaio-dev" in plan.builder.steps[0].args and "libaio1t64" in plan.runtime.steps[0].args
 
 
 def test_utils_op_only_from_0171(matrix):
@@ -109,11 +109,11 @@ def test_nvcc_rule(matrix):
 
 
 def test_pypi_stack_without_cuda_ops_skips_the_toolkit(matrix):
-    from envbuild.render import recipe
+    from envbuild.plan import build_plan
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam"))
-    assert [s.args[0] for s in recipe(r).builder_steps] == ["os", "venv", "torch", "deepspeed"]
+    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "deepspeed"]
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam"))
-    assert [s.args[0] for s in recipe(r).builder_steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed"]
+    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed"]
 
 
 def test_smoke_test_and_rules_agree_on_arch_compatibility():

@@ -1,0 +1,31 @@
+"""Where envbuild puts things inside an image: the one list both sides read.
+
+The host (render, `envbuild smoke`) and the in-image code (smoke test, node checks) import
+these names; env.sh and entrypoint.sh are POSIX sh and spell the same paths out, and a test
+keeps them equal to these.
+"""
+
+VENV = "/opt/venv"
+VENV_PYTHON = VENV + "/bin/python"
+
+HOME = "/opt/envbuild"
+MANIFEST = HOME + "/manifest.json"
+ENV_SH = HOME + "/env.sh"
+ENTRYPOINT = HOME + "/entrypoint.sh"
+SMOKE = HOME + "/smoke.py"
+
+# The in-image package: this directory, copied as LIB/PACKAGE (run: python -m PACKAGE with LIB on sys.path).
+LIB = HOME + "/lib"
+PACKAGE = "envbuild_image"
+
+# Build-time only: setup.sh and the builder's helpers (removed from the final image).
+SETUP_DIR = "/opt/envbuild-setup"
+SETUP = SETUP_DIR + "/setup.sh"
+
+# Environment variables the image reads.
+MANIFEST_ENV = "ENVBUILD_MANIFEST"
+MIN_DRIVER_ENV = "ENVBUILD_MIN_DRIVER"
+
+# The system's own program directories; the image's directories (the venv first) go before them.
+SYSTEM_PATH = "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RUNTIME_PATH = VENV + "/bin:" + SYSTEM_PATH

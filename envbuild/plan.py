@@ -1,0 +1,436 @@
+"""The build plan: every fact the renderers need, derived once from a Resolution.
+
+A resolution says *what* to build (a stack, a GPU, ops, defaults); the plan says *how*:
+the stages with their base images and steps, which files each step needs, what the runtime
+stage takes from the builder, the image's environment, labels and manifest. Each derived
+fact is decided here and only here (where the CUDA toolchain lives, whether it is kept, the
+image's PATH), and the renderers -- a Jinja layout per output format -- read nothing else.
+
+Every building block renders itself to every format, with the format as an argument (the
+hpccm idea): ``Step``, ``Copy``, ``Environment`` and ``Label`` each have one method per
+format, and a ``Stage`` puts them in that format's order. A new output format is one method
+per building block plus a layout template.
+
+Examples
+--------
+>>> step = Step("venv", ("/usr/bin/python3.11",), files=(FileCopy("envbuild/steps/venv.sh", "/opt/envbuild-setup/venv.sh"),))
+>>> print(step.render("docker"))
+COPY envbuild/steps/venv.sh /opt/envbuild-setup/venv.sh
+RUN bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11
+>>> step.render("apptainer")
+{'files': ['envbuild/steps/venv.sh /opt/envbuild-setup/venv.sh'], 'post': ['bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11']}
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from . import __version__
+from .image import paths
+from .resolve import EnvVar, Resolution
+
+DOCKER = "docker"
+APPTAINER = "apptainer"
+FORMATS = (DOCKER, APPTAINER)
+
+SYSTEM_PATH = paths.SYSTEM_PATH
+STEPS_SOURCE = "envbuild/steps"  # build-directory folder of the step scripts (templates/files/steps)
+PIP_SECRETS = ("ca_cert", "pip_index_url")
+APT_SECRETS = ("ca_cert", "apt_mirror")
+# Apptainer sections in the order a definition file lists them.
+APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
+
+
+def _render(block, fmt: str, **kw):
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown output format {fmt!r}; known: {', '.join(FORMATS)}")
+    return getattr(block, fmt)(**kw)
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+@dataclass(frozen=True)
+class FileCopy:
+    """A file of the build directory and where it goes in the image."""
+
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Files copied into the image (COPY in Docker, %files in Apptainer)."""
+
+    files: tuple[FileCopy, ...]
+
+    def render(self, fmt: str):
+        return _render(self, fmt)
+
+    def docker(self) -> str:
+        if len(self.files) == 1:
+            return f"COPY {self.files[0].source} {self.files[0].target}"
+        by_dir: dict[str, list[str]] = {}
+        for f in self.files:
+            by_dir.setdefault(posixpath.dirname(f.target) + "/", []).append(f.source)
+        return "\n".join(f"COPY {' '.join(sources)} {target}" for target, sources in by_dir.items())
+
+    def apptainer(self) -> dict[str, list[str]]:
+        return {"files": [f"{f.source} {f.target}" for f in self.files]}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One build command: a step script run with arguments, the files it needs copied in
+    just before it (so editing one step's script re-runs only that step), inline
+    environment for this command only (never persisted), and the secrets it may read."""
+
+    name: str
+    args: tuple[str, ...]
+    files: tuple[FileCopy, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    secrets: tuple[str, ...] = ()
+    comment: str = ""
+
+    @property
+    def command(self) -> str:
+        return f"bash {paths.SETUP_DIR}/{self.name}.sh " + shlex.join(self.args)
+
+    @property
+    def env_words(self) -> list[str]:
+        return [f"{k}={shlex.quote(v)}" for k, v in self.env]
+
+    def render(self, fmt: str, binds: tuple[str, ...] = ()):
+        return _render(self, fmt, binds=binds)
+
+    def docker(self, binds: tuple[str, ...] = ()) -> str:
+        lines = [f"# {self.comment}"] if self.comment else []
+        if self.files:
+            lines.append(Copy(self.files).docker())
+        mounts = [*binds, *(f"--mount=type=secret,id={sid}" for sid in self.secrets)]
+        words = ([" ".join(mounts)] if mounts else []) + self.env_words + [self.command]
+        lines.append("RUN " + " \\\n    ".join(words))
+        return "\n".join(lines)
+
+    def apptainer(self, binds: tuple[str, ...] = ()) -> dict[str, list[str]]:
+        post = ([f"# {self.comment}"] if self.comment else []) + [" ".join([*self.env_words, self.command])]
+        return {"files": Copy(self.files).apptainer()["files"], "post": post}
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Environment variables of the image (ENV in Docker; %environment in Apptainer, where a
+    value the user already set wins). PATH is the image's own directories, then the
+    system's -- in Apptainer the host's PATH takes the system's place."""
+
+    variables: tuple[EnvVar, ...]
+    comments: tuple[str, ...] = ()
+
+    def render(self, fmt: str):
+        return _render(self, fmt)
+
+    def docker(self) -> str:
+        if not self.variables:
+            return ""
+        lines = [f"# {c}" for c in self.comments]
+        pairs = [f"{e.name}={json.dumps(e.value, ensure_ascii=False)}" for e in self.variables]
+        return "\n".join([*lines, "ENV " + " \\\n    ".join(pairs)])
+
+    def apptainer(self) -> dict[str, list[str]]:
+        out = []
+        for e in self.variables:
+            if e.name == "PATH":
+                own, system = split_path(e.value)
+                out.append(f'PATH="{own}:${{PATH:-{system}}}"')
+            else:
+                out.append(f'{e.name}="${{{e.name}:-{e.value}}}"')
+            out.append(f"export {e.name}")
+        return {"environment": out}
+
+
+@dataclass(frozen=True)
+class Label:
+    """Image labels (LABEL in Docker, %labels in Apptainer)."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    def render(self, fmt: str):
+        return _render(self, fmt)
+
+    def docker(self) -> str:
+        return "LABEL " + " \\\n      ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in self.pairs)
+
+    def apptainer(self) -> dict[str, list[str]]:
+        return {"labels": [f"{k} {v}" for k, v in self.pairs]}
+
+
+def split_path(value: str) -> tuple[str, str]:
+    """PATH -> (the image's own directories, the system's).
+
+    >>> split_path("/opt/venv/bin:/usr/local/cuda/bin:" + SYSTEM_PATH)[0]
+    '/opt/venv/bin:/usr/local/cuda/bin'
+    """
+    own = value.removesuffix(":" + SYSTEM_PATH)
+    return own, SYSTEM_PATH
+
+
+# ---------------------------------------------------------------- stages
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A build stage: a base image, the environment its steps see, and its steps. A runtime
+    stage also says what it takes from the builder; `reuses_builder` (--keep-toolchain) means
+    the runtime *is* the builder, compilers included -- one property that each format
+    renders its own way (Docker: FROM builder; Apptainer, which cannot start from a stage:
+    the builder's base, its OS step again, and the builder's products copied)."""
+
+    name: str
+    base: str
+    steps: tuple[Step, ...]
+    env: tuple[EnvVar, ...] = ()
+    from_builder: tuple[str, ...] = ()  # directories copied from the builder stage
+    binds_builder: tuple[str, ...] = ()  # builder directories its steps read (bind mounts)
+    reuses_builder: bool = False
+
+    def render(self, fmt: str):
+        return _render(self, fmt)
+
+    def docker(self) -> str:
+        if self.reuses_builder:
+            return f"FROM builder AS {self.name}"
+        head = [f"FROM {self.base} AS {self.name}", 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]']
+        if self.env:
+            head.append(Environment(self.env).docker())
+        binds = tuple(f"--mount=type=bind,from=builder,source={d},target={d}" for d in self.binds_builder)
+        blocks = ["\n".join(head), *(step.docker(binds=binds) for step in self.steps)]
+        if self.from_builder:
+            blocks.append("\n".join(f"COPY --from=builder {d} {d}" for d in self.from_builder))
+        return "\n".join(blocks[:2]) + "".join("\n\n" + b for b in blocks[2:])
+
+    def apptainer(self) -> dict[str, list[str]]:
+        sections: dict[str, list[str]] = {"from_builder": [], "files": [], "post": ["set -e"]}
+        for e in self.env:
+            sections["post"].append(f'export {e.name}="{e.value}"')
+        for step in self.steps:
+            for key, lines in step.apptainer().items():
+                sections[key] += lines
+        # Apptainer has no bind mounts between stages: what Docker binds is copied, then removed.
+        taken = [*self.from_builder, *(d for d in self.binds_builder if d not in self.from_builder)]
+        sections["from_builder"] = [f"{d} {d}" for d in taken]
+        if paths.SETUP_DIR in taken:
+            sections["post"].append(f"rm -rf {paths.SETUP_DIR}")
+        return sections
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything the renderers need; built by :func:`build_plan`."""
+
+    resolution: Resolution
+    builder: Stage
+    runtime: Stage
+    toolchain_home: Optional[str]  # where the builder has nvcc (None: it has none)
+    kept_toolchain_home: Optional[str]  # the same, when the runtime keeps it
+    image_env: tuple[EnvVar, ...]  # the final image's environment, stack-wide part first
+    image_files: Copy
+    manifest_file: Copy
+    labels: Label
+    manifest: dict
+    build_files: dict[str, str] = field(default_factory=dict)  # build dir path -> templates/files path
+
+    @property
+    def base_env(self) -> tuple[EnvVar, ...]:
+        return tuple(e for e in self.image_env if e.layer == "base")
+
+    @property
+    def gpu_env(self) -> tuple[EnvVar, ...]:
+        return tuple(e for e in self.image_env if e.layer == "gpu")
+
+    @property
+    def tag(self) -> str:
+        return self.resolution.tag
+
+    def apptainer_final(self) -> dict[str, list[str]]:
+        """The final stage's Apptainer sections: the runtime stage plus the image's files."""
+        sections = self.runtime.apptainer()
+        sections["files"] = sections["files"] + [*self.image_files.apptainer()["files"],
+                                                 *self.manifest_file.apptainer()["files"]]
+        return sections
+
+
+def _step_files(*names: str) -> tuple[FileCopy, ...]:
+    return tuple(FileCopy(f"{STEPS_SOURCE}/{n}", f"{paths.SETUP_DIR}/{n}") for n in names)
+
+
+def build_plan(r: Resolution) -> BuildPlan:
+    """Derive the whole build from a resolution: the one place each fact is decided."""
+    m, s, req = r.matrix, r.stack, r.request
+    os_release = m.bases.families[s.os]
+    toolchain = m.bases.toolchains[s.toolchain]
+    python_pkg = os_release.python[s.python]
+    needs = sorted({n for o in r.ops for n in m.ops[o].needs})
+    builder_pkgs = [p.replace("{python}", python_pkg) for p in os_release.builder_packages]
+    runtime_pkgs = [p.replace("{python}", python_pkg) for p in os_release.runtime_packages]
+    for need in needs:
+        builder_pkgs += os_release.capabilities[need].get("builder", [])
+        runtime_pkgs += os_release.capabilities[need].get("runtime", [])
+
+    # The CUDA toolchain, decided once: the base image brings it, or a step installs it only
+    # when something needs nvcc.
+    installs_toolchain = toolchain.install is not None and r.nvcc_reason is not None
+    toolchain_home = toolchain.cuda_home if (toolchain.install is None or installs_toolchain) else None
+    kept_toolchain_home = toolchain_home if req.keep_toolchain else None
+
+    apt_env = (("ENVBUILD_APT_HOSTS", " ".join(os_release.mirror_hosts)),)
+    os_step = Step("os", tuple(builder_pkgs), files=_step_files("lib.sh", "os.sh"), env=apt_env,
+                   secrets=APT_SECRETS,
+                   comment=f"{python_pkg} with headers and a host compiler for the DeepSpeed ops")
+    steps = [
+        os_step,
+        Step("venv", (f"/usr/bin/{python_pkg}",), files=_step_files("venv.sh"),
+             comment="one virtual environment holds the whole stack"),
+        Step("torch", (r.torch_index or "-", f"torch=={s.torch}", f"torchvision=={r.torchvision}"),
+             files=_step_files("torch.sh"), secrets=(*PIP_SECRETS, "torch_index_url"),
+             comment=f"torch first: DeepSpeed's ops compile against it (CUDA {s.cuda}"
+                     f"{', ' + r.torch_index if r.torch_index else ', the PyPI default wheel'})"),
+    ]
+    if installs_toolchain:
+        install = toolchain.install
+        requirement = f"{install.package}[{','.join(install.extras)}]=={s.cuda_toolkit}"
+        steps.append(Step("cuda-toolkit", (requirement, install.prefix, toolchain.cuda_home),
+                          files=_step_files("cuda-toolkit.sh"), secrets=PIP_SECRETS,
+                          comment=f"nvcc {s.cuda_toolkit} from PyPI, outside the venv ({r.nvcc_reason})"))
+    ds_env = [("DS_ACCELERATOR", "cuda"), ("DS_BUILD_OPS", "0")]
+    ds_env += [(f"DS_BUILD_{m.ops[o].env}", "1") for o in r.ops]
+    ds_env += [("TORCH_CUDA_ARCH_LIST", r.arch_list), ("ENVBUILD_CPU_TARGET", req.cpu_target)]
+    if toolchain_home:
+        ds_env.append(("CUDA_HOME", toolchain_home))
+    if req.keep_toolchain:
+        ds_env.append(("ENVBUILD_KEEP_TOOLCHAIN", "1"))
+    ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(m.deepspeed_file.build_requires)))
+    steps.append(Step("deepspeed", (f"deepspeed=={s.deepspeed}", *r.ops), env=tuple(ds_env),
+                      files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py"), secrets=PIP_SECRETS,
+                      comment="DeepSpeed with its ops pre-built for the target arches; the build "
+                              "fails unless DeepSpeed recorded every op for cuda"))
+    venv_env = (EnvVar("VIRTUAL_ENV", paths.VENV, "", "", "base"),
+                EnvVar("PATH", f"{paths.VENV}/bin:${{PATH}}", "", "", "base"))
+    builder = Stage("builder", r.base_images["builder"], tuple(steps), env=venv_env)
+
+    # The runtime stage, derived from the builder: --keep-toolchain is this one branch.
+    if req.keep_toolchain:
+        kept = (paths.VENV, paths.SETUP_DIR)
+        if installs_toolchain:
+            kept += (toolchain.install.prefix,)
+        again = replace(os_step, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
+        runtime = Stage("runtime", r.base_images["builder"], (again,), from_builder=kept, reuses_builder=True)
+    else:
+        runtime_os = Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
+                          comment=f"{python_pkg} runtime only: no compiler, no headers")
+        runtime = Stage("runtime", r.base_images["runtime"], (runtime_os,), from_builder=(paths.VENV,),
+                        binds_builder=(paths.SETUP_DIR,))
+
+    image_env = _image_env(r, kept_toolchain_home)
+    image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES))
+    plan = BuildPlan(
+        resolution=r, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
+        kept_toolchain_home=kept_toolchain_home, image_env=image_env, image_files=image_files,
+        manifest_file=Copy((FileCopy("manifest.json", paths.MANIFEST),)),
+        labels=Label(tuple(_labels(r))), manifest={},
+        build_files={**{f.source: "files/steps/" + posixpath.basename(f.source)
+                        for step in steps for f in step.files},
+                     **{f.source: "files/" + posixpath.basename(f.source) for f in image_files.files}},
+    )
+    object.__setattr__(plan, "manifest", _manifest(plan))
+    return plan
+
+
+IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
+
+
+def _image_env(r: Resolution, kept_toolchain_home: Optional[str]) -> tuple[EnvVar, ...]:
+    """The final image's environment: the venv (and a kept toolchain) first on PATH, then the
+    resolution's defaults in their order; a user's --env of the same name wins."""
+    own = [f"{paths.VENV}/bin"] + ([f"{kept_toolchain_home}/bin"] if kept_toolchain_home else [])
+    structural = [
+        EnvVar("VIRTUAL_ENV", paths.VENV, "the pinned stack lives in one virtual environment", "envbuild", "base"),
+        EnvVar("PATH", ":".join([*own, SYSTEM_PATH]),
+               "the venv first, then nvcc (--keep-toolchain)" if kept_toolchain_home
+               else "the venv first; no compiler directory", "envbuild", "base"),
+    ]
+    toolchain = [EnvVar("CUDA_HOME", kept_toolchain_home, "--keep-toolchain: the CUDA compiler stays in the image",
+                        "bases.yaml toolchains", "base")] if kept_toolchain_home else []
+    user = {e.name for e in r.env if e.source == "user"}
+    env: list[EnvVar] = [e for e in structural if e.name not in user]
+    for e in r.env:
+        env.append(e)
+        if e.name == "TORCH_CUDA_ARCH_LIST":  # the toolchain next to the arches it compiles for
+            env += [t for t in toolchain if t.name not in user]
+    return tuple(env)
+
+
+def _labels(r: Resolution) -> list[tuple[str, str]]:
+    s = r.stack
+    return [
+        ("org.opencontainers.image.title", f"envbuild {r.tag}"),
+        ("org.opencontainers.image.description",
+         f"torch {s.torch} (CUDA {s.cuda}, Python {s.python}) + DeepSpeed {s.deepspeed} with pre-built "
+         f"ops for {r.gpu.name} ({r.gpu.sm})"),
+        ("org.opencontainers.image.version", r.tag),
+        ("org.opencontainers.image.base.name", r.base_images["runtime"]),
+        ("io.envbuild.version", __version__),
+        ("io.envbuild.stack", s.id),
+        ("io.envbuild.gpu", r.gpu.name),
+        ("io.envbuild.python", s.python),
+        ("io.envbuild.cuda", s.cuda),
+        ("io.envbuild.torch", s.torch),
+        ("io.envbuild.torchvision", r.torchvision),
+        ("io.envbuild.deepspeed", s.deepspeed),
+        ("io.envbuild.ds-ops", ",".join(r.ops)),
+        ("io.envbuild.torch-cuda-arch-list", r.arch_list),
+        ("io.envbuild.cpu-target", r.request.cpu_target),
+        ("io.envbuild.min-driver", r.driver.min_driver),
+    ]
+
+
+def _manifest(plan: BuildPlan) -> dict:
+    """The resolved build; also copied into the image as /opt/envbuild/manifest.json."""
+    r = plan.resolution
+    s = r.stack
+    return {
+        "schema": 1,
+        "envbuild": __version__,
+        "tag": r.tag,
+        "image": r.image_ref,
+        "stack": s.id,
+        "python": s.python,
+        "cuda": s.cuda,
+        "torch": s.torch,
+        "torchvision": r.torchvision,
+        "deepspeed": s.deepspeed,
+        "nccl": r.nccl,
+        "gpu": r.gpu.name,
+        "gpu_cc": r.gpu.cc,
+        "torch_cuda_arch_list": r.arch_list,
+        "ds_ops": r.ops,
+        "ds_ops_dropped": [{"op": o, "reason": why} for o, why in r.dropped_ops],
+        "cpu_target": r.request.cpu_target,
+        "toolchain": s.toolchain,
+        "toolchain_kept": r.request.keep_toolchain,
+        "torch_index": r.torch_index,
+        "env": {e.name: e.value for e in plan.image_env},
+        "env_reasons": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source,
+                         **({"cost": e.cost} if e.cost else {})} for e in plan.image_env],
+        "node_env": [{"name": d.name, "value": d.value, "when": d.node.model_dump(exclude_none=True),
+                      "reason": d.reason, "source": d.source, "cost": d.cost} for d in r.node_env],
+        "driver": {"cuda": s.cuda, "min_driver": r.driver.min_driver, "branch": r.driver.branch,
+                   "forward_compat": r.matrix.cuda_file.forward_compat, "source": r.driver.source},
+        "base_images": dict(r.base_images),
+    }

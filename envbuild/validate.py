@@ -1,0 +1,502 @@
+"""Refuse bad input before it becomes a broken build: one paragraph naming the input, what
+is wrong with it and the nearest valid choice of the same kind (exit 2, nothing written).
+
+What is checked here, and what is not:
+
+- ``--image-repo``: the OCI distribution spec's repository grammar (path components
+  ``[a-z0-9]+((\\.|_|__|-+)[a-z0-9]+)*``, an optional ``host[:port]/`` in front), no tag,
+  no digest (envbuild writes the tags).
+- ``--base-image`` / ``--builder-image``: a valid reference (``name[:tag][@digest]``), and
+  the distro release its name or tag names (``ubuntu:22.04``, ``...-ubuntu22.04``,
+  ``debian:bookworm-slim``, ``python:3.11-slim-trixie``) must be the stack's; a builder
+  named ``.../cuda:X.Y...`` must be a ``devel`` image of the stack's CUDA. Nothing is
+  pulled: a name that carries no release (a private mirror's ``base:v3``, a digest, a
+  moving tag such as ``latest``) is accepted without a claim.
+- ``--apt-mirror`` / ``--pip-index-url`` / ``--torch-index-url``: http(s) URLs.
+- ``--env``: names, characters that would break the Dockerfile or ``%environment``,
+  ``PATH`` (refused: see :func:`check_env`); warnings for overrides that bring back what
+  the image prevents (:func:`env_warnings`).
+- Empty values, version values of the wrong kind (``--cuda cu128``, ``--torch cu130``),
+  ``--ds-ops`` mixing a preset with op names, ``--stack`` with contradicting versions.
+- GPU names as ``nvidia-smi`` prints them (:func:`gpu_spellings`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+from urllib.parse import urlsplit
+
+from packaging.version import Version
+
+from .errors import EnvbuildError, nearest
+
+# ---------------------------------------------------------------- OCI names
+# github.com/opencontainers/distribution-spec spec.md ("<name> MUST match") and
+# github.com/distribution/reference regexp.go for the registry host, tag and digest.
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_PATH = rf"{_COMPONENT}(?:/{_COMPONENT})*"
+TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+DIGEST_RE = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$")
+NAME_MAX = 255
+
+
+def _split_domain(name: str) -> tuple[str, str]:
+    """('registry:5000', 'team/app') or ('', 'library/app'): the first component is a
+    registry host when it has a '.' or ':' or is 'localhost' (docker's rule)."""
+    first, sep, rest = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return "", name
+
+
+def valid_repository(name: str) -> bool:
+    """An OCI repository name: [host[:port]/]path, at most 255 characters."""
+    domain, path = _split_domain(name)
+    return (len(name) <= NAME_MAX and bool(re.fullmatch(_PATH, path))
+            and (not domain or bool(re.fullmatch(_HOST, domain))))
+
+
+def split_reference(ref: str) -> tuple[str, Optional[str], Optional[str]]:
+    """'host:5000/a/b:tag@sha256:...' -> ('host:5000/a/b', 'tag', 'sha256:...')."""
+    name, _, digest = ref.partition("@")
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    tag = None
+    if colon > slash:
+        name, tag = name[:colon], name[colon + 1:]
+    return name, tag, (digest if "@" in ref else None)
+
+
+def sanitize_repository(text: str, default: str = "envbuild") -> str:
+    """The nearest valid repository name: lower-case, other characters -> '-'."""
+    name, _, _ = split_reference(text.strip())
+    domain, path = _split_domain(name)
+    parts = []
+    for comp in path.lower().split("/"):
+        comp = re.sub(r"[^a-z0-9._-]+", "-", comp)
+        comp = re.sub(r"[._-]*([._-])[._-]*", lambda m: "__" if m.group(0) == "__" else m.group(1), comp)
+        comp = comp.strip("._-")
+        if comp:
+            parts.append(comp)
+    if not parts:
+        parts = [default]
+    if domain and re.fullmatch(_HOST, domain):
+        parts.insert(0, domain)
+    return "/".join(parts)
+
+
+_GRAMMAR = ("path components are lower-case letters and digits separated by '.', '_', '__' or '-', joined by "
+            "'/', with an optional registry host[:port]/ in front")
+
+
+def check_image_repo(repo: Optional[str]) -> None:
+    """--image-repo: a repository name only (envbuild writes the readable and content tags)."""
+    if repo is None:
+        return
+    if not repo.strip():
+        raise EnvbuildError("--image-repo is empty; give a repository such as envbuild (the default) or "
+                            "registry.example.com/team/envbuild.")
+    name, tag, digest = split_reference(repo)
+    if (tag is not None or digest is not None) and valid_repository(name):
+        if digest is None and tag and tag.isdigit() and "/" not in name:  # 'localhost:5000': a registry
+            raise EnvbuildError(f"--image-repo '{repo}' is a registry host:port without a repository; "
+                                f"nearest valid choice: --image-repo {repo}/envbuild.")
+        what = f"a digest (@{digest})" if digest is not None else f"a tag (:{tag})"
+        raise EnvbuildError(f"--image-repo '{repo}' carries {what}; it takes a repository only, envbuild writes the "
+                            f"tags itself (the readable tag and a content tag). Nearest valid choice: "
+                            f"--image-repo {name}.")
+    if not valid_repository(repo):
+        raise EnvbuildError(f"--image-repo '{repo}' is not a valid OCI repository name ({_GRAMMAR}; at most "
+                            f"{NAME_MAX} characters); nearest valid choice: --image-repo {sanitize_repository(repo)}.")
+
+
+def check_image_reference(flag: str, ref: Optional[str]) -> None:
+    """--base-image / --builder-image: name[:tag][@sha256:digest] as Docker and Apptainer take it."""
+    if ref is None:
+        return
+    if not ref.strip():
+        raise EnvbuildError(f"{flag} is empty; give an image reference such as ubuntu:24.04 or "
+                            f"registry.example.com/mirror/ubuntu:24.04@sha256:<64 hex digits>.")
+    name, tag, digest = split_reference(ref)
+    problems = []
+    if not name or not valid_repository(name):
+        problems.append(f"the name '{name}' is not a valid repository ({_GRAMMAR})")
+    if tag is not None and not TAG_RE.match(tag):
+        problems.append(f"the tag '{tag}' is not valid (letters, digits, '_', '.', '-', not starting with '.' or "
+                        f"'-', at most 128)")
+    if digest is not None and not DIGEST_RE.match(digest):
+        problems.append(f"the digest '{digest}' is not sha256:<64 lower-case hex digits> (or sha512:<128>)")
+    if problems:
+        fixed = sanitize_repository(name, default="ubuntu")
+        if tag is not None:
+            clean = re.sub(r"[^\w.-]+", "-", tag).lstrip(".-")[:128]
+            fixed += f":{clean}" if clean else ""
+        if digest is not None and DIGEST_RE.match(digest):
+            fixed += f"@{digest}"
+        raise EnvbuildError(f"{flag} '{ref}' is not a valid image reference: {'; '.join(problems)}. Nearest "
+                            f"valid choice: {flag} {fixed}.")
+
+
+# ---------------------------------------------------------------- distro releases
+
+UBUNTU_CODENAMES = {"bionic": "18.04", "focal": "20.04", "jammy": "22.04", "kinetic": "22.10", "lunar": "23.04",
+                    "mantic": "23.10", "noble": "24.04", "oracular": "24.10", "plucky": "25.04",
+                    "questing": "25.10"}
+DEBIAN_CODENAMES = {"buster": "10", "bullseye": "11", "bookworm": "12", "trixie": "13", "forky": "14"}
+OTHER_DISTROS = ("rockylinux", "almalinux", "centos", "ubi", "rhel", "oraclelinux", "amazonlinux", "fedora",
+                 "alpine", "opensuse", "archlinux")
+_RELEASE_TOKEN = re.compile(rf"^(ubuntu|debian|{'|'.join(OTHER_DISTROS)})(\d[\d.]*)?$")
+
+
+def image_release(ref: str) -> Optional[tuple[str, str]]:
+    """(distro, version) named by an image reference, e.g. ('ubuntu', '22.04'), or None
+    when the name and tag say nothing about it (no pull: private names are not guessed)."""
+    name, tag, _ = split_reference(ref)
+    last = name.rsplit("/", 1)[-1]
+    tokens = re.split(r"[-_]", tag) if tag else []
+    if last == "ubuntu" and tokens and re.fullmatch(r"\d\d\.\d\d", tokens[0]):
+        return "ubuntu", tokens[0]
+    if last == "debian" and tokens and re.fullmatch(r"\d+(\.\d+)*", tokens[0]):
+        return "debian", tokens[0].split(".")[0]
+    for token in tokens:
+        if token in UBUNTU_CODENAMES:
+            return "ubuntu", UBUNTU_CODENAMES[token]
+        if token in DEBIAN_CODENAMES:
+            return "debian", DEBIAN_CODENAMES[token]
+        found = _RELEASE_TOKEN.match(token)
+        if found and found.group(2):
+            version = found.group(2)
+            return found.group(1), (version.split(".")[0] if found.group(1) == "debian" else version)
+    if last in OTHER_DISTROS:
+        return last, tokens[0] if tokens else ""
+    return None
+
+
+def _family_release(family: str) -> Optional[tuple[str, str]]:
+    """'ubuntu24.04' -> ('ubuntu', '24.04'); 'debian12' -> ('debian', '12')."""
+    found = re.fullmatch(r"([a-z]+)(\d[\d.]*)", family)
+    return (found.group(1), found.group(2)) if found else None
+
+
+def _retag(ref: str, want: tuple[str, str]) -> Optional[str]:
+    """The same image name with the release in its tag changed to `want` (same spelling)."""
+    name, tag, _ = split_reference(ref)
+    if not tag:
+        return None
+    distro, version = want
+    codenames = {v: k for k, v in (UBUNTU_CODENAMES if distro == "ubuntu" else DEBIAN_CODENAMES).items()}
+    out = []
+    for token in re.split(r"([-_])", tag):
+        if token in UBUNTU_CODENAMES or token in DEBIAN_CODENAMES:
+            token = codenames.get(version, f"{distro}{version}")
+        elif _RELEASE_TOKEN.match(token) and _RELEASE_TOKEN.match(token).group(2):
+            token = f"{distro}{version}"
+        out.append(token)
+    if name.rsplit("/", 1)[-1] in ("ubuntu", "debian") and re.fullmatch(r"\d+(\.\d+)*", out[0]):
+        if name.rsplit("/", 1)[-1] != distro:
+            return None
+        out[0] = version
+    new = "".join(out)
+    return f"{name}:{new}" if new != tag else None
+
+
+def check_base_images(m, stack, req) -> None:
+    """A --base-image/--builder-image must be the stack's distro release (the venv is built
+    with that release's Python and copied between the stages); a named CUDA builder must be
+    a devel image of the stack's CUDA (DeepSpeed checks nvcc against torch's CUDA)."""
+    want = _family_release(stack.os)
+    images = [("--base-image", req.base_image, stack.base_images.runtime),
+              ("--builder-image", req.builder_image, stack.base_images.builder)]
+    for flag, ref, own in images:
+        if not ref:
+            continue
+        have = image_release(ref)
+        if want and have and have != want:
+            same_release = sorted(s.id for s in m.stacks if _family_release(s.os) == have)
+            retagged = _retag(ref, want)
+            choices = [c for c in (retagged, own) if c]
+            other = (f", or a stack built on {have[0]}{have[1]}: --stack {', '.join(same_release)}"
+                     if same_release else f"; no stack in the matrix is built on {have[0]}{have[1]}")
+            raise EnvbuildError(
+                f"{flag} '{ref}' is {have[0]} {have[1]}, but stack {stack.id} is built on {stack.os} (its "
+                f"Python {stack.python} and the venv copied between the stages come from that release). Nearest "
+                f"valid choices: {flag} {' or '.join(dict.fromkeys(choices))}{other}.")
+        if flag == "--builder-image" and stack.toolchain != "pypi":
+            _check_cuda_builder(ref, stack)
+
+
+def _check_cuda_builder(ref: str, stack) -> None:
+    name, tag, _ = split_reference(ref)
+    if name.rsplit("/", 1)[-1] != "cuda" or not tag:
+        return  # not an NVIDIA CUDA image by name: nothing to check without a pull
+    found = re.match(r"^(\d+)\.(\d+)(?:\.\d+)?-(.*)$", tag)
+    if not found:
+        return
+    cuda, flavour = f"{found.group(1)}.{found.group(2)}", found.group(3)
+    own = stack.base_images.builder
+    if cuda != stack.cuda:
+        raise EnvbuildError(f"--builder-image '{ref}' is CUDA {cuda}, but stack {stack.id}'s torch is built for CUDA "
+                            f"{stack.cuda} and DeepSpeed checks nvcc against it (rule toolchain). Nearest valid "
+                            f"choice: --builder-image {own}.")
+    if "devel" not in flavour.split("-"):
+        raise EnvbuildError(f"--builder-image '{ref}' is a {flavour.split('-')[0]} image without nvcc; the builder "
+                            f"compiles DeepSpeed's CUDA ops. Nearest valid choice: a devel image such as "
+                            f"--builder-image {own}.")
+
+
+# ---------------------------------------------------------------- URLs
+
+
+def _redact(url: str) -> str:
+    """A URL fit for an error message: no password."""
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+def check_url(flag: str, url: Optional[str]) -> None:
+    """--pip-index-url / --torch-index-url / --apt-mirror: an http(s) URL with a host."""
+    if url is None:
+        return
+    shown = _redact(url)
+    example = {"--apt-mirror": "https://mirror.example.com",
+               "--pip-index-url": "https://pypi.example.com/simple",
+               "--torch-index-url": "https://mirror.example.com/whl/cu128"}[flag]
+    if not url.strip():
+        raise EnvbuildError(f"{flag} is empty; give an http(s) URL such as {example}, or leave the option out.")
+    bad = sorted({c for c in url if c.isspace() or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise EnvbuildError(f"{flag} '{shown}' contains {' '.join(repr(c) for c in bad)}; a URL has no spaces or "
+                            f"control characters (write a space as %20), e.g. {example}.")
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https"):
+        rest = url.split("://", 1)[-1]
+        hint = f"https://{rest}" if rest and not rest.startswith("/") else example
+        raise EnvbuildError(f"{flag} '{shown}' is not an http(s) URL (pip and apt fetch over http or https); "
+                            f"nearest valid choice: {flag} {_redact(hint)}.")
+    try:
+        host = parts.hostname
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as e:
+        raise EnvbuildError(f"{flag} '{shown}' is not a valid URL ({e}); e.g. {example}.") from None
+    if not host:
+        raise EnvbuildError(f"{flag} '{shown}' has no host; e.g. {flag} {example}.")
+    if flag == "--apt-mirror" and (parts.query or parts.fragment or set("&#\\|'\"") & set(url)):
+        raise EnvbuildError(f"--apt-mirror '{shown}' may not carry a query, a fragment or any of & # \\ | ' \" "
+                            f"(it replaces the distro host in apt's sources); e.g. {example}.")
+
+
+def check_mirror_options(options: dict) -> None:
+    """The mirror URLs and --ca-cert, as the CLI passes them (option name -> value)."""
+    for flag in ("--pip-index-url", "--torch-index-url", "--apt-mirror"):
+        check_url(flag, options.get(flag[2:].replace("-", "_")))
+    ca_cert = options.get("ca_cert")
+    if ca_cert is not None and not ca_cert.strip():
+        raise EnvbuildError("--ca-cert is empty; give a PEM file such as /etc/ssl/certs/ca-certificates.crt, or "
+                            "leave the option out.")
+
+
+# ---------------------------------------------------------------- --env
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# '$', '"', '\\' and '`' break Dockerfile ENV quoting; '}' and "'" break the Apptainer
+# %environment line NAME="${NAME:-value}" (bash and Apptainer's interpreter read them).
+_ENV_FORBIDDEN = set('$"\\`}\'')
+
+
+def check_env(env: tuple[tuple[str, str], ...], runtime_path: str) -> None:
+    for name, value in env:
+        if not _ENV_NAME.match(name):
+            fixed = re.sub(r"[^A-Za-z0-9_]", "_", name.strip()).lstrip("0123456789") or "NAME"
+            raise EnvbuildError(f"--env '{name}' is not a valid environment variable name (letters, digits and '_', "
+                                f"not starting with a digit); use NAME=VALUE, e.g. --env {fixed}={value}.")
+        if name == "PATH":
+            raise EnvbuildError(
+                f"--env PATH=... is not supported: envbuild sets PATH itself ({runtime_path}: the venv first) and "
+                f"a baked PATH would drop the venv in Docker while Apptainer kept the host's. To add a directory, "
+                f"put the tools in /usr/local/bin (already on PATH) in a derived image, or per job: "
+                f"`apptainer exec --env PREPEND_PATH=/your/bin ...` or `docker run -e PATH=/your/bin:{runtime_path} "
+                f"...`.")
+        bad = sorted({c for c in value if c in _ENV_FORBIDDEN or ord(c) < 32 or ord(c) == 127})
+        if bad:
+            raise EnvbuildError(f"--env {name}: the value may not contain {' '.join(repr(c) for c in bad)} (it is "
+                                f"written into Dockerfile ENV lines and Apptainer %environment shell code); use "
+                                f"plain text.")
+
+
+_SHARED = ("~", "/home/", "/root/", "/gpfs/", "/lustre/", "/nfs/", "/shared/")
+
+
+def env_warnings(resolution) -> list[str]:
+    """Warnings (not errors) for --env overrides that bring back what the image prevents."""
+    out = []
+    for name, value in resolution.request.env:
+        if name in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR") and (value == "~" or value.startswith(_SHARED)):
+            tilde = " ('~' is not expanded in an ENV line: it is a directory named '~')" if value[:1] == "~" else ""
+            out.append(f"--env {name}={value} puts the compile cache on a shared home/network filesystem{tilde}: "
+                       f"jobs on several nodes then share its lock files, the torch_extensions hang of field reports "
+                       f"1 and 2. Left unset, the image picks a per-job, node-local directory.")
+        elif name == "DS_ACCELERATOR" and value != "cuda":
+            out.append(f"--env DS_ACCELERATOR={value}: the DeepSpeed ops were pre-built for cuda; with another "
+                       f"accelerator DeepSpeed treats them as missing and JIT-compiles (or fails) at run time.")
+        elif name.startswith("DS_BUILD_"):
+            out.append(f"--env {name}={value} is a DeepSpeed build switch: the ops are already pre-built (--ds-ops "
+                       f"chooses them); baked in, it only changes what a later `pip install deepspeed` compiles.")
+        elif name == "TORCH_CUDA_ARCH_LIST" and value != resolution.arch_list:
+            out.append(f"--env TORCH_CUDA_ARCH_LIST={value}: the ops were pre-built for {resolution.arch_list} "
+                       f"({resolution.gpu.name}); another list only matters to run-time JIT compiles.")
+        elif name == "LD_LIBRARY_PATH":
+            out.append("--env LD_LIBRARY_PATH replaces the base image's value in Docker (nvidia/cuda sets "
+                       "/usr/local/nvidia/lib:/usr/local/nvidia/lib64 for the driver libraries), while in Apptainer "
+                       "a value set on the host wins.")
+    return out
+
+
+# ---------------------------------------------------------------- versions and ops
+
+KIND = {"python": "Python", "cuda": "CUDA", "torch": "torch", "deepspeed": "DeepSpeed"}
+VERSION_FLAGS = {  # attribute: (flag, example version, example specifier)
+    "python": ("--python", "3.12", ">=3.10"),
+    "cuda": ("--cuda", "12.8", ">=12.6"),
+    "torch": ("--torch", "2.11", ">=2.5,<2.8"),
+    "deepspeed": ("--deepspeed", "0.19.8", ">=0.16"),
+}
+_PREFIXES = [  # a name glued to a version: which kind it is
+    (re.compile(r"^(?:cu|cuda)[-=]*(\d+)$", re.I), "cuda", lambda d: f"{d[:-1]}.{d[-1]}" if len(d) >= 3 else None),
+    (re.compile(r"^(?:cuda|cu)[-=]*(\d+\.\d+(?:\.\d+)?)$", re.I), "cuda", lambda d: d),
+    (re.compile(r"^(?:cp|py)(3)(\d+)$", re.I), "python", None),
+    (re.compile(r"^(?:py|python|cpython)[-=]*(\d+\.\d+)$", re.I), "python", lambda d: d),
+    (re.compile(r"^(?:torch|pytorch)[-=]*(\d+(?:\.\d+)*)$", re.I), "torch", lambda d: d),
+    (re.compile(r"^(?:ds|deepspeed)[-=]*(\d+(?:\.\d+)*)$", re.I), "deepspeed", lambda d: d),
+]
+
+
+def _tagged_version(text: str) -> Optional[tuple[str, str]]:
+    """'cu128' -> ('cuda', '12.8'); 'cp312' -> ('python', '3.12'); 'torch2.11' -> ('torch', '2.11')."""
+    for pattern, kind, convert in _PREFIXES:
+        found = pattern.match(text.strip())
+        if found:
+            if kind == "python" and convert is None:
+                return kind, f"{found.group(1)}.{found.group(2)}"
+            version = convert(found.group(1))
+            if version:
+                return kind, version
+    return None
+
+
+def _matrix_values(m, attr: str) -> list[str]:
+    return sorted({getattr(s, attr) for s in m.stacks}, key=Version)
+
+
+def check_versions(m, req) -> None:
+    from . import rules
+
+    for attr, (flag, example, spec_example) in VERSION_FLAGS.items():
+        value = getattr(req, attr)
+        if value is None:
+            continue
+        have = ", ".join(_matrix_values(m, attr))
+        if not value.strip():
+            raise EnvbuildError(f"{flag} is empty; give a version such as {flag} {example} or a specifier such as "
+                                f"{flag} '{spec_example}' (the matrix has {KIND[attr]} {have}), or leave the option out.")
+        tagged = _tagged_version(value)
+        if tagged:
+            kind, version = tagged
+            right = VERSION_FLAGS[kind][0]
+            if kind == attr:
+                raise EnvbuildError(f"{flag} '{value}' is a wheel/tag spelling; write the {KIND[attr]} version: "
+                                    f"{flag} {version}.")
+            raise EnvbuildError(f"{flag} '{value}' is a {KIND[kind]} version, not a {KIND[attr]} version; did you mean "
+                                f"{right} {version}? ({KIND[attr]} versions in the matrix: {have}.)")
+        try:
+            spec = rules.user_specifier(flag, value)
+        except EnvbuildError:
+            raise EnvbuildError(f"{flag} '{value}' is neither a version nor a PEP 440 specifier; examples: "
+                                f"{flag} {example}, {flag} '{spec_example}' (the matrix has {KIND[attr]} {have}).") from None
+        if not any(spec.contains(Version(v), prereleases=True) for v in _matrix_values(m, attr)):
+            bare = re.fullmatch(r"\d+(\.\d+)*", value.strip())
+            for other in VERSION_FLAGS:
+                if bare and other != attr and any(spec.contains(Version(v)) for v in _matrix_values(m, other)):
+                    raise EnvbuildError(
+                        f"{flag} {value} matches no {KIND[attr]} version in the matrix ({have}); {value} is a {KIND[other]} version: "
+                        f"did you mean {VERSION_FLAGS[other][0]} {value}?")
+
+
+def check_stack_versions(m, req) -> None:
+    """--stack with --torch/--cuda/--python/--deepspeed that contradict the stack's own."""
+    if not req.stack:
+        return
+    from . import rules
+
+    stack = m.stack(req.stack)
+    for attr, (flag, _, _) in VERSION_FLAGS.items():
+        value = getattr(req, attr)
+        if value and not rules.user_specifier(flag, value).contains(Version(getattr(stack, attr)), prereleases=True):
+            fits = [s.id for s in m.stacks if rules.user_specifier(flag, value).contains(Version(getattr(s, attr)))]
+            alt = (f", or drop --stack and keep {flag} {value} (stacks with it: {', '.join(fits)})" if fits else "")
+            raise EnvbuildError(f"--stack {stack.id} has {KIND[attr]} {getattr(stack, attr)}, which contradicts {flag} "
+                                f"{value}. Drop {flag} (the stack pins it){alt}.")
+
+
+def check_ds_ops(m, choice: Optional[str]) -> None:
+    """Presets stand alone; a list is op names. Spaces around names are trimmed."""
+    if choice is None:
+        return
+    presets = {"all": sorted(m.ops), **m.deepspeed_file.presets}
+    if not choice.strip():
+        raise EnvbuildError(f"--ds-ops is empty; give a preset ({', '.join(presets)}) or a comma list of ops such "
+                            f"as --ds-ops cpu_adam,fused_adam.")
+    names = [n.strip() for n in choice.split(",")]
+    if "" in names:
+        fixed = ",".join(n for n in names if n)
+        raise EnvbuildError(f"--ds-ops '{choice}' has an empty item; nearest valid choice: --ds-ops {fixed}.")
+    mixed = [n for n in names if n in presets]
+    if mixed and len(names) > 1:
+        ops = [n for n in names if n not in presets]
+        expanded = sorted({o for p in mixed for o in presets[p]} | set(ops))
+        raise EnvbuildError(f"--ds-ops '{choice}' mixes the preset {', '.join(mixed)} with op names; a preset stands "
+                            f"alone. To add ops to a preset, list them all: --ds-ops {','.join(expanded) or 'none'}.")
+
+
+def check_request(m, req, runtime_path: str) -> None:
+    """Every check that needs only the request and the matrix (run before resolving)."""
+    check_versions(m, req)
+    check_stack_versions(m, req)
+    check_ds_ops(m, req.ds_ops)
+    check_image_repo(req.image_repo)
+    check_image_reference("--base-image", req.base_image)
+    check_image_reference("--builder-image", req.builder_image)
+    check_env(req.env, runtime_path)
+
+
+# ---------------------------------------------------------------- GPU names
+
+_VENDOR = {"nvidia", "tesla", "geforce", "quadro"}
+_DROP = re.compile(r"^(\d+gb|sxm\d*|pcie|nvl|nvlink|hbm\d*e?|gddr\d*x?|oem)$")
+
+
+def gpu_spellings(name: str) -> list[str]:
+    """Keys to look a GPU up by, most literal first: the name as given, then with the
+    vendor, memory size and form factor dropped, as nvidia-smi prints them
+    ('NVIDIA H100 80GB HBM3' -> h100, 'Tesla V100-SXM2-32GB' -> v100,
+    'NVIDIA GeForce RTX 4090' -> rtx-4090)."""
+    if not name or not name.strip():
+        raise EnvbuildError("--gpu is empty; give a GPU profile such as h100, or the name nvidia-smi prints "
+                            "('NVIDIA H100 80GB HBM3'); `envbuild gpus` lists the profiles.")
+    key = name.strip().lower().replace("_", "-").replace(" ", "-")
+    out = [key, key.replace("-", "")]
+    tokens = [t for t in re.split(r"[\s_\-]+", name.strip().lower()) if t]
+    kept = [t for t in tokens if t not in _VENDOR and not _DROP.match(t)]
+    if kept:
+        out += ["-".join(kept), "".join(kept)]
+    return list(dict.fromkeys(out))
+
+
+def unknown_gpu(name: str, spellings: list[str], profiles: list[str]) -> EnvbuildError:
+    read = f" (read as '{spellings[-1]}')" if spellings[-1] != spellings[0] else ""
+    hint = nearest(spellings[-1], profiles)
+    did = f" did you mean {', '.join(hint)}?" if hint else ""
+    return EnvbuildError(
+        f"unknown GPU '{name}'{read};{did} Known GPUs: {', '.join(profiles)} (`envbuild gpus` lists them with "
+        f"aliases; a GPU not in the matrix needs a profile in matrices/gpus.yaml, see README 'Adding a GPU').")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# cuda-toolkit.sh REQUIREMENT PREFIX CUDA_HOME: nvcc from PyPI's cuda-toolkit wheels,
+# installed outside the venv into PREFIX; CUDA_HOME is where the wheels put the toolkit.
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+pip_env
+requirement=$1 prefix=$2 home=$3
+"$(venv_dir)/bin/pip" install --target "$prefix" "$requirement"
+# DeepSpeed and cpp_extension expect a classic CUDA_HOME: nvcc.profile and torch link
+# with -L$CUDA_HOME/lib64 and -lcudart.
+[[ -e $home/lib64 ]] || ln -s lib "$home/lib64"
+for lib in "$home"/lib/lib*.so.*; do
+    [[ -e $lib ]] || continue
+    plain=${lib%%.so.*}.so
+    [[ -e $plain ]] || ln -s "$(basename "$lib")" "$plain"
+done
+# torch's headers include cublas/cusparse/cusolver headers, which the wheels torch itself
+# depends on carry (in the venv) but the nvcc extras do not: link them in.
+site=$("$(venv_dir)/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+wheel_include=$site/nvidia/$(basename "$home")/include
+if [[ -d $wheel_include ]]; then
+    cp -rsn "$wheel_include/." "$home/include/"
+fi
+"$home/bin/nvcc" --version | tail -n 2

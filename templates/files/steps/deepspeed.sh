@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# deepspeed.sh SPEC OP...: DeepSpeed with OP... pre-built, then checked.
+# ENVBUILD_DS_BUILD_REQUIRES: what setup.py imports before pip resolves anything
+# (deepspeed.yaml build_requires); with --no-build-isolation they must be there first.
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+pip_env
+spec=$1; shift
+venv=$(venv_dir)
+
+# Wrap the host compilers so DeepSpeed's `-march=native` becomes the declared CPU target:
+# an image built on an AVX-512 runner must not die with SIGILL on older nodes.
+if [[ -n ${ENVBUILD_CPU_TARGET:-} ]]; then
+    mkdir -p "$TMP/cc-bin"
+    for name in cc c++ gcc g++ x86_64-linux-gnu-gcc x86_64-linux-gnu-g++; do
+        if [[ -x /usr/bin/$name ]]; then ln -s "$STEPS_DIR/cc-wrapper.sh" "$TMP/cc-bin/$name"; fi
+    done
+    export PATH="$TMP/cc-bin:$PATH"
+    log "CPU ops target $ENVBUILD_CPU_TARGET (-march=native is rewritten)"
+fi
+# shellcheck disable=SC2086  # a list of requirement strings without spaces
+"$venv/bin/pip" install ${ENVBUILD_DS_BUILD_REQUIRES:?the deepspeed step needs its build requirements}
+DS_ENABLE_NINJA=1 "$venv/bin/pip" install --no-build-isolation "$spec"
+"$venv/bin/python" "$STEPS_DIR/verify_ops.py" "$@"
+if [[ ${ENVBUILD_KEEP_TOOLCHAIN:-0} != 1 ]]; then
+    # Without ninja nothing can JIT-compile at run time, even by accident.
+    "$venv/bin/pip" uninstall -y -q ninja
+fi

@@ -1,0 +1,41 @@
+# shellcheck shell=bash
+# Shared by every envbuild build step (sourced, never run): secrets, the CA bundle, pip's
+# index. Mirrors and the extra CA are read from secret files in /run/secrets (BuildKit
+# secret mounts; `apptainer build --bind DIR:/run/secrets`): ca_cert, pip_index_url,
+# torch_index_url, apt_mirror. They are used from a temporary directory removed before the
+# step ends, so no layer, history entry or label ever holds them.
+set -euo pipefail
+
+SECRETS=${ENVBUILD_SECRETS_DIR:-/run/secrets}
+# shellcheck disable=SC2034  # read by the steps that source this file
+STEPS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+TMP=$(mktemp -d /tmp/envbuild.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+log() { printf 'envbuild: %s\n' "$*" >&2; }
+
+# The first line of a secret file, or nothing.
+secret() {
+    if [[ -s "$SECRETS/$1" ]]; then head -n 1 "$SECRETS/$1" | tr -d '\r\n'; fi
+}
+
+# Trust the system CAs plus the extra one (a TLS-intercepting proxy's), for pip and apt.
+ca_bundle() {
+    [[ -s "$SECRETS/ca_cert" ]] || return 0
+    local system=/etc/ssl/certs/ca-certificates.crt
+    { if [[ -s $system ]]; then cat "$system"; fi; cat "$SECRETS/ca_cert"; } > "$TMP/ca.pem"
+    export PIP_CERT="$TMP/ca.pem" SSL_CERT_FILE="$TMP/ca.pem" REQUESTS_CA_BUNDLE="$TMP/ca.pem"
+}
+
+pip_env() {
+    ca_bundle
+    local index
+    index=$(secret pip_index_url)
+    if [[ -n $index ]]; then export PIP_INDEX_URL="$index"; fi
+}
+
+# The stack's virtual environment: the stage sets VIRTUAL_ENV (one place: the build plan).
+venv_dir() {
+    printf '%s' "${VIRTUAL_ENV:?the build stage sets VIRTUAL_ENV}"
+}

@@ -1,0 +1,174 @@
+"""The build plan: each derived fact decided once, so no format can disagree with another.
+
+The two tests below reproduce defects of the renderer that decided CUDA_HOME and PATH in
+several places (issue 7); each fails on the code before the plan existed."""
+
+import subprocess
+
+from envbuild.render import render_files
+from envbuild.resolve import Request, resolve
+
+
+def _environment_section(text: str) -> str:
+    return text.split("%environment\n", 1)[1].split("\n%", 1)[0]
+
+
+def test_keep_toolchain_without_nvcc_advertises_no_toolchain(matrix):
+    """PyPI-CUDA stack, CPU-only ops: no cuda-toolkit step runs, so no image format may bake
+    a CUDA_HOME or put its bin on PATH."""
+    r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam",
+                                keep_toolchain=True))
+    files = render_files(r)
+    assert "cuda-toolkit" not in files["Dockerfile"].decode()
+    for name in ("Dockerfile", "Singularity.def", "Singularity.standalone.def", "manifest.json"):
+        text = files[name].decode()
+        assert "/opt/cuda-pypi" not in text, name
+        assert "CUDA_HOME" not in text, name
+
+
+def test_keep_toolchain_puts_nvcc_on_path_in_every_format(matrix):
+    """Apptainer's %environment must put the kept nvcc on PATH also when the host's PATH is
+    set (it always is), exactly as the Dockerfile's ENV does."""
+    r = resolve(matrix, Request(gpu="h100", stack="torch2.11-cu130-py3.12", keep_toolchain=True))
+    files = render_files(r)
+    runtime = files["Dockerfile"].decode().split("AS runtime", 1)[1]
+    docker_path = next(line for line in runtime.splitlines() if line.strip().startswith('PATH="'))
+    assert "/usr/local/cuda/bin" in docker_path
+    for name in ("Singularity.def", "Singularity.standalone.def"):
+        section = _environment_section(files[name].decode()).replace(". /opt/envbuild/env.sh", ":")
+        out = subprocess.run(["sh", "-c", section + '\nprintf %s "$PATH"'],
+                             env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+        entries = out.stdout.split(":")
+        assert entries[:2] == ["/opt/venv/bin", "/usr/local/cuda/bin"], (name, out.stdout)
+        assert "/usr/bin" in entries  # the host's PATH is kept after the image's own directories
+
+
+# ---------------------------------------------------------------- one exact string per block per format
+
+import pytest  # noqa: E402
+
+from envbuild.plan import Copy, Environment, FileCopy, Label, build_plan  # noqa: E402
+from envbuild.resolve import EnvVar  # noqa: E402
+
+DS_REQUIRES = "'einops hjson msgpack ninja numpy packaging>=20.0 psutil py-cpuinfo pydantic>=2.0.0 tqdm'"
+STEPS = {
+    "os": (
+        "# python3.11 with headers and a host compiler for the DeepSpeed ops\n"
+        "COPY envbuild/steps/lib.sh envbuild/steps/os.sh /opt/envbuild-setup/\n"
+        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=apt_mirror \\\n"
+        "    ENVBUILD_APT_HOSTS='deb.debian.org security.debian.org' \\\n"
+        "    bash /opt/envbuild-setup/os.sh ca-certificates g++ python3.11-dev python3.11-venv",
+        {"files": ["envbuild/steps/lib.sh /opt/envbuild-setup/lib.sh", "envbuild/steps/os.sh /opt/envbuild-setup/os.sh"],
+         "post": ["# python3.11 with headers and a host compiler for the DeepSpeed ops",
+                  "ENVBUILD_APT_HOSTS='deb.debian.org security.debian.org' bash /opt/envbuild-setup/os.sh "
+                  "ca-certificates g++ python3.11-dev python3.11-venv"]}),
+    "venv": (
+        "# one virtual environment holds the whole stack\n"
+        "COPY envbuild/steps/venv.sh /opt/envbuild-setup/venv.sh\n"
+        "RUN bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11",
+        {"files": ["envbuild/steps/venv.sh /opt/envbuild-setup/venv.sh"],
+         "post": ["# one virtual environment holds the whole stack", "bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11"]}),
+    "torch": (
+        "# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel)\n"
+        "COPY envbuild/steps/torch.sh /opt/envbuild-setup/torch.sh\n"
+        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url --mount=type=secret,id=torch_index_url \\\n"
+        "    bash /opt/envbuild-setup/torch.sh - torch==2.11.0 torchvision==0.26.0",
+        {"files": ["envbuild/steps/torch.sh /opt/envbuild-setup/torch.sh"],
+         "post": ["# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel)",
+                  "bash /opt/envbuild-setup/torch.sh - torch==2.11.0 torchvision==0.26.0"]}),
+    "cuda-toolkit": (
+        "# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)\n"
+        "COPY envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/cuda-toolkit.sh\n"
+        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
+        "    bash /opt/envbuild-setup/cuda-toolkit.sh 'cuda-toolkit[nvcc,nvvm,crt,cccl,cudart]==13.0.2' "
+        "/opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13",
+        {"files": ["envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/cuda-toolkit.sh"],
+         "post": ["# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)",
+                  "bash /opt/envbuild-setup/cuda-toolkit.sh 'cuda-toolkit[nvcc,nvvm,crt,cccl,cudart]==13.0.2' "
+                  "/opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13"]}),
+    "deepspeed": (
+        "# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed recorded "
+        "every op for cuda\n"
+        "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/verify_ops.py /opt/envbuild-setup/\n"
+        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
+        "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
+        "    TORCH_CUDA_ARCH_LIST=9.0 \\\n    ENVBUILD_CPU_TARGET=x86-64-v3 \\\n"
+        "    CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 \\\n"
+        f"    ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES} \\\n"
+        "    bash /opt/envbuild-setup/deepspeed.sh deepspeed==0.19.8 cpu_adam fused_adam",
+        {"files": ["envbuild/steps/deepspeed.sh /opt/envbuild-setup/deepspeed.sh",
+                   "envbuild/steps/cc-wrapper.sh /opt/envbuild-setup/cc-wrapper.sh",
+                   "envbuild/steps/verify_ops.py /opt/envbuild-setup/verify_ops.py"],
+         "post": ["# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed "
+                  "recorded every op for cuda",
+                  "DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 "
+                  "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
+                  f"ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES} bash /opt/envbuild-setup/deepspeed.sh "
+                  "deepspeed==0.19.8 cpu_adam fused_adam"]}),
+}
+
+
+@pytest.fixture(scope="module")
+def ci_plan(matrix):
+    return build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi",
+                                              ds_ops="cpu_adam,fused_adam")))
+
+
+@pytest.mark.parametrize("fmt", ["docker", "apptainer"])
+@pytest.mark.parametrize("name", list(STEPS))
+def test_each_step_renders_exactly(ci_plan, name, fmt):
+    step = next(s for s in ci_plan.builder.steps if s.name == name)
+    assert step.render(fmt) == STEPS[name][0 if fmt == "docker" else 1]
+
+
+def test_steps_are_in_build_order(ci_plan):
+    assert [s.name for s in ci_plan.builder.steps] == list(STEPS)
+
+
+BLOCKS = [
+    (Copy((FileCopy("manifest.json", "/opt/envbuild/manifest.json"),)),
+     "COPY manifest.json /opt/envbuild/manifest.json",
+     {"files": ["manifest.json /opt/envbuild/manifest.json"]}),
+    (Copy((FileCopy("envbuild/a.sh", "/opt/x/a.sh"), FileCopy("envbuild/b.sh", "/opt/x/b.sh"))),
+     "COPY envbuild/a.sh envbuild/b.sh /opt/x/",
+     {"files": ["envbuild/a.sh /opt/x/a.sh", "envbuild/b.sh /opt/x/b.sh"]}),
+    (Environment((EnvVar("NCCL_DEBUG", "WARN", "", "", "gpu"),
+                  EnvVar("PATH", "/opt/venv/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                                 "/usr/bin:/sbin:/bin", "", "", "base"))),
+     'ENV NCCL_DEBUG="WARN" \\\n    PATH="/opt/venv/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:'
+     '/usr/sbin:/usr/bin:/sbin:/bin"',
+     {"environment": ['NCCL_DEBUG="${NCCL_DEBUG:-WARN}"', "export NCCL_DEBUG",
+                      'PATH="/opt/venv/bin:${PATH:-/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:'
+                      '/usr/bin:/sbin:/bin}"', "export PATH"]}),
+    (Environment((EnvVar("GREETING", "grüß dich", "", "", "gpu"),)),
+     'ENV GREETING="grüß dich"',  # UTF-8 as it is, not \\u escapes
+     {"environment": ['GREETING="${GREETING:-grüß dich}"', "export GREETING"]}),
+    (Label((("io.envbuild.gpu", "h20"), ("io.envbuild.stack", "s1"))),
+     'LABEL io.envbuild.gpu="h20" \\\n      io.envbuild.stack="s1"',
+     {"labels": ["io.envbuild.gpu h20", "io.envbuild.stack s1"]}),
+]
+
+
+@pytest.mark.parametrize("fmt", ["docker", "apptainer"])
+@pytest.mark.parametrize("block, docker, apptainer", BLOCKS, ids=["copy-one", "copy-dir", "env", "env-utf8", "label"])
+def test_each_block_renders_exactly(block, docker, apptainer, fmt):
+    assert block.render(fmt) == (docker if fmt == "docker" else apptainer)
+
+
+def test_an_unknown_format_is_named():
+    with pytest.raises(ValueError, match="unknown output format 'bake'"):
+        Copy(()).render("bake")
+
+
+def test_keep_toolchain_is_one_property_of_the_runtime_stage(matrix):
+    """--keep-toolchain derives the runtime from the builder: Docker reuses the stage, and
+    Apptainer (which cannot) re-runs the builder's OS step and copies its products."""
+    plan = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", keep_toolchain=True)))
+    assert plan.runtime.reuses_builder and plan.runtime.render("docker") == "FROM builder AS runtime"
+    final = plan.runtime.render("apptainer")
+    assert final["from_builder"] == ["/opt/venv /opt/venv", "/opt/envbuild-setup /opt/envbuild-setup",
+                                     "/opt/cuda-pypi /opt/cuda-pypi"]
+    assert final["post"][-1] == "rm -rf /opt/envbuild-setup"
+    assert plan.runtime.steps[0].args == plan.builder.steps[0].args  # the compilers come back
+    lean = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))
+    assert not lean.runtime.reuses_builder and "g++" not in lean.runtime.steps[0].args

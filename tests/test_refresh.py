@@ -25,7 +25,8 @@ from envbuild.errors import EnvbuildError
 from envbuild.refresh import deepspeed_facts, ds_history, layout, torch_facts, writer
 from envbuild.refresh.cli import refresh
 from envbuild.refresh.metadata import PythonTags, linux_wheels, python_range, specifier_text
-from envbuild.refresh.pypi import FixtureIndex, PyPI
+from envbuild.refresh.fixtures import FixtureIndex
+from envbuild.refresh.pypi import PyPI
 
 UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
 FIXTURE_TORCH = ["2.5.1", "2.7.1", "2.14.1", "2.15.0"]

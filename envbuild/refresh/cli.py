@@ -11,7 +11,8 @@ import click
 
 from ..errors import EnvbuildError
 from . import ds_history, torch_facts, writer
-from .pypi import FixtureIndex, Index, PyPI
+from .fixtures import FixtureIndex
+from .pypi import Index, PyPI
 
 
 def default_cache_dir() -> Path:

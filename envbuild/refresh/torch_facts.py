@@ -149,6 +149,8 @@ def pair_torchvision(index: Index, version: Version) -> tuple[Optional[DistFile]
 
 
 def _newest_minor(wheels: list[DistFile]) -> int:
+    """A Python the wheels install on, to evaluate markers with (12 for py3-none wheels:
+    torchvision's torch requirement carries no Python marker)."""
     tags = PythonTags(wheels)
     return max(tags.exact) if tags.exact else (tags.from_minor or 12)
 

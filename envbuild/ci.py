@@ -43,3 +43,14 @@ def write_workflow(m: Matrix, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_workflow(m))
     return out
+
+
+REFRESH_WORKFLOW = Path(".github") / "workflows" / "matrix-refresh.yml"
+
+
+def render_refresh_workflow(runner: str = "ubuntu-latest", cron: str = "17 5 * * 1",
+                            branch: str = "matrix-refresh/pypi") -> str:
+    """The weekly workflow that runs `envbuild matrix refresh --write`, the fast tests, and
+    opens a pull request with the diff."""
+    return _environment().get_template("ci/matrix-refresh.yml.j2").render(
+        runner=runner, cron=cron, branch=branch, python="3.11", gha=lambda expr: "${{ " + expr + " }}")

@@ -389,12 +389,16 @@ def _markers_note(texts):
         out.print(f"\n{MARKERS}", markup=False, soft_wrap=False)
 
 
-@main.command("matrix")
+@main.group("matrix", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--wide", is_flag=True, help="Every column (torchvision, OS, toolchain, base images).")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
-def matrix_cmd(as_json, wide, matrix_dir):
-    """List the pinned stacks, with the oldest NVIDIA driver each one needs."""
+@click.pass_context
+def matrix_cmd(ctx, as_json, wide, matrix_dir):
+    """List the pinned stacks, with the oldest NVIDIA driver each one needs
+    (`envbuild matrix refresh`: derive the release facts from PyPI)."""
+    if ctx.invoked_subcommand:
+        return
     from .matrix import load_matrix
     from .tables import STACK_HEADERS, STACK_NARROW, narrow, stack_notes, stack_rows
 
@@ -412,6 +416,11 @@ def matrix_cmd(as_json, wide, matrix_dir):
     out.print("\nmin driver: the oldest NVIDIA driver (Linux) the stack's CUDA runs on; older data-centre "
               "drivers need NVIDIA's forward-compatibility package (README: The matrix).", soft_wrap=False)
     _markers_note([n for _, n in stack_notes(m)])
+
+
+from .refresh import refresh_command  # noqa: E402  (registered under `matrix`)
+
+matrix_cmd.add_command(refresh_command)
 
 
 @main.command()

@@ -1,0 +1,83 @@
+"""The `envbuild matrix refresh` command: derive, merge, diff, and (with --write) write."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import click
+
+from ..errors import EnvbuildError
+from . import ds_history, torch_facts, writer
+from .fixtures import FixtureIndex
+from .pypi import Index, PyPI
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "envbuild" / "pypi"
+
+
+def refresh(index: Index, matrix_dir: Path,
+            progress: Callable[[str], None] = lambda _: None) -> tuple[list[writer.FileChange], list[str]]:
+    """The refreshed torch.yaml and deepspeed.yaml (nothing written) and a line per changed fact."""
+    torch_path, ds_path = matrix_dir / "torch.yaml", matrix_dir / "deepspeed.yaml"
+    torch_text, torch_data = writer.load(torch_path)
+    ds_text, ds_data = writer.load(ds_path)
+    derived = []
+    for version in torch_facts.tracked_releases(index):
+        progress(f"torch {version}")
+        derived.append(torch_facts.derive_release(index, version))
+    new_torch = writer.merge_torch(torch_data, derived, torch_path)
+    versions = [str(r.get("deepspeed")) for r in ds_data["releases"] if isinstance(r, dict)]
+    progress(f"deepspeed {', '.join(versions)} and the ops table")
+    history = ds_history.derive(index, versions)
+    new_ds = writer.merge_deepspeed(ds_data, history, ds_path)
+    changes = [writer.FileChange(torch_path, torch_text, writer.render_torch(new_torch)),
+               writer.FileChange(ds_path, ds_text, writer.render_deepspeed(new_ds))]
+    facts = writer.summary(torch_data, new_torch, "torch") + writer.summary(ds_data, new_ds, "deepspeed")
+    return changes, facts
+
+
+@click.command("refresh")
+@click.option("--write", is_flag=True, help="Write the refreshed files (atomically) instead of only showing the diff.")
+@click.option("--offline", "offline", type=click.Path(file_okay=False),
+              help="Read saved fixtures from this directory instead of PyPI (tests).")
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+              help="Matrix directory to refresh (default: the built-in one).")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Where artifact reads are cached (default ~/.cache/envbuild/pypi).")
+@click.option("--facts", "show_facts", is_flag=True, help="Also list every changed fact, one per line, on stderr.")
+def refresh_command(write: bool, offline: Optional[str], matrix_dir: Optional[str], cache_dir: Optional[str],
+                    show_facts: bool):
+    """Derive the matrix's release facts from PyPI and show (or --write) the diff.
+
+    Exit 0: the matrix is current (or was written); 1: it differs and --write was not given;
+    2: a source changed shape or an input is bad."""
+    from ..resources import matrices_dir
+
+    directory = Path(matrix_dir) if matrix_dir else matrices_dir()
+    for name in ("torch.yaml", "deepspeed.yaml"):
+        if not (directory / name).is_file():
+            raise EnvbuildError(f"--matrix-dir {directory} has no {name}; point it at a matrix directory "
+                                f"such as matrices/.")
+    index = FixtureIndex(Path(offline)) if offline else PyPI(Path(cache_dir) if cache_dir else default_cache_dir())
+    changes, facts = refresh(index, directory, progress=lambda s: click.echo(f"  reading {s}", err=True))
+    changed = [c for c in changes if c.changed]
+    for change in changed:
+        click.echo(change.diff(f"{directory.name}/{change.path.name}"), nl=False)
+    if show_facts:
+        for line in facts:
+            click.echo(f"  {line}", err=True)
+    if not changed:
+        click.echo("the matrix is current with PyPI", err=True)
+        return
+    counts = f"{len(facts)} derived facts differ in {', '.join(c.path.name for c in changed)}"
+    if write:
+        writer.write_all(changed)
+        click.echo(f"wrote {', '.join(str(c.path) for c in changed)} ({counts})", err=True)
+        return
+    click.echo(f"{counts}; run `envbuild matrix refresh --write` to apply", err=True)
+    sys.exit(1)

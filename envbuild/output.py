@@ -37,7 +37,6 @@ from pathlib import Path, PurePosixPath
 from .errors import EnvbuildError
 
 RECORD = ".envbuild-files"
-EXECUTABLE = {"setup.sh", "cc-wrapper.sh", "entrypoint.sh"}
 _RECORD_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
 
 
@@ -240,8 +239,10 @@ def _write_record(out: Path, data: bytes) -> None:
         raise
 
 
-def _mode(rel: str) -> int:
-    return 0o755 if PurePosixPath(rel).name in EXECUTABLE else 0o644
+def _mode(data: bytes) -> int:
+    """Scripts meant to run directly (a #! line: the step scripts, cc-wrapper.sh, entrypoint.sh)
+    are executable; everything else, sourced files (env.sh, lib.sh) included, is not."""
+    return 0o755 if data.startswith(b"#!") else 0o644
 
 
 def _swap(out: Path, old: dict[str, set[str]] | None, files: dict[str, bytes]) -> None:
@@ -259,7 +260,7 @@ def _swap(out: Path, old: dict[str, set[str]] | None, files: dict[str, bytes]) -
         for rel in sorted(files):
             dest = out / rel
             made += _mkdirs(dest.parent)
-            staged[rel] = _write_temp(dest.parent, dest.name, files[rel], _mode(rel))
+            staged[rel] = _write_temp(dest.parent, dest.name, files[rel], _mode(files[rel]))
         for rel in sorted(old):
             if os.path.lexists(out / rel):
                 kept[rel] = _keep_old(out / rel)

@@ -46,7 +46,8 @@ def test_render_twice_is_byte_identical(cli, tmp_path):
     a, b = tree(tmp_path / "a"), tree(tmp_path / "b")
     assert a == b and len(a) >= 9
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "a").rglob("*") if p.is_file()}
-    assert modes["entrypoint.sh"] == 0o755 and modes["Dockerfile"] == 0o644
+    assert modes["entrypoint.sh"] == modes["cc-wrapper.sh"] == modes["deepspeed.sh"] == 0o755
+    assert modes["Dockerfile"] == modes["env.sh"] == modes["lib.sh"] == 0o644  # sourced, not run
 
 
 def test_build_dir_has_everything_the_dockerfile_copies(matrix, tmp_path):

@@ -23,7 +23,7 @@ class BuildSecrets:
     """Mirror URLs and an extra CA, handed to the build as secrets only.
 
     They are never rendered into a file of the build directory, a layer, the history or a
-    label: setup.sh reads them from /run/secrets inside one build step and removes its copy.
+    label: the step scripts read them from /run/secrets inside one build step and removes its copy.
     Each field name is the secret's id.
     """
 

@@ -289,7 +289,7 @@ def build(output, **kw):
 @click.option("--timeout", default=900, show_default=True, help="Seconds before a hung smoke test is killed.")
 def smoke(image, gpus, as_json, timeout):
     """Run the image's built-in smoke test; non-zero exit on any failed check."""
-    from .smoke import record_path, run_smoke, table_rows
+    from .verdict import record_path, run_smoke, table_rows
 
     rep = run_smoke(image, gpus=gpus, timeout=timeout)
     if as_json:

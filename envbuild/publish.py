@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from .engine import Engine, RegistryError, get_engine
 from .errors import EnvbuildError
-from .smoke import require_passed
+from .verdict import require_passed
 
 TRANSIENT = re.compile(r"\b(50[0234])\b|internal server error|bad gateway|service unavailable|gateway time"
                        r"|connection reset|broken pipe|\beof\b|i/o timeout|tls handshake timeout"

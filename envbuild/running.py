@@ -20,6 +20,7 @@ import yaml
 
 from . import validate
 from .errors import EnvbuildError
+from .image import paths
 from .resolve import Resolution
 
 LOCAL_REPO = "envbuild"
@@ -138,7 +139,7 @@ def next_commands(r: Resolution, path: Path, build_command: Optional[str] = None
     lines.append(f"{DOCKER_RUN} {image}")
     if local_only(r.request.image_repo):  # no %test: run the smoke test by hand
         lines.append(f"apptainer build {sif} docker-daemon://{image}"
-                     f" && apptainer exec --nv {sif} /opt/venv/bin/python /opt/envbuild/smoke.py")
+                     f" && apptainer exec --nv {sif} {paths.VENV_PYTHON} {paths.SMOKE}")
     else:
         lines.append(f"apptainer build {sif} {shlex.quote(str(Path(path) / 'Singularity.def'))}"
                      f" && apptainer test --nv {sif}")

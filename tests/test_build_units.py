@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from envbuild import build, publish, smoke
+from envbuild import build, publish
+from envbuild import verdict as smoke
 from envbuild.engine import docker as docker_engine
 from envbuild.errors import EnvbuildError
 from envbuild.render import render_files, write_build_dir

@@ -19,7 +19,8 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from envbuild import build, publish, smoke
+from envbuild import build, publish
+from envbuild import verdict as smoke
 from envbuild.engine import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageInfo, RegistryError, RunResult,
                              get_engine, registry_of)
 from envbuild.engine.docker import DockerEngine

@@ -305,7 +305,8 @@ def smoke(image, gpus, as_json, timeout):
 
 @main.command()
 @click.argument("image")
-@click.option("--registry", required=True, help="Registry HOST[:PORT] to push to.")
+@click.option("--registry", required=True,
+              help="Registry HOST[:PORT][/NAMESPACE] to push to (the image keeps its last name component).")
 def push(image, registry):
     """Push an image whose smoke test passed (both tags), pull it back by digest, compare."""
     from .publish import push as do_push

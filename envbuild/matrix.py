@@ -224,6 +224,7 @@ class GpuProfile(_Strict):
     cc: str
     cc_inferred: bool = False
     generation: str  # the chip generation: Volta, Ampere, Hopper, Blackwell ...
+    host_arch: list[Literal["x86_64", "aarch64"]] = ["x86_64"]  # the CPUs of the nodes it comes in
     interconnect: str
     env: list[EnvDefault] = []
     requires: Optional[GpuRequires] = None
@@ -314,6 +315,7 @@ class Stack(_Strict):
     deepspeed: str
     os: str
     toolchain: str
+    arch: Literal["x86_64", "aarch64"] = "x86_64"  # the CPU architecture the image is built for
     cuda_toolkit: Optional[str] = None
     base_images: BaseImages
     note: Optional[str] = None

@@ -61,15 +61,24 @@ def with_retries(action: Callable[[], str], what: str, attempts: int = 4, delay:
     raise AssertionError("unreachable")
 
 
+def registry_host(registry: str) -> str:
+    """The host[:port] of a --registry that may carry a namespace: the API lives at its root.
+
+    >>> registry_host("ghcr.io/acme/team"), registry_host("127.0.0.1:5000")
+    ('ghcr.io', '127.0.0.1:5000')
+    """
+    return registry.split("/", 1)[0]
+
+
 def _registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30):
-    """Open https://REGISTRY/PATH, falling back to http (local registries on 127.0.0.0/8).
+    """Open https://HOST/PATH, falling back to http (local registries on 127.0.0.0/8).
 
     An HTTPError passes through (the registry answered); otherwise the last connection
     error is raised.
     """
     last: Exception = OSError("no scheme tried")
     for scheme in ("https", "http"):
-        req = urllib.request.Request(f"{scheme}://{registry}{path}", headers=headers or {})
+        req = urllib.request.Request(f"{scheme}://{registry_host(registry)}{path}", headers=headers or {})
         try:
             return urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError:
@@ -87,7 +96,8 @@ def check_reachable(registry: str, timeout: float = 10) -> None:
         return  # it answered (401 means: log in; that is reported on push)
     except (urllib.error.URLError, OSError) as e:
         raise EnvbuildError(f"registry {registry} cannot be reached ({getattr(e, 'reason', e)}); check "
-                            f"--registry HOST[:PORT] and that the registry is running.", exit_code=1) from None
+                            f"--registry HOST[:PORT][/NAMESPACE] and that the registry is running.",
+                            exit_code=1) from None
 
 
 def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict] | None:

@@ -10,6 +10,7 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``deepspeed-no-gpu`` the DeepSpeed release installs on a builder without a GPU
 - ``os-python``       the base OS family ships that Python
 - ``toolchain``       the builder's nvcc matches torch's CUDA (and torch's cuda-toolkit pin)
+- ``gpu-host-arch``   the image's CPU architecture is the one the GPU's nodes have (Grace: aarch64)
 - ``gpu-floor``       the GPU's own torch/CUDA floor (Blackwell: torch >= 2.7, CUDA >= 12.8)
 - ``gpu-arch``        the torch build carries code for the GPU's compute capability
 - ``gpu-jit-arch``    torch's cpp_extension accepts the GPU's arch (needed to pre-build ops)
@@ -154,6 +155,10 @@ def request_rejections(m, s, req) -> list[Rejection]:
 def gpu_rejections(m, s, gpu) -> list[Rejection]:
     """Can this stack serve this GPU?"""
     out = []
+    if s.arch not in gpu.host_arch:
+        out.append(Rejection("gpu-host-arch", f"{gpu.name} nodes have {' or '.join(gpu.host_arch)} CPUs, and an {s.arch} "
+                                              f"image cannot start there (the matrix has no "
+                                              f"{' or '.join(gpu.host_arch)} stack yet)"))
     req = gpu.requires
     if req:
         if req.torch and not contains(req.torch, s.torch):

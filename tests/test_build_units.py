@@ -153,3 +153,33 @@ def test_verify_ops_reads_the_record_without_importing_deepspeed(tmp_path):
     (pkg / "git_version_info_installed.py").write_text("installed_ops = {'cpu_adam': 1}\naccelerator_name = 'cpu'\n")
     r = run("cpu_adam")
     assert r.returncode == 1 and "recorded as 'cpu'" in r.stderr
+
+
+def test_registry_api_calls_go_to_the_host_root_when_registry_has_a_namespace():
+    """--registry ghcr.io/acme: the API is at https://ghcr.io/v2/acme/envbuild/..., not under
+    /acme/v2/ (a real HTTP server on 127.0.0.1 records the paths asked for)."""
+    import http.server
+    import threading
+
+    asked = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        registry = f"127.0.0.1:{server.server_port}/acme"
+        publish.check_reachable(registry, timeout=5)
+        assert publish.remote_manifest(registry, "acme/envbuild", "t1") is None
+    finally:
+        server.shutdown()
+    assert "/v2/" in asked and "/v2/acme/envbuild/manifests/t1" in asked
+    assert not any(p.startswith("/acme/") for p in asked)

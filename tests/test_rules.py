@@ -4,7 +4,7 @@ import pytest
 
 from envbuild import rules
 from envbuild.errors import EnvbuildError
-from envbuild.resolve import Request, resolve
+from envbuild.resolve import Request, explain_rows, resolve
 
 
 @pytest.mark.parametrize("cc, arches, ok", [
@@ -114,3 +114,13 @@ def test_pypi_stack_without_cuda_ops_skips_the_toolkit(matrix):
     assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "deepspeed"]
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam"))
     assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed"]
+
+
+@pytest.mark.parametrize("gpu", ["gh200", "gb200", "gb300", "gb10"])
+def test_grace_gpus_get_no_x86_image(matrix, gpu):
+    """Grace (and DGX Spark's GB10) hosts are aarch64: an x86-64 image cannot start there, so
+    no stack in the matrix may be chosen for them, and the reason says why."""
+    rows = explain_rows(matrix, Request(gpu=gpu))
+    assert rows and all(verdict == "rejected" and "[gpu-host-arch]" in why for _, verdict, why in rows)
+    with pytest.raises(EnvbuildError, match="aarch64 CPUs"):
+        resolve(matrix, Request(gpu=gpu))

@@ -34,10 +34,14 @@ class BuildResult:
 def content_hash(build_dir: Path) -> str:
     """sha256 over every file envbuild rendered (path, mode, bytes): the files its record
     lists, so a build.log, a .sif or the user's own files beside them change nothing."""
-    from .output import recorded_files
+    from .output import RECORD, recorded_files
 
+    rendered = recorded_files(build_dir)
+    if not rendered:
+        raise EnvbuildError(f"{build_dir} has no {RECORD}: it is not a directory envbuild rendered, so its "
+                            f"content tag would vouch for nothing; render it with `envbuild render -o {build_dir}`.")
     h = hashlib.sha256()
-    for rel in recorded_files(build_dir):
+    for rel in rendered:
         p = build_dir / rel
         h.update(f"{rel}\0{p.stat().st_mode & 0o111 != 0}\0".encode())
         h.update(p.read_bytes())

@@ -131,6 +131,9 @@ def _command_line(ctx: click.Context, skip=()) -> str:
         if p.name in skip or ctx.get_parameter_source(p.name) is not ParameterSource.COMMANDLINE:
             continue
         flag, value = max(p.opts, key=len), ctx.params[p.name]
+        if p.name in ("pip_index_url", "torch_index_url", "apt_mirror"):  # never print a password
+            from .validate import _redact
+            value = _redact(value)
         if getattr(p, "is_flag", False):
             words += [flag] if value else []
         elif p.multiple:
@@ -166,7 +169,7 @@ def _print_resolution(r, path=None):
             ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"),
             ("tag", r.tag), ("image", r.image_ref)]
     if r.dropped_ops:
-        rows.insert(7, ("ops left out", "; ".join(f"{op}: {why}" for op, why in r.dropped_ops)))
+        rows.insert(7, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each reason names its op
     if path:
         rows.append(("output", str(path)))
     for k, v in rows:  # plain lines: a tag or a path is never folded mid-name
@@ -288,6 +291,9 @@ def build(output, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print the smoke test's JSON result.")
 @click.option("--timeout", default=900, show_default=True, help="Seconds before a hung smoke test is killed.")
 def smoke(image, gpus, as_json, timeout):
+    if gpus is not None and not (gpus == "all" or gpus.isdigit()):
+        raise EnvbuildError(f"--gpus '{gpus}' is not 'all' or a count; give --gpus all (every GPU), or --gpus 2. "
+                            f"To pick devices, set CUDA_VISIBLE_DEVICES inside, or use docker run --gpus directly.")
     """Run the image's built-in smoke test; non-zero exit on any failed check."""
     from .verdict import record_path, run_smoke, table_rows
 

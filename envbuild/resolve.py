@@ -121,7 +121,7 @@ def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[st
     if keep_toolchain:
         tag += "-devel"
     if custom:
-        tag += "-custom-" + hashlib.sha256(repr(custom).encode()).hexdigest()[:8]
+        tag += "-custom-" + hashlib.sha256(repr(sorted(custom)).encode()).hexdigest()[:8]  # order-free
     assert TAG_RE.match(tag), tag
     return tag
 
@@ -146,7 +146,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
                "DeepSpeed >= 0.14.1 falls back to the CPU accelerator when no GPU is visible and then "
                "treats the pre-built CUDA ops as missing; pin it to the one the ops were built for",
                "build-notes.md pitfall 1; domain-facts.md section 2", "base"),
-        EnvVar("ENVBUILD_MIN_DRIVER", floor.min_driver,
+        EnvVar(paths.MIN_DRIVER_ENV, floor.min_driver,
                f"the oldest NVIDIA driver CUDA {s.cuda} runs on; the entrypoint and the smoke test say so "
                f"clearly on an older one, instead of CUDA error 803 later", floor.source, "base"),
         EnvVar("TORCH_CUDA_ARCH_LIST", arch_list,

@@ -117,9 +117,11 @@ def stack_rejections(m, s) -> list[Rejection]:
     if not contains(ds.torch, s.torch):
         out.append(Rejection("deepspeed-torch", f"DeepSpeed {s.deepspeed} needs torch {ds.torch}"))
     if not ds.gpu_free_install:
+        affected = ", ".join(r.deepspeed for r in m.deepspeed_file.releases if not r.gpu_free_install)
         out.append(Rejection("deepspeed-no-gpu", f"DeepSpeed {s.deepspeed} cannot be installed on a builder without a "
-                                                 f"GPU: with DS_ACCELERATOR=cuda its import (which setup.py runs) calls "
-                                                 f"torch.cuda.get_device_capability() (0.16.4-0.17.4)"))
+                                                 f"GPU: with DS_ACCELERATOR=cuda its import (which setup.py runs) asks "
+                                                 f"the GPU for its compute capability (releases on record that do: "
+                                                 f"{affected}; deepspeed.yaml gpu_free_install)"))
     family = m.bases.families[s.os]
     if s.python not in family.python:
         out.append(Rejection("os-python", f"{s.os} ships Python {', '.join(family.python)}, not {s.python}"))

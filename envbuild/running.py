@@ -98,6 +98,9 @@ def image_repo(repo: Optional[str], registry: Optional[str], matrix_dir: Path) -
             check_image_repo(repo, "--image-repo")  # names the CI placeholder
         validate.check_image_repo(repo)
         return repo
+    if registry is not None and not registry.strip():
+        raise EnvbuildError("--registry (or ENVBUILD_REGISTRY) is empty; give where the images are pushed, e.g. "
+                            "ghcr.io/acme, or leave it out for the local name envbuild.")
     if registry:
         registry = check_image_repo(registry.strip().rstrip("/"), "--registry", suffix="/x")
         if not registry_host(registry + "/x"):

@@ -216,7 +216,7 @@ def check_base_images(m, stack, req) -> None:
         have = image_release(ref)
         if want and have and have != want:
             same_release = sorted(s.id for s in m.stacks if _family_release(s.os) == have)
-            retagged = _retag(ref, want)
+            retagged = _retag(ref, want) if have[0] == want[0] else None  # never 'debian:noble'
             choices = [c for c in (retagged, own) if c]
             other = (f", or a stack built on {have[0]}{have[1]}: --stack {', '.join(same_release)}"
                      if same_release else f"; no stack in the matrix is built on {have[0]}{have[1]}")
@@ -224,11 +224,15 @@ def check_base_images(m, stack, req) -> None:
                 f"{flag} '{ref}' is {have[0]} {have[1]}, but stack {stack.id} is built on {stack.os} (its "
                 f"Python {stack.python} and the venv copied between the stages come from that release). Nearest "
                 f"valid choices: {flag} {' or '.join(dict.fromkeys(choices))}{other}.")
-        if flag == "--builder-image" and stack.toolchain != "pypi":
-            _check_cuda_builder(ref, stack)
+        if flag == "--builder-image" and not m.bases.toolchains[stack.toolchain].install:
+            _check_cuda_image(ref, stack, flag, own, need_nvcc=True)
+        elif flag == "--base-image":
+            _check_cuda_image(ref, stack, flag, own, need_nvcc=False)
 
 
-def _check_cuda_builder(ref: str, stack) -> None:
+def _check_cuda_image(ref: str, stack, flag: str, own: str, need_nvcc: bool) -> None:
+    """An NVIDIA CUDA image by name must be the stack's CUDA (its NVIDIA_REQUIRE_CUDA lets
+    an older driver start the container otherwise), and a devel one where nvcc is needed."""
     name, tag, _ = split_reference(ref)
     if name.rsplit("/", 1)[-1] != "cuda" or not tag:
         return  # not an NVIDIA CUDA image by name: nothing to check without a pull
@@ -236,15 +240,15 @@ def _check_cuda_builder(ref: str, stack) -> None:
     if not found:
         return
     cuda, flavour = f"{found.group(1)}.{found.group(2)}", found.group(3)
-    own = stack.base_images.builder
     if cuda != stack.cuda:
-        raise EnvbuildError(f"--builder-image '{ref}' is CUDA {cuda}, but stack {stack.id}'s torch is built for CUDA "
-                            f"{stack.cuda} and DeepSpeed checks nvcc against it (rule toolchain). Nearest valid "
-                            f"choice: --builder-image {own}.")
-    if "devel" not in flavour.split("-"):
-        raise EnvbuildError(f"--builder-image '{ref}' is a {flavour.split('-')[0]} image without nvcc; the builder "
+        why = ("DeepSpeed checks nvcc against it (rule toolchain)" if need_nvcc else
+               "the image's NVIDIA_REQUIRE_CUDA would let a driver too old for the stack start the container")
+        raise EnvbuildError(f"{flag} '{ref}' is CUDA {cuda}, but stack {stack.id}'s torch is built for CUDA "
+                            f"{stack.cuda} and {why}. Nearest valid choice: {flag} {own}.")
+    if need_nvcc and "devel" not in flavour.split("-"):
+        raise EnvbuildError(f"{flag} '{ref}' is a {flavour.split('-')[0]} image without nvcc; the builder "
                             f"compiles DeepSpeed's CUDA ops. Nearest valid choice: a devel image such as "
-                            f"--builder-image {own}.")
+                            f"{flag} {own}.")
 
 
 # ---------------------------------------------------------------- URLs
@@ -461,6 +465,15 @@ def check_ds_ops(m, choice: Optional[str]) -> None:
 
 def check_request(m, req, runtime_path: str) -> None:
     """Every check that needs only the request and the matrix (run before resolving)."""
+    if req.stack is not None and not req.stack.strip():
+        raise EnvbuildError("--stack is empty; give a stack id such as "
+                            f"{max(m.stacks, key=lambda s: Version(s.torch)).id} (`envbuild matrix` lists them), "
+                            f"or leave it out for the newest stack the GPU allows.")
+    names = [name for name, _ in req.env]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise EnvbuildError(f"--env {twice[0]} is given {names.count(twice[0])} times; give each variable once "
+                            f"(the last one would silently win).")
     check_versions(m, req)
     check_stack_versions(m, req)
     check_ds_ops(m, req.ds_ops)

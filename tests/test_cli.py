@@ -103,3 +103,17 @@ def test_the_default_render_picks_the_newest_torch_on_pypi(cli, production_matri
     r = cli("render", "--gpu", "h20", "-o", str(tmp_path / "o"), production=True)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["torch"] == newest.torch
+
+
+@pytest.mark.parametrize("gpus", ["0,1", "device=0"])
+def test_smoke_gpus_that_are_not_all_or_a_count_are_refused(cli, gpus):
+    """They reached int(gpus) inside the engine: an internal error, exit 70."""
+    r = cli("smoke", "envbuild:none", "--gpus", gpus)
+    _assert_clean_failure(r, [f"--gpus '{gpus}' is not 'all' or a count", "--gpus all"])
+
+
+def test_next_lines_never_print_a_password(cli, tmp_path):
+    r = cli("render", "--gpu", "h20", "--pip-index-url", "https://user:s3cret@mirror.example/simple",
+            "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "s3cret" not in r.stdout + r.stderr and "https://***@mirror.example/simple" in r.stdout

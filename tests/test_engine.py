@@ -20,6 +20,7 @@ import docker.errors
 import pytest
 
 from envbuild import build, publish
+from envbuild.output import write_build_dir
 from envbuild import verdict as smoke
 from envbuild.engine import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageInfo, RegistryError, RunResult,
                              get_engine, registry_of)
@@ -105,7 +106,7 @@ def test_registry_of(ref, registry):
 
 # --------------------------------------------------------------------------- build.py over an engine
 def test_build_tags_readable_and_content_tag_after_success(tmp_path):
-    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    write_build_dir({"Dockerfile": b"FROM scratch\n"}, tmp_path)  # a rendered dir: with its record
     engine = FakeEngine()
     res = build.build_image(tmp_path, "t1", "repo", BuildSecrets(), engine=engine)
     content = build.content_tag("t1", tmp_path)
@@ -117,6 +118,7 @@ def test_build_tags_readable_and_content_tag_after_success(tmp_path):
 def test_build_failure_is_worded_by_build_py_and_tags_nothing(tmp_path):
     engine = FakeEngine(build_error=BuildFailed("[builder 4/7] RUN setup.sh deepspeed", ["g++ failed", "exit 1"],
                                                 " Is dockerd running?"))
+    write_build_dir({"Dockerfile": b"FROM scratch\n"}, tmp_path)
     with pytest.raises(EnvbuildError) as info:
         build.build_image(tmp_path, "t1", "repo", BuildSecrets(), engine=engine)
     assert info.value.exit_code == 1

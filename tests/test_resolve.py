@@ -104,3 +104,9 @@ def test_non_default_choices_change_the_tag(matrix):
     assert resolve(matrix, Request(gpu="h20", ds_ops="all")).tag.startswith(base + "-ops-")
     assert resolve(matrix, Request(gpu="h20", cpu_target="x86-64-v4")).tag == base + "-x86_64-v4"
     assert resolve(matrix, Request(gpu="h20", keep_toolchain=True)).tag == base + "-devel"
+
+
+def test_custom_env_tag_does_not_depend_on_option_order(matrix):
+    a = resolve(matrix, Request(gpu="h20", env=(("A", "2"), ("B", "1")))).tag
+    b = resolve(matrix, Request(gpu="h20", env=(("B", "1"), ("A", "2")))).tag
+    assert a == b and "-custom-" in a

@@ -323,7 +323,7 @@ def test_compilers_allowed_when_toolchain_kept(tmp_path):
 
 
 def test_env_check():
-    manifest = {"env": {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "PATH": "/opt/venv/bin:/usr/bin"}}
+    manifest = {"env": {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "PATH": f"/opt/venv/bin:{paths.SYSTEM_PATH}"}}
     ok, detail = checks.check_env(manifest, {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
                                              "PATH": "/opt/venv/bin:/opt/venv/bin:/host/bin",
                                              "TORCH_EXTENSIONS_DIR": "/tmp/te-42"})
@@ -335,6 +335,15 @@ def test_env_check():
     ok, detail = checks.check_env(manifest, {"NCCL_P2P_DISABLE": "0", "NCCL_NVLS_ENABLE": "0", "PATH": "/usr/bin"})
     assert ok is False and "PATH does not start with /opt/venv/bin" in detail
     assert checks.check_env({"env": {}}, {})[0] is True
+
+
+def test_env_check_needs_every_image_path_entry_in_order():
+    """--keep-toolchain: a PATH that lost the kept nvcc directory fails (it used to pass:
+    only the first entry was checked)."""
+    kept = {"env": {"PATH": f"/opt/venv/bin:/usr/local/cuda/bin:{paths.SYSTEM_PATH}"}}
+    assert checks.check_env(kept, {"PATH": "/opt/venv/bin:/usr/local/cuda/bin:/host/bin"})[0] is True
+    ok, detail = checks.check_env(kept, {"PATH": "/opt/venv/bin:/usr/bin:/bin"})
+    assert ok is False and "PATH does not start with /opt/venv/bin:/usr/local/cuda/bin" in detail
 
 
 # --------------------------------------------------------------------------- no-JIT sandbox

@@ -300,3 +300,21 @@ def test_harmless_overrides_do_not_warn(monkeypatch, capsys, tmp_path):
     code, _, err = _render(monkeypatch, capsys, tmp_path, "--gpu", "h20", "--env", "NCCL_DEBUG=INFO",
                            "--env", "TORCH_EXTENSIONS_DIR=/tmp/te", "--env", "DS_ACCELERATOR=cuda")
     assert code == 0 and err == ""
+
+
+def test_review_findings_are_refused_or_fixed(monkeypatch, capsys, tmp_path):
+    """Found by review: an empty --stack resolved the default, a repeated --env silently
+    took the last value, a Debian base for an Ubuntu stack was 'fixed' to debian:noble, and a
+    CUDA 12.8 base under a CUDA 13 stack slipped through."""
+    for args, words in (
+        (["--gpu", "h20", "--stack", ""], ["--stack is empty"]),
+        (["--gpu", "h20", "--env", "A=1", "--env", "A=2"], ["--env A is given 2 times"]),
+        (["--gpu", "h100", "--stack", "torch2.11-cu130-py3.12", "--builder-image", "debian:bookworm"],
+         ["is debian 12", "--builder-image nvidia/cuda:13.0.2-devel-ubuntu24.04"]),
+        (["--gpu", "h100", "--stack", "torch2.11-cu130-py3.12", "--base-image", "nvidia/cuda:12.8.1-base-ubuntu24.04"],
+         ["is CUDA 12.8", "NVIDIA_REQUIRE_CUDA", "--base-image nvidia/cuda:13.0.2-base-ubuntu24.04"]),
+    ):
+        code, _, err = _render(monkeypatch, capsys, tmp_path, *args)
+        msg = " ".join(err.split())
+        assert code == 2 and all(w in msg for w in words), (args, msg)
+        assert "noble" not in msg and list(tmp_path.iterdir()) == []

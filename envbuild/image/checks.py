@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 
-from . import node, sandbox
+from . import node, paths, sandbox
 from .arch import arch_runs_on
 from .report import Skipped
 from .versions import major_minor, normalize_version, version_matches
@@ -133,11 +133,21 @@ def check_compilers(manifest: dict, path: str | None = None) -> tuple[bool, str]
     return (not found), ("found: " + ", ".join(found)) if found else "none of " + " ".join(COMPILERS)
 
 
+def image_path_entries(path: str) -> list[str]:
+    """The image's own directories of a baked PATH: everything before the system's.
+
+    >>> image_path_entries("/opt/venv/bin:/usr/local/cuda/bin:" + paths.SYSTEM_PATH)
+    ['/opt/venv/bin', '/usr/local/cuda/bin']
+    """
+    return path.removesuffix(":" + paths.SYSTEM_PATH).split(":")
+
+
 def check_env(manifest: dict, environ=None) -> tuple[bool, str]:
     """The per-GPU NCCL defaults are only a fix if they reach the process. A missing one
     fails; one set to another value was overridden on purpose (docker run -e, apptainer
-    --env, the host's environment under Apptainer) and is reported, not failed. PATH only
-    needs the venv first (Apptainer prepends it to the host's PATH)."""
+    --env, the host's environment under Apptainer) and is reported, not failed. PATH needs
+    the image's own directories first, in order (the venv, and a kept nvcc): Apptainer puts
+    them in front of the host's PATH, Docker in front of the system's."""
     environ = os.environ if environ is None else environ
     missing, overridden = [], []
     for key, want in sorted((manifest.get("env") or {}).items()):
@@ -145,9 +155,9 @@ def check_env(manifest: dict, environ=None) -> tuple[bool, str]:
         if have is None:
             missing.append(f"{key} missing (want {want!r})")
         elif key == "PATH":
-            first = str(want).split(":", 1)[0]
-            if have.split(":", 1)[0] != first:
-                missing.append(f"PATH does not start with {first} (PATH={have!r})")
+            own = image_path_entries(str(want))
+            if have.split(":")[:len(own)] != own:
+                missing.append(f"PATH does not start with {':'.join(own)} (PATH={have!r})")
         elif have != str(want):
             overridden.append(f"{key}={have!r} (default {want!r})")
     info = f"TORCH_EXTENSIONS_DIR={environ.get('TORCH_EXTENSIONS_DIR', '(unset)')}"

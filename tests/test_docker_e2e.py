@@ -290,9 +290,12 @@ def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential, work)
 def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix_copy_module):
     """An op that cannot compile: cutlass_ops without the closed deepspeed-kernels package
     (its is_compatible() does not check, so the compile itself fails)."""
+    import yaml
+
     ds = matrix_copy_module / "deepspeed.yaml"
-    ds.write_text(ds.read_text().replace("cutlass_ops:     {env: CUTLASS_OPS, kind: cuda, since: \"0.12.0\", needs: [dskernels],",
-                                         "cutlass_ops:     {env: CUTLASS_OPS, kind: cuda, since: \"0.12.0\","))
+    data = yaml.safe_load(ds.read_text())
+    assert data["ops"]["cutlass_ops"].pop("needs") == ["dskernels"]  # the rule that would stop it
+    ds.write_text(yaml.safe_dump(data, sort_keys=False))
     out = work / "broken"
     r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", "cutlass_ops", "--base-image", BASE,
                 "--image-repo", REPO, "--matrix-dir", str(matrix_copy_module), "-o", str(out),

@@ -329,18 +329,26 @@ def push(image, registry):
 @click.option("--check", is_flag=True, help="Exit 1 if the file differs from what would be generated.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
 def ci(output, check, matrix_dir):
-    """Generate the GitHub Actions workflow that builds, smoke-tests and publishes the matrix."""
-    from .ci import render_workflow, write_workflow
+    """Generate the GitHub Actions workflows: the one that builds, smoke-tests and publishes
+    the matrix, and beside it the weekly one that refreshes the matrix from PyPI."""
+    from .ci import render_refresh_workflow, render_workflow
     from .matrix import load_matrix
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    workflows = {Path(output): render_workflow(m),
+                 Path(output).parent / "matrix-refresh.yml": render_refresh_workflow()}
     if check:
-        current = Path(output).read_text() if Path(output).is_file() else ""
-        if current != render_workflow(m):
-            raise EnvbuildError(f"{output} is stale; run `envbuild ci -o {output}`.", 1)
-        out.print(f"{output} is current")
+        stale = [str(p) for p, text in workflows.items() if not p.is_file() or p.read_text() != text]
+        if stale:
+            missing = [s for s in stale if not Path(s).is_file()]
+            what = f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} " + ("missing" if missing else "stale")
+            raise EnvbuildError(f"{what}; run `envbuild ci -o {output}`.", 1)
+        out.print(f"{', '.join(map(str, workflows))} are current")
         return
-    out.print(f"wrote {write_workflow(m, Path(output))}")
+    for path, text in workflows.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        out.print(f"wrote {path}")
 
 
 @main.command()

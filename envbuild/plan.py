@@ -45,6 +45,8 @@ PIP_SECRETS = ("ca_cert", "pip_index_url")
 APT_SECRETS = ("ca_cert", "apt_mirror")
 # Apptainer sections in the order a definition file lists them.
 APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
+# Variables that name directories inside the image: the host's value never wins for them.
+IMAGE_OWNED = ("VIRTUAL_ENV", "CUDA_HOME")
 
 
 def _render(block, fmt: str, **kw):
@@ -77,9 +79,13 @@ class Copy:
         if len(self.files) == 1:
             return f"COPY {self.files[0].source} {self.files[0].target}"
         by_dir: dict[str, list[str]] = {}
+        lines = []
         for f in self.files:
-            by_dir.setdefault(posixpath.dirname(f.target) + "/", []).append(f.source)
-        return "\n".join(f"COPY {' '.join(sources)} {target}" for target, sources in by_dir.items())
+            if posixpath.basename(f.source) == posixpath.basename(f.target):
+                by_dir.setdefault(posixpath.dirname(f.target) + "/", []).append(f.source)
+            else:  # a renamed file keeps its own COPY (grouping would drop the new name)
+                lines.append(f"COPY {f.source} {f.target}")
+        return "\n".join([*(f"COPY {' '.join(sources)} {target}" for target, sources in by_dir.items()), *lines])
 
     def apptainer(self) -> dict[str, list[str]]:
         return {"files": [f"{f.source} {f.target}" for f in self.files]}
@@ -148,6 +154,8 @@ class Environment:
             if e.name == "PATH":
                 own, system = split_path(e.value)
                 out.append(f'PATH="{own}:${{PATH:-{system}}}"')
+            elif e.name in IMAGE_OWNED:  # a host's value (module load cuda) would point outside the image
+                out.append(f'{e.name}="{e.value}"')
             else:
                 out.append(f'{e.name}="${{{e.name}:-{e.value}}}"')
             out.append(f"export {e.name}")
@@ -196,7 +204,7 @@ class Stage:
     steps: tuple[Step, ...]
     env: tuple[EnvVar, ...] = ()
     from_builder: tuple[str, ...] = ()  # directories copied from the builder stage
-    binds_builder: tuple[str, ...] = ()  # builder directories its steps read (bind mounts)
+    binds_context: tuple[FileCopy, ...] = ()  # build-directory folders its steps read (bind mounts)
     reuses_builder: bool = False
 
     def render(self, fmt: str):
@@ -208,7 +216,9 @@ class Stage:
         head = [f"FROM {self.base} AS {self.name}", 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]']
         if self.env:
             head.append(Environment(self.env).docker())
-        binds = tuple(f"--mount=type=bind,from=builder,source={d},target={d}" for d in self.binds_builder)
+        # Bound from the build context, not the builder: this stage does not wait for the
+        # builder, and re-runs only when the scripts it runs change.
+        binds = tuple(f"--mount=type=bind,source={b.source},target={b.target}" for b in self.binds_context)
         blocks = ["\n".join(head), *(step.docker(binds=binds) for step in self.steps)]
         if self.from_builder:
             blocks.append("\n".join(f"COPY --from=builder {d} {d}" for d in self.from_builder))
@@ -221,10 +231,10 @@ class Stage:
         for step in self.steps:
             for key, lines in step.apptainer().items():
                 sections[key] += lines
-        # Apptainer has no bind mounts between stages: what Docker binds is copied, then removed.
-        taken = [*self.from_builder, *(d for d in self.binds_builder if d not in self.from_builder)]
-        sections["from_builder"] = [f"{d} {d}" for d in taken]
-        if paths.SETUP_DIR in taken:
+        # Apptainer has no build-time bind mounts: what Docker binds is copied in, then removed.
+        sections["from_builder"] = [f"{d} {d}" for d in self.from_builder]
+        sections["files"] = [f"{b.source} {b.target}" for b in self.binds_context] + sections["files"]
+        if paths.SETUP_DIR in self.from_builder or any(b.target == paths.SETUP_DIR for b in self.binds_context):
             sections["post"].append(f"rm -rf {paths.SETUP_DIR}")
         return sections
 
@@ -260,6 +270,18 @@ class BuildPlan:
     @property
     def tag(self) -> str:
         return self.resolution.tag
+
+    @property
+    def gpu_env_notes(self) -> tuple[str, ...]:
+        """One line per late-layer default: what it is for, what it costs, where from."""
+        return tuple(f"{e.name}={e.value}: {e.reason}" + (f". Cost: {e.cost}" if e.cost else "") + f" [{e.source}]"
+                     for e in self.gpu_env)
+
+    @property
+    def node_env_notes(self) -> tuple[str, ...]:
+        """One line per default the node decides at start-up, with its condition."""
+        return tuple(f"{d.name}={d.value} where {json.dumps(d.node.model_dump(exclude_none=True))}: {d.reason}"
+                     for d in self.resolution.node_env)
 
     def apptainer_final(self) -> dict[str, list[str]]:
         """The final stage's Apptainer sections: the runtime stage plus the image's files."""
@@ -339,7 +361,7 @@ def build_plan(r: Resolution) -> BuildPlan:
         runtime_os = Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
                           comment=f"{python_pkg} runtime only: no compiler, no headers")
         runtime = Stage("runtime", r.base_images["runtime"], (runtime_os,), from_builder=(paths.VENV,),
-                        binds_builder=(paths.SETUP_DIR,))
+                        binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),))
 
     image_env = _image_env(r, kept_toolchain_home)
     # The image's own files: the entry scripts, and the in-image package (envbuild/image,

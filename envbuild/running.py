@@ -47,11 +47,8 @@ def registry_host(repo: str) -> Optional[str]:
 
 
 def local_only(repo: str) -> bool:
-    """True when no registry serves `repo`: Singularity.def's From: cannot be pulled.
-
-    Mirrors the condition in templates/singularity/Singularity.def.j2 (a test keeps the
-    two in step).
-    """
+    """True when no registry serves `repo`: Singularity.def's From: cannot be pulled (the
+    renderer hands this to the template, which only prints the comment)."""
     return registry_host(repo) is None
 
 

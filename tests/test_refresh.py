@@ -312,7 +312,8 @@ def test_merge_keeps_curated_and_replaces_derived(index, small_matrix):
     assert rows["2.5.1"]["variants"] == {"12.4": "default", "11.8": "cu118_old"}
     assert "torchvision 0.20.1 has none" in rows["2.5.1"]["note"]
     assert rows["2.14.1"]["variants"] and "flock" in rows["2.14.1"]["note"]
-    assert rows["2.15.0"]["note"] == writer.NEW_ROW_NOTE and "variants" not in rows["2.15.0"]
+    assert rows["2.15.0"]["note"] == writer.NEW_ROW_NOTE
+    assert rows["2.15.0"]["variants"] == {"13.2": "default"}  # its wheel's own CUDA; the loader requires one
     assert rows["2.15.0"]["source"].startswith("torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl (METADATA")
     assert set(torch_data["sources"]) >= {"python", "default_arches", "variants", "arch_lists"}
     assert "derived" not in torch_data["sources"]

@@ -21,7 +21,7 @@ TORCH_DERIVED = ("torch", "python", "torchvision", "triton", "nccl", "manylinux"
                  "default_arches", "cuda_platforms", "aarch64_arches", "cpp_extension_arches", "extension_lock")
 TORCH_ROW_ORDER = TORCH_DERIVED + ("variants", "note", "source")
 TORCH_TOP_ORDER = ("sources", "variant_index", "arch_lists", "releases")
-NEW_ROW_NOTE = "new on PyPI: the CUDA variants are not curated yet [U]"
+NEW_ROW_NOTE = "new on PyPI: its other CUDA variants are not curated yet [U]"
 
 DS_DERIVED = ("deepspeed", "torch", "gpu_free_install", "nvcc_free_install")
 DS_TOP_ORDER = ("sources", "releases", "build_requires", "ops", "presets")
@@ -172,7 +172,8 @@ def _minor(version: str) -> tuple[int, int]:
 
 
 def merge_torch(data: dict, derived: list[TorchFacts], path: Path) -> dict:
-    """Derived fields replaced, curated kept, new minors appended, rows ordered by version."""
+    """Derived fields replaced, curated kept, new minors appended (with their PyPI wheel's own
+    CUDA as the one variant known), rows ordered by version."""
     by_minor = {_minor(f.fields["torch"]): f for f in derived}
     rows = []
     seen = set()
@@ -196,8 +197,10 @@ def merge_torch(data: dict, derived: list[TorchFacts], path: Path) -> dict:
         rows.append(_ordered({**curated, **facts.fields, "source": "; ".join(facts.sources)}, TORCH_ROW_ORDER))
     for minor, facts in sorted(by_minor.items()):
         if minor not in seen:
-            rows.append(_ordered({**facts.fields, "note": NEW_ROW_NOTE, "source": "; ".join(facts.sources)},
-                                 TORCH_ROW_ORDER))
+            # the PyPI wheel's own CUDA is a variant (the loader needs `variants` and requires it)
+            own_variant = {facts.fields["default_cuda"]: "default"}
+            rows.append(_ordered({**facts.fields, "variants": own_variant, "note": NEW_ROW_NOTE,
+                                  "source": "; ".join(facts.sources)}, TORCH_ROW_ORDER))
     rows.sort(key=lambda r: Version(str(r["torch"])))
     sources = {k: v for k, v in (data.get("sources") or {}).items() if k not in TORCH_SUPERSEDED | set(TORCH_SOURCES)}
     return _top({**data, "sources": {**TORCH_SOURCES, **sources}, "releases": rows}, TORCH_TOP_ORDER)

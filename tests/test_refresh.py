@@ -22,6 +22,7 @@ from packaging.version import Version
 from conftest import ROOT
 
 from envbuild.errors import EnvbuildError
+from envbuild.matrix import load_matrix
 from envbuild.refresh import deepspeed_facts, ds_history, layout, torch_facts, writer
 from envbuild.refresh.cli import refresh
 from envbuild.refresh.metadata import PythonTags, linux_wheels, python_range, specifier_text
@@ -57,15 +58,44 @@ def upstream_copy(tmp_path):
     return d
 
 
+STACK_COMMENT = "  # a comment between rows, kept byte for byte\n"
+PYPI_STACK_2_14 = """\
+  - id: torch2.14-cu130-py3.11-pypi
+    python: "3.11"
+    cuda: "13.0"
+    torch: '2.14.0'
+    deepspeed: "0.19.8"
+    os: debian12
+    toolchain: pypi
+    cuda_toolkit: "13.0.2"  # 2.14.0's own cuda-toolkit pin in this fixture
+    base_images: {builder: "debian:bookworm-slim", runtime: "debian:bookworm-slim"}
+"""
+
+
+def small_stacks() -> str:
+    """The committed stacks.yaml (header comment kept) cut to its rows on the fixture's torch
+    2.5.1 and 2.14; the 2.14 rows pin 2.14.0, one with a trailing comment, one single-quoted
+    with its cuda-toolkit pin; one comment line between rows."""
+    text = (ROOT / "matrices" / "stacks.yaml").read_text()
+    header, *rows = re.split(r"(?m)^(?=  - id: )", text)
+    kept = [row for row in rows if re.search(r'(?m)^    torch: "(2\.5\.1|2\.14\.1)"$', row)]
+    assert len(kept) == 3 and "#" not in "".join(kept)
+    kept = [row.replace('torch: "2.14.1"', 'torch: "2.14.0"') for row in kept]
+    kept[1] = kept[1].replace('torch: "2.14.0"\n', 'torch: "2.14.0"  # the V100 row\n')
+    return header + kept[0] + STACK_COMMENT + "".join(kept[1:]) + PYPI_STACK_2_14
+
+
 @pytest.fixture
 def small_matrix(tmp_path):
-    """The committed torch.yaml / deepspeed.yaml cut down to the fixture releases; 2.14.1 set
-    back to 2.14.0 and 2.15 removed (a patch and a minor the refresh must find), 0.17.5 added."""
+    """The committed matrix cut down to the fixture releases; 2.14.1 set back to 2.14.0 with
+    2.14.0's (assumed) cuda-toolkit 13.0.2 and its stacks (a patch the refresh must find and
+    the stacks must follow), 2.15 removed (a minor to find), 0.17.5 added."""
     d = tmp_path / "matrices"
     d.mkdir()
     torch_data = yaml.safe_load((ROOT / "matrices" / "torch.yaml").read_text())
     rows = [r for r in torch_data["releases"] if r["torch"] in FIXTURE_TORCH[:3]]
     rows[-1]["torch"] = "2.14.0"
+    rows[-1]["cuda_toolkit"] = "13.0.2"
     rows[0]["python"] = ">=3.9,<3.14"  # a wrong fact to correct
     rows[0]["variants"] = {"12.4": "default", "11.8": "cu118_old"}  # curated, kept as is
     torch_data["releases"] = rows
@@ -75,6 +105,9 @@ def small_matrix(tmp_path):
     ds_data["ops"]["async_io"]["kind"] = "cpu"  # what the matrix claimed before 0.19.8 was read
     (d / "torch.yaml").write_text(yaml.safe_dump(torch_data, sort_keys=False))
     (d / "deepspeed.yaml").write_text(yaml.safe_dump(ds_data, sort_keys=False))
+    (d / "stacks.yaml").write_text(small_stacks())
+    for name in ("gpus.yaml", "bases.yaml", "cuda.yaml"):
+        shutil.copy(ROOT / "matrices" / name, d / name)
     return d
 
 
@@ -303,7 +336,7 @@ def test_history_on_fixtures(index):
 
 def test_merge_keeps_curated_and_replaces_derived(index, small_matrix):
     before_ds = yaml.safe_load((small_matrix / "deepspeed.yaml").read_text())
-    changes, facts = refresh(index, small_matrix)
+    changes, facts, moves = refresh(index, small_matrix)
     torch_data = yaml.safe_load(changes[0].new)
     ds_data = yaml.safe_load(changes[1].new)
     rows = {r["torch"]: r for r in torch_data["releases"]}
@@ -312,7 +345,8 @@ def test_merge_keeps_curated_and_replaces_derived(index, small_matrix):
     assert rows["2.5.1"]["variants"] == {"12.4": "default", "11.8": "cu118_old"}
     assert "torchvision 0.20.1 has none" in rows["2.5.1"]["note"]
     assert rows["2.14.1"]["variants"] and "flock" in rows["2.14.1"]["note"]
-    assert rows["2.15.0"]["note"] == writer.NEW_ROW_NOTE and "variants" not in rows["2.15.0"]
+    assert rows["2.15.0"]["note"] == writer.NEW_ROW_NOTE
+    assert rows["2.15.0"]["variants"] == {"13.2": "default"}  # its wheel's own CUDA; the loader requires one
     assert rows["2.15.0"]["source"].startswith("torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl (METADATA")
     assert set(torch_data["sources"]) >= {"python", "default_arches", "variants", "arch_lists"}
     assert "derived" not in torch_data["sources"]
@@ -355,12 +389,81 @@ def test_command_offline_diff_write_and_current(cli, small_matrix, tmp_path):
     assert written.stdout == first.stdout  # deterministic: the same diff, then written
     current = cli(*args)
     assert current.returncode == 0 and current.stdout == "" and "current" in current.stderr
-    from envbuild.matrix import TorchFile, DeepspeedFile
+    assert load_matrix(small_matrix).torch_release("2.15.0").variants == {"13.2": "default"}
 
-    DeepspeedFile.model_validate(yaml.safe_load((small_matrix / "deepspeed.yaml").read_text()))
-    rows = yaml.safe_load((small_matrix / "torch.yaml").read_text())["releases"]
-    TorchFile.model_validate({"sources": {}, "variant_index": "x", "arch_lists": {},
-                              "releases": [dict(r, variants=r.get("variants", {})) for r in rows]})
+
+def test_command_moves_stack_pins_with_a_patch_release(cli, small_matrix, tmp_path):
+    """PyPI's 2.14.1 replaces the matrix's 2.14.0: the stacks pinned to 2.14.0 must follow it
+    (and the pypi-toolchain stack's cuda-toolkit pin 2.14.0 depended on), else no command can
+    load the refreshed matrix. Only those scalars change in stacks.yaml."""
+    shutil.copytree(small_matrix, tmp_path / "before")
+    assert load_matrix(tmp_path / "before").torch_release("2.14.0")  # the fixture is a valid matrix
+    stacks_before = (small_matrix / "stacks.yaml").read_text()
+    args = ["matrix", "refresh", "--facts", "--offline", str(UPSTREAM), "--matrix-dir", str(small_matrix),
+            "--cache-dir", str(tmp_path / "cache")]
+    shown = cli(*args)
+    assert shown.returncode == 1, shown.stderr
+    assert "--- a/matrices/torch.yaml\n" in shown.stdout
+    stacks_diff = shown.stdout[shown.stdout.index("--- a/matrices/stacks.yaml\n"):]
+    assert [line for line in stacks_diff.splitlines() if line[:1] in "-+" and line[:3] not in ("---", "+++")] == [
+        '-    torch: "2.14.0"  # the V100 row', '+    torch: "2.14.1"  # the V100 row',
+        '-    torch: "2.14.0"', '+    torch: "2.14.1"',
+        "-    torch: '2.14.0'", "+    torch: '2.14.1'",
+        '-    cuda_toolkit: "13.0.2"  # 2.14.0\'s own cuda-toolkit pin in this fixture',
+        '+    cuda_toolkit: "13.0.3"  # 2.14.0\'s own cuda-toolkit pin in this fixture']
+    assert "  stack torch2.14-cu130-py3.11-pypi: cuda_toolkit 13.0.2 -> 13.0.3" in shown.stderr
+    assert "4 stack pins in stacks.yaml follow torch 2.14.0 -> 2.14.1" in shown.stderr.splitlines()[-1]
+    assert (small_matrix / "stacks.yaml").read_text() == stacks_before  # nothing written without --write
+
+    written = cli(*args, "--write")
+    assert written.returncode == 0, written.stderr
+    assert str(small_matrix / "stacks.yaml") in written.stderr.splitlines()[-1]
+    expected = (stacks_before.replace('torch: "2.14.0"', 'torch: "2.14.1"')
+                .replace("torch: '2.14.0'", "torch: '2.14.1'")
+                .replace('cuda_toolkit: "13.0.2"', 'cuda_toolkit: "13.0.3"'))
+    assert expected != stacks_before
+    assert (small_matrix / "stacks.yaml").read_text() == expected  # other rows and comments byte for byte
+    matrix = load_matrix(small_matrix)
+    assert {s.id: s.torch for s in matrix.stacks} == {
+        "torch2.5-cu124-py3.10": "2.5.1", "torch2.14-cu126-py3.12": "2.14.1",
+        "torch2.14-cu130-py3.12": "2.14.1", "torch2.14-cu130-py3.11-pypi": "2.14.1"}
+    assert cli(*args).returncode == 0  # and then it is current
+
+
+def test_stack_pins_move_only_with_a_replaced_release():
+    old = {"releases": [{"torch": "2.3.1"}, {"torch": "2.7.1"},
+                        {"torch": "2.14.0", "default_cuda": "13.0", "cuda_toolkit": "13.0.2"}]}
+    new = {"releases": [{"torch": "2.3.1"}, {"torch": "2.7.1"},
+                        {"torch": "2.14.1", "default_cuda": "13.0", "cuda_toolkit": "13.0.3"}]}
+    text = """\
+stacks:
+  - {id: flow, torch: "2.14.0", cuda: "13.0", cuda_toolkit: "13.0.2"}
+  - id: plain
+    torch: 2.14.0
+    cuda: "12.6"
+    cuda_toolkit: "13.0.2"
+  - id: own-toolkit
+    cuda: "13.0"
+    cuda_toolkit: "13.0.1"
+    torch: "2.14.0"
+  - id: typo
+    torch: "2.14.7"  # not a release: left for the loader to report
+  - id: current
+    torch: "2.7.1"
+  - id: untracked-minor
+    torch: "2.3.1"
+"""
+    moved, moves = writer.move_stack_pins(text, old, new, Path("stacks.yaml"))
+    assert moved == (text.replace('{id: flow, torch: "2.14.0", cuda: "13.0", cuda_toolkit: "13.0.2"}',
+                                  '{id: flow, torch: "2.14.1", cuda: "13.0", cuda_toolkit: "13.0.3"}')
+                     .replace("torch: 2.14.0\n", "torch: 2.14.1\n")
+                     .replace('"13.0.1"\n    torch: "2.14.0"', '"13.0.1"\n    torch: "2.14.1"'))
+    assert [str(m) for m in moves] == [
+        "stack flow: torch 2.14.0 -> 2.14.1", "stack flow: cuda_toolkit 13.0.2 -> 13.0.3",
+        "stack plain: torch 2.14.0 -> 2.14.1", "stack own-toolkit: torch 2.14.0 -> 2.14.1"]
+    assert writer.move_stack_pins(text, old, old, Path("stacks.yaml")) == (text, [])
+    with pytest.raises(EnvbuildError, match="has no `stacks` list"):
+        writer.move_stack_pins("stack: []\n", old, new, Path("stacks.yaml"))
 
 
 def test_command_failure_writes_nothing(cli, upstream_copy, small_matrix):
@@ -489,5 +592,5 @@ def test_live_pypi(tmp_path):
     assert history.ops["fp_quantizer"].since == "0.14.1" and history.ops["utils"].since == "0.17.1"
     assert history.ops["sparse_attn"].until == "0.19.7"
     shutil.copytree(ROOT / "matrices", tmp_path / "matrices")
-    changes, _ = refresh(pypi, tmp_path / "matrices")
+    changes, _, _ = refresh(pypi, tmp_path / "matrices")
     assert all(yaml.safe_load(c.new) for c in changes)

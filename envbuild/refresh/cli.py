@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import click
+from packaging.version import Version
 
 from ..errors import EnvbuildError
 from . import ds_history, torch_facts, writer
@@ -20,9 +21,10 @@ def default_cache_dir() -> Path:
     return Path(base) / "envbuild" / "pypi"
 
 
-def refresh(index: Index, matrix_dir: Path,
-            progress: Callable[[str], None] = lambda _: None) -> tuple[list[writer.FileChange], list[str]]:
-    """The refreshed torch.yaml and deepspeed.yaml (nothing written) and a line per changed fact."""
+def refresh(index: Index, matrix_dir: Path, progress: Callable[[str], None] = lambda _: None
+            ) -> tuple[list[writer.FileChange], list[str], list[writer.PinMove]]:
+    """The refreshed torch.yaml, deepspeed.yaml and (where the directory has one) stacks.yaml,
+    nothing written; a line per changed fact; the stack pins moved with their torch release."""
     torch_path, ds_path = matrix_dir / "torch.yaml", matrix_dir / "deepspeed.yaml"
     torch_text, torch_data = writer.load(torch_path)
     ds_text, ds_data = writer.load(ds_path)
@@ -38,7 +40,23 @@ def refresh(index: Index, matrix_dir: Path,
     changes = [writer.FileChange(torch_path, torch_text, writer.render_torch(new_torch)),
                writer.FileChange(ds_path, ds_text, writer.render_deepspeed(new_ds))]
     facts = writer.summary(torch_data, new_torch, "torch") + writer.summary(ds_data, new_ds, "deepspeed")
-    return changes, facts
+    moves = []
+    stacks_path = matrix_dir / "stacks.yaml"
+    if stacks_path.is_file():
+        stacks_text = writer.read(stacks_path)
+        new_stacks, moves = writer.move_stack_pins(stacks_text, torch_data, new_torch, stacks_path)
+        changes.append(writer.FileChange(stacks_path, stacks_text, new_stacks))
+    return changes, facts, moves
+
+
+def pin_summary(moves: list[writer.PinMove]) -> str:
+    """'; 2 stack pins in stacks.yaml follow torch 2.14.0 -> 2.14.1', or '' when none moved."""
+    if not moves:
+        return ""
+    replaced = sorted({(m.old, m.new) for m in moves if m.field == "torch"}, key=lambda pair: Version(pair[0]))
+    releases = [f"{old} -> {new}" for old, new in replaced]
+    noun = "pin" if len(moves) == 1 else "pins"
+    return f"; {len(moves)} stack {noun} in stacks.yaml follow torch {', '.join(releases)}"
 
 
 @click.command("refresh")
@@ -52,7 +70,8 @@ def refresh(index: Index, matrix_dir: Path,
 @click.option("--facts", "show_facts", is_flag=True, help="Also list every changed fact, one per line, on stderr.")
 def refresh_command(write: bool, offline: Optional[str], matrix_dir: Optional[str], cache_dir: Optional[str],
                     show_facts: bool):
-    """Derive the matrix's release facts from PyPI and show (or --write) the diff.
+    """Derive the matrix's release facts from PyPI and show (or --write) the diff; stacks
+    pinned to a torch release that another patch of its minor replaces follow that patch.
 
     Exit 0: the matrix is current (or was written); 1: it differs and --write was not given;
     2: a source changed shape or an input is bad."""
@@ -64,17 +83,18 @@ def refresh_command(write: bool, offline: Optional[str], matrix_dir: Optional[st
             raise EnvbuildError(f"--matrix-dir {directory} has no {name}; point it at a matrix directory "
                                 f"such as matrices/.")
     index = FixtureIndex(Path(offline)) if offline else PyPI(Path(cache_dir) if cache_dir else default_cache_dir())
-    changes, facts = refresh(index, directory, progress=lambda s: click.echo(f"  reading {s}", err=True))
+    changes, facts, moves = refresh(index, directory, progress=lambda s: click.echo(f"  reading {s}", err=True))
     changed = [c for c in changes if c.changed]
     for change in changed:
         click.echo(change.diff(f"{directory.name}/{change.path.name}"), nl=False)
     if show_facts:
-        for line in facts:
+        for line in [*facts, *map(str, moves)]:
             click.echo(f"  {line}", err=True)
     if not changed:
         click.echo("the matrix is current with PyPI", err=True)
         return
-    counts = f"{len(facts)} derived facts differ in {', '.join(c.path.name for c in changed)}"
+    derived_in = ", ".join(c.path.name for c in changed if c.path.name != "stacks.yaml")
+    counts = f"{len(facts)} derived facts differ in {derived_in}{pin_summary(moves)}"
     if write:
         writer.write_all(changed)
         click.echo(f"wrote {', '.join(str(c.path) for c in changed)} ({counts})", err=True)

@@ -1,5 +1,7 @@
 """Merge derived facts into matrices/torch.yaml and deepspeed.yaml: derived fields are
-replaced, curated fields kept, new torch minors appended; then diff and write atomically."""
+replaced, curated fields kept, new torch minors appended; stacks that pinned a torch release
+the refresh replaced by another patch of its minor follow it in stacks.yaml; then diff and
+write atomically."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ TORCH_DERIVED = ("torch", "python", "torchvision", "triton", "nccl", "manylinux"
                  "default_arches", "cuda_platforms", "aarch64_arches", "cpp_extension_arches", "extension_lock")
 TORCH_ROW_ORDER = TORCH_DERIVED + ("variants", "note", "source")
 TORCH_TOP_ORDER = ("sources", "variant_index", "arch_lists", "releases")
-NEW_ROW_NOTE = "new on PyPI: the CUDA variants are not curated yet [U]"
+NEW_ROW_NOTE = "new on PyPI: its other CUDA variants are not curated yet [U]"
 
 DS_DERIVED = ("deepspeed", "torch", "gpu_free_install", "nvcc_free_install")
 DS_TOP_ORDER = ("sources", "releases", "build_requires", "ops", "presets")
@@ -142,12 +144,17 @@ def _span(start: int, stop: int) -> str:
     return f"{first}" if length == 1 else f"{first},{length}"
 
 
-def load(path: Path) -> tuple[str, dict]:
+def read(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
+        return path.read_text(encoding="utf-8")
     except OSError as e:
         raise EnvbuildError(f"matrix file {path} cannot be read: {e.strerror}.") from None
+
+
+def load(path: Path) -> tuple[str, dict]:
+    text = read(path)
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise EnvbuildError(f"matrix file {path} is not valid YAML ({e}); fix it before refreshing.") from None
     if not isinstance(data, dict) or not isinstance(data.get("releases"), list):
@@ -172,7 +179,8 @@ def _minor(version: str) -> tuple[int, int]:
 
 
 def merge_torch(data: dict, derived: list[TorchFacts], path: Path) -> dict:
-    """Derived fields replaced, curated kept, new minors appended, rows ordered by version."""
+    """Derived fields replaced, curated kept, new minors appended (with their PyPI wheel's own
+    CUDA as the one variant known), rows ordered by version."""
     by_minor = {_minor(f.fields["torch"]): f for f in derived}
     rows = []
     seen = set()
@@ -196,8 +204,10 @@ def merge_torch(data: dict, derived: list[TorchFacts], path: Path) -> dict:
         rows.append(_ordered({**curated, **facts.fields, "source": "; ".join(facts.sources)}, TORCH_ROW_ORDER))
     for minor, facts in sorted(by_minor.items()):
         if minor not in seen:
-            rows.append(_ordered({**facts.fields, "note": NEW_ROW_NOTE, "source": "; ".join(facts.sources)},
-                                 TORCH_ROW_ORDER))
+            # the PyPI wheel's own CUDA is a variant (the loader needs `variants` and requires it)
+            own_variant = {facts.fields["default_cuda"]: "default"}
+            rows.append(_ordered({**facts.fields, "variants": own_variant, "note": NEW_ROW_NOTE,
+                                  "source": "; ".join(facts.sources)}, TORCH_ROW_ORDER))
     rows.sort(key=lambda r: Version(str(r["torch"])))
     sources = {k: v for k, v in (data.get("sources") or {}).items() if k not in TORCH_SUPERSEDED | set(TORCH_SOURCES)}
     return _top({**data, "sources": {**TORCH_SOURCES, **sources}, "releases": rows}, TORCH_TOP_ORDER)
@@ -242,6 +252,84 @@ def merge_deepspeed(data: dict, history: DeepSpeedHistory, path: Path) -> dict:
         ops[name] = _ordered(entry, OP_ORDER)
     sources = {k: v for k, v in (data.get("sources") or {}).items() if k not in DS_SUPERSEDED | set(DS_SOURCES)}
     return _top({**data, "sources": {**DS_SOURCES, **sources}, "releases": rows, "ops": ops}, DS_TOP_ORDER)
+
+
+@dataclass(frozen=True)
+class PinMove:
+    """One stack's pin moved because the torch release it named was replaced."""
+
+    stack: str
+    field: str
+    old: str
+    new: str
+
+    def __str__(self) -> str:
+        return f"stack {self.stack}: {self.field} {self.old} -> {self.new}"
+
+
+def replaced_releases(old: dict, new: dict) -> dict[str, tuple[dict, dict]]:
+    """{old version: (old row, new row)} of every torch row the merge replaced by another
+    patch of the same minor (a new patch on PyPI, or a yanked one gone)."""
+    new_by_minor = {_minor(row["torch"]): row for row in new["releases"]}
+    replaced = {}
+    for row in old["releases"]:
+        successor = new_by_minor.get(_minor(row["torch"]))
+        if successor is not None and str(successor["torch"]) != str(row["torch"]):
+            replaced[str(row["torch"])] = (row, successor)
+    return replaced
+
+
+def move_stack_pins(text: str, old_torch: dict, new_torch: dict, path: Path) -> tuple[str, list[PinMove]]:
+    """stacks.yaml with every stack that pinned a replaced torch release moved to its
+    successor, so the refreshed matrix still loads. Also its `cuda_toolkit`, where it was the
+    old release's own cuda-toolkit pin (the toolchain rule wants the release's). Only those
+    scalars are rewritten, in their own quoting, so comments and layout stay byte for byte.
+    A pin that names no replaced release is left as is: the loader reports what is wrong."""
+    replaced = replaced_releases(old_torch, new_torch)
+    if not replaced:
+        return text, []
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        raise EnvbuildError(f"matrix file {path} is not valid YAML ({e}); fix it before refreshing.") from None
+    stacks = None
+    if isinstance(root, yaml.MappingNode):
+        stacks = next((value for key, value in root.value if key.value == "stacks"), None)
+    if not isinstance(stacks, yaml.SequenceNode):
+        raise EnvbuildError(f"matrix file {path} has no `stacks` list; it is not a stacks file.")
+    edits: list[tuple[yaml.ScalarNode, str]] = []
+    moves = []
+    for number, row in enumerate(stacks.value):
+        if not isinstance(row, yaml.MappingNode):
+            continue
+        fields = {key.value: value for key, value in row.value
+                  if isinstance(key, yaml.ScalarNode) and isinstance(value, yaml.ScalarNode)}
+        pin = fields.get("torch")
+        if pin is None or pin.value not in replaced:
+            continue
+        before, after = replaced[pin.value]
+        name = fields["id"].value if "id" in fields else f"stacks[{number}]"
+        edits.append((pin, str(after["torch"])))
+        moves.append(PinMove(name, "torch", pin.value, str(after["torch"])))
+        toolkit, cuda = fields.get("cuda_toolkit"), fields.get("cuda")
+        old_toolkit, new_toolkit = before.get("cuda_toolkit"), after.get("cuda_toolkit")
+        if (toolkit is not None and old_toolkit and new_toolkit and toolkit.value == str(old_toolkit)
+                and str(new_toolkit) != toolkit.value and cuda is not None
+                and cuda.value == str(after.get("default_cuda"))):
+            edits.append((toolkit, str(new_toolkit)))
+            moves.append(PinMove(name, "cuda_toolkit", toolkit.value, str(new_toolkit)))
+    for node, value in sorted(edits, key=lambda edit: edit[0].start_mark.index, reverse=True):
+        text = text[:node.start_mark.index] + _requoted(node, value) + text[node.end_mark.index:]
+    return text, moves
+
+
+def _requoted(node: yaml.ScalarNode, value: str) -> str:
+    """`value` in the quoting the scalar it replaces was written in."""
+    if node.style == '"':
+        return f'"{value}"'
+    if node.style == "'":
+        return f"'{value}'"
+    return value if yaml.safe_load(value) == value else layout.scalar(value)
 
 
 def render_torch(data: dict) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common import DOCKER, build, machine, table
 
-TIMEOUT = 120
+TIMEOUT = 300  # a JIT compile of cpu_adam on 2 busy cores can take minutes; a stale-lock hang never ends
 STEP = r"""
 import time; t0 = time.time()
 import torch

@@ -147,25 +147,14 @@ def next_commands(r: Resolution, path: Path, build_command: Optional[str] = None
 
 
 def resolution_dict(r: Resolution) -> dict:
-    """The resolution as plain data (`render --json`, `--explain --json`)."""
-    s = r.stack
-    return {
-        "tag": r.tag,
-        "image": r.image_ref,
-        "stack": s.id,
-        "python": s.python,
-        "cuda": s.cuda,
-        "torch": s.torch,
-        "torchvision": r.torchvision,
-        "deepspeed": s.deepspeed,
-        "nccl": r.nccl,
-        "gpu": r.gpu.name,
-        "gpu_cc": r.gpu.cc,
-        "sm": r.gpu.sm,
-        "torch_cuda_arch_list": r.arch_list,
-        "ds_ops": list(r.ops),
-        "ds_ops_dropped": [{"op": op, "reason": why} for op, why in r.dropped_ops],
-        "driver": {"cuda": s.cuda, "min_driver": r.driver.min_driver, "branch": r.driver.branch,
-                   "source": r.driver.source},
-        "singularity_from": {"image": r.image_ref, "registry": registry_host(r.request.image_repo)},
-    }
+    """The resolution as plain data (`render --json`, `--explain --json`): the manifest's
+    facts (one source: the build plan), without the environment, plus where Apptainer pulls."""
+    from .plan import build_plan
+
+    manifest = build_plan(r).manifest
+    keys = ("tag", "image", "stack", "python", "cuda", "torch", "torchvision", "deepspeed", "nccl", "gpu",
+            "gpu_cc", "torch_cuda_arch_list", "ds_ops", "ds_ops_dropped", "driver")
+    out = {key: manifest[key] for key in keys}
+    out["sm"] = r.gpu.sm
+    out["singularity_from"] = {"image": r.image_ref, "registry": registry_host(r.request.image_repo)}
+    return out

@@ -12,13 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from envbuild.matrix import load_matrix  # noqa: E402  (this checkout's, not an installed one)
+from envbuild.ci import real_build_stack  # noqa: E402  (this checkout's, not an installed one)
+from envbuild.matrix import load_matrix  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 DOCKER = "/usr/bin/docker"
 BASE = "local/debian:bookworm"
 # The production matrix's PyPI-toolchain stack on plain Debian (what CI builds for real).
-STACK = next(s.id for s in load_matrix().stacks if s.toolchain == "pypi" and s.os == "debian12")
+STACK = real_build_stack(load_matrix()).id
 REPO = "envbuild-bench"
 CA = "/etc/ssl/certs/ca-certificates.crt"
 

@@ -12,6 +12,16 @@ from .render import _environment
 from .resolve import Request, resolve
 
 
+def real_build_stack(m: Matrix):
+    """The stack CI builds, smoke-tests and pushes for real on a GPU-less runner: the one
+    whose CUDA toolchain comes from PyPI on plain Debian (no NVIDIA base image to pull).
+    A matrix test keeps it the newest torch."""
+    for s in m.stacks:
+        if m.bases.toolchains[s.toolchain].install and s.os.startswith("debian"):
+            return s
+    raise EnvbuildError(f"the matrix in {m.directory} has no PyPI-toolchain stack on Debian for CI to build.")
+
+
 def publish_jobs(m: Matrix, gpus: list[str]) -> list[dict]:
     """Every (stack, GPU) pair the rules allow, in matrix order."""
     jobs = []

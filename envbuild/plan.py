@@ -296,13 +296,13 @@ def _step_files(*names: str) -> tuple[FileCopy, ...]:
     return tuple(FileCopy(f"{STEPS_SOURCE}/{n}", f"{paths.SETUP_DIR}/{n}") for n in names)
 
 
-def build_plan(r: Resolution) -> BuildPlan:
+def build_plan(resolution: Resolution) -> BuildPlan:
     """Derive the whole build from a resolution: the one place each fact is decided."""
-    m, s, req = r.matrix, r.stack, r.request
-    os_release = m.bases.families[s.os]
-    toolchain = m.bases.toolchains[s.toolchain]
-    python_pkg = os_release.python[s.python]
-    needs = sorted({n for o in r.ops for n in m.ops[o].needs})
+    matrix, stack, request = resolution.matrix, resolution.stack, resolution.request
+    os_release = matrix.bases.families[stack.os]
+    toolchain = matrix.bases.toolchains[stack.toolchain]
+    python_pkg = os_release.python[stack.python]
+    needs = sorted({n for o in resolution.ops for n in matrix.ops[o].needs})
     builder_pkgs = [p.replace("{python}", python_pkg) for p in os_release.builder_packages]
     runtime_pkgs = [p.replace("{python}", python_pkg) for p in os_release.runtime_packages]
     for need in needs:
@@ -311,9 +311,9 @@ def build_plan(r: Resolution) -> BuildPlan:
 
     # The CUDA toolchain, decided once: the base image brings it, or a step installs it only
     # when something needs nvcc.
-    installs_toolchain = toolchain.install is not None and r.nvcc_reason is not None
+    installs_toolchain = toolchain.install is not None and resolution.nvcc_reason is not None
     toolchain_home = toolchain.cuda_home if (toolchain.install is None or installs_toolchain) else None
-    kept_toolchain_home = toolchain_home if req.keep_toolchain else None
+    kept_toolchain_home = toolchain_home if request.keep_toolchain else None
 
     apt_env = (("ENVBUILD_APT_HOSTS", " ".join(os_release.mirror_hosts)),)
     os_step = Step("os", tuple(builder_pkgs), files=_step_files("lib.sh", "os.sh"), env=apt_env,
@@ -323,57 +323,57 @@ def build_plan(r: Resolution) -> BuildPlan:
         os_step,
         Step("venv", (f"/usr/bin/{python_pkg}",), files=_step_files("venv.sh"),
              comment="one virtual environment holds the whole stack"),
-        Step("torch", (r.torch_index or "-", f"torch=={s.torch}", f"torchvision=={r.torchvision}"),
+        Step("torch", (resolution.torch_index or "-", f"torch=={stack.torch}", f"torchvision=={resolution.torchvision}"),
              files=_step_files("torch.sh"), secrets=(*PIP_SECRETS, "torch_index_url"),
-             comment=f"torch first: DeepSpeed's ops compile against it (CUDA {s.cuda}"
-                     f"{', ' + r.torch_index if r.torch_index else ', the PyPI default wheel'})"),
+             comment=f"torch first: DeepSpeed's ops compile against it (CUDA {stack.cuda}"
+                     f"{', ' + resolution.torch_index if resolution.torch_index else ', the PyPI default wheel'})"),
     ]
     if installs_toolchain:
         install = toolchain.install
-        requirement = f"{install.package}[{','.join(install.extras)}]=={s.cuda_toolkit}"
+        requirement = f"{install.package}[{','.join(install.extras)}]=={stack.cuda_toolkit}"
         steps.append(Step("cuda-toolkit", (requirement, install.prefix, toolchain.cuda_home),
                           files=_step_files("cuda-toolkit.sh"), secrets=PIP_SECRETS,
-                          comment=f"nvcc {s.cuda_toolkit} from PyPI, outside the venv ({r.nvcc_reason})"))
+                          comment=f"nvcc {stack.cuda_toolkit} from PyPI, outside the venv ({resolution.nvcc_reason})"))
     ds_env = [("DS_ACCELERATOR", "cuda"), ("DS_BUILD_OPS", "0")]
-    ds_env += [(f"DS_BUILD_{m.ops[o].env}", "1") for o in r.ops]
-    ds_env += [("TORCH_CUDA_ARCH_LIST", r.arch_list), ("ENVBUILD_CPU_TARGET", req.cpu_target)]
+    ds_env += [(f"DS_BUILD_{matrix.ops[o].env}", "1") for o in resolution.ops]
+    ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", request.cpu_target)]
     if toolchain_home:
         ds_env.append(("CUDA_HOME", toolchain_home))
-    if req.keep_toolchain:
+    if request.keep_toolchain:
         ds_env.append(("ENVBUILD_KEEP_TOOLCHAIN", "1"))
-    ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(m.deepspeed_file.build_requires)))
-    steps.append(Step("deepspeed", (f"deepspeed=={s.deepspeed}", *r.ops), env=tuple(ds_env),
+    ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(matrix.deepspeed_file.build_requires)))
+    steps.append(Step("deepspeed", (f"deepspeed=={stack.deepspeed}", *resolution.ops), env=tuple(ds_env),
                       files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py"), secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "
                               "fails unless DeepSpeed recorded every op for cuda"))
     venv_env = (EnvVar("VIRTUAL_ENV", paths.VENV, "", "", "base"),
                 EnvVar("PATH", f"{paths.VENV}/bin:${{PATH}}", "", "", "base"))
-    builder = Stage("builder", r.base_images["builder"], tuple(steps), env=venv_env)
+    builder = Stage("builder", resolution.base_images["builder"], tuple(steps), env=venv_env)
 
     # The runtime stage, derived from the builder: --keep-toolchain is this one branch.
-    if req.keep_toolchain:
+    if request.keep_toolchain:
         kept = (paths.VENV, paths.SETUP_DIR)
         if installs_toolchain:
             kept += (toolchain.install.prefix,)
         again = replace(os_step, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
-        runtime = Stage("runtime", r.base_images["builder"], (again,), from_builder=kept, reuses_builder=True)
+        runtime = Stage("runtime", resolution.base_images["builder"], (again,), from_builder=kept, reuses_builder=True)
     else:
         runtime_os = Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
                           comment=f"{python_pkg} runtime only: no compiler, no headers")
-        runtime = Stage("runtime", r.base_images["runtime"], (runtime_os,), from_builder=(paths.VENV,),
+        runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os,), from_builder=(paths.VENV,),
                         binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),))
 
-    image_env = _image_env(r, kept_toolchain_home)
+    image_env = _image_env(resolution, kept_toolchain_home)
     # The image's own files: the entry scripts, and the in-image package (envbuild/image,
     # stdlib only) as /opt/envbuild/lib/envbuild_image.
     image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES))
     package = Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),))
     plan = BuildPlan(
-        resolution=r, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
+        resolution=resolution, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
         kept_toolchain_home=kept_toolchain_home, image_env=image_env, image_files=image_files,
         image_package=package,
         manifest_file=Copy((FileCopy("manifest.json", paths.MANIFEST),)),
-        labels=Label(tuple(_labels(r))), manifest={},
+        labels=Label(tuple(_labels(resolution))), manifest={},
         build_files=_build_files(steps, image_files),
     )
     object.__setattr__(plan, "manifest", _manifest(plan))
@@ -400,7 +400,7 @@ def _build_files(steps, image_files: Copy) -> dict[str, Path]:
     return out
 
 
-def _image_env(r: Resolution, kept_toolchain_home: Optional[str]) -> tuple[EnvVar, ...]:
+def _image_env(resolution: Resolution, kept_toolchain_home: Optional[str]) -> tuple[EnvVar, ...]:
     """The final image's environment: the venv (and a kept toolchain) first on PATH, then the
     resolution's defaults in their order; a user's --env of the same name wins."""
     own = [f"{paths.VENV}/bin"] + ([f"{kept_toolchain_home}/bin"] if kept_toolchain_home else [])
@@ -421,70 +421,70 @@ def _image_env(r: Resolution, kept_toolchain_home: Optional[str]) -> tuple[EnvVa
     ]
     toolchain = [EnvVar("CUDA_HOME", kept_toolchain_home, "--keep-toolchain: the CUDA compiler stays in the image",
                         "bases.yaml toolchains", "base")] if kept_toolchain_home else []
-    user = {e.name for e in r.env if e.source == "user"}
+    user = {e.name for e in resolution.env if e.source == "user"}
     env: list[EnvVar] = [e for e in structural if e.name not in user]
-    for e in r.env:
+    for e in resolution.env:
         env.append(e)
         if e.name == "TORCH_CUDA_ARCH_LIST":  # the toolchain next to the arches it compiles for
             env += [t for t in toolchain if t.name not in user]
     return tuple(env)
 
 
-def _labels(r: Resolution) -> list[tuple[str, str]]:
-    s = r.stack
+def _labels(resolution: Resolution) -> list[tuple[str, str]]:
+    stack = resolution.stack
     return [
-        ("org.opencontainers.image.title", f"envbuild {r.tag}"),
+        ("org.opencontainers.image.title", f"envbuild {resolution.tag}"),
         ("org.opencontainers.image.description",
-         f"torch {s.torch} (CUDA {s.cuda}, Python {s.python}) + DeepSpeed {s.deepspeed} with pre-built "
-         f"ops for {r.gpu.name} ({r.gpu.sm})"),
-        ("org.opencontainers.image.version", r.tag),
-        ("org.opencontainers.image.base.name", r.base_images["runtime"]),
+         f"torch {stack.torch} (CUDA {stack.cuda}, Python {stack.python}) + DeepSpeed {stack.deepspeed} with pre-built "
+         f"ops for {resolution.gpu.name} ({resolution.gpu.sm})"),
+        ("org.opencontainers.image.version", resolution.tag),
+        ("org.opencontainers.image.base.name", resolution.base_images["runtime"]),
         ("io.envbuild.version", __version__),
-        ("io.envbuild.stack", s.id),
-        ("io.envbuild.gpu", r.gpu.name),
-        ("io.envbuild.python", s.python),
-        ("io.envbuild.cuda", s.cuda),
-        ("io.envbuild.torch", s.torch),
-        ("io.envbuild.torchvision", r.torchvision),
-        ("io.envbuild.deepspeed", s.deepspeed),
-        ("io.envbuild.ds-ops", ",".join(r.ops)),
-        ("io.envbuild.torch-cuda-arch-list", r.arch_list),
-        ("io.envbuild.cpu-target", r.request.cpu_target),
-        ("io.envbuild.min-driver", r.driver.min_driver),
+        ("io.envbuild.stack", stack.id),
+        ("io.envbuild.gpu", resolution.gpu.name),
+        ("io.envbuild.python", stack.python),
+        ("io.envbuild.cuda", stack.cuda),
+        ("io.envbuild.torch", stack.torch),
+        ("io.envbuild.torchvision", resolution.torchvision),
+        ("io.envbuild.deepspeed", stack.deepspeed),
+        ("io.envbuild.ds-ops", ",".join(resolution.ops)),
+        ("io.envbuild.torch-cuda-arch-list", resolution.arch_list),
+        ("io.envbuild.cpu-target", resolution.request.cpu_target),
+        ("io.envbuild.min-driver", resolution.driver.min_driver),
     ]
 
 
 def _manifest(plan: BuildPlan) -> dict:
     """The resolved build; also copied into the image as /opt/envbuild/manifest.json."""
-    r = plan.resolution
-    s = r.stack
+    resolution = plan.resolution
+    stack = resolution.stack
     return {
         "schema": 1,
         "envbuild": __version__,
-        "tag": r.tag,
-        "image": r.image_ref,
-        "stack": s.id,
-        "python": s.python,
-        "cuda": s.cuda,
-        "torch": s.torch,
-        "torchvision": r.torchvision,
-        "deepspeed": s.deepspeed,
-        "nccl": r.nccl,
-        "gpu": r.gpu.name,
-        "gpu_cc": r.gpu.cc,
-        "torch_cuda_arch_list": r.arch_list,
-        "ds_ops": r.ops,
-        "ds_ops_dropped": [{"op": o, "reason": why} for o, why in r.dropped_ops],
-        "cpu_target": r.request.cpu_target,
-        "toolchain": s.toolchain,
-        "toolchain_kept": r.request.keep_toolchain,
-        "torch_index": r.torch_index,
+        "tag": resolution.tag,
+        "image": resolution.image_ref,
+        "stack": stack.id,
+        "python": stack.python,
+        "cuda": stack.cuda,
+        "torch": stack.torch,
+        "torchvision": resolution.torchvision,
+        "deepspeed": stack.deepspeed,
+        "nccl": resolution.nccl,
+        "gpu": resolution.gpu.name,
+        "gpu_cc": resolution.gpu.cc,
+        "torch_cuda_arch_list": resolution.arch_list,
+        "ds_ops": resolution.ops,
+        "ds_ops_dropped": [{"op": o, "reason": why} for o, why in resolution.dropped_ops],
+        "cpu_target": resolution.request.cpu_target,
+        "toolchain": stack.toolchain,
+        "toolchain_kept": resolution.request.keep_toolchain,
+        "torch_index": resolution.torch_index,
         "env": {e.name: e.value for e in plan.image_env},
         "env_reasons": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source,
                          **({"cost": e.cost} if e.cost else {})} for e in plan.image_env],
         "node_env": [{"name": d.name, "value": d.value, "when": d.node.model_dump(exclude_none=True),
-                      "reason": d.reason, "source": d.source, "cost": d.cost} for d in r.node_env],
-        "driver": {"cuda": s.cuda, "min_driver": r.driver.min_driver, "branch": r.driver.branch,
-                   "forward_compat": r.matrix.cuda_file.forward_compat, "source": r.driver.source},
-        "base_images": dict(r.base_images),
+                      "reason": d.reason, "source": d.source, "cost": d.cost} for d in resolution.node_env],
+        "driver": {"cuda": stack.cuda, "min_driver": resolution.driver.min_driver, "branch": resolution.driver.branch,
+                   "forward_compat": resolution.matrix.cuda_file.forward_compat, "source": resolution.driver.source},
+        "base_images": dict(resolution.base_images),
     }

@@ -29,11 +29,10 @@ pytestmark = pytest.mark.docker
 DOCKER = "/usr/bin/docker"
 BASE = "local/debian:bookworm"
 def _ci_stack():
-    """The production matrix's PyPI-toolchain stack on plain Debian: the newest torch whose
-    CUDA toolchain is on PyPI (a test in test_matrix.py keeps it so)."""
+    from envbuild.ci import real_build_stack
     from envbuild.matrix import load_matrix
 
-    return next(s for s in load_matrix().stacks if s.toolchain == "pypi" and s.os == "debian12")
+    return real_build_stack(load_matrix())
 
 
 CI_STACK = _ci_stack()

@@ -11,7 +11,6 @@ Examples
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 from typing import Optional
@@ -24,12 +23,6 @@ from .image import paths
 from .resolve import Resolution
 
 LOCAL_REPO = "envbuild"
-# The OCI distribution grammar for a repository name (docker/distribution reference.go):
-# an optional registry host[:port], then lower-case path components.
-_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REPO = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*$")
 DOCKER_RUN = "docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 --rm -it"
 
 
@@ -40,10 +33,8 @@ def registry_host(repo: str) -> Optional[str]:
     or is 'localhost'; otherwise the name is resolved on Docker Hub (``envbuild`` means
     ``docker.io/library/envbuild``, an official image that is not ours).
     """
-    first, slash, _ = repo.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
+    host, _ = validate._split_domain(repo)
+    return host or None
 
 
 def local_only(repo: str) -> bool:
@@ -62,12 +53,10 @@ def check_image_repo(repo: str, flag: str, suffix: str = "") -> str:
             f"{flag} '{repo}' holds a shell variable: `$OWNER` in matrices/publish.yaml is filled in by CI "
             f"(the GitHub owner, lower-cased); give the real name, e.g. ghcr.io/acme"
             f"{'/' + LOCAL_REPO if flag == '--image-repo' else ''}.")
-    if _REPO.match(repo + suffix):
+    if validate.valid_repository(repo + suffix):
         return repo
-    head, _, last = repo.strip("/ ").lower().rpartition("/")
-    last = last.split("@")[0].split(":")[0] if not suffix else last  # a tag or digest has no place here
-    guess = re.sub(r"[^a-z0-9._:/-]", "-", f"{head}/{last}" if head else last)
-    hint = f"; nearest valid: {guess}" if _REPO.match(guess + suffix) else ""
+    guess = validate.sanitize_repository(repo + suffix).removesuffix(suffix)  # the OCI grammar: validate.py
+    hint = f"; nearest valid: {guess}" if validate.valid_repository(guess + suffix) else ""
     what = "registry" if suffix else "image repository"
     shape = "HOST[:PORT][/NAMESPACE]" if suffix else "[HOST[:PORT]/]NAME[/NAME...]"
     raise EnvbuildError(

@@ -54,6 +54,9 @@ def request_options(f):
         click.option("--cpu-target", default=DEFAULT_CPU_TARGET, show_default=True,
                      help="x86-64 level the CPU ops are compiled for (not the build machine's -march=native)."),
         click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
+        click.option("--no-compiler", is_flag=True,
+                     help="Leave the C compiler and Python headers out of the final image (smaller; "
+                          "torch.compile then cannot run)."),
         click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
                      help="Add or override an environment default baked into the image (repeatable)."),
         click.option("--registry", envvar="ENVBUILD_REGISTRY", metavar="HOST[/NAMESPACE]",
@@ -87,7 +90,7 @@ def _resolve(kw):
                   deepspeed=kw["deepspeed"], stack=kw["stack_id"], ds_ops=kw["ds_ops"],
                   base_image=kw["base_image"], builder_image=kw["builder_image"],
                   env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
-                  keep_toolchain=kw["keep_toolchain"], image_repo=repo)
+                  keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo)
     return m, req
 
 

@@ -273,6 +273,9 @@ class Family(_Strict):
     python: dict[str, str]
     builder_packages: list[str]
     runtime_packages: list[str]
+    # What torch.compile needs in the final image: a C/C++ compiler (Triton's launcher,
+    # Inductor's CPU code) and Python's headers; no nvcc, no ninja (--no-compiler leaves it out).
+    compiler_packages: list[str]
     capabilities: dict[str, dict[Literal["builder", "runtime"], list[str]]] = {}
     mirror_hosts: list[str]  # the hosts an --apt-mirror replaces in the apt sources
     source: str

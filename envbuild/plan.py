@@ -305,6 +305,8 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     needs = sorted({n for o in resolution.ops for n in matrix.ops[o].needs})
     builder_pkgs = [p.replace("{python}", python_pkg) for p in os_release.builder_packages]
     runtime_pkgs = [p.replace("{python}", python_pkg) for p in os_release.runtime_packages]
+    if not request.no_compiler:  # torch.compile compiles C at run time; DeepSpeed still cannot (no ninja/nvcc)
+        runtime_pkgs += [p.replace("{python}", python_pkg) for p in os_release.compiler_packages]
     for need in needs:
         builder_pkgs += os_release.capabilities[need].get("builder", [])
         runtime_pkgs += os_release.capabilities[need].get("runtime", [])
@@ -359,7 +361,9 @@ def build_plan(resolution: Resolution) -> BuildPlan:
         runtime = Stage("runtime", resolution.base_images["builder"], (again,), from_builder=kept, reuses_builder=True)
     else:
         runtime_os = Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
-                          comment=f"{python_pkg} runtime only: no compiler, no headers")
+                          comment=f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler
+                          else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
+                               f"(no nvcc, no ninja: DeepSpeed cannot JIT)")
         runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os,), from_builder=(paths.VENV,),
                         binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),))
 
@@ -478,6 +482,7 @@ def _manifest(plan: BuildPlan) -> dict:
         "cpu_target": resolution.request.cpu_target,
         "toolchain": stack.toolchain,
         "toolchain_kept": resolution.request.keep_toolchain,
+        "runtime_compiler": resolution.request.keep_toolchain or not resolution.request.no_compiler,
         "torch_index": resolution.torch_index,
         "env": {e.name: e.value for e in plan.image_env},
         "env_reasons": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source,

@@ -49,6 +49,7 @@ class Request:
     env: tuple[tuple[str, str], ...] = ()
     cpu_target: str = DEFAULT_CPU_TARGET
     keep_toolchain: bool = False
+    no_compiler: bool = False  # a final image without a C compiler: torch.compile cannot run
     image_repo: str = "envbuild"
 
     def describe(self) -> str:
@@ -110,7 +111,7 @@ def _nodot(v: str) -> str:
 
 
 def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
-                 cpu_target: str, keep_toolchain: bool, custom: tuple = ()) -> str:
+                 cpu_target: str, keep_toolchain: bool, custom: tuple = (), no_compiler: bool = False) -> str:
     """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices."""
     tag = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
     if ops != default_ops:
@@ -120,6 +121,8 @@ def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[st
         tag += "-" + cpu_target.replace("x86-64", "x86_64")
     if keep_toolchain:
         tag += "-devel"
+    elif no_compiler:
+        tag += "-nocc"
     if custom:
         tag += "-custom-" + hashlib.sha256(repr(sorted(custom)).encode()).hexdigest()[:8]  # order-free
     assert TAG_RE.match(tag), tag
@@ -272,7 +275,8 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         driver=m.driver_floor(s.cuda),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
-        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain, tuple(req.env)),
+        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain, tuple(req.env),
+                         req.no_compiler),
         matrix=m,
     )
 

@@ -465,6 +465,9 @@ def check_ds_ops(m, choice: Optional[str]) -> None:
 
 def check_request(m, req, runtime_path: str) -> None:
     """Every check that needs only the request and the matrix (run before resolving)."""
+    if req.keep_toolchain and req.no_compiler:
+        raise EnvbuildError("--keep-toolchain and --no-compiler contradict each other: the first keeps every "
+                            "compiler of the builder, the second leaves even the C compiler out; choose one.")
     if req.stack is not None and not req.stack.strip():
         raise EnvbuildError("--stack is empty; give a stack id such as "
                             f"{max(m.stacks, key=lambda s: Version(s.torch)).id} (`envbuild matrix` lists them), "

@@ -182,7 +182,7 @@ print(json.dumps({"compilers": {k: v for k, v in found.items() if v}, "load_s": 
 def test_no_jit_with_stale_lock_readonly_home_no_compilers(h20, work):
     """Field reports 1 and 2: a stale `lock` in the extensions dir hangs a JIT build forever.
     The pre-built image never gets there: read-only root and home, read-only extensions
-    dir with stale locks, no network, no compiler."""
+    dir with stale locks, no network, no ninja and no nvcc."""
     ext = work / "ext"
     for op in ("cpu_adam", "fused_adam"):
         (ext / op).mkdir(parents=True)
@@ -193,7 +193,10 @@ def test_no_jit_with_stale_lock_readonly_home_no_compilers(h20, work):
                h20["image"], "python", "-c", NO_JIT_PROBE, timeout=180)
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert time.monotonic() - start < 170
-    assert res["compilers"] == {} and res["diff"] < 1e-6 and not res["home_writable"]
+    # No ninja and no nvcc: nothing can JIT a DeepSpeed op. The C compiler is there on
+    # purpose (torch.compile; the smoke test's torch_compile check runs it).
+    assert not {"ninja", "nvcc"} & set(res["compilers"]) and "g++" in res["compilers"]
+    assert res["diff"] < 1e-6 and not res["home_writable"]
     assert res["ext"] == ["cpu_adam", "fused_adam"]
     assert sorted(p.name for p in ext.rglob("*")) == ["cpu_adam", "fused_adam", "lock", "lock"]
 

@@ -171,4 +171,15 @@ def test_keep_toolchain_is_one_property_of_the_runtime_stage(matrix):
     assert final["post"][-1] == "rm -rf /opt/envbuild-setup"
     assert plan.runtime.steps[0].args == plan.builder.steps[0].args  # the compilers come back
     lean = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))
-    assert not lean.runtime.reuses_builder and "g++" not in lean.runtime.steps[0].args
+    assert not lean.runtime.reuses_builder and "python3.11-venv" not in lean.runtime.steps[0].args  # no builder OS step
+
+
+def test_the_runtime_carries_a_c_compiler_for_torch_compile_unless_told_not_to(matrix):
+    """torch.compile compiles C at run time (Triton's launcher, Inductor's CPU code); the
+    final image has g++ and Python's headers, but never nvcc or ninja."""
+    plan = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))
+    assert plan.runtime.steps[0].args == ("ca-certificates", "python3.11", "g++", "python3.11-dev")
+    assert plan.manifest["runtime_compiler"] is True
+    bare = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", no_compiler=True)))
+    assert bare.runtime.steps[0].args == ("ca-certificates", "python3.11")
+    assert bare.manifest["runtime_compiler"] is False and bare.tag.endswith("-nocc")

@@ -316,6 +316,36 @@ def test_compilers_absent_or_not_executable_pass(tmp_path):
     assert ok is True and "none of" in detail
 
 
+def test_a_c_compiler_is_expected_for_torch_compile_but_never_ninja_or_nvcc(tmp_path):
+    """Default images carry g++ for torch.compile (manifest runtime_compiler); ninja or nvcc
+    would let a DeepSpeed op JIT-compile, so either one still fails the check."""
+    make_exe(tmp_path / "bin", "g++")
+    ok, detail = checks.check_compilers({"runtime_compiler": True}, path=str(tmp_path / "bin"))
+    assert ok is True and "C compiler for torch.compile: g++=" in detail
+    assert checks.check_compilers({"runtime_compiler": False}, path=str(tmp_path / "bin"))[0] is False
+    make_exe(tmp_path / "bin", "ninja")
+    ok, detail = checks.check_compilers({"runtime_compiler": True}, path=str(tmp_path / "bin"))
+    assert ok is False and "ninja=" in detail and "JIT" in detail
+    ok, detail = checks.check_compilers({"runtime_compiler": True}, path=str(tmp_path / "empty"))
+    assert ok is False and "torch.compile cannot run" in detail
+
+
+def test_torch_compile_check_reads_the_child_and_skips_without_a_compiler():
+    """The child's outcome per device decides; an image built with --no-compiler skips."""
+    from envbuild.image.report import Skipped
+
+    assert isinstance(checks.check_torch_compile({"runtime_compiler": False}, dict), Skipped)
+    good = {"state": "done", "rc": 0, "cpu": {"ok": True, "error": 0.0, "seconds": 3.2}}
+    ok, detail = checks.check_torch_compile({"runtime_compiler": True}, lambda: good)
+    assert ok is True and detail.startswith("cpu ok")
+    bad = {"state": "done", "rc": 0, "cpu": {"ok": False, "detail": "InductorError: Failed to find C compiler",
+                                             "seconds": 1.0}}
+    ok, detail = checks.check_torch_compile({"runtime_compiler": True}, lambda: bad)
+    assert ok is False and "Failed to find C compiler" in detail
+    ok, detail = checks.check_torch_compile({"runtime_compiler": True}, lambda: {"state": "timeout", "log": "x"})
+    assert ok is False and "hard timeout" in detail
+
+
 def test_compilers_allowed_when_toolchain_kept(tmp_path):
     make_exe(tmp_path / "bin", "g++")
     ok, detail = checks.check_compilers({"toolchain_kept": True}, path=str(tmp_path / "bin"))
@@ -519,7 +549,7 @@ def test_full_run_without_torch_fails_cleanly(build_dir, tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     names = [c["name"] for c in doc["checks"]]
-    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "env", "driver", "node_env",
+    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "torch_compile", "env", "driver", "node_env",
                      "collectives", "p2p"]
     assert doc["ok"] is False and doc["mode"] == "cpu"
     assert "No module named 'torch'" in doc["checks"][0]["detail"]
@@ -549,6 +579,6 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVBUILD_NODE_ROOT", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))
     rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ["cpu_adam"]}, args_ns(), "m.json", gpus=0)
-    assert [c["name"] for c in rep["checks"]] == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "env",
-                                                  "driver", "node_env", "collectives", "p2p"]
+    assert [c["name"] for c in rep["checks"]] == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers",
+                                                  "torch_compile", "env", "driver", "node_env", "collectives", "p2p"]
     assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls

@@ -19,6 +19,7 @@ from .report import Skipped
 from .versions import major_minor, normalize_version, version_matches
 
 COMPILERS = ("ninja", "gcc", "g++", "cc", "c++", "nvcc", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++")
+JIT_TOOLS = ("ninja", "nvcc")  # what a DeepSpeed/cpp_extension JIT build needs beyond a C compiler
 JIT_HANG_MSG = "hung: a JIT compile waiting on a lock — field report 1"
 ADAM_TOLERANCE = 1e-5
 
@@ -126,11 +127,53 @@ def check_fused_adam(res: dict) -> tuple[bool, str, float]:
 
 # ----------------------------------------------------------------------------- image contents
 def check_compilers(manifest: dict, path: str | None = None) -> tuple[bool, str]:
-    """A compiler (or ninja) in the image is what lets a silent JIT compile start at all."""
-    found = [f"{name}={where}" for name in COMPILERS if (where := shutil.which(name, path=path))]
+    """ninja or nvcc in the image is what lets a silent DeepSpeed JIT compile start at all:
+    neither may be there unless the toolchain is kept. A C compiler is there on purpose for
+    torch.compile (Triton's launcher, Inductor's C++ code) unless the image was built with
+    --no-compiler (manifest runtime_compiler false; older manifests have no key: the same)."""
+    found = {name: where for name in COMPILERS if (where := shutil.which(name, path=path))}
+    listed = [f"{name}={where}" for name, where in found.items()]
     if manifest.get("toolchain_kept"):
-        return True, "toolchain kept on purpose" + (f": {', '.join(found)}" if found else "")
-    return (not found), ("found: " + ", ".join(found)) if found else "none of " + " ".join(COMPILERS)
+        return True, "toolchain kept on purpose" + (f": {', '.join(listed)}" if listed else "")
+    jit = [f"{name}={found[name]}" for name in JIT_TOOLS if name in found]
+    c_compilers = [f"{name}={where}" for name, where in found.items() if name not in JIT_TOOLS]
+    if jit:
+        return False, f"found: {', '.join(jit)} (a DeepSpeed op could JIT-compile at run time)"
+    if manifest.get("runtime_compiler"):
+        if not c_compilers:
+            return False, "no C compiler, so torch.compile cannot run, but the manifest says runtime_compiler"
+        return True, f"no {' or '.join(JIT_TOOLS)}; C compiler for torch.compile: {', '.join(c_compilers)}"
+    return (not listed), ("found: " + ", ".join(listed)) if listed else "none of " + " ".join(COMPILERS)
+
+
+def run_compile_child(manifest: dict, args, work: str) -> dict:
+    """torch.compile in a child under the hard timeout, with its caches in the work dir."""
+    result_path, log_path = os.path.join(work, "compile.json"), os.path.join(work, "compile.log")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"),
+               TRITON_CACHE_DIR=os.path.join(work, "triton"))
+    cmd = sandbox.self_command("--child", "compile", "--result", result_path)
+    if getattr(args, "gpu_numerics", False):
+        cmd.append("--gpu-numerics")
+    state, rc = sandbox.run_child(cmd, env, args.timeout, log_path)
+    res = sandbox.read_json(result_path) or {}
+    res.update(state=state, rc=rc, log=sandbox.tail(log_path))
+    return res
+
+
+def check_torch_compile(manifest: dict, res_of) -> tuple[bool, str] | Skipped:
+    """torch.compile of a small function matches eager mode: on CPU (Inductor's C++ code,
+    which needs the image's C compiler and Python headers) and, with a GPU, through Triton."""
+    if not (manifest.get("runtime_compiler") or manifest.get("toolchain_kept")):
+        return Skipped("built with --no-compiler: torch.compile needs a C compiler at run time")
+    res = res_of()
+    if res.get("state") == "timeout":
+        return False, f"torch.compile did not finish before the hard timeout; log: {res.get('log', '')[-300:]}"
+    devices = [d for d in ("cpu", "cuda") if d in res]
+    if not devices:
+        return False, f"the torch.compile child wrote no result (exit {res.get('rc')}): {res.get('log', '')[-300:]}"
+    parts = [f"{d} " + (f"ok, max error {res[d]['error']:.1e}, {res[d]['seconds']:.1f}s" if res[d]["ok"]
+                        else f"FAILED: {res[d].get('detail') or res[d].get('error')}") for d in devices]
+    return all(res[d]["ok"] for d in devices), "; ".join(parts)
 
 
 def image_path_entries(path: str) -> list[str]:

@@ -117,6 +117,28 @@ def child_ops(args) -> int:
     return 0
 
 
+def child_compile(args) -> int:
+    """torch.compile of a small function, checked against eager mode, on CPU and (with a
+    GPU) CUDA; each device's outcome is written as soon as it is known."""
+    import torch
+
+    def function(x):
+        return torch.sin(x) * 2 + x
+
+    out: dict = {}
+    for device in ["cpu"] + (["cuda"] if args.gpu_numerics else []):
+        start = time.monotonic()
+        try:
+            x = torch.randn(1024, device=device)
+            error = float((torch.compile(function)(x) - function(x)).abs().max())
+            out[device] = {"ok": error < 1e-5, "error": error, "seconds": time.monotonic() - start}
+        except Exception as failure:  # noqa: BLE001
+            out[device] = {"ok": False, "detail": f"{type(failure).__name__}: {str(failure)[:400]}",
+                           "seconds": time.monotonic() - start}
+        write_json(args.result, out)
+    return 0
+
+
 def child_collective(args) -> int:
     """One rank: all_reduce(sum) and all_gather with value checks, timed over a few iterations."""
     from datetime import timedelta

@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 from . import checks, collectives, node
-from .children import child_collective, child_ops
+from .children import child_collective, child_compile, child_ops
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, exit_code, render_text, run_check
 
@@ -42,7 +42,7 @@ def parse_args(argv=None):
                         help="ranks for the collectives (default: all GPUs, or 2 on CPU)")
     parser.add_argument("--size-mb", type=float, default=64.0, help="collective message size in MiB")
     parser.add_argument("--accelerator", default="cuda", help=argparse.SUPPRESS)  # test hook, see docstring
-    parser.add_argument("--child", choices=("ops", "collective"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("ops", "collective", "compile"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--ops", default="", help=argparse.SUPPRESS)
     parser.add_argument("--gpu-numerics", action="store_true", help=argparse.SUPPRESS)
@@ -81,6 +81,8 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
         if "fused_adam" in ops and gpus:
             results.append(run_check("fused_adam", checks.check_fused_adam, res))
         results.append(run_check("compilers", checks.check_compilers, manifest))
+        results.append(run_check("torch_compile", checks.check_torch_compile, manifest,
+                                 lambda: checks.run_compile_child(manifest, args, work)))
         results.append(run_check("env", checks.check_env, manifest))
         results.append(run_check("driver", checks.check_driver, manifest, bool(gpus), facts))
         results.append(run_check("node_env", checks.check_node_env, manifest, bool(gpus), facts))
@@ -124,6 +126,8 @@ def main(argv=None) -> int:
         return child_ops(args)
     if args.child == "collective":
         return child_collective(args)
+    if args.child == "compile":
+        return child_compile(args)
     path = manifest_path(args.manifest)
     try:
         manifest = load_manifest(path)

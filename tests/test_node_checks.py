@@ -337,3 +337,29 @@ def test_node_main_never_fails_a_start(tmp_path, monkeypatch, capsys):
 def test_entrypoint_sources_env_sh_from_the_shared_path():
     text = (ROOT / "templates" / "files" / "entrypoint.sh").read_text()
     assert f". {paths.ENV_SH}\n" in text
+
+
+RUNTIME_CACHES = {"TORCH_EXTENSIONS_DIR": "torch_extensions", "TRITON_CACHE_DIR": "triton",
+                  "TORCHINDUCTOR_CACHE_DIR": "torchinductor", "PYTORCH_KERNEL_CACHE_PATH": "torch_kernels",
+                  "CUDA_CACHE_PATH": "cuda_cache", "VLLM_CACHE_ROOT": "vllm",
+                  "FLASHINFER_WORKSPACE_BASE": "flashinfer", "HF_MODULES_CACHE": "hf_modules"}
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash"])
+def test_every_runtime_compile_cache_is_per_job_and_node_local_unless_set(tmp_path, shell):
+    """Each cache that JIT-compiles at run time (torch, Triton, Inductor, the driver's PTX
+    cache, vLLM, FlashInfer, remote-code modules) goes to $TMPDIR/<name>-<job>, so no two jobs
+    share one on an NFS home; a value already set (the user's, the cluster's) is kept, even
+    one with spaces in its directory."""
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed")
+    env_sh = ROOT / "templates" / "files" / "env.sh"
+    show = "; ".join(f'printf "%s\\n" "${name}"' for name in RUNTIME_CACHES)
+    scratch = tmp_path / "node scratch"
+    r = subprocess.run([shell, "-c", f". {env_sh}; {show}"], capture_output=True, text=True, check=True,
+                       env={"PATH": "/usr/bin:/bin", "TMPDIR": str(scratch), "SLURM_JOB_ID": "77",
+                            "VLLM_CACHE_ROOT": "/mine/vllm", "ENVBUILD_NODE_ROOT": str(tmp_path)})
+    got = dict(zip(RUNTIME_CACHES, r.stdout.splitlines()))
+    want = {name: f"{scratch}/{sub}-77" for name, sub in RUNTIME_CACHES.items()}
+    want["VLLM_CACHE_ROOT"] = "/mine/vllm"
+    assert got == want

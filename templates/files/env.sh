@@ -2,21 +2,35 @@
 # Sourced by the Docker entrypoint and by Apptainer's %environment at every container start:
 # POSIX sh; it starts no process on a node without a GPU. Sets only what is unset.
 #
-# 1. Per-job, node-local compile caches: a safety net against the shared
-#    ~/.cache/torch_extensions hangs (field reports 1 and 2).
+# 1. Per-job, node-local run-time compile caches, each set only when unset (a value the user
+#    or the cluster set wins). A cache on a shared home is what hangs or corrupts jobs: many
+#    ranks on many nodes race on the same files and locks (field reports 1 and 2). The cost:
+#    each job compiles what it needs once more; point a variable at a persistent node-local
+#    directory to keep a cache across jobs.
+#    TORCH_EXTENSIONS_DIR       torch cpp_extension / DeepSpeed JIT builds (field reports 1, 2)
+#    TRITON_CACHE_DIR           Triton's compiled kernels (DeepSpeed#5205: stalls on NFS)
+#    TORCHINDUCTOR_CACHE_DIR    torch.compile's generated code and FX graph cache
+#    PYTORCH_KERNEL_CACHE_PATH  torch's runtime-compiled CUDA kernels (~/.cache/torch/kernels)
+#    CUDA_CACHE_PATH            the driver's PTX JIT cache (~/.nv/ComputeCache)
+#    VLLM_CACHE_ROOT            vLLM's torch.compile and kernel caches (~/.cache/vllm)
+#    FLASHINFER_WORKSPACE_BASE  FlashInfer's JIT-built kernels (under ~/.cache)
+#    HF_MODULES_CACHE           transformers' trust_remote_code modules (~/.cache/huggingface)
 _envbuild_job=${SLURM_JOB_ID:-}
 if [ -z "$_envbuild_job" ]; then
     _envbuild_job="$(id -un 2>/dev/null || id -u)-$$"
 fi
 _envbuild_dir=${ENVBUILD_LOCAL_DIR:-${TMPDIR:-/tmp}}
-if [ -z "${TORCH_EXTENSIONS_DIR:-}" ]; then
-    TORCH_EXTENSIONS_DIR="$_envbuild_dir/torch_extensions-$_envbuild_job"
-    export TORCH_EXTENSIONS_DIR
-fi
-if [ -z "${TRITON_CACHE_DIR:-}" ]; then
-    TRITON_CACHE_DIR="$_envbuild_dir/triton-$_envbuild_job"
-    export TRITON_CACHE_DIR
-fi
+for _envbuild_cache in TORCH_EXTENSIONS_DIR:torch_extensions TRITON_CACHE_DIR:triton \
+        TORCHINDUCTOR_CACHE_DIR:torchinductor PYTORCH_KERNEL_CACHE_PATH:torch_kernels \
+        CUDA_CACHE_PATH:cuda_cache VLLM_CACHE_ROOT:vllm FLASHINFER_WORKSPACE_BASE:flashinfer \
+        HF_MODULES_CACHE:hf_modules; do
+    _envbuild_var=${_envbuild_cache%%:*}
+    eval "_envbuild_have=\${${_envbuild_var}:-}"  # the names are the literals above
+    if [ -z "$_envbuild_have" ]; then
+        eval "${_envbuild_var}=\"\$_envbuild_dir/${_envbuild_cache#*:}-\$_envbuild_job\"; export ${_envbuild_var}"
+    fi
+done
+unset _envbuild_cache _envbuild_var _envbuild_have
 
 # 2. Node checks, only where a GPU was handed to the container (/dev/nvidiactl or nvidia-smi):
 #    - the driver (/proc/driver/nvidia/version, else nvidia-smi) against ENVBUILD_MIN_DRIVER:

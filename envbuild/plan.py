@@ -344,6 +344,7 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     if request.keep_toolchain:
         ds_env.append(("ENVBUILD_KEEP_TOOLCHAIN", "1"))
     ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(matrix.deepspeed_file.build_requires)))
+    ds_env.append(("ENVBUILD_CONSTRAINTS", paths.CONSTRAINTS))
     steps.append(Step("deepspeed", (f"deepspeed=={stack.deepspeed}", *resolution.ops), env=tuple(ds_env),
                       files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py"), secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "
@@ -354,7 +355,7 @@ def build_plan(resolution: Resolution) -> BuildPlan:
 
     # The runtime stage, derived from the builder: --keep-toolchain is this one branch.
     if request.keep_toolchain:
-        kept = (paths.VENV, paths.SETUP_DIR)
+        kept = (paths.VENV, paths.SETUP_DIR, paths.CONSTRAINTS)
         if installs_toolchain:
             kept += (toolchain.install.prefix,)
         again = replace(os_step, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
@@ -364,7 +365,8 @@ def build_plan(resolution: Resolution) -> BuildPlan:
                           comment=f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler
                           else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
                                f"(no nvcc, no ninja: DeepSpeed cannot JIT)")
-        runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os,), from_builder=(paths.VENV,),
+        runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os,),
+                        from_builder=(paths.VENV, paths.CONSTRAINTS),
                         binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),))
 
     image_env = _image_env(resolution, kept_toolchain_home)
@@ -419,6 +421,14 @@ def _image_env(resolution: Resolution, kept_toolchain_home: Optional[str]) -> tu
                "that ask for it", "nvidia/cuda image Dockerfiles; enroot hooks/98-nvidia.sh", "base",
                "where the NVIDIA runtime is Docker's default runtime, a container started without --gpus sees "
                "every GPU, as with NVIDIA's own images"),
+        EnvVar("PIP_CONSTRAINT", paths.CONSTRAINTS,
+               "pins torch, torchvision, triton, the CUDA wheels and DeepSpeed as built: a pip install that needs "
+               "another torch fails with the resolver's conflict instead of replacing torch under the pre-built "
+               "ops (vllm#34224; pypa/pip#12902; NGC's PyTorch images ship the same file since 25.03)",
+               "envbuild", "base", "a package that needs another torch cannot be installed without the bypass: "
+               "PIP_CONSTRAINT= pip install ..."),
+        EnvVar("UV_CONSTRAINT", paths.CONSTRAINTS, "the same guard for uv pip install", "envbuild", "base",
+               "as PIP_CONSTRAINT; bypass: UV_CONSTRAINT= uv pip install ..."),
         EnvVar("NVIDIA_DRIVER_CAPABILITIES", "compute,utility",
                "CUDA (compute) and nvidia-smi (utility) from the host driver, no more",
                "nvidia/cuda image Dockerfiles; NVIDIA container toolkit docs", "base", "none"),
@@ -483,6 +493,7 @@ def _manifest(plan: BuildPlan) -> dict:
         "toolchain": stack.toolchain,
         "toolchain_kept": resolution.request.keep_toolchain,
         "runtime_compiler": resolution.request.keep_toolchain or not resolution.request.no_compiler,
+        "constraints": paths.CONSTRAINTS,
         "torch_index": resolution.torch_index,
         "env": {e.name: e.value for e in plan.image_env},
         "env_reasons": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source,

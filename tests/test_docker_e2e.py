@@ -179,6 +179,24 @@ print(json.dumps({"compilers": {k: v for k, v in found.items() if v}, "load_s": 
 """
 
 
+def test_the_guard_refuses_another_torch_and_admits_a_compatible_package(h20):
+    """vllm#34224: a pip install that needs another torch silently replaced it under the
+    pre-built ops. In the image, pip reads the constraints (PIP_CONSTRAINT): asking for another
+    torch fails with the resolver's conflict and torch stays; a package that fits installs.
+    (PyPI through this machine's TLS proxy: the host's CA bundle is mounted for pip.)"""
+    ca = "/etc/ssl/certs/ca-certificates.crt"
+    run = ["run", "--rm", "--network", "host", "-v", f"{ca}:/host-ca.pem:ro", "-e", "PIP_CERT=/host-ca.pem",
+           h20["image"], "bash", "-c"]
+    script = ("pip install --dry-run torch==2.14.0 > /tmp/out 2>&1; echo rc=$?; cat /tmp/out; "
+              "python -c 'import torch; print(\"torch\", torch.__version__)'")
+    r = docker(*run, script, check=False, timeout=600)
+    assert "rc=1" in r.stdout and "conflict" in r.stdout.lower(), r.stdout[-2000:] + r.stderr[-1000:]
+    assert f"torch {CI_STACK.torch}" in r.stdout
+    r = docker(*run, "pip install -q six && python -c 'import six, torch; print(\"ok\", torch.__version__)'",
+               check=False, timeout=600)
+    assert r.returncode == 0 and f"ok {CI_STACK.torch}" in r.stdout, r.stdout[-2000:] + r.stderr[-1000:]
+
+
 def test_no_jit_with_stale_lock_readonly_home_no_compilers(h20, work):
     """Field reports 1 and 2: a stale `lock` in the extensions dir hangs a JIT build forever.
     The pre-built image never gets there: read-only root and home, read-only extensions

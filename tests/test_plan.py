@@ -95,6 +95,7 @@ STEPS = {
         "    TORCH_CUDA_ARCH_LIST=9.0 \\\n    ENVBUILD_CPU_TARGET=x86-64-v3 \\\n"
         "    CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 \\\n"
         f"    ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES} \\\n"
+        "    ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt \\\n"
         "    bash /opt/envbuild-setup/deepspeed.sh deepspeed==0.19.8 cpu_adam fused_adam",
         {"files": ["envbuild/steps/deepspeed.sh /opt/envbuild-setup/deepspeed.sh",
                    "envbuild/steps/cc-wrapper.sh /opt/envbuild-setup/cc-wrapper.sh",
@@ -103,8 +104,8 @@ STEPS = {
                   "recorded every op for cuda",
                   "DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 "
                   "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
-                  f"ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES} bash /opt/envbuild-setup/deepspeed.sh "
-                  "deepspeed==0.19.8 cpu_adam fused_adam"]}),
+                  f"ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES} ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
+                  "bash /opt/envbuild-setup/deepspeed.sh deepspeed==0.19.8 cpu_adam fused_adam"]}),
 }
 
 
@@ -167,7 +168,7 @@ def test_keep_toolchain_is_one_property_of_the_runtime_stage(matrix):
     assert plan.runtime.reuses_builder and plan.runtime.render("docker") == "FROM builder AS runtime"
     final = plan.runtime.render("apptainer")
     assert final["from_builder"] == ["/opt/venv /opt/venv", "/opt/envbuild-setup /opt/envbuild-setup",
-                                     "/opt/cuda-pypi /opt/cuda-pypi"]
+                                     "/etc/pip/constraint.txt /etc/pip/constraint.txt", "/opt/cuda-pypi /opt/cuda-pypi"]
     assert final["post"][-1] == "rm -rf /opt/envbuild-setup"
     assert plan.runtime.steps[0].args == plan.builder.steps[0].args  # the compilers come back
     lean = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))

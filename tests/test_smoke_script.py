@@ -549,8 +549,8 @@ def test_full_run_without_torch_fails_cleanly(build_dir, tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     names = [c["name"] for c in doc["checks"]]
-    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "torch_compile", "env", "driver", "node_env",
-                     "collectives", "p2p"]
+    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "torch_compile", "env",
+                     "driver", "node_env", "collectives", "p2p"]
     assert doc["ok"] is False and doc["mode"] == "cpu"
     assert "No module named 'torch'" in doc["checks"][0]["detail"]
     by_name = {c["name"]: c for c in doc["checks"]}
@@ -580,5 +580,24 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ["cpu_adam"]}, args_ns(), "m.json", gpus=0)
     assert [c["name"] for c in rep["checks"]] == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers",
-                                                  "torch_compile", "env", "driver", "node_env", "collectives", "p2p"]
+                                                  "guard", "torch_compile", "env", "driver", "node_env", "collectives",
+                                                  "p2p"]
     assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls
+
+
+def test_guard_check_needs_the_built_torch_and_deepspeed_pinned_and_read(tmp_path):
+    from envbuild.image.report import Skipped
+
+    pins = tmp_path / "constraint.txt"
+    pins.write_text("deepspeed==0.19.8\nnvidia-nccl-cu13==2.30.7\ntorch==2.15.0\ntriton==3.9.0\n")
+    manifest = {"constraints": str(pins), "torch": "2.15.0", "deepspeed": "0.19.8"}
+    environ = {"PIP_CONSTRAINT": str(pins), "UV_CONSTRAINT": str(pins)}
+    ok, detail = checks.check_guard(manifest, environ)
+    assert ok is True and "4 pins" in detail and "torch==2.15.0" in detail
+    ok, detail = checks.check_guard({**manifest, "torch": "2.14.1"}, environ)
+    assert ok is False and "torch==2.15.0 (want 2.14.1)" in detail
+    ok, detail = checks.check_guard(manifest, {"PIP_CONSTRAINT": str(pins)})
+    assert ok is False and "UV_CONSTRAINT is not" in detail
+    ok, detail = checks.check_guard({**manifest, "constraints": str(tmp_path / "gone.txt")}, environ)
+    assert ok is False and "nothing stops a pip install" in detail
+    assert isinstance(checks.check_guard({}, environ), Skipped)

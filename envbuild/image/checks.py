@@ -146,6 +146,28 @@ def check_compilers(manifest: dict, path: str | None = None) -> tuple[bool, str]
     return (not listed), ("found: " + ", ".join(listed)) if listed else "none of " + " ".join(COMPILERS)
 
 
+def check_guard(manifest: dict, environ=None) -> tuple[bool, str] | Skipped:
+    """The constraints file pins the torch and DeepSpeed the ops were built against, and pip
+    and uv read it: a `pip install` that needs another torch then fails instead of replacing it."""
+    path = manifest.get("constraints")
+    if not path:
+        return Skipped("the manifest predates the guard (no constraints)")
+    environ = os.environ if environ is None else environ
+    try:
+        with open(path, encoding="utf-8") as handle:
+            pins = {line.split("==", 1)[0].lower(): line.strip().split("==", 1)[1]
+                    for line in handle if "==" in line}
+    except OSError as error:
+        return False, f"{path} cannot be read ({error.strerror}): nothing stops a pip install from replacing torch"
+    wrong = [f"{name}=={pins.get(name, '(missing)')} (want {manifest.get(name)})" for name in ("torch", "deepspeed")
+             if manifest.get(name) and pins.get(name, "").split("+")[0] != manifest[name]]
+    unread = [var for var in ("PIP_CONSTRAINT", "UV_CONSTRAINT") if environ.get(var) != path]
+    problems = wrong + [f"{var} is not {path}" for var in unread]
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"{len(pins)} pins in {path} (torch=={pins['torch']}), read by pip and uv"
+
+
 def run_compile_child(manifest: dict, args, work: str) -> dict:
     """torch.compile in a child under the hard timeout, with its caches in the work dir."""
     result_path, log_path = os.path.join(work, "compile.json"), os.path.join(work, "compile.log")

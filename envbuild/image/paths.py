@@ -21,6 +21,9 @@ PACKAGE = "envbuild_image"
 # Build-time only: the build step scripts and the builder's helpers (removed from the final image).
 SETUP_DIR = "/opt/envbuild-setup"
 
+# The guard: pip/uv constraints pinning what the DeepSpeed ops were built against (NGC's path).
+CONSTRAINTS = "/etc/pip/constraint.txt"
+
 # Environment variables the image reads.
 MANIFEST_ENV = "ENVBUILD_MANIFEST"
 MIN_DRIVER_ENV = "ENVBUILD_MIN_DRIVER"

@@ -23,6 +23,16 @@ fi
 "$venv/bin/pip" install ${ENVBUILD_DS_BUILD_REQUIRES:?the deepspeed step needs its build requirements}
 DS_ENABLE_NINJA=1 "$venv/bin/pip" install --no-build-isolation "$spec"
 "$venv/bin/python" "$STEPS_DIR/verify_ops.py" "$@"
+# The guard: constraints pinning what the ops were built against (torch, torchvision, triton,
+# the CUDA wheels, DeepSpeed), read by pip and uv through PIP_CONSTRAINT / UV_CONSTRAINT, so a
+# user's `pip install` that needs another torch fails with the resolver's conflict instead of
+# replacing torch under the pre-built ops.
+constraints=${ENVBUILD_CONSTRAINTS:?the deepspeed step needs the constraints path}
+mkdir -p "$(dirname "$constraints")"
+"$venv/bin/pip" freeze --all | grep -E -i '^(torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+)==' \
+    | LC_ALL=C sort > "$constraints"
+grep -q -i '^torch==' "$constraints"
+log "guard: $(wc -l < "$constraints") pins in $constraints"
 if [[ ${ENVBUILD_KEEP_TOOLCHAIN:-0} != 1 ]]; then
     # Without ninja nothing can JIT-compile at run time, even by accident.
     "$venv/bin/pip" uninstall -y -q ninja

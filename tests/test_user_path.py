@@ -329,7 +329,9 @@ def test_env_sh_gives_the_per_job_caches_the_readme_promises(tmp_path):
     r = subprocess.run(["sh", "-c", show], env=base | {"SLURM_JOB_ID": "7", "ENVBUILD_LOCAL_DIR": "/scratch",
                                                         "TRITON_CACHE_DIR": "/mine"}, capture_output=True, text=True)
     assert r.stdout.split() == ["/scratch/torch_extensions-7", "/mine"]
-    assert "`${ENVBUILD_LOCAL_DIR:-${TMPDIR:-/tmp}}/torch_extensions-<job>`" in _section("Running it")
+    section = _section("Running it")
+    assert "`${ENVBUILD_LOCAL_DIR:-${TMPDIR:-/tmp}}/<name>-<job>`" in section
+    assert "| `TORCH_EXTENSIONS_DIR` |" in section and "| `TRITON_CACHE_DIR` |" in section
 
 
 # --- every option the examples and the next: lines use exists -------------------------------

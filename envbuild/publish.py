@@ -61,10 +61,10 @@ def with_retries(action: Callable[[], str], what: str, attempts: int = 4, delay:
     raise AssertionError("unreachable")
 
 
-def registry_host(registry: str) -> str:
+def api_host(registry: str) -> str:
     """The host[:port] of a --registry that may carry a namespace: the API lives at its root.
 
-    >>> registry_host("ghcr.io/acme/team"), registry_host("127.0.0.1:5000")
+    >>> api_host("ghcr.io/acme/team"), api_host("127.0.0.1:5000")
     ('ghcr.io', '127.0.0.1:5000')
     """
     return registry.split("/", 1)[0]
@@ -78,7 +78,7 @@ def _registry_open(registry: str, path: str, headers: dict | None = None, timeou
     """
     last: Exception = OSError("no scheme tried")
     for scheme in ("https", "http"):
-        req = urllib.request.Request(f"{scheme}://{registry_host(registry)}{path}", headers=headers or {})
+        req = urllib.request.Request(f"{scheme}://{api_host(registry)}{path}", headers=headers or {})
         try:
             return urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError:

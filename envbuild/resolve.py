@@ -167,11 +167,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
 
 def _check_request(m: Matrix, req: Request) -> None:
     """Fail early, with the nearest valid choices, on input no stack could ever match."""
-    validate.check_request(m, req, paths.RUNTIME_PATH)
-    for flag, attr in (("--python", "python"), ("--cuda", "cuda"), ("--torch", "torch"),
-                       ("--deepspeed", "deepspeed")):
-        if getattr(req, attr):
-            rules.user_specifier(flag, getattr(req, attr))
+    validate.check_request(m, req, paths.RUNTIME_PATH)  # every version flag parses, or it said why
     if req.cpu_target not in CPU_TARGETS:
         raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not an x86-64 level; choose one of "
                             f"{', '.join(CPU_TARGETS)} (default {DEFAULT_CPU_TARGET}).")

@@ -8,7 +8,9 @@ files are current) use the `production_matrix` fixture."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -68,3 +70,41 @@ def matrix_copy(tmp_path):
     d = tmp_path / "matrices"
     shutil.copytree(FIXTURE_MATRIX, d)
     return d
+
+
+@contextlib.contextmanager
+def alarm_deadline(seconds: int, what: str):
+    """Fail (not hang) when code under test ignores its own hard timeout."""
+    def expired(*_):
+        raise TimeoutError(what)
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def live_pids_mentioning(text: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds `text`: what a test left behind."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            if text in cmdline and "\nState:\tZ" not in status:
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_processes_mentioning(text: str) -> list[int]:
+    """SIGKILL what a test left running (found by `text` in its command line); their pids."""
+    pids = live_pids_mentioning(text)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids

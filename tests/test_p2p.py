@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import alarm_deadline, kill_processes_mentioning
 from envbuild.image import collectives
 from envbuild.image.collectives import CollectiveRun
 from envbuild.image.report import Skipped
@@ -59,29 +59,8 @@ def seen(work: Path, name: str, rank: int = 0) -> dict:
 
 @pytest.fixture
 def guard():
-    def expired(*_):
-        raise TimeoutError("the P2P measurement ignored its own timeout")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(40)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
-def leftovers(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-                status = (entry / "status").read_text()
-            except OSError:
-                continue
-            if text in cmdline and "\nState:\tZ" not in status:
-                os.kill(int(entry.name), signal.SIGKILL)
-                pids.append(int(entry.name))
-    return pids
+    with alarm_deadline(40, "the P2P measurement ignored its own timeout"):
+        yield
 
 
 # --------------------------------------------------------------------------- environments
@@ -161,7 +140,7 @@ def test_p2p_hang_is_killed_and_the_baked_value_does_not_leak(tmp_path, guard):
         ok, detail, _, data = collectives.check_p2p(2, args_ns(timeout=2.0), str(tmp_path), environ,
                                                     fake_ranks("hang", 0.02))
     finally:
-        left = leftovers(str(tmp_path))
+        left = kill_processes_mentioning(str(tmp_path))
     assert left == []
     assert 2.0 <= time.monotonic() - start < 25
     assert ok and "nccl x2: P2P hangs (killed after 2s)" in detail and data["workaround_needed"] is True

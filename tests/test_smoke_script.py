@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, alarm_deadline, kill_processes_mentioning
 from envbuild.image import arch, checks, cli, collectives, manifest as manifest_mod, paths, report, sandbox, versions
 from envbuild.render import render_files, write_build_dir
 from envbuild.resolve import Request, resolve
@@ -446,35 +445,8 @@ def test_fused_adam_numerics_verdict():
 @pytest.fixture
 def guard():
     """Fail (not hang) if the package's own deadline is broken; the test then kills what it left."""
-    def expired(*_):
-        raise TimeoutError("the smoke test ignored its own timeout")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
-def live_pids_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-                status = (entry / "status").read_text()
-            except OSError:
-                continue
-            if text in cmdline and "\nState:\tZ" not in status:
-                pids.append(int(entry.name))
-    return pids
-
-
-def kill_leftovers(text: str) -> list[int]:
-    leftovers = live_pids_mentioning(text)
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    return leftovers
+    with alarm_deadline(30, "the smoke test ignored its own timeout"):
+        yield
 
 
 def test_children_run_the_package_cli_by_import():
@@ -489,7 +461,7 @@ def test_hung_collective_is_killed_with_likely_causes(tmp_path, monkeypatch, gua
     try:
         ok, detail = collectives.check_collectives("nccl", 2, args_ns(timeout=3.0), str(tmp_path))
     finally:
-        leftovers = kill_leftovers(str(tmp_path))
+        leftovers = kill_processes_mentioning(str(tmp_path))
     elapsed = time.monotonic() - start
     assert ok is False
     assert 3.0 <= elapsed < 20
@@ -514,7 +486,7 @@ def test_hung_op_loader_reports_jit_hang(tmp_path, monkeypatch, guard):
     try:
         res = checks.run_ops_child({"ds_ops": ["cpu_adam"]}, args_ns(timeout=2.0), str(tmp_path))
     finally:
-        leftovers = kill_leftovers(str(tmp_path))
+        leftovers = kill_processes_mentioning(str(tmp_path))
     assert res["state"] == "timeout" and res["extra"] == []
     ok, detail = checks.check_no_jit(res, ["cpu_adam"], 2.0)
     assert ok is False and "field report 1" in detail

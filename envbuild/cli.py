@@ -171,6 +171,9 @@ def _print_resolution(r, path=None):
             ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"), ("ds ops", ", ".join(r.ops) or "none"),
             ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"),
             ("tag", r.tag), ("image", r.image_ref)]
+    rows.insert(-2, ("lock", f"{Path(r.lock.path).name} ({len(r.lock.sections['venv'])} packages, sha256 "
+                             f"{r.lock.sha256[:12]}, as of {r.lock.header.get('exclude-newer', '?')[:10]})" if r.lock
+                     else f"none: packages below torch/DeepSpeed float; `envbuild lock --stack {s.id}` makes one"))
     if r.dropped_ops:
         rows.insert(7, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each reason names its op
     if path:
@@ -324,6 +327,35 @@ def push(image, registry):
     for ref in res.refs:
         out.print(f"pushed {ref}", markup=False)
     out.print(f"digest {res.digest}", markup=False)
+
+
+@main.command()
+@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Lock this stack (repeatable); default: every stack.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if a lock is missing or resolving again gives another file.")
+@click.option("--upgrade", is_flag=True, help="Resolve as of today instead of the lock's own date (newer packages).")
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+def lock(stack_ids, check, upgrade, matrix_dir):
+    """Hash-lock stacks: every Python distribution each image installs, == with its sha256
+    hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/.
+
+    A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
+    this again gives the same file; --upgrade moves the date to today."""
+    from .lock import lock_stacks
+    from .matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    outcomes = lock_stacks(m, tuple(stack_ids), check=check, upgrade=upgrade,
+                           progress=lambda text: err.print(f"envbuild: {text}", markup=False))
+    for o in outcomes:
+        line = f"{o.state:<9} {o.stack}  {o.path}" + (f"\n          {o.detail}" if o.detail else "")
+        out.print(line, markup=False, soft_wrap=True)
+    bad = [o for o in outcomes if o.state in ("failed", "stale")]
+    if bad:
+        hint = ("" if not check else
+                f"\nRefresh with: envbuild lock {' '.join('--stack ' + o.stack for o in bad)}")
+        err.print(f"envbuild: {len(bad)} of {len(outcomes)} locks {'failed' if not check else 'are not current'}."
+                  + hint, markup=False)
+        sys.exit(1)
 
 
 @main.command()

@@ -159,6 +159,7 @@ class DeepspeedFile(_Strict):
     sources: dict[str, str]
     releases: list[DsRelease]
     build_requires: list[str]  # what setup.py imports before pip resolves (--no-build-isolation)
+    build_only: dict[str, str] = {}  # package -> why the final image drops it (DeepSpeed's JIT-only needs)
     ops: dict[str, Op]
     presets: dict[str, list[str]]
 
@@ -278,6 +279,7 @@ class Family(_Strict):
     compiler_packages: list[str]
     capabilities: dict[str, dict[Literal["builder", "runtime"], list[str]]] = {}
     mirror_hosts: list[str]  # the hosts an --apt-mirror replaces in the apt sources
+    glibc: str  # its C library: which manylinux wheels the lock may choose (manylinux_2_36 ...)
     source: str
 
 

@@ -26,7 +26,7 @@ TORCH_TOP_ORDER = ("sources", "variant_index", "arch_lists", "releases")
 NEW_ROW_NOTE = "new on PyPI: its other CUDA variants are not curated yet [U]"
 
 DS_DERIVED = ("deepspeed", "torch", "gpu_free_install", "nvcc_free_install")
-DS_TOP_ORDER = ("sources", "releases", "build_requires", "ops", "presets")
+DS_TOP_ORDER = ("sources", "releases", "build_requires", "build_only", "ops", "presets")
 OP_DERIVED = ("env", "kind", "since", "until", "cuda_extension_until")
 OP_ORDER = OP_DERIVED + ("needs", "min_cc", "torch", "triton", "reason", "note")
 DERIVABLE_NEEDS = {"libaio", "cufile"}
@@ -100,7 +100,11 @@ DS_COMMENTS = {
                 "it runs `nvcc -V` under DS_ACCELERATOR=cuda).",
     "build_requires": "setup.py imports these before pip resolves anything when it runs with\n"
                       "--no-build-isolation (how ops are pre-built), so the build installs them first; ninja\n"
-                      "compiles the ops in parallel (and is removed again from the final image).",
+                      "compiles the ops in parallel; setuptools builds the sdist; pip is the installer. The\n"
+                      "lock (envbuild lock) resolves them with the stack, so their versions are locked too.",
+    "build_only": "what the build needs and the final image drops, and why: DeepSpeed declares ninja only\n"
+                  "to JIT-compile ops; the image drops ninja and DeepSpeed's Requires-Dist of it (recorded in\n"
+                  "manifest.json), so nothing can JIT and `pip check` stays true.",
     "ops": "kind: cpu ops compile with the host compiler only; cuda ops need nvcc.\n"
            "needs: a capability the build must provide (see bases.yaml `provides`).",
     "presets": "`all` is not listed: it is computed (every op the stack and GPU allow).",

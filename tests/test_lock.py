@@ -1,0 +1,160 @@
+"""Hash-locked stacks (envbuild/lock.py, `envbuild lock`): the locks in matrices/locks agree
+with their rows, the build installs their parts with hash checking, and uv makes them again
+byte for byte. The builds that install from a lock are in test_docker_e2e.py."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURE_MATRIX, ROOT, run_cli, tree
+from envbuild.errors import EnvbuildError
+from envbuild.lock import (deepspeed_install_requires, disagreements, expected_fields, load_lock, lock_path,
+                           normalized, parse_lock, stack_lock)
+from envbuild.plan import build_plan
+from envbuild.resolve import Request, resolve
+
+CI_STACK = "torch2.11-cu130-py3.11-pypi"  # the fixture matrix's PyPI-toolchain stack (locked)
+UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
+
+
+def test_every_production_stack_is_locked_unless_it_needs_pytorchs_own_index(production_matrix):
+    """A stale lock fails here, naming the command that refreshes it. Stacks whose torch
+    comes from download.pytorch.org (not reachable from the machines that made these locks)
+    may lack one; the weekly matrix-refresh workflow runs `envbuild lock` where it is."""
+    missing, stale = [], []
+    for stack in production_matrix.stacks:
+        try:
+            lock = stack_lock(production_matrix, stack)
+        except EnvbuildError as e:
+            stale.append(str(e))
+            continue
+        release = production_matrix.torch_release(stack.torch)
+        if lock is None and production_matrix.torch_index(release, stack.cuda) is None:
+            missing.append(f"{stack.id}: run `envbuild lock --stack {stack.id}`")
+    assert not stale, "\n".join(stale)
+    assert not missing, "\n".join(missing)
+
+
+def test_a_lock_lists_every_input_and_deepspeeds_own_requirements(production_matrix):
+    stack = next(s for s in production_matrix.stacks if s.id == "torch2.15-cu132-py3.11-pypi")
+    lock = stack_lock(production_matrix, stack)
+    pins = lock.pins()
+    for name in ["torch", "torchvision", "deepspeed", "triton", "ninja", "setuptools", "pip", "numpy", "pydantic",
+                 "nvidia-ml-py"] + [r.split(">")[0] for r in production_matrix.deepspeed_file.build_requires]:
+        assert name in pins, name
+    assert lock.pins("toolchain")["cuda-toolkit"] == stack.cuda_toolkit
+    assert lock.build_only == ("ninja",)
+    assert lock.header["exclude-newer"].endswith("T00:00:00Z") and lock.header["index"] == "https://pypi.org/simple"
+    for package in lock.sections["venv"] + lock.sections["toolchain"]:
+        assert "--hash=sha256:" in package.block, package.name
+
+
+def test_deepspeeds_requirements_come_from_its_sdist_with_the_cuda_only_addition():
+    """setup.py reads requirements/requirements.txt and appends nvidia-ml-py for a CUDA torch:
+    the metadata uv reads from the sdist's PKG-INFO misses that one."""
+    sdist = UPSTREAM / "deepspeed-0.19.8.tar.gz"  # a trimmed copy of the PyPI sdist (SOURCE.txt)
+    files = {str(p.relative_to(sdist)): p.read_bytes() for p in sdist.rglob("*") if p.is_file()}
+    requires = deepspeed_install_requires(files, "deepspeed-0.19.8.tar.gz")
+    assert requires[-1] == "nvidia-ml-py" and "torch>=2.0.0" in requires and "ninja" in requires
+    with pytest.raises(EnvbuildError, match="no requirements/requirements.txt"):
+        deepspeed_install_requires({"setup.py": b""}, "x.tar.gz")
+
+
+def test_the_steps_parts_cover_the_lock_exactly_once(matrix):
+    plan = build_plan(resolve(matrix, Request(gpu="h20", stack=CI_STACK)))
+    lock = plan.resolution.lock
+    parts = {name: parse_lock("# [venv]\n" + text, name).pins() for name, text in plan.generated_files.items()
+             if name.startswith("envbuild/lock/") and "toolchain" not in name}
+    assert parts["envbuild/lock/deepspeed.txt"] == {"deepspeed": "0.19.8"}
+    assert {**parts["envbuild/lock/venv.txt"], **parts["envbuild/lock/deepspeed.txt"]} == lock.pins()
+    assert len(parts["envbuild/lock/venv.txt"]) + 1 == len(lock.pins())
+
+
+def test_a_lock_that_disagrees_with_its_row_stops_the_render_with_the_refresh_command(matrix_copy, tmp_path):
+    path = lock_path(matrix_copy, CI_STACK, "x86_64")
+    path.write_text(path.read_text().replace("\ntorch==2.11.0 ", "\ntorch==2.10.0 "))
+    out = tmp_path / "out"
+    result = run_cli("render", "--gpu", "h20", "--stack", CI_STACK, "-o", str(out),
+                     env={"ENVBUILD_MATRIX_DIR": str(matrix_copy)})
+    assert result.returncode == 2, result.stderr
+    assert "stale" in result.stderr and f"envbuild lock --stack {CI_STACK}" in result.stderr
+    assert "torch 2.10.0 in the lock, 2.11.0 in the stack" in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_disagreements_name_each_field():
+    lock = parse_lock("# stack: a\n# arch: x86_64\n# python: 3.12\n# [venv]\ntorch==2.15.0 \\\n    --hash=sha256:00\n")
+    assert disagreements(lock, {"stack": "a", "arch": "x86_64", "python": "3.11", "torch": "2.15.0",
+                                "deepspeed": "0.19.8"}) == [
+        "python 3.12 in the lock, 3.11 in the stack", "deepspeed missing in the lock, 0.19.8 in the stack"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# [venv]\ntorch>=2.0 \\\n    --hash=sha256:00\n", "not a pinned requirement"),
+    ("# [nope]\n", "unknown lock section"),
+    ("# stack: a\n", r"no \[venv\] section"),
+])
+def test_a_malformed_lock_is_refused_with_its_line(text, message):
+    with pytest.raises(EnvbuildError, match=message):
+        parse_lock(text, "x.txt")
+
+
+def test_the_lock_render_summary_and_the_manifest_agree(matrix, tmp_path):
+    out = tmp_path / "b"
+    result = run_cli("render", "--gpu", "h20", "--stack", CI_STACK, "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    lock = load_lock(FIXTURE_MATRIX, CI_STACK, "x86_64")
+    assert f"sha256 {lock.sha256[:12]}" in result.stdout
+    assert (out / "envbuild" / "lock.txt").read_text() == lock.text
+    result = run_cli("render", "--gpu", "v100", "--stack", "torch2.11-cu126-py3.12", "-o", str(tmp_path / "c"))
+    assert result.returncode == 0 and "lock         none: packages below torch/DeepSpeed float" in result.stdout
+
+
+def test_lock_refuses_an_unknown_stack_and_writes_nothing(matrix_copy):
+    before = tree(matrix_copy)
+    result = run_cli("lock", "--stack", "torch2.11-cu130-py3.11-pypy", "--matrix-dir", str(matrix_copy))
+    assert result.returncode == 2
+    assert "--stack torch2.11-cu130-py3.11-pypy: no such stack" in result.stderr
+    assert "Nearest: torch2.11-cu130-py3.11-pypi" in result.stderr and "Traceback" not in result.stderr
+    assert tree(matrix_copy) == before
+
+
+@pytest.mark.network
+def test_lock_makes_the_same_file_again(tmp_path):
+    """Same inputs, same file: uv resolves the committed lock's stack again as of the lock's
+    date (--exclude-newer) and `--check` compares. Reaches PyPI, as the real builds do."""
+    matrix_dir = tmp_path / "m"
+    shutil.copytree(FIXTURE_MATRIX, matrix_dir)
+    result = run_cli("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("current")
+    # An edited lock is not current, and --check says which command refreshes it.
+    path = lock_path(matrix_dir, CI_STACK, "x86_64")
+    text = path.read_text()
+    path.write_text(text.replace("# [venv]\n", "# [venv]\nsix==1.17.0 \\\n    --hash=sha256:00\n"))
+    result = run_cli("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300)
+    assert result.returncode == 1 and result.stdout.startswith("stale")
+    assert f"envbuild lock --stack {CI_STACK}" in result.stderr
+    # Writing puts back exactly the committed file.
+    result = run_cli("lock", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert normalized(path.read_text()) == normalized(text)
+
+
+def test_lock_will_not_overwrite_a_file_it_did_not_write(matrix_copy):
+    path = lock_path(matrix_copy, CI_STACK, "x86_64")
+    path.write_text("# my own notes\n# [venv]\n")
+    result = run_cli("lock", "--stack", CI_STACK, "--matrix-dir", str(matrix_copy))
+    assert result.returncode == 1 and "was not written by envbuild lock" in result.stdout
+    assert path.read_text() == "# my own notes\n# [venv]\n"
+
+
+def test_expected_fields_follow_the_row(matrix):
+    stack = next(s for s in matrix.stacks if s.id == CI_STACK)
+    assert expected_fields(matrix, stack) == {
+        "stack": CI_STACK, "arch": "x86_64", "python": "3.11", "platform": "x86_64-manylinux_2_36",
+        "torch": "2.11.0", "torchvision": "0.26.0", "deepspeed": "0.19.8"}
+    assert Path(load_lock(matrix.directory, CI_STACK, "x86_64").path).name == f"{CI_STACK}.x86_64.txt"

@@ -258,6 +258,8 @@ class BuildPlan:
     labels: Label
     manifest: dict
     build_files: dict[str, Path] = field(default_factory=dict)  # build dir path -> the file it copies
+    generated_files: dict[str, str] = field(default_factory=dict)  # build dir path -> its text (the lock's parts)
+    dropped: tuple[str, ...] = ()  # build-only packages the final image drops (ninja)
 
     @property
     def base_env(self) -> tuple[EnvVar, ...]:
@@ -317,6 +319,15 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     toolchain_home = toolchain.cuda_home if (toolchain.install is None or installs_toolchain) else None
     kept_toolchain_home = toolchain_home if request.keep_toolchain else None
 
+    # The lock (matrices/locks): each step installs its part with pip --require-hashes --no-deps.
+    lock = resolution.lock
+    ds_build_only = tuple(sorted(matrix.deepspeed_file.build_only))
+    if lock:
+        venv_install = ("--require-hashes", "--no-deps", "-r", f"{paths.SETUP_DIR}/{LOCK_PARTS['venv']}")
+        venv_files = (FileCopy(f"envbuild/{LOCK_PARTS['venv']}", f"{paths.SETUP_DIR}/{LOCK_PARTS['venv']}"),)
+    else:
+        venv_install = (f"torch=={stack.torch}", f"torchvision=={resolution.torchvision}")
+        venv_files = ()
     apt_env = (("ENVBUILD_APT_HOSTS", " ".join(os_release.mirror_hosts)),)
     os_step = Step("os", tuple(builder_pkgs), files=_step_files("lib.sh", "os.sh"), env=apt_env,
                    secrets=APT_SECRETS,
@@ -325,16 +336,24 @@ def build_plan(resolution: Resolution) -> BuildPlan:
         os_step,
         Step("venv", (f"/usr/bin/{python_pkg}",), files=_step_files("venv.sh"),
              comment="one virtual environment holds the whole stack"),
-        Step("torch", (resolution.torch_index or "-", f"torch=={stack.torch}", f"torchvision=={resolution.torchvision}"),
-             files=_step_files("torch.sh"), secrets=(*PIP_SECRETS, "torch_index_url"),
+        Step("torch", (resolution.torch_index or "-", *venv_install),
+             files=_step_files("torch.sh") + venv_files, secrets=(*PIP_SECRETS, "torch_index_url"),
              comment=f"torch first: DeepSpeed's ops compile against it (CUDA {stack.cuda}"
-                     f"{', ' + resolution.torch_index if resolution.torch_index else ', the PyPI default wheel'})"),
+                     f"{', ' + resolution.torch_index if resolution.torch_index else ', the PyPI default wheel'})"
+                     + ("; the whole venv but DeepSpeed, from the stack's lock, every hash checked" if lock else
+                        "; NOT hash-locked: this stack has no lock in matrices/locks")),
     ]
     if installs_toolchain:
         install = toolchain.install
-        requirement = f"{install.package}[{','.join(install.extras)}]=={stack.cuda_toolkit}"
-        steps.append(Step("cuda-toolkit", (requirement, install.prefix, toolchain.cuda_home),
-                          files=_step_files("cuda-toolkit.sh"), secrets=PIP_SECRETS,
+        if lock and lock.sections.get("toolchain"):
+            part = f"{paths.SETUP_DIR}/{LOCK_PARTS['toolchain']}"
+            toolchain_install = ("--require-hashes", "--no-deps", "-r", part)
+            toolchain_files = (FileCopy(f"envbuild/{LOCK_PARTS['toolchain']}", part),)
+        else:
+            toolchain_install = (f"{install.package}[{','.join(install.extras)}]=={stack.cuda_toolkit}",)
+            toolchain_files = ()
+        steps.append(Step("cuda-toolkit", (install.prefix, toolchain.cuda_home, *toolchain_install),
+                          files=_step_files("cuda-toolkit.sh") + toolchain_files, secrets=PIP_SECRETS,
                           comment=f"nvcc {stack.cuda_toolkit} from PyPI, outside the venv ({resolution.nvcc_reason})"))
     ds_env = [("DS_ACCELERATOR", "cuda"), ("DS_BUILD_OPS", "0")]
     ds_env += [(f"DS_BUILD_{matrix.ops[o].env}", "1") for o in resolution.ops]
@@ -343,10 +362,17 @@ def build_plan(resolution: Resolution) -> BuildPlan:
         ds_env.append(("CUDA_HOME", toolchain_home))
     if request.keep_toolchain:
         ds_env.append(("ENVBUILD_KEEP_TOOLCHAIN", "1"))
-    ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(matrix.deepspeed_file.build_requires)))
+    if not lock:  # with a lock they are in the venv already, at the locked versions
+        ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(matrix.deepspeed_file.build_requires)))
+    if not request.keep_toolchain and ds_build_only:
+        ds_env.append(("ENVBUILD_DS_BUILD_ONLY", " ".join(ds_build_only)))
     ds_env.append(("ENVBUILD_CONSTRAINTS", paths.CONSTRAINTS))
-    steps.append(Step("deepspeed", (f"deepspeed=={stack.deepspeed}", *resolution.ops), env=tuple(ds_env),
-                      files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py"), secrets=PIP_SECRETS,
+    ds_part = f"{paths.SETUP_DIR}/{LOCK_PARTS['deepspeed']}"
+    steps.append(Step("deepspeed", (ds_part if lock else f"deepspeed=={stack.deepspeed}", *resolution.ops),
+                      env=tuple(ds_env),
+                      files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py")
+                      + ((FileCopy(f"envbuild/{LOCK_PARTS['deepspeed']}", ds_part),) if lock else ()),
+                      secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "
                               "fails unless DeepSpeed recorded every op for cuda"))
     venv_env = (EnvVar("VIRTUAL_ENV", paths.VENV, "", "", "base"),
@@ -372,7 +398,8 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     image_env = _image_env(resolution, kept_toolchain_home)
     # The image's own files: the entry scripts, and the in-image package (envbuild/image,
     # stdlib only) as /opt/envbuild/lib/envbuild_image.
-    image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES))
+    image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES)
+                       + ((FileCopy(f"envbuild/{posixpath.basename(paths.LOCK)}", paths.LOCK),) if lock else ()))
     package = Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),))
     plan = BuildPlan(
         resolution=resolution, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
@@ -381,12 +408,29 @@ def build_plan(resolution: Resolution) -> BuildPlan:
         manifest_file=Copy((FileCopy("manifest.json", paths.MANIFEST),)),
         labels=Label(tuple(_labels(resolution))), manifest={},
         build_files=_build_files(steps, image_files),
+        generated_files=_lock_files(lock, ds_build_only),
+        dropped=ds_build_only if not request.keep_toolchain else (),
     )
     object.__setattr__(plan, "manifest", _manifest(plan))
     return plan
 
 
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
+# The lock's parts in the build directory (under envbuild/), one per step that installs one.
+LOCK_PARTS = {"venv": "lock/venv.txt", "deepspeed": "lock/deepspeed.txt", "toolchain": "lock/toolchain.txt"}
+
+
+def _lock_files(lock, build_only: tuple[str, ...]) -> dict[str, str]:
+    """The whole lock (copied into the image) and its parts: the venv but DeepSpeed (the torch
+    step), DeepSpeed alone (built after torch, --no-build-isolation), the PyPI toolchain."""
+    if lock is None:
+        return {}
+    files = {f"envbuild/{posixpath.basename(paths.LOCK)}": lock.text,
+             f"envbuild/{LOCK_PARTS['venv']}": lock.requirements("venv", exclude=("deepspeed",)),
+             f"envbuild/{LOCK_PARTS['deepspeed']}": lock.requirements("venv", only=("deepspeed",))}
+    if lock.sections.get("toolchain"):
+        files[f"envbuild/{LOCK_PARTS['toolchain']}"] = lock.requirements("toolchain")
+    return files
 
 
 def _build_files(steps, image_files: Copy) -> dict[str, Path]:
@@ -399,6 +443,8 @@ def _build_files(steps, image_files: Copy) -> dict[str, Path]:
                             for name in image_package.modules()}
     for copy in [f for step in steps for f in step.files] + list(image_files.files):
         name = posixpath.basename(copy.source)
+        if copy.source.startswith("envbuild/lock"):  # generated from the lock: BuildPlan.generated_files
+            continue
         if copy.source.startswith(STEPS_SOURCE + "/"):
             out[copy.source] = files / "steps" / name
         else:
@@ -465,6 +511,7 @@ def _labels(resolution: Resolution) -> list[tuple[str, str]]:
         ("io.envbuild.torch-cuda-arch-list", resolution.arch_list),
         ("io.envbuild.cpu-target", resolution.request.cpu_target),
         ("io.envbuild.min-driver", resolution.driver.min_driver),
+        ("io.envbuild.lock", f"sha256:{resolution.lock.sha256}" if resolution.lock else "none"),
     ]
 
 
@@ -494,6 +541,14 @@ def _manifest(plan: BuildPlan) -> dict:
         "toolchain_kept": resolution.request.keep_toolchain,
         "runtime_compiler": resolution.request.keep_toolchain or not resolution.request.no_compiler,
         "constraints": paths.CONSTRAINTS,
+        "lock": ({"path": paths.LOCK, "sha256": resolution.lock.sha256,
+                  "packages": len(resolution.lock.sections["venv"]),
+                  "exclude_newer": resolution.lock.header.get("exclude-newer"),
+                  "index": resolution.lock.header.get("index"), "dropped": list(plan.dropped)}
+                 if resolution.lock else None),
+        "dropped_requirements": [{"package": name, "required_by": "deepspeed",
+                                  "reason": resolution.matrix.deepspeed_file.build_only[name]}
+                                 for name in plan.dropped],
         "torch_index": resolution.torch_index,
         "env": {e.name: e.value for e in plan.image_env},
         "env_reasons": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source,

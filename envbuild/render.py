@@ -67,4 +67,6 @@ def render_files(r: Resolution) -> dict[str, bytes]:
     files["manifest.json"] = (json.dumps(plan.manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()
     for build_path, source in sorted(plan.build_files.items()):
         files[build_path] = source.read_bytes()
+    for build_path, text in sorted(plan.generated_files.items()):
+        files[build_path] = text.encode()
     return files

@@ -24,6 +24,7 @@ from packaging.version import Version
 
 from . import rules, validate
 from .errors import EnvbuildError
+from .lock import Lock, stack_lock
 from .image import paths
 from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
 
@@ -96,6 +97,7 @@ class Resolution:
     driver: DriverFloor
     tag: str
     matrix: Optional[Matrix] = field(default=None, repr=False)
+    lock: Optional[Lock] = field(default=None, repr=False)  # matrices/locks: None = not hash-locked
 
     @property
     def image_ref(self) -> str:
@@ -274,6 +276,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain, tuple(req.env),
                          req.no_compiler),
         matrix=m,
+        lock=stack_lock(m, s),
     )
 
 

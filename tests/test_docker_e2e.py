@@ -8,6 +8,7 @@ and the broken build build again (the first from cache).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -137,7 +138,26 @@ def test_build_tags_labels_and_env(h20):
     assert labels["org.opencontainers.image.version"] == h20["image"].split(":", 1)[1]
     env = dict(e.split("=", 1) for e in a["Config"]["Env"])
     assert env["NCCL_P2P_DISABLE"] == "1" and env["DS_ACCELERATOR"] == "cuda"
-    assert "deepspeed.sh deepspeed==" in (h20["out"] / "build.log").read_text()
+    log = (h20["out"] / "build.log").read_text()
+    assert "deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt" in log and "--require-hashes" in log
+    lock_text = (ROOT / "matrices" / "locks" / f"{STACK}.{s.arch}.txt").read_bytes()
+    assert labels["io.envbuild.lock"] == "sha256:" + hashlib.sha256(lock_text).hexdigest()
+
+
+def test_the_image_holds_exactly_its_lock_and_pip_check_passes(h20):
+    """Every distribution in the venv is the lock's, at the lock's version, and nothing else
+    (ninja, build-only, dropped with DeepSpeed's Requires-Dist of it); pip check agrees."""
+    from envbuild.lock import parse_lock
+
+    r = docker("run", "--rm", h20["image"], "pip", "check", check=False, timeout=300)
+    assert r.returncode == 0 and "No broken requirements found." in r.stdout, r.stdout[-2000:] + r.stderr[-500:]
+    probe = ("import json; from importlib import metadata; "
+             "print(json.dumps({d.metadata['Name']: d.version for d in metadata.distributions()}))")
+    found = json.loads(docker("run", "--rm", h20["image"], "python", "-c", probe, timeout=300).stdout)
+    installed = {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in found.items()}
+    lock = parse_lock(docker("run", "--rm", h20["image"], "cat", "/opt/envbuild/lock.txt").stdout)
+    assert installed == {name: v for name, v in lock.pins().items() if name not in lock.build_only}
+    assert "ninja" not in installed and "ninja" in lock.pins()
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +172,7 @@ def test_smoke_passes_on_cpu(smoked, state):
     rep = json.loads(r.stdout)
     checks = {c["name"]: c for c in rep["checks"]}
     assert rep["ok"] and rep["mode"] == "cpu"
-    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "compilers", "env", "collectives"):
+    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock", "env", "collectives"):
         assert checks[name]["ok"], checks[name]
     assert "fused_adam" in checks["no_jit"]["detail"]
     records = list(Path(state["ENVBUILD_STATE_DIR"], "smoke").glob("*.json"))
@@ -322,12 +342,40 @@ def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix
                 env=state, timeout=3600, production=True)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     msg = r.stderr
-    assert "image build failed at step" in msg and "deepspeed.sh deepspeed==" in msg
+    assert "image build failed at step" in msg and "deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt" in msg
     assert f"Full log: {out / 'build.log'}" in " ".join(msg.split()) and "No tag was applied" in msg
     assert "Traceback" not in msg
     tag = json.loads((out / "manifest.json").read_text())["tag"]
     assert docker("image", "inspect", f"{REPO}:{tag}", check=False).returncode != 0
     assert not [t for t in docker("images", "--format", "{{.Tag}}", REPO).stdout.split() if t.startswith(tag)]
+
+
+def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engine, work, state):
+    """One changed sha256 (DeepSpeed's sdist) in a copy of the lock: pip refuses the file,
+    names it and both hashes, envbuild says what that means, and no tag is applied. The
+    torch layer is the h20 build's (its lock part is unchanged), so this fails in seconds."""
+    matrix_dir = work / "matrices-tampered"
+    shutil.copytree(ROOT / "matrices", matrix_dir)
+    path = matrix_dir / "locks" / f"{STACK}.{CI_STACK.arch}.txt"
+    text = path.read_text()
+    good = re.search(r"^deepspeed==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", text, re.M).group(1)
+    path.write_text(text.replace(good, "0" * 64))
+    out = work / "tampered"
+    r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--base-image", BASE,
+                "--image-repo", REPO, "--matrix-dir", str(matrix_dir), "-o", str(out),
+                env=state, timeout=3600, production=True)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (out / "build.log").read_text()
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in log and "deepspeed" in log and good in log
+    assert "the install from the stack's lock failed" in log
+    assert "No tag was applied" in r.stderr and "Traceback" not in r.stderr
+    from envbuild.build import content_tag
+
+    readable = json.loads((out / "manifest.json").read_text())["tag"]
+    assert docker("image", "inspect", f"{REPO}:{content_tag(readable, out)}", check=False).returncode != 0
+    # The readable tag is the h20 build's (same GPU and ops): still that image, not moved.
+    assert docker("image", "inspect", "--format", "{{.Id}}", f"{REPO}:{readable}").stdout == \
+        docker("image", "inspect", "--format", "{{.Id}}", h20["image"]).stdout
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ import pytest  # noqa: E402
 from envbuild.plan import Copy, Environment, FileCopy, Label, build_plan  # noqa: E402
 from envbuild.resolve import EnvVar  # noqa: E402
 
-DS_REQUIRES = "'einops hjson msgpack ninja numpy packaging>=20.0 psutil py-cpuinfo pydantic>=2.0.0 tqdm'"
+DS_REQUIRES = "'einops hjson msgpack ninja numpy packaging>=20.0 pip psutil py-cpuinfo pydantic>=2.0.0 setuptools tqdm'"
 STEPS = {
     "os": (
         "# python3.11 with headers and a host compiler for the DeepSpeed ops\n"
@@ -69,43 +69,51 @@ STEPS = {
         {"files": ["envbuild/steps/venv.sh /opt/envbuild-setup/venv.sh"],
          "post": ["# one virtual environment holds the whole stack", "bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11"]}),
     "torch": (
-        "# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel)\n"
-        "COPY envbuild/steps/torch.sh /opt/envbuild-setup/torch.sh\n"
+        "# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel); the whole venv "
+        "but DeepSpeed, from the stack's lock, every hash checked\n"
+        "COPY envbuild/steps/torch.sh /opt/envbuild-setup/\n"
+        "COPY envbuild/lock/venv.txt /opt/envbuild-setup/lock/\n"
         "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url --mount=type=secret,id=torch_index_url \\\n"
-        "    bash /opt/envbuild-setup/torch.sh - torch==2.11.0 torchvision==0.26.0",
-        {"files": ["envbuild/steps/torch.sh /opt/envbuild-setup/torch.sh"],
-         "post": ["# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel)",
-                  "bash /opt/envbuild-setup/torch.sh - torch==2.11.0 torchvision==0.26.0"]}),
+        "    bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps -r /opt/envbuild-setup/lock/venv.txt",
+        {"files": ["envbuild/steps/torch.sh /opt/envbuild-setup/torch.sh",
+                   "envbuild/lock/venv.txt /opt/envbuild-setup/lock/venv.txt"],
+         "post": ["# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel); the whole "
+                  "venv but DeepSpeed, from the stack's lock, every hash checked",
+                  "bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps -r /opt/envbuild-setup/lock/venv.txt"]}),
     "cuda-toolkit": (
         "# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)\n"
-        "COPY envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/cuda-toolkit.sh\n"
+        "COPY envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/\n"
+        "COPY envbuild/lock/toolchain.txt /opt/envbuild-setup/lock/\n"
         "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
-        "    bash /opt/envbuild-setup/cuda-toolkit.sh 'cuda-toolkit[nvcc,nvvm,crt,cccl,cudart]==13.0.2' "
-        "/opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13",
-        {"files": ["envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/cuda-toolkit.sh"],
+        "    bash /opt/envbuild-setup/cuda-toolkit.sh /opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13 --require-hashes "
+        "--no-deps -r /opt/envbuild-setup/lock/toolchain.txt",
+        {"files": ["envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/cuda-toolkit.sh",
+                   "envbuild/lock/toolchain.txt /opt/envbuild-setup/lock/toolchain.txt"],
          "post": ["# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)",
-                  "bash /opt/envbuild-setup/cuda-toolkit.sh 'cuda-toolkit[nvcc,nvvm,crt,cccl,cudart]==13.0.2' "
-                  "/opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13"]}),
+                  "bash /opt/envbuild-setup/cuda-toolkit.sh /opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13 "
+                  "--require-hashes --no-deps -r /opt/envbuild-setup/lock/toolchain.txt"]}),
     "deepspeed": (
         "# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed recorded "
         "every op for cuda\n"
         "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/verify_ops.py /opt/envbuild-setup/\n"
+        "COPY envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/\n"
         "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
         "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
         "    TORCH_CUDA_ARCH_LIST=9.0 \\\n    ENVBUILD_CPU_TARGET=x86-64-v3 \\\n"
         "    CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 \\\n"
-        f"    ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES} \\\n"
+        "    ENVBUILD_DS_BUILD_ONLY=ninja \\\n"
         "    ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt \\\n"
-        "    bash /opt/envbuild-setup/deepspeed.sh deepspeed==0.19.8 cpu_adam fused_adam",
+        "    bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam",
         {"files": ["envbuild/steps/deepspeed.sh /opt/envbuild-setup/deepspeed.sh",
                    "envbuild/steps/cc-wrapper.sh /opt/envbuild-setup/cc-wrapper.sh",
-                   "envbuild/steps/verify_ops.py /opt/envbuild-setup/verify_ops.py"],
+                   "envbuild/steps/verify_ops.py /opt/envbuild-setup/verify_ops.py",
+                   "envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/deepspeed.txt"],
          "post": ["# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed "
                   "recorded every op for cuda",
                   "DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 "
                   "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
-                  f"ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES} ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
-                  "bash /opt/envbuild-setup/deepspeed.sh deepspeed==0.19.8 cpu_adam fused_adam"]}),
+                  "ENVBUILD_DS_BUILD_ONLY=ninja ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
+                  "bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam"]}),
 }
 
 
@@ -184,3 +192,28 @@ def test_the_runtime_carries_a_c_compiler_for_torch_compile_unless_told_not_to(m
     bare = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", no_compiler=True)))
     assert bare.runtime.steps[0].args == ("ca-certificates", "python3.11")
     assert bare.manifest["runtime_compiler"] is False and bare.tag.endswith("-nocc")
+
+
+def test_a_stack_without_a_lock_installs_its_pins_and_says_it_is_not_hash_locked(matrix):
+    """The fixture's cu126 stack needs PyTorch's own index, which `envbuild lock` could not
+    reach here: it has no lock, so its steps install the row's pins and say so."""
+    plan = build_plan(resolve(matrix, Request(gpu="v100", stack="torch2.11-cu126-py3.12", ds_ops="cpu_adam")))
+    assert plan.resolution.lock is None and plan.generated_files == {}
+    steps = {s.name: s.render("docker") for s in plan.builder.steps}
+    assert steps["torch"].endswith("bash /opt/envbuild-setup/torch.sh https://download.pytorch.org/whl/cu126 "
+                                   "torch==2.11.0 torchvision==0.26.0")
+    assert "NOT hash-locked" in steps["torch"]
+    assert f"ENVBUILD_DS_BUILD_REQUIRES={DS_REQUIRES}" in steps["deepspeed"]
+    assert steps["deepspeed"].endswith("bash /opt/envbuild-setup/deepspeed.sh deepspeed==0.19.8 cpu_adam")
+    assert dict(plan.labels.pairs)["io.envbuild.lock"] == "none" and plan.manifest["lock"] is None
+
+
+def test_a_locked_stack_ships_its_lock_and_names_its_digest(ci_plan):
+    lock = ci_plan.resolution.lock
+    assert ci_plan.generated_files["envbuild/lock.txt"] == lock.text
+    assert "deepspeed==" not in ci_plan.generated_files["envbuild/lock/venv.txt"]
+    assert ci_plan.generated_files["envbuild/lock/deepspeed.txt"].startswith("deepspeed==0.19.8 \\\n    --hash=sha256:")
+    assert FileCopy("envbuild/lock.txt", "/opt/envbuild/lock.txt") in ci_plan.image_files.files
+    assert dict(ci_plan.labels.pairs)["io.envbuild.lock"] == f"sha256:{lock.sha256}"
+    assert ci_plan.manifest["lock"]["sha256"] == lock.sha256 and ci_plan.manifest["lock"]["dropped"] == ["ninja"]
+    assert ci_plan.manifest["dropped_requirements"][0]["package"] == "ninja"

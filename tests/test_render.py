@@ -35,6 +35,11 @@ def test_golden(matrix, case):
     for k, v in files.items():
         if k.startswith(VERBATIM + "lib/"):  # the in-image package, copied from envbuild/image/
             assert v == (ROOT / "envbuild" / "image" / k.rsplit("/", 1)[1]).read_bytes()
+        elif k == VERBATIM + "lock.txt":  # the stack's lock, from the matrix
+            stack = resolve(matrix, CASES[case]).stack
+            assert v == (matrix.directory / "locks" / f"{stack.id}.{stack.arch}.txt").read_bytes()
+        elif k.startswith(VERBATIM + "lock/"):  # its parts: every block of the lock, each in one part
+            continue
         elif k.startswith(VERBATIM):
             assert v == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
 

@@ -521,7 +521,7 @@ def test_full_run_without_torch_fails_cleanly(build_dir, tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     names = [c["name"] for c in doc["checks"]]
-    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "torch_compile", "env",
+    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock", "torch_compile", "env",
                      "driver", "node_env", "collectives", "p2p"]
     assert doc["ok"] is False and doc["mode"] == "cpu"
     assert "No module named 'torch'" in doc["checks"][0]["detail"]
@@ -552,7 +552,7 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ["cpu_adam"]}, args_ns(), "m.json", gpus=0)
     assert [c["name"] for c in rep["checks"]] == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers",
-                                                  "guard", "torch_compile", "env", "driver", "node_env", "collectives",
+                                                  "guard", "lock", "torch_compile", "env", "driver", "node_env", "collectives",
                                                   "p2p"]
     assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls
 

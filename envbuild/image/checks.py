@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 
@@ -166,6 +167,60 @@ def check_guard(manifest: dict, environ=None) -> tuple[bool, str] | Skipped:
     if problems:
         return False, "; ".join(problems)
     return True, f"{len(pins)} pins in {path} (torch=={pins['torch']}), read by pip and uv"
+
+
+def _canonical(name: str) -> str:
+    """PEP 503 name (stdlib-only twin of packaging.utils.canonicalize_name)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_pins(path: str, section: str = "venv") -> dict[str, str]:
+    """Canonical name -> version of one section of an envbuild lock file."""
+    pins, current = {}, None
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("# ["):
+                current = line[3:].split("]", 1)[0]
+            elif current == section and re.match(r"[A-Za-z0-9]", line) and "==" in line:
+                name, version = line.split("==", 1)
+                pins[_canonical(name.split("[", 1)[0])] = version.split()[0].rstrip("\\").strip()
+    return pins
+
+
+def installed_distributions(site_dirs=None) -> dict[str, str]:
+    """Canonical name -> version of every distribution the venv holds."""
+    from importlib import metadata
+
+    found = {}
+    for dist in metadata.distributions(**({"path": site_dirs} if site_dirs else {})):
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(_canonical(name), dist.version)
+    return found
+
+
+def check_lock(manifest: dict, installed=None) -> tuple[bool, str] | Skipped:
+    """The venv holds exactly what the stack's lock lists (names and versions), less what
+    the lock marks build-only and the image drops: nothing more, nothing less, nothing else."""
+    lock = manifest.get("lock")
+    if not lock:
+        return Skipped("the stack has no lock (matrices/locks): its packages below torch and DeepSpeed float")
+    try:
+        want = lock_pins(lock["path"])
+    except OSError as error:
+        return False, f"{lock['path']} cannot be read ({error.strerror})"
+    for name in lock.get("dropped", []):
+        want.pop(_canonical(name), None)
+    have = installed_distributions() if installed is None else installed
+    missing = sorted(f"{n}=={v}" for n, v in want.items() if n not in have)
+    other = sorted(f"{n}=={have[n]} (lock: {v})" for n, v in want.items() if n in have and have[n] != v)
+    extra = sorted(f"{n}=={v}" for n, v in have.items() if n not in want)
+    problems = ([f"missing {', '.join(missing)}"] if missing else []) + \
+               ([f"other versions {', '.join(other)}"] if other else []) + \
+               ([f"not in the lock {', '.join(extra)}"] if extra else [])
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"{len(have)} distributions, exactly the lock's (sha256 {lock.get('sha256', '?')[:12]})"
 
 
 def run_compile_child(manifest: dict, args, work: str) -> dict:

@@ -82,6 +82,7 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
             results.append(run_check("fused_adam", checks.check_fused_adam, res))
         results.append(run_check("compilers", checks.check_compilers, manifest))
         results.append(run_check("guard", checks.check_guard, manifest))
+        results.append(run_check("lock", checks.check_lock, manifest))
         results.append(run_check("torch_compile", checks.check_torch_compile, manifest,
                                  lambda: checks.run_compile_child(manifest, args, work)))
         results.append(run_check("env", checks.check_env, manifest))

@@ -24,6 +24,9 @@ SETUP_DIR = "/opt/envbuild-setup"
 # The guard: pip/uv constraints pinning what the DeepSpeed ops were built against (NGC's path).
 CONSTRAINTS = "/etc/pip/constraint.txt"
 
+# The stack's lock (matrices/locks), beside the manifest: what the venv holds, with hashes.
+LOCK = HOME + "/lock.txt"
+
 # Environment variables the image reads.
 MANIFEST_ENV = "ENVBUILD_MANIFEST"
 MIN_DRIVER_ENV = "ENVBUILD_MIN_DRIVER"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# cuda-toolkit.sh REQUIREMENT PREFIX CUDA_HOME: nvcc from PyPI's cuda-toolkit wheels,
-# installed outside the venv into PREFIX; CUDA_HOME is where the wheels put the toolkit.
+# cuda-toolkit.sh PREFIX CUDA_HOME PIP_ARG...: nvcc from PyPI's cuda-toolkit wheels (from a
+# lock: `--require-hashes --no-deps -r PART`), installed outside the venv into PREFIX;
+# CUDA_HOME is where the wheels put the toolkit.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 pip_env
-requirement=$1 prefix=$2 home=$3
-"$(venv_dir)/bin/pip" install --target "$prefix" "$requirement"
+prefix=$1 home=$2; shift 2
+"$(venv_dir)/bin/pip" install --target "$prefix" "$@" || lock_failed "$@"
 # DeepSpeed and cpp_extension expect a classic CUDA_HOME: nvcc.profile and torch link
 # with -L$CUDA_HOME/lib64 and -lcudart.
 [[ -e $home/lib64 ]] || ln -s lib "$home/lib64"

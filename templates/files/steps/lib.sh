@@ -39,3 +39,18 @@ pip_env() {
 venv_dir() {
     printf '%s' "${VIRTUAL_ENV:?the build stage sets VIRTUAL_ENV}"
 }
+
+# After a failed pip install: when it installed from a lock part, say so in envbuild's words
+# (pip's own lines above name the package and both hashes), then fail the step.
+lock_failed() {
+    local arg
+    for arg in "$@"; do
+        if [[ $arg == --require-hashes ]]; then
+            log "the install from the stack's lock failed. If pip says THESE PACKAGES DO NOT MATCH THE" \
+                "HASHES, the package it names is not the file the lock pinned (a changed upload, a mirror" \
+                "serving another file, or an edited lock): the build stops and no tag is applied." \
+                "Refresh the lock with \`envbuild lock --stack ID\` only if the change is expected."
+        fi
+    done
+    return 1
+}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -38,10 +39,12 @@ def _table(title, headers, rows, ids=(), **table_options) -> Table:
     return t
 
 
-def request_options(f):
+def request_options(f=None, gpu_required=True):
     """The options shared by `render` and `build`: what to resolve and how to render it."""
+    if f is None:
+        return functools.partial(request_options, gpu_required=gpu_required)
     opts = [
-        click.option("--gpu", required=True, help="GPU profile or alias (h20, H100, nvidia-a100, ...)."),
+        click.option("--gpu", required=gpu_required, help="GPU profile or alias (h20, H100, nvidia-a100, ...)."),
         click.option("--python", help="Python version or PEP 440 specifier."),
         click.option("--cuda", help="CUDA version or specifier (13.0, '>=12.6')."),
         click.option("--torch", help="torch version or specifier ('>=2.5,<2.8')."),
@@ -289,6 +292,78 @@ def build(output, **kw):
         out.print(f"  tagged {t}", markup=False)
     out.print(f"  log {result.log}", markup=False)
     _print_next(next_commands(r, path))
+
+
+@main.command()
+@request_options(gpu_required=False)
+@click.option("-r", "--requirements", "requirements_file", type=click.Path(dir_okay=False),
+              help="The packages to add, one requirement per line (pip's format, no URLs or paths).")
+@click.option("-f", "--file", "project_file", type=click.Path(dir_okay=False),
+              help="A project file (envbuild.yaml: gpu, stack, requirements, name, image); options given here win.")
+@click.option("--name", help="Names the extension in the tag (<stack tag>-ext-NAME); default: the requirements file's name.")
+@click.option("--from", "from_image", help="The stack image to start from (default: the stack's own reference).")
+@click.option("--as-of", help="Resolve as of this UTC date (YYYY-MM-DD; uv --exclude-newer) to reproduce an extension.")
+@click.option("--build", "do_build", is_flag=True, help="Build the image after rendering (as `envbuild build`).")
+@click.option("-o", "--output", type=click.Path(), help="Build directory (default ./build/<tag>).")
+def extend(requirements_file, project_file, name, from_image, as_of, do_build, output, **kw):
+    """Add your own packages to a stack image as one more layer.
+
+    Your requirements are resolved by uv with the stack's lock as constraints before anything
+    is built: a conflict is exit 2 with the stacks where they would fit. The layer installs
+    from the resulting lock with hash checking, then runs pip check and imports each package."""
+    from .build import build_image
+    from .extend import load_project, read_requirements_file, render_extension, resolve_extension, stack_digest
+    from .output import write_build_dir
+    from .resolve import resolve
+
+    if bool(requirements_file) == bool(project_file):
+        raise EnvbuildError("envbuild extend needs the packages to add: give -r requirements.txt, or -f envbuild.yaml "
+                            "(a project file with gpu and requirements), not both and not neither.")
+    project = None
+    if project_file:
+        project, requirements, source = load_project(Path(project_file))
+        for key in ("gpu", "stack", "python", "cuda", "torch", "deepspeed"):
+            option = "stack_id" if key == "stack" else key
+            if kw.get(option) is None and getattr(project, key) is not None:
+                kw[option] = getattr(project, key)
+        if project.ds_ops and kw.get("ds_ops") == "training":
+            kw["ds_ops"] = project.ds_ops
+        name = name or project.name
+        from_image = from_image or project.image
+    else:
+        requirements, source = read_requirements_file(Path(requirements_file)), requirements_file
+    if not kw.get("gpu"):
+        raise EnvbuildError("envbuild extend: no GPU: give --gpu (e.g. --gpu h100), or `gpu:` in the project file; "
+                            "`envbuild gpus` lists them.")
+    if as_of and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", as_of):
+        raise EnvbuildError(f"--as-of {as_of}: not a date; write it as YYYY-MM-DD (e.g. 2026-11-22).")
+    if output is not None and not output.strip():
+        raise EnvbuildError("-o/--output is empty; give a directory, or leave it out for ./build/<tag>.")
+    m, req = _resolve(kw)
+    secrets = _secrets(kw)
+    r = resolve(m, req)
+    extension = resolve_extension(r, requirements, source, name=name,
+                                  exclude_newer=f"{as_of}T00:00:00Z" if as_of else None)
+    base = from_image or r.image_ref
+    digest = stack_digest(base) if "@" not in base else None
+    if digest:
+        base = f"{base}@{digest}"
+    files = render_extension(r, extension, base)
+    tag = json.loads(files["manifest.json"])["tag"]
+    path = write_build_dir(files, Path(output) if output else Path("build") / tag)
+    for key, value in [("stack", f"{r.stack.id} ({r.tag})"), ("from", base + ("" if digest else "  (no digest known here: pinned by tag)")),
+                       ("adds", f"{len(extension.lock.sections['venv'])} packages for {', '.join(extension.requirements)}"),
+                       ("lock", f"{Path(path, 'envbuild/extend-lock.txt')} (as of {extension.exclude_newer[:10]})"),
+                       ("tag", tag), ("output", str(path))]:
+        out.print(f"[bold]{key:<12}[/bold] {escape(value)}", soft_wrap=True)
+    if do_build:
+        result = build_image(path, tag, r.request.image_repo, secrets)
+        out.print(f"built {result.image_id[:19]} in {result.seconds:.0f} s")
+        for t in result.tags:
+            out.print(f"  tagged {t}", markup=False)
+        _print_next([f"envbuild smoke {r.request.image_repo}:{tag}", f"envbuild push {r.request.image_repo}:{tag}"])
+    else:
+        _print_next([f"docker build --network host -t {r.request.image_repo}:{tag} {path}   # or: envbuild extend ... --build"])
 
 
 @main.command()

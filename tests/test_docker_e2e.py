@@ -350,6 +350,34 @@ def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix
     assert not [t for t in docker("images", "--format", "{{.Tag}}", REPO).stdout.split() if t.startswith(tag)]
 
 
+def test_extend_adds_one_layer_on_the_stack_image_and_passes_its_smoke_test(h20, smoked, work, state, test_ca):
+    """envbuild extend of the CI image with a small real set that depends on torch: every layer
+    of the stack image is shared, torch is still the stack's, pip check ran in the build, the
+    import check is in manifest.json, and the smoke test (lock check included) passes."""
+    requirements = work / "lab-requirements.txt"
+    requirements.write_text("accelerate\nsafetensors\neinops\n")
+    out = work / "extended"
+    r = run_cli("extend", "-r", str(requirements), "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS,
+                "--image-repo", REPO, "--name", "lab", "--ca-cert", str(test_ca["bundle"]), "--build", "-o", str(out),
+                env=state, timeout=1800, production=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    image = f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"
+    stack_info = json.loads(docker("image", "inspect", h20["image"]).stdout)[0]
+    info = json.loads(docker("image", "inspect", image).stdout)[0]
+    stack_layers, layers = stack_info["RootFS"]["Layers"], info["RootFS"]["Layers"]
+    assert layers[:len(stack_layers)] == stack_layers and len(layers) > len(stack_layers)
+    log = (out / "build.log").read_text()
+    assert "No broken requirements found." in log and "envbuild: imported accelerate (accelerate)" in log
+    probe = ("import json, torch, accelerate, safetensors, einops; "
+             "print(json.dumps([torch.__version__, json.load(open('/opt/envbuild/manifest.json'))['extend']['imports']]))")
+    version, imports = json.loads(docker("run", "--rm", image, "python", "-c", probe, timeout=300).stdout)
+    assert version.split("+")[0] == CI_STACK.torch and imports["accelerate"] == ["accelerate"]
+    smoke = run_cli("smoke", image, "--json", env=state, timeout=1200)
+    assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-1000:]
+    checks = {c["name"]: c for c in json.loads(smoke.stdout)["checks"]}
+    assert checks["lock"]["ok"] and "and the extension's" in checks["lock"]["detail"], checks["lock"]
+
+
 def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engine, work, state):
     """One changed sha256 (DeepSpeed's sdist) in a copy of the lock: pip refuses the file,
     names it and both hashes, envbuild says what that means, and no tag is applied. The

@@ -211,6 +211,12 @@ def check_lock(manifest: dict, installed=None) -> tuple[bool, str] | Skipped:
         return False, f"{lock['path']} cannot be read ({error.strerror})"
     for name in lock.get("dropped", []):
         want.pop(_canonical(name), None)
+    extension = (manifest.get("extend") or {}).get("lock")
+    if extension:  # envbuild extend: the user's layer, locked against the stack's lock
+        try:
+            want.update(lock_pins(extension["path"]))
+        except OSError as error:
+            return False, f"{extension['path']} cannot be read ({error.strerror})"
     have = installed_distributions() if installed is None else installed
     missing = sorted(f"{n}=={v}" for n, v in want.items() if n not in have)
     other = sorted(f"{n}=={have[n]} (lock: {v})" for n, v in want.items() if n in have and have[n] != v)
@@ -220,7 +226,8 @@ def check_lock(manifest: dict, installed=None) -> tuple[bool, str] | Skipped:
                ([f"not in the lock {', '.join(extra)}"] if extra else [])
     if problems:
         return False, "; ".join(problems)
-    return True, f"{len(have)} distributions, exactly the lock's (sha256 {lock.get('sha256', '?')[:12]})"
+    return True, (f"{len(have)} distributions, exactly the lock's (sha256 {lock.get('sha256', '?')[:12]})"
+                  + (f" and the extension's ({extension.get('sha256', '?')[:12]})" if extension else ""))
 
 
 def run_compile_child(manifest: dict, args, work: str) -> dict:

@@ -26,6 +26,8 @@ CONSTRAINTS = "/etc/pip/constraint.txt"
 
 # The stack's lock (matrices/locks), beside the manifest: what the venv holds, with hashes.
 LOCK = HOME + "/lock.txt"
+# An extended image's own packages (envbuild extend), locked against LOCK.
+EXTEND_LOCK = HOME + "/extend-lock.txt"
 
 # Environment variables the image reads.
 MANIFEST_ENV = "ENVBUILD_MANIFEST"

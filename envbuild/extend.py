@@ -1,0 +1,326 @@
+"""`envbuild extend`: a researcher's own packages as one layer on top of a stack image.
+
+The user's requirements are resolved by uv *before anything is built*, with the stack's lock
+as constraints, so nothing the stack installed can move (torch, the pre-built DeepSpeed, numpy,
+...). A conflict is one paragraph: uv's derivation, what the stack pins, and the stacks of the
+matrix where the requirements would fit. Success is an extension lock (the new packages only,
+each == with its hashes) and a build directory whose Dockerfile / Singularity.def start FROM
+the stack image (by digest when this machine knows it), install the lock with hash checking,
+run `pip check`, and import each top-level package, recording what it imported in
+manifest.json. Every heavy layer is the stack image's.
+
+>>> read_requirements("einops\\n# a comment\\nsafetensors>=0.4  # inline\\n", "req.txt")
+['einops', 'safetensors>=0.4']
+>>> read_requirements("git+https://github.com/x/y", "req.txt")
+Traceback (most recent call last):
+envbuild.errors.EnvbuildError: req.txt:1: 'git+https://github.com/x/y' is a VCS URL or a path. envbuild extend installs from an index with hashes only, so a source it cannot hash is refused: publish the package to an index (or a wheel on a file server you list with --pip-index-url), then name it as 'name==version'.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from . import __version__
+from .errors import EnvbuildError
+from .image import paths
+from .lock import Lock, LockInputs, ResolveFailed, _compile, parse_lock, today
+from .plan import PIP_SECRETS, STEPS_SOURCE, FileCopy, Label, Stage, Step, build_plan
+from .resolve import Resolution
+
+EXTEND_LOCK_NAME = "envbuild/extend-lock.txt"
+STEP_FILES = ("lib.sh", "extend.sh", "import_check.py")
+
+
+class Project(BaseModel):
+    """envbuild.yaml: what a lab commits to get its environment (the CLI's options win)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu: Optional[str] = None
+    stack: Optional[str] = None
+    python: Optional[str] = None
+    cuda: Optional[str] = None
+    torch: Optional[str] = None
+    deepspeed: Optional[str] = None
+    ds_ops: Optional[str] = None
+    name: Optional[str] = None
+    requirements: list[str] | str = []  # requirement strings, or a requirements file beside envbuild.yaml
+    image: Optional[str] = None  # the stack image to start from (default: the stack's own reference)
+
+
+def load_project(path: Path) -> tuple[Project, list[str], str]:
+    """(project, its requirements, where they came from)."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as e:
+        raise EnvbuildError(f"-f {path}: cannot read it ({e.strerror}).") from None
+    except yaml.YAMLError as e:
+        raise EnvbuildError(f"-f {path}: not valid YAML ({str(e).splitlines()[0]}). A project file looks like:\n"
+                            f"  gpu: h100\n  requirements: [accelerate, einops]") from None
+    try:
+        project = Project.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise EnvbuildError(f"-f {path}: {where}: {first['msg']}. Known keys: "
+                            f"{', '.join(Project.model_fields)}.") from None
+    if isinstance(project.requirements, str):
+        req_path = path.parent / project.requirements
+        return project, read_requirements_file(req_path), str(req_path)
+    return project, read_requirements("\n".join(project.requirements), str(path)), str(path)
+
+
+def read_requirements_file(path: Path) -> list[str]:
+    try:
+        return read_requirements(path.read_text(), str(path))
+    except OSError as e:
+        raise EnvbuildError(f"-r {path}: cannot read it ({e.strerror}).") from None
+    except UnicodeDecodeError:
+        raise EnvbuildError(f"-r {path}: not a text file; a requirements file has one requirement per line.") from None
+
+
+_UNHASHABLE = re.compile(r"^(-e\b|--editable\b|\.{0,2}/|~|file:|[a-z+]+://|git\+|hg\+|svn\+|bzr\+)", re.I)
+
+
+def read_requirements(text: str, where: str) -> list[str]:
+    """The requirement strings of a requirements file; what cannot be hash-locked is refused."""
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        if _UNHASHABLE.match(line) or " @ " in line or line.startswith("@"):
+            raise EnvbuildError(f"{where}:{number}: {line!r} is a VCS URL or a path. envbuild extend installs from "
+                                f"an index with hashes only, so a source it cannot hash is refused: publish the "
+                                f"package to an index (or a wheel on a file server you list with --pip-index-url), "
+                                f"then name it as 'name==version'.")
+        if line.startswith("-"):
+            raise EnvbuildError(f"{where}:{number}: {line!r}: pip options are not taken here; index mirrors are "
+                                f"--pip-index-url (a build secret), constraints come from the stack's lock.")
+        try:
+            Requirement(line)
+        except InvalidRequirement as e:
+            raise EnvbuildError(f"{where}:{number}: {line!r} is not a requirement ({e}). Write one per line, e.g. "
+                                f"'accelerate>=1.0' or 'einops'.") from None
+        out.append(line)
+    if not out:
+        raise EnvbuildError(f"{where}: no requirements in it; list the packages to add, one per line.")
+    return out
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A resolved extension: the new packages' lock and what it was made from."""
+
+    requirements: tuple[str, ...]
+    source: str
+    lock: Lock
+    exclude_newer: str
+    name: str
+
+    @property
+    def top_level(self) -> tuple[str, ...]:
+        """The distributions the user asked for by name (what the import check covers)."""
+        return tuple(sorted({canonicalize_name(Requirement(r).name) for r in self.requirements}))
+
+
+def _constraints(stack_lock: Lock, directory: Path) -> Path:
+    """The stack's venv, == per package: nothing the stack installed may move."""
+    path = directory / "stack-constraints.txt"
+    path.write_text("".join(f"{p.name}=={p.version}\n" for p in stack_lock.sections["venv"]))
+    return path
+
+
+def _inputs(resolution: Resolution) -> LockInputs:
+    """The uv settings of the stack's own lock (Python, platform, indexes, DeepSpeed's metadata)."""
+    lock = resolution.lock
+    requires = lock.header.get("deepspeed-requires", "").split(" (")[0].split()
+    return LockInputs(stack=resolution.stack.id, arch=lock.header["arch"], python=lock.header["python"],
+                      platform=lock.header["platform"], venv=(), indexes=tuple(lock.header["index"].split()),
+                      deepspeed=resolution.stack.deepspeed, deepspeed_requires=tuple(requires))
+
+
+def _compile_extension(resolution: Resolution, requirements: tuple[str, ...], exclude_newer: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="envbuild-extend-") as tmp:
+        directory = Path(tmp)
+        return _compile(requirements, _inputs(resolution), exclude_newer, directory,
+                        constraints=_constraints(resolution.lock, directory))
+
+
+def _fits(resolution: Resolution, requirements: tuple[str, ...], exclude_newer: str) -> list[str]:
+    """The other locked stacks this GPU allows where the requirements resolve."""
+    from .resolve import resolve
+
+    fits = []
+    for stack in resolution.matrix.stacks:
+        if stack.id == resolution.stack.id:
+            continue
+        try:
+            other = resolve(resolution.matrix, replace(resolution.request, stack=stack.id, python=None, cuda=None,
+                                                       torch=None, deepspeed=None))
+        except EnvbuildError:
+            continue
+        if other.lock is None:
+            continue
+        try:
+            _compile_extension(other, requirements, exclude_newer)
+        except EnvbuildError:
+            continue
+        fits.append(stack.id)
+    return fits
+
+
+def _explain(resolution: Resolution, requirements: tuple[str, ...], source: str, failure: ResolveFailed,
+             exclude_newer: str) -> EnvbuildError:
+    stack = resolution.stack
+    lines = [line.strip() for line in failure.detail.splitlines()
+             if line.strip() and not line.strip().startswith(("error:", "warning:"))]
+    why = " ".join(re.sub(r"^(cause|hint):\s*", "", line) for line in lines)
+    if "was not found in the package registry" in why:
+        kind = "names a package no index has"
+    elif "we only found wheels" in why or "Wheels are available" in why or "no usable wheels" in why:
+        kind = f"has no wheel or sdist that installs on Python {stack.python} ({resolution.lock.header['platform']})"
+    else:
+        kind = "conflicts with what the stack pins"
+    fits = _fits(resolution, requirements, exclude_newer)
+    pins = resolution.lock.pins()
+    needs = ""
+    try:  # what the requirements pull in on their own, where it differs from the stack
+        with tempfile.TemporaryDirectory(prefix="envbuild-extend-") as tmp:
+            alone = parse_lock("# [venv]\n" + _compile(requirements, _inputs(resolution), exclude_newer, Path(tmp)),
+                               "uv output").pins()
+        differ = [f"{name}=={version} (the stack: {pins[name]})" for name, version in sorted(alone.items())
+                  if name in pins and pins[name] != version]
+        if differ:
+            needs = f" On their own they resolve to {', '.join(differ[:6])}{', ...' if len(differ) > 6 else ''}."
+    except EnvbuildError:
+        pass
+    pinned = ", ".join(f"{name}=={pins[name]}" for name in ("torch", "torchvision", "deepspeed", "numpy") if name in pins)
+    where = (f"It would fit on: {', '.join(fits)} (envbuild extend --stack ID)." if fits
+             else "No other locked stack this GPU allows fits it either.")
+    return EnvbuildError(f"envbuild extend: {source}: the requirements ({', '.join(requirements)}) cannot be added "
+                         f"to stack {stack.id}: it {kind}. uv says: {why}{needs} The stack pins {pinned} (and every "
+                         f"other package of its lock). {where} Nothing was written.")
+
+
+def resolve_extension(resolution: Resolution, requirements: list[str], source: str,
+                      name: Optional[str] = None, exclude_newer: Optional[str] = None) -> Extension:
+    """Resolve the user's requirements against the stack's lock, before anything is built."""
+    stack = resolution.stack
+    if resolution.lock is None:
+        raise EnvbuildError(f"envbuild extend: stack {stack.id} has no lock (matrices/locks), so there is nothing "
+                            f"to hold its packages in place while yours resolve. Lock it first with `envbuild lock "
+                            f"--stack {stack.id}`, or pick a locked stack (`envbuild matrix`).")
+    date = exclude_newer or today()
+    requirements = tuple(requirements)
+    try:
+        text = _compile_extension(resolution, requirements, date)
+    except ResolveFailed as failure:
+        raise _explain(resolution, requirements, source, failure, date) from None
+    resolved = parse_lock("# [venv]\n" + text, "uv output")
+    stack_pins = resolution.lock.pins()
+    moved = [f"{p.name}=={p.version} (stack: {stack_pins[p.key]})" for p in resolved.sections["venv"]
+             if p.key in stack_pins and stack_pins[p.key] != p.version]
+    if moved:  # the constraints make this impossible; refuse rather than trust it
+        raise EnvbuildError(f"envbuild extend: uv moved stack packages: {', '.join(moved)}.")
+    new = [p for p in resolved.sections["venv"] if p.key not in stack_pins]
+    label = _name(name or Path(source).stem)
+    header = [
+        f"# envbuild extension lock: the packages {source} adds to stack {stack.id}, each == with its sha256",
+        "# hashes, resolved by uv with the stack's lock as constraints; installed with pip --require-hashes.",
+        f"# stack: {stack.id}",
+        f"# stack-lock: sha256:{resolution.lock.sha256}",
+        f"# python: {resolution.lock.header['python']}",
+        f"# platform: {resolution.lock.header['platform']}",
+        f"# index: {resolution.lock.header['index']}",
+        f"# exclude-newer: {date}",
+        f"# requirements: {' '.join(requirements)}",
+    ]
+    lock_text = "\n".join(header) + "\n\n# [venv]\n" + "".join(p.block for p in new)
+    return Extension(requirements=requirements, source=source, lock=parse_lock(lock_text, EXTEND_LOCK_NAME),
+                     exclude_newer=date, name=label)
+
+
+def _name(text: str) -> str:
+    """A tag-safe name: 'My Lab/reqs' -> 'my-lab-reqs' (at most 32 characters)."""
+    cleaned = re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.")
+    return cleaned[:32] or "ext"
+
+
+def stack_digest(image: str) -> Optional[str]:
+    """`image`'s registry digest when this machine's Docker knows one for its repository."""
+    from .validate import split_reference
+
+    try:
+        out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image],
+                             capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    repo = split_reference(image)[0]
+    for entry in json.loads(out.stdout or "[]") or []:
+        name, _, digest = entry.partition("@")
+        if name == repo and digest.startswith("sha256:"):
+            return digest
+    return None
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _step_files() -> tuple[FileCopy, ...]:
+    return tuple(FileCopy(f"{STEPS_SOURCE}/{n}", f"{paths.SETUP_DIR}/{n}") for n in STEP_FILES)
+
+
+def render_extension(resolution: Resolution, extension: Extension, base: str) -> dict[str, bytes]:
+    """The build directory of the extension: Dockerfile, Singularity.def, manifest.json, the
+    extension lock and the step files. Pure: `base` is the stack image (with its digest)."""
+    from .render import _environment
+    from .resources import templates_dir
+
+    plan = build_plan(resolution)
+    tag = f"{resolution.tag}-ext-{extension.name}"
+    image_ref = f"{resolution.request.image_repo}:{tag}"
+    lock_target = paths.EXTEND_LOCK
+    step = Step("extend", (lock_target, paths.MANIFEST, *extension.top_level),
+                files=(*_step_files(), FileCopy(EXTEND_LOCK_NAME, lock_target), FileCopy("manifest.json", paths.MANIFEST)),
+                secrets=PIP_SECRETS,
+                comment=f"{', '.join(extension.requirements)}: from the extension lock (every hash checked), "
+                        f"then pip check and an import of each package")
+    stage = Stage("extend", base, (step,))
+    manifest = {**plan.manifest, "tag": tag, "image": image_ref,
+                "extend": {"from": base, "stack_tag": resolution.tag, "requirements": list(extension.requirements),
+                           "source": extension.source, "top_level": list(extension.top_level),
+                           "lock": {"path": lock_target, "sha256": extension.lock.sha256,
+                                    "packages": len(extension.lock.sections["venv"]),
+                                    "exclude_newer": extension.exclude_newer},
+                           "imports": {}}}
+    labels = Label((("org.opencontainers.image.title", f"envbuild {tag}"),
+                    ("org.opencontainers.image.version", tag),
+                    ("org.opencontainers.image.base.name", base),
+                    ("io.envbuild.extends", resolution.tag),
+                    ("io.envbuild.extend-lock", f"sha256:{extension.lock.sha256}"),
+                    ("io.envbuild.extend-requirements", " ".join(extension.requirements))))
+    env = _environment()
+    ctx = {"stage": stage, "labels": labels, "resolution": resolution, "extension": extension, "tag": tag,
+           "base": base, "version": __version__, "paths": paths}
+    files = {"Dockerfile": env.get_template("docker/Dockerfile.extend.j2").render(**ctx).encode(),
+             "Singularity.def": env.get_template("singularity/Singularity.extend.def.j2").render(**ctx).encode(),
+             "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
+             ".dockerignore": b"build.log\n*.sif\n",
+             EXTEND_LOCK_NAME: extension.lock.text.encode()}
+    steps_dir = templates_dir() / "files" / "steps"
+    for name in STEP_FILES:
+        files[f"{STEPS_SOURCE}/{name}"] = (steps_dir / name).read_bytes()
+    return files

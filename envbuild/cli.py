@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import click
+from typing import Optional
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -116,6 +117,7 @@ def _render_to(kw, output, show=True):
     r = resolve(m, req)
     for warning in env_warnings(r):
         err.print(f"envbuild: warning: {warning}", markup=False)
+    _pin_named_bases(r)
     files = render_files(r)
     path = write_build_dir(files, Path(output) if output else Path("build") / r.tag)
     if output and Path(output).is_symlink():
@@ -126,6 +128,25 @@ def _render_to(kw, output, show=True):
     if warning:
         err.print(f"envbuild: warning: {warning}", markup=False, soft_wrap=False)
     return r, secrets, path, sorted([*files, RECORD])
+
+
+def _pin_named_bases(r) -> None:
+    """A base image the user named is pinned by digest when this machine can learn it (its
+    Docker pulled it from a registry, or its registry answers); the matrix's own bases stay
+    tags (a render does not contact Docker Hub)."""
+    from .digests import pin
+
+    named = {"runtime": r.request.base_image, "builder": r.request.builder_image or (
+        r.request.base_image if r.base_images["builder"] == r.request.base_image else None)}
+    pinned_refs: dict[str, tuple[str, Optional[str]]] = {}
+    for stage, ref in named.items():
+        if ref:
+            known = ref in pinned_refs
+            pinned, digest = pinned_refs.setdefault(ref, pinned_refs.get(ref) or pin(ref))
+            r.base_images[stage] = pinned
+            if not digest and not known:
+                err.print(f"envbuild: note: {ref} is pinned by tag only: no registry digest is known for it on "
+                          f"this machine", markup=False, soft_wrap=True)
 
 
 def _command_line(ctx: click.Context, skip=()) -> str:
@@ -312,7 +333,8 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     is built: a conflict is exit 2 with the stacks where they would fit. The layer installs
     from the resulting lock with hash checking, then runs pip check and imports each package."""
     from .build import build_image
-    from .extend import load_project, read_requirements_file, render_extension, resolve_extension, stack_digest
+    from .digests import pin
+    from .extend import load_project, read_requirements_file, render_extension, resolve_extension
     from .output import write_build_dir
     from .resolve import resolve
 
@@ -344,10 +366,7 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     r = resolve(m, req)
     extension = resolve_extension(r, requirements, source, name=name,
                                   exclude_newer=f"{as_of}T00:00:00Z" if as_of else None)
-    base = from_image or r.image_ref
-    digest = stack_digest(base) if "@" not in base else None
-    if digest:
-        base = f"{base}@{digest}"
+    base, digest = pin(from_image or r.image_ref)
     files = render_extension(r, extension, base)
     tag = json.loads(files["manifest.json"])["tag"]
     path = write_build_dir(files, Path(output) if output else Path("build") / tag)

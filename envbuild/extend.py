@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -255,25 +254,6 @@ def _name(text: str) -> str:
     """A tag-safe name: 'My Lab/reqs' -> 'my-lab-reqs' (at most 32 characters)."""
     cleaned = re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.")
     return cleaned[:32] or "ext"
-
-
-def stack_digest(image: str) -> Optional[str]:
-    """`image`'s registry digest when this machine's Docker knows one for its repository."""
-    from .validate import split_reference
-
-    try:
-        out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image],
-                             capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    repo = split_reference(image)[0]
-    for entry in json.loads(out.stdout or "[]") or []:
-        name, _, digest = entry.partition("@")
-        if name == repo and digest.startswith("sha256:"):
-            return digest
-    return None
 
 
 # ---------------------------------------------------------------- rendering

@@ -1,0 +1,68 @@
+"""Installing a locked stack: the way envbuild's build does it (pip --require-hashes --no-deps
+-r, one part of the lock at a time) vs a plain `pip install -r` of the same lock (pip's
+resolver on; hash checking is on in both, because the file carries hashes), and uv's
+installer as a third row, each into a fresh venv from the same warm wheel cache, in the same
+run. Downloads are not measured: a first pass fills each tool's cache.
+
+    python bench/lock_install.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import CA, ROOT, STACK, machine, table
+
+from envbuild.lock import load_lock, uv_binary  # noqa: E402  (common put this checkout first)
+
+
+def run(*args, env=None):
+    r = subprocess.run(list(args), capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(args[:6])} ... failed:\n{r.stderr[-3000:]}")
+
+
+def fresh_venv(where: Path) -> Path:
+    shutil.rmtree(where, ignore_errors=True)
+    run(sys.executable, "-m", "venv", str(where))
+    return where / "bin" / "python"
+
+
+def main():
+    lock = load_lock(ROOT / "matrices", STACK, "x86_64")
+    work = Path(tempfile.mkdtemp(prefix="envbuild-bench-lock-"))
+    part = work / "venv.txt"  # what the torch step installs: the venv but DeepSpeed (an sdist built later)
+    part.write_text(lock.requirements("venv", exclude=("deepspeed",)))
+    env = {"PIP_CACHE_DIR": str(work / "pip-cache"), "UV_CACHE_DIR": str(work / "uv-cache"), "PIP_CERT": CA,
+           "SSL_CERT_FILE": CA, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    methods = {
+        "envbuild: pip --require-hashes --no-deps -r": lambda py: run(
+            str(py), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "-r", str(part), env=env),
+        "plain pip install -r (baseline)": lambda py: run(str(py), "-m", "pip", "install", "-q", "-r", str(part), env=env),
+        "uv pip install --require-hashes -r": lambda py: run(
+            uv_binary(), "pip", "install", "-q", "--require-hashes", "--python", str(py), "--compile-bytecode",
+            "-r", str(part), env=env),
+    }
+    for install in (methods["plain pip install -r (baseline)"], methods["uv pip install --require-hashes -r"]):
+        install(fresh_venv(work / "warm"))  # fills pip's and uv's caches: downloads are not measured
+    seconds = {}
+    for name, install in methods.items():
+        py = fresh_venv(work / "venv")
+        start = time.monotonic()
+        install(py)
+        seconds[name] = time.monotonic() - start
+    base = seconds["plain pip install -r (baseline)"]
+    table(f"Installing the locked venv of {STACK} ({len(lock.sections['venv']) - 1} packages, warm caches) — "
+          f"{machine()}", ["installer", "wall time (s)", "ratio to baseline"],
+          [[name, f"{s:.0f}", f"{s / base:.2f}"] for name, s in seconds.items()])
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Base images pinned by digest where a digest can be known.
+
+A tag moves (debian:bookworm-slim is rebuilt every few weeks); a digest does not. When the
+user names a base image (`--base-image`, `--builder-image`, an extension's stack image) and
+this machine can learn its digest -- its own Docker pulled it from a registry, or the image's
+registry answers the registry API -- the rendered FROM becomes `ref@sha256:...` and
+manifest.json records it. A name no registry is known for (`local/debian:bookworm`, imported)
+stays a tag, and the render says so. Nothing here ever pulls an image.
+
+>>> registry_of("127.0.0.1:5000/envbuild/debian:bookworm")
+('127.0.0.1:5000', 'envbuild/debian', 'bookworm')
+>>> registry_of("debian:bookworm-slim") is None
+True
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.error
+import urllib.request
+from typing import Optional
+
+# Single-arch manifests and the lists / indexes a multi-arch tag points at.
+ACCEPT = ", ".join(["application/vnd.oci.image.index.v1+json",
+                    "application/vnd.docker.distribution.manifest.list.v2+json",
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    "application/vnd.oci.image.manifest.v1+json"])
+
+
+def registry_of(ref: str) -> Optional[tuple[str, str, str]]:
+    """(registry host, repository, tag) for a reference that names its registry, else None."""
+    if "@" in ref:
+        return None
+    first, _, rest = ref.partition("/")
+    if not rest or not ("." in first or ":" in first or first == "localhost"):
+        return None
+    name, _, tag = rest.rpartition(":") if ":" in rest else (rest, "", "latest")
+    return first, name, tag or "latest"
+
+
+def local_digest(ref: str, timeout: float = 20) -> Optional[str]:
+    """The registry digest this machine's Docker recorded for `ref`'s repository, if any."""
+    try:
+        out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref],
+                             capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    repo = ref.split("@")[0]
+    repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
+    for entry in json.loads(out.stdout or "[]") or []:
+        name, _, digest = entry.partition("@")
+        if name == repo and digest.startswith("sha256:"):
+            return digest
+    return None
+
+
+def remote_digest(ref: str, timeout: float = 10) -> Optional[str]:
+    """The digest `ref`'s registry serves for its tag (anonymous registry API), if it answers."""
+    parts = registry_of(ref)
+    if parts is None:
+        return None
+    host, name, tag = parts
+    for scheme in ("https", "http"):
+        request = urllib.request.Request(f"{scheme}://{host}/v2/{name}/manifests/{tag}", method="HEAD",
+                                         headers={"Accept": ACCEPT})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                digest = response.headers.get("Docker-Content-Digest", "")
+                return digest if digest.startswith("sha256:") else None
+        except urllib.error.HTTPError:
+            return None  # it answered: no such tag, or credentials needed
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+    return None
+
+
+def pin(ref: str) -> tuple[str, Optional[str]]:
+    """(`ref@digest` or `ref`, the digest or None): what a FROM should say."""
+    if "@" in ref:
+        return ref, ref.split("@", 1)[1]
+    digest = local_digest(ref) or remote_digest(ref)
+    return (f"{ref}@{digest}", digest) if digest else (ref, None)

@@ -427,8 +427,11 @@ def push(image, registry):
 @click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Lock this stack (repeatable); default: every stack.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if a lock is missing or resolving again gives another file.")
 @click.option("--upgrade", is_flag=True, help="Resolve as of today instead of the lock's own date (newer packages).")
+@click.option("--bases", is_flag=True,
+              help="Also record the digest each stack's base image has on its registry (matrices/base-digests.yaml; "
+                   "renders then pin FROM to it). For the publishing CI: Docker Hub must be reachable.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
-def lock(stack_ids, check, upgrade, matrix_dir):
+def lock(stack_ids, check, upgrade, bases, matrix_dir):
     """Hash-lock stacks: every Python distribution each image installs, == with its sha256
     hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/.
 
@@ -438,6 +441,16 @@ def lock(stack_ids, check, upgrade, matrix_dir):
     from .matrix import load_matrix
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if bases and not check:
+        from .digests import record_base_digests
+        from .lock import today
+
+        refs = [ref for s in m.stacks if not stack_ids or s.id in stack_ids
+                for ref in (s.base_images.builder, s.base_images.runtime)]
+        recorded, unreachable = record_base_digests(m.directory, refs, today()[:10])
+        for ref in sorted(set(refs)):
+            state = "unreachable (kept what was recorded)" if ref in unreachable else recorded.get(ref, "")
+            out.print(f"base      {ref}  {state}", markup=False, soft_wrap=True)
     outcomes = lock_stacks(m, tuple(stack_ids), check=check, upgrade=upgrade,
                            progress=lambda text: err.print(f"envbuild: {text}", markup=False))
     for o in outcomes:

@@ -83,3 +83,74 @@ def pin(ref: str) -> tuple[str, Optional[str]]:
         return ref, ref.split("@", 1)[1]
     digest = local_digest(ref) or remote_digest(ref)
     return (f"{ref}@{digest}", digest) if digest else (ref, None)
+
+
+# ---------------------------------------------------------------- the matrix's own bases
+
+BASE_DIGESTS = "base-digests.yaml"  # in the matrix directory, written by `envbuild lock --bases`
+HUB_TOKEN = "https://auth.docker.io/token?service=registry.docker.io&scope=repository:{name}:pull"
+HUB_REGISTRY = "https://registry-1.docker.io"
+
+
+def hub_name(ref: str) -> tuple[str, str]:
+    """Docker Hub repository and tag of a reference without a registry.
+
+    >>> hub_name("debian:bookworm-slim"), hub_name("nvidia/cuda:13.0.2-devel-ubuntu24.04")
+    (('library/debian', 'bookworm-slim'), ('nvidia/cuda', '13.0.2-devel-ubuntu24.04'))
+    """
+    name, _, tag = ref.partition(":")
+    return (name if "/" in name else f"library/{name}"), (tag or "latest")
+
+
+def hub_digest(ref: str, timeout: float = 15) -> Optional[str]:
+    """The digest Docker Hub serves for `ref` (anonymous pull token), or None if it does not answer."""
+    name, tag = hub_name(ref)
+    try:
+        with urllib.request.urlopen(HUB_TOKEN.format(name=name), timeout=timeout) as response:
+            token = json.load(response)["token"]
+        request = urllib.request.Request(f"{HUB_REGISTRY}/v2/{name}/manifests/{tag}", method="HEAD",
+                                         headers={"Accept": ACCEPT, "Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            digest = response.headers.get("Docker-Content-Digest", "")
+            return digest if digest.startswith("sha256:") else None
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return None
+
+
+def published_digest(ref: str) -> Optional[str]:
+    """The digest a base's registry (Docker Hub when the name has none) serves for its tag."""
+    return remote_digest(ref) if registry_of(ref) else hub_digest(ref)
+
+
+def load_base_digests(matrix_dir) -> dict[str, str]:
+    """ref -> digest recorded by `envbuild lock --bases` (empty when none were reachable)."""
+    import yaml
+    from pathlib import Path
+
+    path = Path(matrix_dir) / BASE_DIGESTS
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text()) or {}
+    return {ref: entry["digest"] for ref, entry in (data.get("bases") or {}).items()}
+
+
+def record_base_digests(matrix_dir, refs, today: str) -> tuple[dict[str, str], list[str]]:
+    """Look up each base's published digest and write base-digests.yaml; an unreachable
+    registry keeps what was recorded before. Returns (recorded, unreachable refs)."""
+    import yaml
+    from pathlib import Path
+
+    path = Path(matrix_dir) / BASE_DIGESTS
+    old = (yaml.safe_load(path.read_text()) or {}).get("bases", {}) if path.is_file() else {}
+    entries, unreachable = dict(old), []
+    for ref in sorted(set(refs)):
+        digest = published_digest(ref)
+        if digest is None:
+            unreachable.append(ref)
+        elif old.get(ref, {}).get("digest") != digest:
+            entries[ref] = {"digest": digest, "checked": today}
+    if entries != old:
+        header = ("# The digests the matrix's base images had when `envbuild lock --bases` last reached their\n"
+                  "# registries (the publishing CI); a render pins FROM to them. Generated: do not edit.\n")
+        path.write_text(header + yaml.safe_dump({"bases": entries}, sort_keys=True))
+    return {ref: entry["digest"] for ref, entry in entries.items()}, unreachable

@@ -24,6 +24,7 @@ from packaging.version import Version
 
 from . import rules, validate
 from .errors import EnvbuildError
+from .digests import load_base_digests
 from .lock import Lock, stack_lock
 from .image import paths
 from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
@@ -255,7 +256,10 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     arch_list = gpu.cc
     ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops)
     default_ops, _ = rules.select_ops(m, s, arch_list, "training")
-    base_images = {"builder": s.base_images.builder, "runtime": s.base_images.runtime}
+    # The matrix's own bases, pinned to the digests the publishing CI recorded (if any).
+    published = load_base_digests(m.directory)
+    base_images = {stage: f"{ref}@{published[ref]}" if ref in published else ref
+                   for stage, ref in (("builder", s.base_images.builder), ("runtime", s.base_images.runtime))}
     if req.base_image:
         base_images["runtime"] = req.base_image
         if m.bases.toolchains[s.toolchain].install:  # the builder is the same plain OS base

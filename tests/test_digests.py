@@ -43,3 +43,33 @@ def test_a_named_base_in_a_registry_is_pinned_by_digest_and_an_imported_one_says
                      "-o", str(out3))
     assert f"FROM {BASE} AS runtime" in (out3 / "Dockerfile").read_text()
     assert result.stderr.count(f"{BASE} is pinned by tag only") == 1
+
+
+@pytest.mark.docker
+def test_lock_bases_records_the_published_digest_and_renders_pin_to_it(tmp_path):
+    """The matrix's own base, on a registry this machine reaches (the local one standing in
+    for Docker Hub, which it cannot): `envbuild lock --bases` records its digest, a render
+    pins FROM to it; a registry that does not answer keeps what was recorded."""
+    import shutil
+
+    import yaml
+
+    from conftest import FIXTURE_MATRIX
+
+    mirror = f"{REGISTRY}/envbuild-digest-test/debian:bookworm-slim"
+    docker("tag", BASE, mirror)
+    digest = next(word for word in docker("push", mirror).stdout.split() if word.startswith("sha256:"))
+    matrix_dir = tmp_path / "m"
+    shutil.copytree(FIXTURE_MATRIX, matrix_dir)
+    stacks = yaml.safe_load((matrix_dir / "stacks.yaml").read_text())
+    row = next(s for s in stacks["stacks"] if s["id"] == "torch2.11-cu130-py3.11-pypi")
+    row["base_images"] = {"builder": mirror, "runtime": mirror}
+    (matrix_dir / "stacks.yaml").write_text(yaml.safe_dump(stacks, sort_keys=False))
+    result = run_cli("lock", "--bases", "--stack", row["id"], "--matrix-dir", str(matrix_dir), timeout=300)
+    assert f"base      {mirror}  {digest}" in result.stdout, result.stdout + result.stderr
+    recorded = yaml.safe_load((matrix_dir / "base-digests.yaml").read_text())["bases"]
+    assert recorded[mirror]["digest"] == digest
+    out = tmp_path / "out"
+    assert run_cli("render", "--gpu", "h20", "--stack", row["id"], "-o", str(out),
+                   env={"ENVBUILD_MATRIX_DIR": str(matrix_dir)}).returncode == 0
+    assert f"FROM {mirror}@{digest} AS builder" in (out / "Dockerfile").read_text()

@@ -378,7 +378,7 @@ def test_extend_adds_one_layer_on_the_stack_image_and_passes_its_smoke_test(h20,
     assert checks["lock"]["ok"] and "and the extension's" in checks["lock"]["detail"], checks["lock"]
 
 
-def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engine, work, state):
+def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engine, work, state, test_ca):
     """One changed sha256 (DeepSpeed's sdist) in a copy of the lock: pip refuses the file,
     names it and both hashes, envbuild says what that means, and no tag is applied. The
     torch layer is the h20 build's (its lock part is unchanged), so this fails in seconds."""
@@ -390,7 +390,8 @@ def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engin
     path.write_text(text.replace(good, "0" * 64))
     out = work / "tampered"
     r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--base-image", BASE,
-                "--image-repo", REPO, "--matrix-dir", str(matrix_dir), "-o", str(out),
+                "--image-repo", REPO, "--matrix-dir", str(matrix_dir), "--ca-cert", str(test_ca["bundle"]),
+                "-o", str(out),
                 env=state, timeout=3600, production=True)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     log = (out / "build.log").read_text()

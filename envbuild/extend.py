@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from . import __version__
 from .errors import EnvbuildError
 from .image import paths
-from .lock import Lock, LockInputs, ResolveFailed, _compile, parse_lock, today
+from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
 from .plan import PIP_SECRETS, STEPS_SOURCE, FileCopy, Label, Stage, Step, build_plan
 from .resolve import Resolution
 
@@ -152,7 +152,7 @@ def _inputs(resolution: Resolution) -> LockInputs:
 def _compile_extension(resolution: Resolution, requirements: tuple[str, ...], exclude_newer: str) -> str:
     with tempfile.TemporaryDirectory(prefix="envbuild-extend-") as tmp:
         directory = Path(tmp)
-        return _compile(requirements, _inputs(resolution), exclude_newer, directory,
+        return compile_requirements(requirements, _inputs(resolution), exclude_newer, directory,
                         constraints=_constraints(resolution.lock, directory))
 
 
@@ -196,8 +196,8 @@ def _explain(resolution: Resolution, requirements: tuple[str, ...], source: str,
     needs = ""
     try:  # what the requirements pull in on their own, where it differs from the stack
         with tempfile.TemporaryDirectory(prefix="envbuild-extend-") as tmp:
-            alone = parse_lock("# [venv]\n" + _compile(requirements, _inputs(resolution), exclude_newer, Path(tmp)),
-                               "uv output").pins()
+            text = compile_requirements(requirements, _inputs(resolution), exclude_newer, Path(tmp))
+            alone = parse_lock("# [venv]\n" + text, "uv output").pins()
         differ = [f"{name}=={version} (the stack: {pins[name]})" for name, version in sorted(alone.items())
                   if name in pins and pins[name] != version]
         if differ:

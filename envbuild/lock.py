@@ -227,7 +227,7 @@ def _uv_config(inputs: LockInputs, directory: Path) -> Path:
     return path
 
 
-def _compile(requirements: tuple[str, ...], inputs: LockInputs, exclude_newer: str, directory: Path,
+def compile_requirements(requirements: tuple[str, ...], inputs: LockInputs, exclude_newer: str, directory: Path,
              constraints: Optional[Path] = None) -> str:
     """Run `uv pip compile` and return its output (no header)."""
     source = directory / "requirements.in"
@@ -265,8 +265,8 @@ def write_lock(inputs: LockInputs, exclude_newer: str) -> str:
     """The lock file's text for `inputs`, resolved by uv as of `exclude_newer`."""
     with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
         directory = Path(tmp)
-        venv = _compile(inputs.venv, inputs, exclude_newer, directory)
-        toolchain = _compile(inputs.toolchain, inputs, exclude_newer, directory) if inputs.toolchain else ""
+        venv = compile_requirements(inputs.venv, inputs, exclude_newer, directory)
+        toolchain = compile_requirements(inputs.toolchain, inputs, exclude_newer, directory) if inputs.toolchain else ""
     lines = [
         f"# envbuild lock: every Python distribution the image of stack {inputs.stack} ({inputs.arch}) installs,",
         "# each == with its sha256 hashes; the build installs it with pip --require-hashes --no-deps.",

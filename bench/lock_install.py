@@ -23,7 +23,11 @@ from envbuild.lock import load_lock, uv_binary  # noqa: E402  (common put this c
 
 
 def run(*args, env=None):
-    r = subprocess.run(list(args), capture_output=True, text=True, env={**os.environ, **(env or {})})
+    # The host's own pip configuration (global constraints, extra local indexes, find-links)
+    # would change what pip resolves: every installer sees PyPI only.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    r = subprocess.run(list(args), capture_output=True, text=True,
+                       env={**clean, "PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1", **(env or {})})
     if r.returncode != 0:
         sys.exit(f"{' '.join(args[:6])} ... failed:\n{r.stderr[-3000:]}")
 

@@ -242,8 +242,10 @@ def compile_requirements(requirements: tuple[str, ...], inputs: LockInputs, excl
         command += ["--config-file", str(_uv_config(inputs, directory))]
     if constraints is not None:
         command += ["--constraint", str(constraints)]
-    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
-    env.pop("UV_CONSTRAINT", None)  # inside an envbuild image this would pin the host's guard
+    # Only what the lock says counts: no uv.toml of the user or the machine, no UV_* setting
+    # (UV_EXTRA_INDEX_URL would add an index; inside an envbuild image UV_CONSTRAINT is the guard).
+    env = {name: value for name, value in os.environ.items() if not name.startswith("UV_")}
+    env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1", UV_NO_CONFIG="1")
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=directory, check=False)
     if result.returncode != 0:
         detail = "\n".join(line for line in result.stderr.strip().splitlines()

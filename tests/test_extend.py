@@ -5,6 +5,8 @@ real builds do); the build of an extended image is in test_docker_e2e.py."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import pytest
 
@@ -87,6 +89,14 @@ def test_extend_renders_a_layer_on_the_stack_image_from_a_hash_locked_resolution
         assert f"\n{name}" not in lock
     singularity = (out / "Singularity.def").read_text()
     assert f"From: envbuild:{stack_tag}" in singularity and "bash /opt/envbuild-setup/extend.sh" in singularity
+    # Every rendered file passes its linter, as the stack's do.
+    hadolint = subprocess.run([shutil.which("hadolint"), "--no-color", "--failure-threshold", "style",
+                               str(out / "Dockerfile")], capture_output=True, text=True)
+    assert hadolint.returncode == 0, hadolint.stdout
+    from spython.main.parse.parsers import SingularityParser
+
+    (recipe,) = SingularityParser(str(out / "Singularity.def")).recipe.values()
+    assert recipe.fromHeader == f"envbuild:{stack_tag}" and any("extend.sh" in line for line in recipe.install)
     # Same inputs (the date included), same files.
     again = run_cli("extend", "-r", str(tmp_path / "r.txt"), "--gpu", "h20", "--stack", CI_STACK, "--name", "demo",
                     "--as-of", AS_OF, "-o", str(tmp_path / "again"), timeout=600)

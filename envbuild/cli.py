@@ -51,8 +51,11 @@ def request_options(f):
                      help="Ops to pre-build: training, all, none, or a comma list (cpu_adam,fused_adam)."),
         click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
         click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
-        click.option("--cpu-target", default=DEFAULT_CPU_TARGET, show_default=True,
-                     help="x86-64 level the CPU ops are compiled for (not the build machine's -march=native)."),
+        click.option("--cpu-target", default=None,
+                     help=f"CPU the CPU ops are compiled for instead of the build machine's -march=native: "
+                          f"x86-64, x86-64-v2, x86-64-v3 (default on x86_64: {DEFAULT_CPU_TARGET}), x86-64-v4; "
+                          f"armv8-a, armv9-a, neoverse-v2 (aarch64 default: the GPU's host CPU, e.g. Grace's "
+                          f"neoverse-v2 where the OS's GCC knows it)."),
         click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
         click.option("--no-compiler", is_flag=True,
                      help="Leave the C compiler and Python headers out of the final image (smaller; "

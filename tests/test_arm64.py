@@ -206,3 +206,25 @@ def test_cc_wrapper_compiles_aarch64_neon_code(tmp_path, target):
                          text=True, env={"PATH": "/usr/bin:/bin", "ENVBUILD_CPU_TARGET": "neoverse-v2",
                                          "ENVBUILD_CC": cross})
     assert bad.returncode != 0 and "neoverse-v2" in bad.stderr
+
+
+def test_smoke_cpu_arch_check_reads_the_op_libraries(tmp_path):
+    """The in-image check: the machine and every op .so must be the manifest's architecture.
+    Real ELF files: this host's x86-64 libc, and Debian's arm64 cross libc (libc6-arm64-cross)."""
+    from envbuild.image.checks import check_cpu_arch, elf_arch
+
+    arm_libc = Path("/usr/aarch64-linux-gnu/lib/libc.so.6")
+    if not arm_libc.is_file():
+        pytest.skip("libc6-arm64-cross missing: run scripts/host-setup-arm64.sh")
+    x86_libc = next(p for p in (Path("/lib/x86_64-linux-gnu/libc.so.6"), Path("/usr/lib/x86_64-linux-gnu/libc.so.6"))
+                    if p.is_file())
+    assert (elf_arch(str(x86_libc)), elf_arch(str(arm_libc))) == ("x86_64", "aarch64")
+    ops = tmp_path / "ops" / "adam"
+    ops.mkdir(parents=True)
+    (ops / "cpu_adam_op.so").write_bytes(arm_libc.read_bytes())
+    assert check_cpu_arch({"arch": "aarch64"}, machine="aarch64", ops_dir=str(tmp_path / "ops"))[0]
+    ok, detail = check_cpu_arch({"arch": "aarch64"}, machine="x86_64", ops_dir=str(tmp_path / "ops"))
+    assert not ok and "this machine is x86_64" in detail
+    (ops / "cpu_lion_op.so").write_bytes(x86_libc.read_bytes())
+    ok, detail = check_cpu_arch({"arch": "aarch64"}, machine="aarch64", ops_dir=str(tmp_path / "ops"))
+    assert not ok and "cpu_lion_op.so=x86_64" in detail

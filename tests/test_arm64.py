@@ -236,3 +236,13 @@ def test_matrix_refuses_a_cpu_target_of_another_architecture(matrix_copy):
     with pytest.raises(EnvbuildError, match=r"gh200.cpu_targets names 'x86-64-v3', which is not a cpu_targets entry "
                                             r"for its host_arch aarch64"):
         load_matrix(matrix_copy)
+
+
+def test_an_os_whose_gcc_knows_no_target_is_a_rejection_not_a_crash(matrix_copy):
+    path = matrix_copy / "bases.yaml"
+    path.write_text(path.read_text().replace('gcc: "12.2"', 'gcc: "10.2"'))
+    m = load_matrix(matrix_copy)
+    rows = {sid: why for sid, _, why in explain_rows(m, Request(gpu="gh200"))}
+    assert "[cpu-target] no CPU target for aarch64 that GCC 10.2 knows" in rows[PYPI_STACK]
+    with pytest.raises(EnvbuildError, match="GCC 10.2"):
+        resolve(m, Request(gpu="gh200", stack=PYPI_STACK))

@@ -457,7 +457,8 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
         click.echo(json.dumps([s.model_dump() | {"torchvision": m.torch_release(s.torch).torchvision,
-                                                 "min_driver": m.driver_floor(s.cuda).min_driver}
+                                                 "min_driver": m.driver_floor(s.cuda).min_driver,
+                                                 "cuda_arches": m.stack_arches(s)}
                                for s in m.stacks], indent=2))
         return
     headers = STACK_HEADERS if wide else STACK_NARROW

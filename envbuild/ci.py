@@ -22,17 +22,67 @@ def real_build_stack(m: Matrix):
     raise EnvbuildError(f"the matrix in {m.directory} has no PyPI-toolchain stack on Debian for CI to build.")
 
 
-def publish_jobs(m: Matrix, gpus: list[str]) -> list[dict]:
-    """Every (stack, GPU) pair the rules allow, in matrix order."""
+def publish_jobs(m: Matrix, gpus: list[str], runners: dict[str, str] | None = None) -> list[dict]:
+    """Every (stack, GPU) pair the rules allow, in matrix order, with the image's CPU
+    architecture, its readable tag and the runner that builds it natively."""
+    runners = runners or DEFAULT_RUNNERS
     jobs = []
     for s in m.stacks:
         for g in gpus:
             try:
-                resolve(m, Request(gpu=g, stack=s.id))
+                r = resolve(m, Request(gpu=g, stack=s.id))
             except EnvbuildError:
                 continue
-            jobs.append({"stack": s.id, "gpu": m.gpu(g).name})
+            jobs.append({"stack": s.id, "gpu": r.gpu.name, "arch": r.arch, "platform": r.platform,
+                         "tag": r.tag, "runner": runners[r.arch]})
     return jobs
+
+
+DEFAULT_RUNNERS = {"x86_64": "ubuntu-latest", "aarch64": "ubuntu-24.04-arm"}
+
+
+def digest_name(job: dict) -> str:
+    """The file (and artifact suffix) a build job leaves its pushed digest in."""
+    return f"{job['tag']}-{job['platform'].split('/')[1]}"
+
+
+def merge_jobs(m: Matrix, jobs: list[dict], multiarch: dict[str, str]) -> list[dict]:
+    """One manifest list per published tag: each image under its own tag, and for a GPU in
+    `multiarch` (x86 GPU -> its Grace sibling, e.g. h100 -> gh200) the sibling's arm64 image of the
+    same stack joins the x86 GPU's tag, so one tag serves both nodes. The sibling must have the
+    same compute capability and the same baked GPU defaults, or the tag would not mean one thing."""
+    for x86, grace in multiarch.items():
+        a, b = m.gpu(x86), m.gpu(grace)
+        if a.cc != b.cc or [e.model_dump() for e in a.env] != [e.model_dump() for e in b.env]:
+            raise EnvbuildError(f"publish.yaml multiarch {x86}: {grace}: their compute capabilities ({a.cc}, {b.cc}) "
+                                f"or baked GPU defaults differ, so one tag cannot serve both.")
+    by_pair = {(j["stack"], j["gpu"]): j for j in jobs}
+    merges = []
+    for j in jobs:
+        sources = [j]
+        sibling = by_pair.get((j["stack"], multiarch.get(j["gpu"], "")))
+        if sibling and sibling["arch"] != j["arch"]:
+            sources.append(sibling)
+        merges.append({"tag": j["tag"], "stack": j["stack"], "gpu": j["gpu"],
+                       "platforms": " ".join(x["platform"] for x in sources),
+                       "digests": " ".join(digest_name(x) for x in sources)})
+    return merges
+
+
+def stack_jobs(jobs: list[dict]) -> list[dict]:
+    """One CI job per (stack, CPU architecture): its GPU variants in sequence on one runner, so
+    the stack's heavy layers (the OS packages, torch and its CUDA wheels) are built once and
+    reused from the runner's build cache, not rebuilt by one job per GPU."""
+    grouped: dict[tuple[str, str], dict] = {}
+    for j in jobs:
+        key = (j["stack"], j["platform"])
+        if key not in grouped:
+            grouped[key] = {"stack": j["stack"], "platform": j["platform"], "runner": j["runner"], "gpus": []}
+        grouped[key]["gpus"].append(j["gpu"])
+    out = list(grouped.values())
+    for g in out:
+        g["gpus"] = " ".join(g["gpus"])
+    return out
 
 
 def render_workflow(m: Matrix) -> str:
@@ -40,13 +90,16 @@ def render_workflow(m: Matrix) -> str:
     try:
         cfg = yaml.safe_load(path.read_text())
         gpus, registry = cfg["gpus"], cfg["registry"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-        raise EnvbuildError(f"{path} must hold `gpus`, `registry`, `image_repo` and `runner` ({e}).") from None
-    for g in gpus:
+        runners = {**DEFAULT_RUNNERS, **(cfg.get("runners") or {})}
+        multiarch = dict(cfg.get("multiarch") or {})
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+        raise EnvbuildError(f"{path} must hold `gpus`, `registry`, `image_repo`, `runners` and `multiarch` ({e}).") from None
+    for g in [*gpus, *multiarch, *multiarch.values()]:
         m.gpu(g)
+    jobs = publish_jobs(m, gpus, runners)
     return _environment().get_template("ci/publish.yml.j2").render(
-        jobs=publish_jobs(m, gpus), registry=registry, image_repo=cfg.get("image_repo", "envbuild"),
-        runner=cfg.get("runner", "ubuntu-latest"))
+        images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
+        image_repo=cfg.get("image_repo", "envbuild"))
 
 
 def write_workflow(m: Matrix, out: Path) -> Path:

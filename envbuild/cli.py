@@ -55,8 +55,11 @@ def request_options(f=None, gpu_required=True):
                      help="Ops to pre-build: training, all, none, or a comma list (cpu_adam,fused_adam)."),
         click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
         click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
-        click.option("--cpu-target", default=DEFAULT_CPU_TARGET, show_default=True,
-                     help="x86-64 level the CPU ops are compiled for (not the build machine's -march=native)."),
+        click.option("--cpu-target", default=None,
+                     help=f"CPU the CPU ops are compiled for instead of the build machine's -march=native: "
+                          f"x86-64, x86-64-v2, x86-64-v3 (default on x86_64: {DEFAULT_CPU_TARGET}), x86-64-v4; "
+                          f"armv8-a, armv9-a, neoverse-v2 (aarch64 default: the GPU's host CPU, e.g. Grace's "
+                          f"neoverse-v2 where the OS's GCC knows it)."),
         click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
         click.option("--no-compiler", is_flag=True,
                      help="Leave the C compiler and Python headers out of the final image (smaller; "
@@ -413,14 +416,45 @@ def smoke(image, gpus, as_json, timeout):
 @click.argument("image")
 @click.option("--registry", required=True,
               help="Registry HOST[:PORT][/NAMESPACE] to push to (the image keeps its last name component).")
-def push(image, registry):
-    """Push an image whose smoke test passed (both tags), pull it back by digest, compare."""
-    from .publish import push as do_push
+@click.option("--by-platform", is_flag=True,
+              help="Push only under the per-platform tag (<tag>-amd64, <tag>-arm64) and print its digest, "
+                   "for a multi-arch manifest list merged afterwards.")
+@click.option("--merge", "merge_digests", multiple=True, metavar="DIGEST",
+              help="Publish IMAGE (NAME:TAG) as one manifest list of these single-platform digests of NAME, "
+                   "each of which must have passed its smoke test as that platform. Repeat per platform.")
+@click.option("--verify", is_flag=True,
+              help="Only check that every platform the registry serves for IMAGE passed its smoke test.")
+def push(image, registry, by_platform, merge_digests, verify):
+    """Push an image whose smoke test passed (both tags), pull it back by digest, compare.
 
-    res = do_push(image, registry, on_event=lambda s: err.print(f"  {s}", markup=False))
+    Multi-arch: push each platform's image with --by-platform, then --merge their digests into
+    the one tag x86 and Grace nodes pull (the manifest list)."""
+    from .publish import merge, push as do_push, verify_published
+
+    if sum(map(bool, (by_platform, merge_digests, verify))) > 1:
+        raise EnvbuildError("--by-platform, --merge and --verify are different steps; give one of them.")
+    if merge_digests or verify:
+        name, sep, tag = image.rpartition(":")
+        if not sep or "/" in tag or not name:
+            raise EnvbuildError(f"IMAGE '{image}' must be NAME:TAG (e.g. envbuild:torch2.15.0-cu132-py3.12-ds0.19.8"
+                                f"-h100) with --merge/--verify: the tag the manifest list is published under.")
+        name = name.split("/")[-1]
+        if verify:
+            images = verify_published(registry, name, tag)
+        else:
+            digest, images = merge(registry, name, tag, list(merge_digests),
+                                   on_event=lambda s: err.print(f"  {s}", markup=False))
+            out.print(f"pushed {registry}/{name}:{tag} (manifest list)", markup=False)
+            out.print(f"digest {digest}", markup=False)
+        for i in images:
+            out.print(f"{i.platform} {i.digest} smoke-tested as image {i.config}", markup=False)
+        return
+    res = do_push(image, registry, on_event=lambda s: err.print(f"  {s}", markup=False), by_platform=by_platform)
     for ref in res.refs:
         out.print(f"pushed {ref}", markup=False)
     out.print(f"digest {res.digest}", markup=False)
+    if by_platform:
+        out.print(f"platform {res.platform}", markup=False)
 
 
 @main.command()
@@ -562,7 +596,8 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
         click.echo(json.dumps([s.model_dump() | {"torchvision": m.torch_release(s.torch).torchvision,
-                                                 "min_driver": m.driver_floor(s.cuda).min_driver}
+                                                 "min_driver": m.driver_floor(s.cuda).min_driver,
+                                                 "cuda_arches": m.stack_arches(s)}
                                for s in m.stacks], indent=2))
         return
     headers = STACK_HEADERS if wide else STACK_NARROW

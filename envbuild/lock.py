@@ -369,22 +369,24 @@ def platform_tag(arch: str, glibc: str) -> str:
     return f"{arch}-manylinux_{glibc.replace('.', '_')}"
 
 
-def expected_fields(matrix, stack) -> dict[str, str]:
-    """What a stack's lock must agree with: its row (and the torchvision its torch pins)."""
+def expected_fields(matrix, stack, arch: str = "x86_64") -> dict[str, str]:
+    """What a stack's lock for one CPU architecture must agree with: its row (and the
+    torchvision its torch pins)."""
     release = matrix.torch_release(stack.torch)
     family = matrix.bases.families[stack.os]
-    return {"stack": stack.id, "arch": stack.arch, "python": stack.python,
-            "platform": platform_tag(stack.arch, family.glibc), "torch": stack.torch,
+    return {"stack": stack.id, "arch": arch, "python": stack.python,
+            "platform": platform_tag(arch, family.glibc), "torch": stack.torch,
             "torchvision": release.torchvision, "deepspeed": stack.deepspeed}
 
 
-def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str]] = None) -> LockInputs:
+def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str]] = None,
+                arch: str = "x86_64") -> LockInputs:
     """Everything a stack's lock is resolved from, derived from its matrix row.
 
     `deepspeed_requires` is (requirements, source) read from DeepSpeed's sdist (fetched
     from PyPI when not given).
     """
-    fields = expected_fields(matrix, stack)
+    fields = expected_fields(matrix, stack, arch)
     release = matrix.torch_release(stack.torch)
     torch_index = matrix.torch_index(release, stack.cuda)
     ds = matrix.deepspeed_file
@@ -397,7 +399,7 @@ def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str
         toolchain_inputs = (f"{install.package}[{','.join(install.extras)}]=={stack.cuda_toolkit}",)
     requires, source = deepspeed_requires or fetch_deepspeed_requires(stack.deepspeed)
     return LockInputs(
-        stack=stack.id, arch=stack.arch, python=stack.python, platform=fields["platform"],
+        stack=stack.id, arch=arch, python=stack.python, platform=fields["platform"],
         venv=venv, toolchain=toolchain_inputs,
         indexes=((torch_index,) if torch_index else ()) + (PYPI_SIMPLE,),
         deepspeed=stack.deepspeed, deepspeed_requires=tuple(requires), deepspeed_requires_source=source,
@@ -407,15 +409,15 @@ def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str
     )
 
 
-def stack_lock(matrix, stack) -> Optional[Lock]:
-    """The stack's lock, checked against its row; None when the matrix has no lock for it.
-
-    A lock that disagrees with its row is an error naming the command that refreshes it.
+def stack_lock(matrix, stack, arch: str = "x86_64") -> Optional[Lock]:
+    """The stack's lock for one CPU architecture, checked against its row; None when the
+    matrix has no lock for it. A lock that disagrees with its row is an error naming the
+    command that refreshes it.
     """
-    lock = load_lock(matrix.directory, stack.id, stack.arch)
+    lock = load_lock(matrix.directory, stack.id, arch)
     if lock is None:
         return None
-    problems = disagreements(lock, expected_fields(matrix, stack))
+    problems = disagreements(lock, expected_fields(matrix, stack, arch))
     if problems:
         raise EnvbuildError(f"The lock {lock.path} is stale for stack {stack.id}: {'; '.join(problems)}. "
                             f"Refresh it with `envbuild lock --stack {stack.id}` (it resolves the stack again "
@@ -426,6 +428,7 @@ def stack_lock(matrix, stack) -> Optional[Lock]:
 @dataclass(frozen=True)
 class LockOutcome:
     stack: str
+    arch: str
     path: Path
     state: str  # "written", "unchanged", "current", "stale", "failed"
     detail: str = ""
@@ -447,24 +450,25 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
                                 f"Nearest: {', '.join(nearest(stack_id, known)) or known[-1]}; `envbuild matrix` lists them all.")
     requires_cache: dict[str, tuple[list[str], str]] = {}
     outcomes = []
-    for stack in [s for s in matrix.stacks if not stack_ids or s.id in stack_ids]:
-        path = lock_path(matrix.directory, stack.id, stack.arch)
+    for stack, arch in [(s, arch) for s in matrix.stacks if not stack_ids or s.id in stack_ids
+                        for arch in matrix.stack_arches(s)]:
+        path = lock_path(matrix.directory, stack.id, arch)
         try:
-            existing = load_lock(matrix.directory, stack.id, stack.arch)
+            existing = load_lock(matrix.directory, stack.id, arch)
             if existing is not None and not existing.text.startswith("# envbuild lock"):
                 raise EnvbuildError(f"{path} was not written by envbuild lock; move it away first.")
-            agrees = existing is not None and not disagreements(existing, expected_fields(matrix, stack))
+            agrees = existing is not None and not disagreements(existing, expected_fields(matrix, stack, arch))
             date = existing.header.get("exclude-newer", today()) if agrees and not upgrade else today()
             if stack.deepspeed not in requires_cache:
                 requires_cache[stack.deepspeed] = fetch_deepspeed_requires(stack.deepspeed, progress)
-            progress(f"resolving {stack.id} as of {date}")
-            text = write_lock(lock_inputs(matrix, stack, requires_cache[stack.deepspeed]), date)
+            progress(f"resolving {stack.id} ({arch}) as of {date}")
+            text = write_lock(lock_inputs(matrix, stack, requires_cache[stack.deepspeed], arch), date)
         except EnvbuildError as e:
-            outcomes.append(LockOutcome(stack.id, path, "failed", str(e)))
+            outcomes.append(LockOutcome(stack.id, arch, path, "failed", str(e)))
             continue
         same = existing is not None and normalized(existing.text) == normalized(text)
         if check:
-            outcomes.append(LockOutcome(stack.id, path, "current" if same else "stale",
+            outcomes.append(LockOutcome(stack.id, arch, path, "current" if same else "stale",
                                         "" if same else ("no lock yet" if existing is None else
                                                          "resolving again gives another file")))
             continue
@@ -473,5 +477,5 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(text)
             tmp.replace(path)
-        outcomes.append(LockOutcome(stack.id, path, "unchanged" if same else "written"))
+        outcomes.append(LockOutcome(stack.id, arch, path, "unchanged" if same else "written"))
     return outcomes

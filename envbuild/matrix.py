@@ -155,6 +155,16 @@ class Op(_Strict):
     _s = field_validator("torch")(lambda v: v if v is None else _specifier(v))
 
 
+class Aarch64Facts(_Strict):
+    """What DeepSpeed's sources say about building its ops on aarch64 (read from the sdists)."""
+
+    neon_since: str  # first release whose csrc/includes/simd.h has a NEON path; before it, scalar
+    not_buildable: dict[str, str] = {}  # op -> why it cannot be pre-built on aarch64
+    source: str
+
+    _v = field_validator("neon_since")(_version)
+
+
 class DeepspeedFile(_Strict):
     sources: dict[str, str]
     releases: list[DsRelease]
@@ -162,6 +172,7 @@ class DeepspeedFile(_Strict):
     build_only: dict[str, str] = {}  # package -> why the final image drops it (DeepSpeed's JIT-only needs)
     ops: dict[str, Op]
     presets: dict[str, list[str]]
+    aarch64: Aarch64Facts
 
 
 # ---------------------------------------------------------------- gpus.yaml
@@ -226,6 +237,8 @@ class GpuProfile(_Strict):
     cc_inferred: bool = False
     generation: str  # the chip generation: Volta, Ampere, Hopper, Blackwell ...
     host_arch: list[Literal["x86_64", "aarch64"]] = ["x86_64"]  # the CPUs of the nodes it comes in
+    host_cpu: Optional[str] = None  # the host CPU, when the GPU fixes it (Grace: Neoverse V2)
+    cpu_targets: list[str] = []  # CPU targets for its host, best first (empty: the arch's defaults)
     interconnect: str
     env: list[EnvDefault] = []
     requires: Optional[GpuRequires] = None
@@ -238,9 +251,31 @@ class GpuProfile(_Strict):
         return "sm_" + self.cc.replace(".", "")
 
 
+class CpuTarget(_Strict):
+    """A CPU target the host-compiled (CPU) ops can be built for: the compiler flag that
+    replaces DeepSpeed's -march=native, the CPUs it runs on, and the oldest GCC that knows it."""
+
+    arch: Literal["x86_64", "aarch64"]
+    flag: str  # what cc-wrapper.sh passes instead of -march=native
+    runs_on: str
+    min_gcc: str
+    source: str
+
+    _v = field_validator("min_gcc")(_version)
+
+    @field_validator("flag")
+    @classmethod
+    def _flag(cls, v: str) -> str:
+        if not re.match(r"^-m(arch|cpu)=[a-z0-9.+-]+$", v):
+            raise ValueError(f"expected -march=NAME or -mcpu=NAME, got {v!r}")
+        return v
+
+
 class GpusFile(_Strict):
     sources: dict[str, str]
     common_env: list[EnvDefault]
+    cpu_targets: dict[str, CpuTarget]
+    default_cpu_targets: dict[Literal["x86_64", "aarch64"], list[str]]  # preference, first the OS's GCC knows
     profiles: list[GpuProfile]
     not_baked: list[NotBaked] = []
 
@@ -280,7 +315,10 @@ class Family(_Strict):
     capabilities: dict[str, dict[Literal["builder", "runtime"], list[str]]] = {}
     mirror_hosts: list[str]  # the hosts an --apt-mirror replaces in the apt sources
     glibc: str  # its C library: which manylinux wheels the lock may choose (manylinux_2_36 ...)
+    gcc: str  # the distro's default GCC: which -mcpu/-march values the CPU ops can use
     source: str
+
+    _g = field_validator("gcc")(_version)
 
 
 class ToolchainInstall(_Strict):
@@ -320,7 +358,6 @@ class Stack(_Strict):
     deepspeed: str
     os: str
     toolchain: str
-    arch: Literal["x86_64", "aarch64"] = "x86_64"  # the CPU architecture the image is built for
     cuda_toolkit: Optional[str] = None
     base_images: BaseImages
     note: Optional[str] = None
@@ -413,10 +450,36 @@ class Matrix:
             f"unknown stack '{stack_id}' for --stack;{did} `envbuild matrix` lists all "
             f"{len(self.stacks)} stacks.")
 
-    def arch_list(self, release: TorchRelease, cuda: str) -> str:
-        """The arches torch's `cuda` build carries code for."""
+    def arch_list(self, release: TorchRelease, cuda: str, arch: str = "x86_64") -> str:
+        """The GPU arches torch's `cuda` build for CPU architecture `arch` carries code for."""
+        if arch == "aarch64":
+            return release.aarch64_arches or ""
         name = release.variants[cuda]
         return release.default_arches if name == "default" else self.torch_file.arch_lists[name]
+
+    def stack_arches(self, s: Stack) -> list[str]:
+        """The CPU architectures PyPI has CUDA torch wheels for, for this stack's torch and CUDA.
+
+        The aarch64 wheels on PyPI are the release's default CUDA build, and CUDA builds only
+        from torch 2.11.0 (torch.yaml cuda_platforms); PyTorch's own index for other CUDA
+        variants is not read here, so no aarch64 variant is claimed from it.
+        """
+        rel = self.torch_release(s.torch)
+        arches = ["x86_64"] if s.cuda in rel.variants else []
+        if "aarch64" in rel.cuda_platforms and s.cuda == rel.default_cuda:
+            arches.append("aarch64")
+        return arches
+
+    def cpu_target_for(self, arch: str, gpu: GpuProfile, family: Family) -> str:
+        """The default CPU target: the GPU host's best target the OS's GCC knows, else the
+        architecture's portable one."""
+        gcc = Version(family.gcc)
+        targets = self.gpus_file.cpu_targets
+        wanted = [*gpu.cpu_targets, *self.gpus_file.default_cpu_targets[arch]]
+        for name in wanted:
+            if targets[name].arch == arch and gcc >= Version(targets[name].min_gcc):
+                return name
+        raise KeyError(f"no CPU target for {arch} that GCC {family.gcc} knows")
 
     def driver_floor(self, cuda: str) -> DriverFloor:
         """The oldest driver that runs CUDA `cuda` ('13.0' -> the CUDA 13 floor)."""
@@ -494,6 +557,9 @@ def _check_references(m: Matrix) -> None:
         if rel.variants.get(rel.default_cuda) != "default":
             problems.append(f"{d/'torch.yaml'}: torch {name}: variants[{rel.default_cuda}] (its default_cuda) must be "
                             f"'default' (the PyPI wheel's own arch list)")
+    for op in m.deepspeed_file.aarch64.not_buildable:
+        if op not in m.ops:
+            problems.append(f"{d/'deepspeed.yaml'}: aarch64.not_buildable names unknown op '{op}'")
     for preset, ops in m.deepspeed_file.presets.items():
         for op in ops:
             if op not in m.ops:
@@ -504,8 +570,21 @@ def _check_references(m: Matrix) -> None:
             if n.lower() in seen and seen[n.lower()] != p.name:
                 problems.append(f"{d/'gpus.yaml'}: alias '{n}' is used by both {seen[n.lower()]} and {p.name}")
             seen[n.lower()] = p.name
+    known_targets = m.gpus_file.cpu_targets
+    for arch, names in m.gpus_file.default_cpu_targets.items():
+        for name in names:
+            if name not in known_targets or known_targets[name].arch != arch:
+                problems.append(f"{d/'gpus.yaml'}: default_cpu_targets.{arch} names '{name}', which is not an "
+                                f"{arch} entry of cpu_targets (known: {', '.join(known_targets)})")
+    for p in m.gpus:
+        for name in p.cpu_targets:
+            if name not in known_targets or known_targets[name].arch not in p.host_arch:
+                problems.append(f"{d/'gpus.yaml'}: {p.name}.cpu_targets names '{name}', which is not a cpu_targets "
+                                f"entry for its host_arch {', '.join(p.host_arch)}")
     majors = {f.cuda for f in m.cuda_file.driver_floors}
     for rel in m.torch_file.releases:
+        if "aarch64" in rel.cuda_platforms and not rel.aarch64_arches:
+            problems.append(f"{d/'torch.yaml'}: torch {rel.torch} has aarch64 in cuda_platforms but no aarch64_arches")
         for cuda in rel.variants:
             if cuda.split(".")[0] not in majors:
                 problems.append(f"{d/'cuda.yaml'}: no driver floor for CUDA {cuda} (torch {rel.torch}); "

@@ -45,6 +45,12 @@ PIP_SECRETS = ("ca_cert", "pip_index_url")
 APT_SECRETS = ("ca_cert", "apt_mirror")
 # Apptainer sections in the order a definition file lists them.
 APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
+# The nvidia-* wheels' libraries, each group its own layer of the final image (layers.sh): a pull
+# downloads them in parallel, and stacks with the same CUDA wheels share them.
+LAYERS_DIR = "/opt/envbuild-layers"
+CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
+# What `uname -m` prints inside an image of each OCI platform that is rendered explicitly.
+PLATFORM_MACHINES = {"linux/arm64": "aarch64"}
 # Variables that name directories inside the image: the host's value never wins for them.
 IMAGE_OWNED = ("VIRTUAL_ENV", "CUDA_HOME")
 
@@ -206,6 +212,7 @@ class Stage:
     from_builder: tuple[str, ...] = ()  # directories copied from the builder stage
     binds_context: tuple[FileCopy, ...] = ()  # build-directory folders its steps read (bind mounts)
     reuses_builder: bool = False
+    platform: Optional[str] = None  # an OCI platform (linux/arm64) when it is not the build host's
 
     def render(self, fmt: str):
         return _render(self, fmt)
@@ -213,7 +220,8 @@ class Stage:
     def docker(self) -> str:
         if self.reuses_builder:
             return f"FROM builder AS {self.name}"
-        head = [f"FROM {self.base} AS {self.name}", 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]']
+        platform = f"--platform={self.platform} " if self.platform else ""
+        head = [f"FROM {platform}{self.base} AS {self.name}", 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]']
         if self.env:
             head.append(Environment(self.env).docker())
         # Bound from the build context, not the builder: this stage does not wait for the
@@ -226,6 +234,12 @@ class Stage:
 
     def apptainer(self) -> dict[str, list[str]]:
         sections: dict[str, list[str]] = {"from_builder": [], "files": [], "post": ["set -e"]}
+        if self.platform:  # a definition file cannot name a platform: refuse to build for another one
+            machine = PLATFORM_MACHINES[self.platform]
+            sections["post"].append(
+                f'[ "$(uname -m)" = {machine} ] || {{ echo "this image is for {self.platform}: apptainer build '
+                f'--arch {self.platform.split("/")[1]} on an {machine} host (or under qemu-user emulation)" >&2; '
+                f'exit 1; }}')
         for e in self.env:
             sections["post"].append(f'export {e.name}="{e.value}"')
         for step in self.steps:
@@ -357,7 +371,7 @@ def build_plan(resolution: Resolution) -> BuildPlan:
                           comment=f"nvcc {stack.cuda_toolkit} from PyPI, outside the venv ({resolution.nvcc_reason})"))
     ds_env = [("DS_ACCELERATOR", "cuda"), ("DS_BUILD_OPS", "0")]
     ds_env += [(f"DS_BUILD_{matrix.ops[o].env}", "1") for o in resolution.ops]
-    ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", request.cpu_target)]
+    ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", resolution.cpu_target)]
     if toolchain_home:
         ds_env.append(("CUDA_HOME", toolchain_home))
     if request.keep_toolchain:
@@ -375,25 +389,32 @@ def build_plan(resolution: Resolution) -> BuildPlan:
                       secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "
                               "fails unless DeepSpeed recorded every op for cuda"))
+    steps.append(Step("layers", (paths.VENV, LAYERS_DIR, *CUDA_LAYERS), files=_step_files("layers.sh"),
+                      comment="the CUDA wheels' libraries out of the venv into layers of their own "
+                              "(parallel pulls; shared by stacks with the same CUDA wheels)"))
     venv_env = (EnvVar("VIRTUAL_ENV", paths.VENV, "", "", "base"),
                 EnvVar("PATH", f"{paths.VENV}/bin:${{PATH}}", "", "", "base"))
-    builder = Stage("builder", resolution.base_images["builder"], tuple(steps), env=venv_env)
+    # x86_64 images keep the build host's platform (CI builds them on x86 runners); others name theirs.
+    platform = resolution.platform if resolution.arch != "x86_64" else None
+    builder = Stage("builder", resolution.base_images["builder"], tuple(steps), env=venv_env, platform=platform)
 
     # The runtime stage, derived from the builder: --keep-toolchain is this one branch.
     if request.keep_toolchain:
-        kept = (paths.VENV, paths.SETUP_DIR, paths.CONSTRAINTS)
+        kept = (LAYERS_DIR, paths.VENV, paths.SETUP_DIR, paths.CONSTRAINTS)
         if installs_toolchain:
             kept += (toolchain.install.prefix,)
         again = replace(os_step, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
-        runtime = Stage("runtime", resolution.base_images["builder"], (again,), from_builder=kept, reuses_builder=True)
+        runtime = Stage("runtime", resolution.base_images["builder"], (again,), from_builder=kept, reuses_builder=True,
+                        platform=platform)
     else:
         runtime_os = Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
                           comment=f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler
                           else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
                                f"(no nvcc, no ninja: DeepSpeed cannot JIT)")
         runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os,),
-                        from_builder=(paths.VENV, paths.CONSTRAINTS),
-                        binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),))
+                        from_builder=(*(f"{LAYERS_DIR}/{layer}" for layer in CUDA_LAYERS), paths.VENV,
+                                      paths.CONSTRAINTS),
+                        binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),), platform=platform)
 
     image_env = _image_env(resolution, kept_toolchain_home)
     # The image's own files: the entry scripts, and the in-image package (envbuild/image,
@@ -509,7 +530,7 @@ def _labels(resolution: Resolution) -> list[tuple[str, str]]:
         ("io.envbuild.deepspeed", stack.deepspeed),
         ("io.envbuild.ds-ops", ",".join(resolution.ops)),
         ("io.envbuild.torch-cuda-arch-list", resolution.arch_list),
-        ("io.envbuild.cpu-target", resolution.request.cpu_target),
+        ("io.envbuild.cpu-target", resolution.cpu_target),
         ("io.envbuild.min-driver", resolution.driver.min_driver),
         ("io.envbuild.lock", f"sha256:{resolution.lock.sha256}" if resolution.lock else "none"),
     ]
@@ -536,7 +557,9 @@ def _manifest(plan: BuildPlan) -> dict:
         "torch_cuda_arch_list": resolution.arch_list,
         "ds_ops": resolution.ops,
         "ds_ops_dropped": [{"op": o, "reason": why} for o, why in resolution.dropped_ops],
-        "cpu_target": resolution.request.cpu_target,
+        "arch": resolution.arch,
+        "platform": resolution.platform,
+        "cpu_target": resolution.cpu_target,
         "toolchain": stack.toolchain,
         "toolchain_kept": resolution.request.keep_toolchain,
         "runtime_compiler": resolution.request.keep_toolchain or not resolution.request.no_compiler,

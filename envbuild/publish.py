@@ -21,8 +21,13 @@ TRANSIENT = re.compile(r"\b(50[0234])\b|internal server error|bad gateway|servic
                        r"|toomanyrequests|\b429\b")
 AUTH = re.compile(r"unauthorized|authentication required|no basic auth credentials|\bdenied\b"
                   r"|\b40[13]\b")
-MANIFEST_TYPES = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
-                            "application/vnd.oci.image.manifest.v1+json"])
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST_TYPES = ", ".join([DOCKER_MANIFEST, OCI_MANIFEST])
+LIST_TYPES = (DOCKER_LIST, OCI_INDEX)
+ANY_MANIFEST = ", ".join([DOCKER_MANIFEST, OCI_MANIFEST, *LIST_TYPES])
 
 
 @dataclass
@@ -30,6 +35,19 @@ class PushResult:
     refs: list[str]
     digest: str
     attempts: int
+    platform: str = "linux/amd64"
+    image_id: str = ""
+
+
+@dataclass(frozen=True)
+class PlatformImage:
+    """One image a tag serves: a manifest list entry, or the tag's single image."""
+
+    platform: str  # linux/amd64, linux/arm64
+    digest: str  # of its manifest
+    config: str  # its config digest = the local image ID a smoke record is keyed by
+    media_type: str
+    size: int
 
 
 def classify(message: str) -> str:
@@ -70,7 +88,8 @@ def api_host(registry: str) -> str:
     return registry.split("/", 1)[0]
 
 
-def _registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30):
+def _registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30,
+                   method: str = "GET", data: bytes | None = None):
     """Open https://HOST/PATH, falling back to http (local registries on 127.0.0.0/8).
 
     An HTTPError passes through (the registry answered); otherwise the last connection
@@ -78,7 +97,8 @@ def _registry_open(registry: str, path: str, headers: dict | None = None, timeou
     """
     last: Exception = OSError("no scheme tried")
     for scheme in ("https", "http"):
-        req = urllib.request.Request(f"{scheme}://{api_host(registry)}{path}", headers=headers or {})
+        req = urllib.request.Request(f"{scheme}://{api_host(registry)}{path}", headers=headers or {},
+                                     method=method, data=data)
         try:
             return urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError:
@@ -100,14 +120,15 @@ def check_reachable(registry: str, timeout: float = 10) -> None:
                             exit_code=1) from None
 
 
-def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict] | None:
+def remote_manifest(registry: str, name: str, reference: str,
+                    accept: str = MANIFEST_TYPES) -> tuple[str, dict] | None:
     """(digest, manifest) the registry serves for name:reference, via the registry API.
 
     None when it cannot tell without credentials (401) or has no such reference (404):
     then the pull-back by digest is the check.
     """
     try:
-        with _registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": MANIFEST_TYPES}) as resp:
+        with _registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": accept}) as resp:
             return resp.headers.get("Docker-Content-Digest", ""), json.load(resp)
     except (urllib.error.URLError, OSError, ValueError):  # HTTPError is a URLError
         return None
@@ -120,14 +141,32 @@ def repo_of(ref: str) -> str:
     return f"{head}/{name}" if head else name
 
 
+def platform_tag(tag: str, platform: str) -> str:
+    """The per-platform tag an image is pushed under before the manifest list is merged.
+
+    >>> platform_tag("torch2.15.0-cu132-py3.11-ds0.19.8-gh200", "linux/arm64")
+    'torch2.15.0-cu132-py3.11-ds0.19.8-gh200-arm64'
+    """
+    return f"{tag}-{platform.split('/', 1)[1].replace('/', '')}"
+
+
 def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: None,
-         engine: Optional[Engine] = None) -> PushResult:
-    """Push both envbuild tags of `image` to `registry`, pull back by digest, compare."""
+         engine: Optional[Engine] = None, by_platform: bool = False) -> PushResult:
+    """Push both envbuild tags of `image` to `registry`, pull back by digest, compare.
+
+    `by_platform`: push only under the per-platform tag (``<tag>-arm64``), for a manifest list
+    that :func:`merge` (or ``docker buildx imagetools create``) makes from the digests. A plain
+    push never replaces a multi-platform tag by one image: the other platforms' nodes would
+    lose it.
+    """
     engine = engine or get_engine()
     info = engine.inspect(image)
     require_passed(info.id, image)
     check_reachable(registry)
     repo_tags = [t for t in info.tags if repo_of(t) == repo_of(image)] or [image]
+    if by_platform:
+        readable = [t for t in repo_tags if not CONTENT_TAG.search(t.rsplit(":", 1)[1])] or repo_tags[:1]
+        repo_tags = [f"{readable[0].rsplit(':', 1)[0]}:{platform_tag(readable[0].rsplit(':', 1)[1], info.platform)}"]
     refs, digest, attempts = [], "", 0
     for rt in sorted(repo_tags):
         name, tag = rt.rsplit(":", 1)
@@ -135,6 +174,8 @@ def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: 
         ref = f"{target}:{tag}"
         if CONTENT_TAG.search(tag):
             _refuse_to_move(registry, target, tag, info.id)
+        elif not by_platform:
+            _refuse_to_flatten(registry, target, tag, info.platform)
         engine.tag(info.id, ref)
         on_event(f"pushing {ref}")
         try:
@@ -155,7 +196,7 @@ def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: 
     if pulled_id != info.id or served_config != info.id:
         raise EnvbuildError(f"pulled {by_digest} back but the registry serves image {str(served_config)[:19]}, "
                             f"not the tested {info.id[:19]}.", exit_code=1)
-    return PushResult(refs, digest, attempts + n)
+    return PushResult(refs, digest, attempts + n, info.platform, info.id)
 
 
 CONTENT_TAG = re.compile(r"-[0-9a-f]{12}$")
@@ -169,3 +210,110 @@ def _refuse_to_move(registry: str, target: str, tag: str, image_id: str) -> None
                             f"{served[1]['config']['digest'][:19]}); content tags are immutable. Rebuilt "
                             f"images are not bit-identical: push the existing one, or change the inputs.",
                             exit_code=1)
+
+
+def _refuse_to_flatten(registry: str, target: str, tag: str, platform: str) -> None:
+    """A tag that serves a manifest list with other platforms is not replaced by one image."""
+    name = target.split("/", 1)[1]
+    served = remote_manifest(registry, name, tag, accept=ANY_MANIFEST)
+    if not served or served[1].get("mediaType") not in LIST_TYPES:
+        return
+    others = sorted({_platform(m.get("platform") or {}) for m in served[1].get("manifests", [])} - {platform})
+    others = [o for o in others if o != "unknown/unknown"]
+    if others:
+        raise EnvbuildError(f"refusing to push {target}:{tag}: the registry serves it as a manifest list that also "
+                            f"holds {', '.join(others)}; a single {platform} image there would cut those nodes off. "
+                            f"Push with --by-platform and merge the digests (envbuild push --merge).", exit_code=1)
+
+
+def _platform(entry: dict) -> str:
+    """'linux/arm64' from an OCI platform object or an image config (variant ignored)."""
+    return f"{entry.get('os') or 'linux'}/{entry.get('architecture') or 'unknown'}"
+
+
+def _get_json(registry: str, name: str, kind: str, reference: str, accept: str = "") -> tuple[str, bytes, str]:
+    """(digest, body, media type) of /v2/NAME/{manifests,blobs}/REFERENCE."""
+    try:
+        with _registry_open(registry, f"/v2/{name}/{kind}/{reference}", {"Accept": accept} if accept else {}) as resp:
+            body = resp.read()
+            return (resp.headers.get("Docker-Content-Digest", ""), body,
+                    resp.headers.get("Content-Type", "").split(";")[0])
+    except urllib.error.HTTPError as e:
+        raise EnvbuildError(f"registry {registry} has no {kind[:-1]} {name}@{reference} (HTTP {e.code}).",
+                            exit_code=1) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise EnvbuildError(f"registry {registry} cannot be read ({getattr(e, 'reason', e)}).", exit_code=1) from None
+
+
+def platform_image(registry: str, name: str, digest: str) -> PlatformImage:
+    """A single-platform image by its manifest digest: its config and the platform the config says."""
+    served_digest, body, media_type = _get_json(registry, name, "manifests", digest, MANIFEST_TYPES)
+    manifest = json.loads(body)
+    media_type = manifest.get("mediaType") or media_type
+    if media_type in LIST_TYPES:
+        raise EnvbuildError(f"{name}@{digest} is itself a manifest list; merge single-platform images.", exit_code=1)
+    config = manifest.get("config", {}).get("digest", "")
+    _, config_body, _ = _get_json(registry, name, "blobs", config)
+    return PlatformImage(_platform(json.loads(config_body)), served_digest or digest, config, media_type, len(body))
+
+
+def served_images(registry: str, name: str, reference: str) -> list[PlatformImage]:
+    """Every image NAME:REFERENCE serves: the entries of a manifest list, or its one image."""
+    digest, body, media_type = _get_json(registry, name, "manifests", reference, ANY_MANIFEST)
+    manifest = json.loads(body)
+    if (manifest.get("mediaType") or media_type) not in LIST_TYPES:
+        return [platform_image(registry, name, digest or reference)]
+    out = []
+    for entry in manifest.get("manifests", []):
+        if _platform(entry.get("platform") or {}) == "unknown/unknown":
+            continue  # BuildKit's attestation manifests
+        image = platform_image(registry, name, entry["digest"])
+        if image.platform != _platform(entry.get("platform") or {}):
+            raise EnvbuildError(f"{name}:{reference} lists {entry['digest'][:19]} as "
+                                f"{_platform(entry.get('platform') or {})}, but its config says {image.platform}.",
+                                exit_code=1)
+        out.append(image)
+    return out
+
+
+def verify_published(registry: str, name: str, reference: str) -> list[PlatformImage]:
+    """Every platform NAME:REFERENCE serves has a passed smoke record for exactly its bits."""
+    images = served_images(registry, name, reference)
+    for image in images:
+        require_passed(image.config, f"{registry}/{name}:{reference} ({image.platform})", image.platform)
+    return images
+
+
+def merge(registry: str, name: str, tag: str, digests: list[str],
+          on_event: Callable[[str], None] = lambda s: None) -> tuple[str, list[PlatformImage]]:
+    """Publish NAME:TAG as one manifest list of the single-platform images `digests` (pushed
+    with ``--by-platform``), only if each passed its smoke test as that platform; then read the
+    list back and check it serves exactly those images."""
+    check_reachable(registry)
+    images = [platform_image(registry, name, d) for d in digests]
+    seen: dict[str, str] = {}
+    for image in images:
+        if image.platform in seen:
+            raise EnvbuildError(f"two images for {image.platform} ({seen[image.platform][:19]}, {image.digest[:19]}); "
+                                f"a manifest list holds one image per platform.", exit_code=1)
+        seen[image.platform] = image.digest
+        require_passed(image.config, f"{registry}/{name}@{image.digest}", image.platform)
+    images.sort(key=lambda i: i.platform)
+    media = DOCKER_LIST if all(i.media_type == DOCKER_MANIFEST for i in images) else OCI_INDEX
+    body = json.dumps({"schemaVersion": 2, "mediaType": media, "manifests": [
+        {"mediaType": i.media_type, "size": i.size, "digest": i.digest,
+         "platform": {"architecture": i.platform.split("/")[1], "os": i.platform.split("/")[0]}}
+        for i in images]}, indent=2).encode()
+    on_event(f"merging {', '.join(i.platform for i in images)} into {registry}/{name}:{tag}")
+    try:
+        with _registry_open(registry, f"/v2/{name}/manifests/{tag}", {"Content-Type": media},
+                            method="PUT", data=body) as resp:
+            digest = resp.headers.get("Docker-Content-Digest", "")
+    except urllib.error.HTTPError as e:
+        raise EnvbuildError(f"registry {registry} refused the manifest list for {name}:{tag} (HTTP {e.code}); "
+                            f"with credentials, `docker buildx imagetools create` does the same merge.",
+                            exit_code=1) from None
+    served = served_images(registry, name, tag)
+    if sorted((i.platform, i.digest) for i in served) != sorted((i.platform, i.digest) for i in images):
+        raise EnvbuildError(f"{registry}/{name}:{tag} does not serve the merged images after the merge.", exit_code=1)
+    return digest, images

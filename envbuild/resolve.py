@@ -23,14 +23,14 @@ from typing import Optional
 from packaging.version import Version
 
 from . import rules, validate
-from .errors import EnvbuildError
 from .digests import load_base_digests
+from .errors import EnvbuildError, nearest
 from .lock import Lock, stack_lock
 from .image import paths
 from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
 
-CPU_TARGETS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
-DEFAULT_CPU_TARGET = "x86-64-v3"
+DEFAULT_CPU_TARGET = "x86-64-v3"  # x86_64 images; aarch64 ones default to their host CPU's (gpus.yaml)
+PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}  # OCI platform of each CPU architecture
 PYTHONS = tuple(f"3.{n}" for n in range(8, 16))  # every CPython 3 a torch wheel could target
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -49,7 +49,7 @@ class Request:
     base_image: Optional[str] = None
     builder_image: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
-    cpu_target: str = DEFAULT_CPU_TARGET
+    cpu_target: Optional[str] = None  # None: the image architecture's default for the GPU's host CPU
     keep_toolchain: bool = False
     no_compiler: bool = False  # a final image without a C compiler: torch.compile cannot run
     image_repo: str = "envbuild"
@@ -97,12 +97,19 @@ class Resolution:
     node_env: list[EnvDefault]
     driver: DriverFloor
     tag: str
+    arch: str = "x86_64"  # the image's CPU architecture (the GPU's nodes': Grace is aarch64)
+    cpu_target: str = DEFAULT_CPU_TARGET  # what the host-compiled ops are built for (gpus.yaml cpu_targets)
     matrix: Optional[Matrix] = field(default=None, repr=False)
     lock: Optional[Lock] = field(default=None, repr=False)  # matrices/locks: None = not hash-locked
 
     @property
     def image_ref(self) -> str:
         return f"{self.request.image_repo}:{self.tag}"
+
+    @property
+    def platform(self) -> str:
+        """The OCI platform: linux/amd64 or linux/arm64."""
+        return PLATFORMS[self.arch]
 
 
 def _sort_key(s: Stack):
@@ -114,13 +121,14 @@ def _nodot(v: str) -> str:
 
 
 def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
-                 cpu_target: str, keep_toolchain: bool, custom: tuple = (), no_compiler: bool = False) -> str:
+                 cpu_target: str, keep_toolchain: bool, custom: tuple = (), no_compiler: bool = False,
+                 default_cpu_target: str = DEFAULT_CPU_TARGET) -> str:
     """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices."""
     tag = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
     if ops != default_ops:
         names = ".".join(ops) or "none"
         tag += "-ops-" + (names if len(names) <= 40 else hashlib.sha256(names.encode()).hexdigest()[:8])
-    if cpu_target != DEFAULT_CPU_TARGET:
+    if cpu_target != default_cpu_target:
         tag += "-" + cpu_target.replace("x86-64", "x86_64")
     if keep_toolchain:
         tag += "-devel"
@@ -171,9 +179,15 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
 def _check_request(m: Matrix, req: Request) -> None:
     """Fail early, with the nearest valid choices, on input no stack could ever match."""
     validate.check_request(m, req, paths.RUNTIME_PATH)  # every version flag parses, or it said why
-    if req.cpu_target not in CPU_TARGETS:
-        raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not an x86-64 level; choose one of "
-                            f"{', '.join(CPU_TARGETS)} (default {DEFAULT_CPU_TARGET}).")
+    targets = m.gpus_file.cpu_targets
+    if req.cpu_target is not None and req.cpu_target not in targets:
+        hint = nearest(req.cpu_target, targets)
+        did = f" did you mean {', '.join(hint)}?" if hint else ""
+        by_arch = "; ".join(f"{arch}: {', '.join(n for n, t in targets.items() if t.arch == arch)}"
+                            for arch in PLATFORMS)
+        raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not a known CPU target;{did} Known targets by "
+                            f"architecture: {by_arch} (default: {DEFAULT_CPU_TARGET} on x86_64, the GPU's host "
+                            f"CPU on aarch64: neoverse-v2 for Grace).")
     pspec = rules.user_specifier("--python", req.python) if req.python else None
     if pspec is not None and req.torch:
         tspec = rules.user_specifier("--torch", req.torch)
@@ -203,6 +217,15 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
     out = []
     for s in sorted(pool, key=_sort_key, reverse=True):
         rej = rules.request_rejections(m, s, req) + rules.gpu_rejections(m, s, gpu)
+        arch = rules.image_arch(m, s, gpu)
+        if req.cpu_target is not None and arch is not None:
+            why = rules.cpu_target_rejection(m, s, req.cpu_target, arch)
+            rej += [why] if why else []
+        elif arch is not None:
+            try:
+                m.cpu_target_for(arch, gpu, m.bases.families[s.os])
+            except KeyError as e:
+                rej.append(rules.Rejection("cpu-target", f"{e.args[0]} ({s.os} ships GCC {m.bases.families[s.os].gcc})"))
         out.append(Candidate(s, rej))
     return out
 
@@ -254,8 +277,11 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     validate.check_base_images(m, s, req)
     rel = m.torch_release(s.torch)
     arch_list = gpu.cc
-    ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops)
-    default_ops, _ = rules.select_ops(m, s, arch_list, "training")
+    arch = rules.image_arch(m, s, gpu)
+    default_target = m.cpu_target_for(arch, gpu, m.bases.families[s.os])
+    cpu_target = req.cpu_target or default_target
+    ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops, arch)
+    default_ops, _ = rules.select_ops(m, s, arch_list, "training", arch)
     # The matrix's own bases, pinned to the digests the publishing CI recorded (if any).
     published = load_base_digests(m.directory)
     base_images = {stage: f"{ref}@{published[ref]}" if ref in published else ref
@@ -277,10 +303,11 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         driver=m.driver_floor(s.cuda),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
-        tag=readable_tag(s, gpu, ops, default_ops, req.cpu_target, req.keep_toolchain, tuple(req.env),
-                         req.no_compiler),
+        tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
+                         req.no_compiler, default_target),
+        arch=arch, cpu_target=cpu_target,
         matrix=m,
-        lock=stack_lock(m, s),
+        lock=stack_lock(m, s, arch),
     )
 
 

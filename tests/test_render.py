@@ -18,6 +18,11 @@ CASES = {
                            base_image="local/debian:bookworm"),
     "v100-cu126": Request(gpu="v100"),
     "rtx4090-torch2.5-devel": Request(gpu="rtx4090", torch="2.5", keep_toolchain=True, ds_ops="cpu_adam,async_io"),
+    # ARM64 (Grace): the Debian 12 PyPI-toolchain stack (GCC 12.2: armv9-a) and the newest Ubuntu
+    # 24.04 stack (GCC 13: neoverse-v2).
+    "gh200-arm64-pypi": Request(gpu="gh200", stack="torch2.11-cu130-py3.11-pypi",
+                                ds_ops="cpu_adam,cpu_adagrad,cpu_lion,utils"),
+    "gb200-arm64-default": Request(gpu="gb200"),
 }
 VERBATIM = "envbuild/"  # files copied unchanged from templates/files; compared there, not in golden/
 
@@ -36,8 +41,8 @@ def test_golden(matrix, case):
         if k.startswith(VERBATIM + "lib/"):  # the in-image package, copied from envbuild/image/
             assert v == (ROOT / "envbuild" / "image" / k.rsplit("/", 1)[1]).read_bytes()
         elif k == VERBATIM + "lock.txt":  # the stack's lock, from the matrix
-            stack = resolve(matrix, CASES[case]).stack
-            assert v == (matrix.directory / "locks" / f"{stack.id}.{stack.arch}.txt").read_bytes()
+            resolution = resolve(matrix, CASES[case])
+            assert v == (matrix.directory / "locks" / f"{resolution.stack.id}.{resolution.arch}.txt").read_bytes()
         elif k.startswith(VERBATIM + "lock/"):  # its parts: every block of the lock, each in one part
             continue
         elif k.startswith(VERBATIM):

@@ -1,6 +1,7 @@
 """The compatibility rules, one behaviour each."""
 
 import pytest
+from packaging.version import Version
 
 from envbuild import rules
 from envbuild.errors import EnvbuildError
@@ -111,16 +112,21 @@ def test_nvcc_rule(matrix):
 def test_pypi_stack_without_cuda_ops_skips_the_toolkit(matrix):
     from envbuild.plan import build_plan
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam"))
-    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "deepspeed"]
+    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "deepspeed", "layers"]
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam"))
-    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed"]
+    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed",
+                                                             "layers"]
 
 
 @pytest.mark.parametrize("gpu", ["gh200", "gb200", "gb300", "gb10"])
-def test_grace_gpus_get_no_x86_image(matrix, gpu):
-    """Grace (and DGX Spark's GB10) hosts are aarch64: an x86-64 image cannot start there, so
-    no stack in the matrix may be chosen for them, and the reason says why."""
+def test_grace_gpus_get_an_aarch64_image_or_the_reason(matrix, gpu):
+    """Grace (and DGX Spark's GB10) hosts are aarch64: only stacks with aarch64 CUDA wheels on
+    PyPI (torch >= 2.11, its default CUDA) serve them; every other stack says why."""
     rows = explain_rows(matrix, Request(gpu=gpu))
-    assert rows and all(verdict == "rejected" and "[gpu-host-arch]" in why for _, verdict, why in rows)
-    with pytest.raises(EnvbuildError, match="aarch64 CPUs"):
-        resolve(matrix, Request(gpu=gpu))
+    for stack_id, verdict, why in rows:
+        s = _stack(matrix, stack_id)
+        if Version(s.torch) < Version("2.11"):
+            assert verdict == "rejected" and "[gpu-host-arch]" in why and "CPU-only" in why, (stack_id, why)
+        elif s.cuda != matrix.torch_release(s.torch).default_cuda:
+            assert "[gpu-host-arch]" in why and "default CUDA" in why, (stack_id, why)
+    assert resolve(matrix, Request(gpu=gpu)).arch == "aarch64"

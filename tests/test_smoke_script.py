@@ -521,10 +521,10 @@ def test_full_run_without_torch_fails_cleanly(build_dir, tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     names = [c["name"] for c in doc["checks"]]
-    assert names == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock", "torch_compile", "env",
-                     "driver", "node_env", "collectives", "p2p"]
+    assert names == ["cpu_arch", "versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock",
+                     "torch_compile", "env", "driver", "node_env", "collectives", "p2p"]
     assert doc["ok"] is False and doc["mode"] == "cpu"
-    assert "No module named 'torch'" in doc["checks"][0]["detail"]
+    assert "No module named 'torch'" in doc["checks"][1]["detail"]
     by_name = {c["name"]: c for c in doc["checks"]}
     for name in ("driver", "node_env", "p2p"):
         assert by_name[name]["ok"] and by_name[name]["skipped"], by_name[name]
@@ -551,7 +551,7 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVBUILD_NODE_ROOT", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))
     rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ["cpu_adam"]}, args_ns(), "m.json", gpus=0)
-    assert [c["name"] for c in rep["checks"]] == ["versions", "ds_record", "no_jit", "cpu_adam", "compilers",
+    assert [c["name"] for c in rep["checks"]] == ["cpu_arch", "versions", "ds_record", "no_jit", "cpu_adam", "compilers",
                                                   "guard", "lock", "torch_compile", "env", "driver", "node_env", "collectives",
                                                   "p2p"]
     assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls

@@ -61,6 +61,7 @@ class ImageInfo:
 
     id: str
     tags: list[str]
+    platform: str = "linux/amd64"  # OS/architecture of the image config (linux/arm64 for Grace images)
 
 
 @dataclass

@@ -143,7 +143,8 @@ class DockerEngine:
 
     def inspect(self, ref: str) -> ImageInfo:
         image = self._get(ref)
-        return ImageInfo(image.id, list(image.tags))
+        platform = f"{image.attrs.get('Os') or 'linux'}/{image.attrs.get('Architecture') or 'amd64'}"
+        return ImageInfo(image.id, list(image.tags), platform)
 
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,

@@ -19,10 +19,52 @@ from .arch import arch_runs_on
 from .report import Skipped
 from .versions import major_minor, normalize_version, version_matches
 
-COMPILERS = ("ninja", "gcc", "g++", "cc", "c++", "nvcc", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++")
+COMPILERS = ("ninja", "gcc", "g++", "cc", "c++", "nvcc", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++",
+             "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
+# ELF e_machine of each CPU architecture an image can be built for (the ELF specification).
+ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 JIT_TOOLS = ("ninja", "nvcc")  # what a DeepSpeed/cpp_extension JIT build needs beyond a C compiler
 JIT_HANG_MSG = "hung: a JIT compile waiting on a lock — field report 1"
 ADAM_TOLERANCE = 1e-5
+
+
+# ----------------------------------------------------------------------------- CPU architecture
+
+
+def elf_arch(path: str) -> str | None:
+    """The CPU architecture an ELF file is code for ('aarch64'), from its header; None if not ELF."""
+    with open(path, "rb") as handle:
+        header = handle.read(20)
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    machine = int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
+    return ELF_MACHINES.get(machine, f"e_machine {machine}")
+
+
+def check_cpu_arch(manifest: dict, machine: str | None = None, ops_dir: str | None = None):
+    """The image runs on the CPU it was built for, and every pre-built op library is code for it
+    (an x86 image on a Grace node cannot start at all; an op built for the wrong CPU would)."""
+    import glob
+    import platform
+
+    want = manifest.get("arch")
+    if not want:
+        return Skipped("the manifest names no CPU architecture (built by an older envbuild)")
+    machine = machine or platform.machine()
+    if ops_dir is None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("deepspeed")
+        ops_dir = os.path.join(os.path.dirname(spec.origin), "ops") if spec and spec.origin else ""
+    libraries = sorted(glob.glob(os.path.join(ops_dir, "**", "*.so"), recursive=True)) if ops_dir else []
+    wrong = [f"{os.path.basename(lib)}={arch}" for lib in libraries if (arch := elf_arch(lib)) != want]
+    detail = (f"machine {machine}, image {want} (cpu target {manifest.get('cpu_target')}); "
+              f"{len(libraries)} op libraries are {want} code")
+    if machine != want:
+        return False, f"this machine is {machine} but the image is built for {want}"
+    if wrong:
+        return False, f"op libraries not built for {want}: {', '.join(wrong)}"
+    return True, detail
 
 
 # ----------------------------------------------------------------------------- versions and record

@@ -7,7 +7,7 @@ Run by `envbuild smoke` (docker run IMAGE python /opt/envbuild/smoke.py --json) 
 Apptainer `%test`. Checks the image against /opt/envbuild/manifest.json (or
 $ENVBUILD_MANIFEST): versions, the DeepSpeed op record, op loading with JIT made impossible
 and stale locks planted (the hang of field reports 1/2), cpu_adam numerics, absence of
-compilers, the baked env, the node's driver against the image's floor, the node's conditional
+compilers, the CPU architecture of the image and of its op libraries, the baked env, the node's driver against the image's floor, the node's conditional
 env, and real collectives under a hard timeout (NCCL across local GPUs, else gloo on
 127.0.0.1), with P2P on and off where there are two or more GPUs.
 Exit 0 iff every check passed, 1 otherwise, 2 on usage errors.
@@ -62,7 +62,8 @@ def count_gpus() -> int:
 
 def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
     """Every check, in order; GPU checks only where torch sees a GPU."""
-    results = [run_check("versions", checks.check_versions, manifest),
+    results = [run_check("cpu_arch", checks.check_cpu_arch, manifest),
+               run_check("versions", checks.check_versions, manifest),
                run_check("ds_record", checks.check_ds_record, manifest, args.accelerator)]
     ops = list(manifest.get("ds_ops") or [])
     gpus = count_gpus() if gpus is None else gpus

@@ -16,7 +16,7 @@ venv=$(venv_dir)
 # an image built on an AVX-512 runner must not die with SIGILL on older nodes.
 if [[ -n ${ENVBUILD_CPU_TARGET:-} ]]; then
     mkdir -p "$TMP/cc-bin"
-    for name in cc c++ gcc g++ x86_64-linux-gnu-gcc x86_64-linux-gnu-g++; do
+    for name in cc c++ gcc g++ x86_64-linux-gnu-gcc x86_64-linux-gnu-g++ aarch64-linux-gnu-gcc aarch64-linux-gnu-g++; do
         if [[ -x /usr/bin/$name ]]; then ln -s "$STEPS_DIR/cc-wrapper.sh" "$TMP/cc-bin/$name"; fi
     done
     export PATH="$TMP/cc-bin:$PATH"

@@ -23,6 +23,9 @@ from .image.report import status_word
 
 SMOKE = image_paths.SMOKE
 PYTHON = image_paths.VENV_PYTHON
+# Under qemu-user every check runs 10-20x slower than natively (importing torch alone takes
+# about 15 s): the in-image per-check limit (smoke.py --timeout, 120 s) grows to this.
+QEMU_CHECK_TIMEOUT = 1800
 
 
 @dataclass
@@ -78,7 +81,8 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
             shutil.copytree(templates_dir() / "files" / "qemu" / "cpu", Path(stub) / "cpu")
             mounts = {str(Path(stub) / "cpu"): "/sys/devices/system/cpu"}
         # By image ID, not by name: the verdict is recorded for exactly the bits that ran.
-        run = engine.run(info.id, [PYTHON, SMOKE, "--json"], timeout=timeout, gpus=gpus, network="none",
+        argv = [PYTHON, SMOKE, "--json", *(["--timeout", str(QEMU_CHECK_TIMEOUT)] if qemu else [])]
+        run = engine.run(info.id, argv, timeout=timeout, gpus=gpus, network="none",
                          env=env or {}, entrypoint=[image_paths.ENTRYPOINT], **({"mounts": mounts} if mounts else {}))
     if run.timed_out:
         raise EnvbuildError(f"smoke test of {image} did not finish in {timeout} s; the container was "

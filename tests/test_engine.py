@@ -499,7 +499,8 @@ def test_docker_run_mounts_are_read_only_binds():
 def test_smoke_under_qemu_binds_the_stub_cpu_sysfs_and_says_so(state):
     engine = smoke_engine(json.dumps(REPORT))
     smoke.run_smoke("img:t", timeout=9, engine=engine, qemu=True)
-    (_, _, _, opts), = [c for c in engine.calls if c[0] == "run"]
+    (_, _, argv, opts), = [c for c in engine.calls if c[0] == "run"]
+    assert argv[-2:] == ["--timeout", str(smoke.QEMU_CHECK_TIMEOUT)]  # emulation is 10-20x slower
     (host, target), = opts["mounts"].items()
     assert target == "/sys/devices/system/cpu" and "midr_el1" in engine.mounted[host]
     assert json.loads(smoke.record_path(IMAGE_ID).read_text())["emulated"] == "qemu-user"

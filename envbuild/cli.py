@@ -61,6 +61,10 @@ def request_options(f=None, gpu_required=True):
                           f"armv8-a, armv9-a, neoverse-v2 (aarch64 default: the GPU's host CPU, e.g. Grace's "
                           f"neoverse-v2 where the OS's GCC knows it)."),
         click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
+        click.option("--qemu", is_flag=True,
+                     help="An arm64 image built under qemu-user emulation on an x86-64 machine: bind a stub CPU "
+                          "sysfs into the build steps (torch crashes at import without it there). Not for real "
+                          "arm64 builders."),
         click.option("--no-compiler", is_flag=True,
                      help="Leave the C compiler and Python headers out of the final image (smaller; "
                           "torch.compile then cannot run)."),
@@ -97,7 +101,8 @@ def _resolve(kw):
                   deepspeed=kw["deepspeed"], stack=kw["stack_id"], ds_ops=kw["ds_ops"],
                   base_image=kw["base_image"], builder_image=kw["builder_image"],
                   env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
-                  keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo)
+                  keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo,
+                  qemu=kw.get("qemu", False))
     return m, req
 
 
@@ -393,14 +398,16 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
 @click.option("--gpus", help="Pass GPUs to the container (all, or a count), as docker run --gpus.")
 @click.option("--json", "as_json", is_flag=True, help="Print the smoke test's JSON result.")
 @click.option("--timeout", default=900, show_default=True, help="Seconds before a hung smoke test is killed.")
-def smoke(image, gpus, as_json, timeout):
+@click.option("--qemu", is_flag=True, help="An arm64 image on an x86-64 machine under qemu-user: bind the stub "
+                                            "CPU sysfs torch needs there (see envbuild build --qemu).")
+def smoke(image, gpus, as_json, timeout, qemu):
     if gpus is not None and not (gpus == "all" or gpus.isdigit()):
         raise EnvbuildError(f"--gpus '{gpus}' is not 'all' or a count; give --gpus all (every GPU), or --gpus 2. "
                             f"To pick devices, set CUDA_VISIBLE_DEVICES inside, or use docker run --gpus directly.")
     """Run the image's built-in smoke test; non-zero exit on any failed check."""
     from .verdict import record_path, run_smoke, table_rows
 
-    rep = run_smoke(image, gpus=gpus, timeout=timeout)
+    rep = run_smoke(image, gpus=gpus, timeout=timeout, qemu=qemu)
     if as_json:
         click.echo(json.dumps(rep.raw, indent=2))
     else:

@@ -49,6 +49,10 @@ APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
 # downloads them in parallel, and stacks with the same CUDA wheels share them.
 LAYERS_DIR = "/opt/envbuild-layers"
 CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
+# --qemu: a stub /sys/devices/system/cpu (templates/files/qemu/cpu: a Neoverse V2's MIDR_EL1), bound
+# in every builder RUN of an arm64 image built under qemu-user, where torch's oneDNN crashes at
+# import without it. The rendered files stay the same otherwise.
+QEMU_CPU_SYSFS = ("envbuild/qemu/cpu", "/sys/devices/system/cpu")  # (build-directory folder, target)
 # What `uname -m` prints inside an image of each OCI platform that is rendered explicitly.
 PLATFORM_MACHINES = {"linux/arm64": "aarch64"}
 # Variables that name directories inside the image: the host's value never wins for them.
@@ -109,6 +113,9 @@ class Step:
     env: tuple[tuple[str, str], ...] = ()
     secrets: tuple[str, ...] = ()
     comment: str = ""
+    # Docker only, --qemu: build-directory folders bound over system paths for this RUN (the stub
+    # CPU sysfs torch needs under qemu-user); nothing of them reaches a layer.
+    emulation_binds: tuple[FileCopy, ...] = ()
 
     @property
     def command(self) -> str:
@@ -125,7 +132,8 @@ class Step:
         lines = [f"# {self.comment}"] if self.comment else []
         if self.files:
             lines.append(Copy(self.files).docker())
-        mounts = [*binds, *(f"--mount=type=secret,id={sid}" for sid in self.secrets)]
+        mounts = [*(f"--mount=type=bind,source={b.source},target={b.target}" for b in self.emulation_binds),
+                  *binds, *(f"--mount=type=secret,id={sid}" for sid in self.secrets)]
         words = ([" ".join(mounts)] if mounts else []) + self.env_words + [self.command]
         lines.append("RUN " + " \\\n    ".join(words))
         return "\n".join(lines)
@@ -396,6 +404,9 @@ def build_plan(resolution: Resolution) -> BuildPlan:
                 EnvVar("PATH", f"{paths.VENV}/bin:${{PATH}}", "", "", "base"))
     # x86_64 images keep the build host's platform (CI builds them on x86 runners); others name theirs.
     platform = resolution.platform if resolution.arch != "x86_64" else None
+    emulation = (FileCopy(*QEMU_CPU_SYSFS),) if request.qemu and platform else ()
+    if emulation:  # only the step that imports torch (DeepSpeed's setup.py): the others keep their cache
+        steps = [replace(step, emulation_binds=emulation) if step.name == "deepspeed" else step for step in steps]
     builder = Stage("builder", resolution.base_images["builder"], tuple(steps), env=venv_env, platform=platform)
 
     # The runtime stage, derived from the builder: --keep-toolchain is this one branch.
@@ -428,7 +439,7 @@ def build_plan(resolution: Resolution) -> BuildPlan:
         image_package=package,
         manifest_file=Copy((FileCopy("manifest.json", paths.MANIFEST),)),
         labels=Label(tuple(_labels(resolution))), manifest={},
-        build_files=_build_files(steps, image_files),
+        build_files=_build_files(steps, image_files, qemu=bool(emulation)),
         generated_files=_lock_files(lock, ds_build_only),
         dropped=ds_build_only if not request.keep_toolchain else (),
     )
@@ -454,14 +465,18 @@ def _lock_files(lock, build_only: tuple[str, ...]) -> dict[str, str]:
     return files
 
 
-def _build_files(steps, image_files: Copy) -> dict[str, Path]:
+def _build_files(steps, image_files: Copy, qemu: bool = False) -> dict[str, Path]:
     """Build-directory path -> the file it is a copy of (templates/files, or the package)."""
     from .resources import templates_dir
 
     files = templates_dir() / "files"
+    stub = files / "qemu" / "cpu"
+    emulation = {f"{QEMU_CPU_SYSFS[0]}/{p.relative_to(stub).as_posix()}": p
+                 for p in sorted(stub.rglob("*")) if p.is_file()} if qemu else {}
     package_dir = Path(image_package.__file__).parent
     out: dict[str, Path] = {f"envbuild/lib/{paths.PACKAGE}/{name}": package_dir / name
                             for name in image_package.modules()}
+    out.update(emulation)
     for copy in [f for step in steps for f in step.files] + list(image_files.files):
         name = posixpath.basename(copy.source)
         if copy.source.startswith("envbuild/lock"):  # generated from the lock: BuildPlan.generated_files

@@ -120,15 +120,14 @@ def check_reachable(registry: str, timeout: float = 10) -> None:
                             exit_code=1) from None
 
 
-def remote_manifest(registry: str, name: str, reference: str,
-                    accept: str = MANIFEST_TYPES) -> tuple[str, dict] | None:
+def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict] | None:
     """(digest, manifest) the registry serves for name:reference, via the registry API.
 
     None when it cannot tell without credentials (401) or has no such reference (404):
     then the pull-back by digest is the check.
     """
     try:
-        with _registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": accept}) as resp:
+        with _registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": MANIFEST_TYPES}) as resp:
             return resp.headers.get("Docker-Content-Digest", ""), json.load(resp)
     except (urllib.error.URLError, OSError, ValueError):  # HTTPError is a URLError
         return None
@@ -215,10 +214,14 @@ def _refuse_to_move(registry: str, target: str, tag: str, image_id: str) -> None
 def _refuse_to_flatten(registry: str, target: str, tag: str, platform: str) -> None:
     """A tag that serves a manifest list with other platforms is not replaced by one image."""
     name = target.split("/", 1)[1]
-    served = remote_manifest(registry, name, tag, accept=ANY_MANIFEST)
-    if not served or served[1].get("mediaType") not in LIST_TYPES:
+    try:
+        with _registry_open(registry, f"/v2/{name}/manifests/{tag}", {"Accept": ANY_MANIFEST}) as resp:
+            served = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError):  # none there (404), or it cannot tell: a plain push
         return
-    others = sorted({_platform(m.get("platform") or {}) for m in served[1].get("manifests", [])} - {platform})
+    if served.get("mediaType") not in LIST_TYPES:
+        return
+    others = sorted({_platform(m.get("platform") or {}) for m in served.get("manifests", [])} - {platform})
     others = [o for o in others if o != "unknown/unknown"]
     if others:
         raise EnvbuildError(f"refusing to push {target}:{tag}: the registry serves it as a manifest list that also "

@@ -246,3 +246,22 @@ def test_an_os_whose_gcc_knows_no_target_is_a_rejection_not_a_crash(matrix_copy)
     assert "[cpu-target] no CPU target for aarch64 that GCC 10.2 knows" in rows[PYPI_STACK]
     with pytest.raises(EnvbuildError, match="GCC 10.2"):
         resolve(m, Request(gpu="gh200", stack=PYPI_STACK))
+
+
+def test_qemu_binds_the_stub_cpu_sysfs_into_the_deepspeed_step_only(matrix):
+    """--qemu (an arm64 image built under qemu-user on x86-64): the step whose setup.py imports
+    torch gets the stub /sys/devices/system/cpu, nothing else changes (the other steps keep their
+    cache), Apptainer files are untouched, and an x86 image ignores it."""
+    plain = render_files(resolve(matrix, Request(gpu="gh200", stack=PYPI_STACK)))
+    emulated = render_files(resolve(matrix, Request(gpu="gh200", stack=PYPI_STACK, qemu=True)))
+    bind = "--mount=type=bind,source=envbuild/qemu/cpu,target=/sys/devices/system/cpu "
+    dockerfile = emulated["Dockerfile"].decode()
+    assert dockerfile.count(bind) == 1
+    deepspeed_run = next(block for block in dockerfile.split("\n\n") if "deepspeed.sh deepspeed==" in block)
+    assert bind in deepspeed_run
+    assert dockerfile.replace(bind, "") == plain["Dockerfile"].decode()
+    for name in ("Singularity.def", "Singularity.standalone.def", "manifest.json"):
+        assert emulated[name] == plain[name]
+    assert emulated["envbuild/qemu/cpu/cpu0/regs/identification/midr_el1"].strip() == b"0x00000000410fd4f0"
+    x86 = render_files(resolve(matrix, Request(gpu="h100", qemu=True)))
+    assert "qemu" not in x86["Dockerfile"].decode() and not any(k.startswith("envbuild/qemu") for k in x86)

@@ -6,7 +6,8 @@ x86-64 machine. Opt-in, because emulation is slow (see bench/RESULTS.md for how 
 
 It builds the GH200 image of the PyPI-toolchain stack on Debian 12 with the CPU ops
 (cpu_adam, cpu_adagrad, cpu_lion, utils) from the arm64 debootstrap base in the local
-registry, runs the image's own smoke test under emulation, shows that every op library is
+registry (with --qemu: the stub CPU sysfs torch needs under qemu-user, templates/files/qemu), runs
+the image's own smoke test under emulation, shows that every op library is
 AArch64 code compiled for the declared CPU target (its DWARF producer string records the
 compiler flags), and publishes it as a manifest list to the local registry. Timings go to
 bench/out/arm64-emulated.json. CI builds arm64 natively on ubuntu-24.04-arm runners instead.
@@ -77,7 +78,7 @@ def image(tmp_path_factory, timings):
     state = out.parent / "state"
     start = time.monotonic()
     r = run_cli("build", "--gpu", "gh200", "--stack", _ci_stack(), "--ds-ops", OPS, "--base-image", BASE,
-                "--ca-cert", CA, "--image-repo", REPO, "-o", str(out), env={"ENVBUILD_STATE_DIR": str(state)},
+                "--ca-cert", CA, "--image-repo", REPO, "--qemu", "-o", str(out), env={"ENVBUILD_STATE_DIR": str(state)},
                 timeout=4 * 3600, production=True)
     timings["build_seconds"] = round(time.monotonic() - start)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -99,7 +100,7 @@ def test_the_image_is_arm64_with_the_declared_target(image):
 
 def test_smoke_test_passes_under_emulation(image, timings):
     start = time.monotonic()
-    r = run_cli("smoke", image["ref"], "--json", "--timeout", "5400", env=image["env"], timeout=6000)
+    r = run_cli("smoke", image["ref"], "--json", "--qemu", "--timeout", "5400", env=image["env"], timeout=6000)
     timings["smoke_seconds"] = round(time.monotonic() - start)
     report = json.loads(r.stdout)
     timings["smoke_checks"] = {c["name"]: ("skip" if c.get("skipped") else "ok" if c["ok"] else "FAIL")

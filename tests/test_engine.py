@@ -58,9 +58,12 @@ class FakeEngine:
             raise EnvbuildError(f"image '{ref}' does not exist locally")
         return self.images[ref]
 
-    def run(self, image, argv, *, timeout, gpus=None, network="none", env=None, entrypoint=None):
+    def run(self, image, argv, *, timeout, gpus=None, network="none", env=None, entrypoint=None, mounts=None):
         self.calls.append(("run", image, list(argv), dict(timeout=timeout, gpus=gpus, network=network,
-                                                           entrypoint=list(entrypoint or []))))
+                                                           entrypoint=list(entrypoint or []),
+                                                           **({"mounts": dict(mounts)} if mounts else {}))))
+        self.mounted = {host: sorted(p.name for p in __import__("pathlib").Path(host).rglob("*"))
+                        for host in (mounts or {})}
         return self.run_result
 
     def tag(self, image, ref):
@@ -485,6 +488,22 @@ def test_docker_run_options_and_gpus():
         DockerEngine(client=client).run(IMAGE_ID, ["x"], timeout=1, gpus=gpus)
         (request,) = client.run_kwargs["device_requests"]
         assert request["Count"] == count and request["Capabilities"] == [["gpu"]]
+
+
+def test_docker_run_mounts_are_read_only_binds():
+    client = FakeClient()
+    DockerEngine(client=client).run(IMAGE_ID, ["x"], timeout=1, mounts={"/tmp/stub": "/sys/devices/system/cpu"})
+    assert client.run_kwargs["volumes"] == {"/tmp/stub": {"bind": "/sys/devices/system/cpu", "mode": "ro"}}
+
+
+def test_smoke_under_qemu_binds_the_stub_cpu_sysfs_and_says_so(state):
+    engine = smoke_engine(json.dumps(REPORT))
+    smoke.run_smoke("img:t", timeout=9, engine=engine, qemu=True)
+    (_, _, argv, opts), = [c for c in engine.calls if c[0] == "run"]
+    assert argv[-2:] == ["--timeout", str(smoke.QEMU_CHECK_TIMEOUT)]  # emulation is 10-20x slower
+    (host, target), = opts["mounts"].items()
+    assert target == "/sys/devices/system/cpu" and "midr_el1" in engine.mounted[host]
+    assert json.loads(smoke.record_path(IMAGE_ID).read_text())["emulated"] == "qemu-user"
 
 
 def test_docker_run_timeout_kills_and_removes():

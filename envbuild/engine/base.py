@@ -110,9 +110,10 @@ class Engine(Protocol):
 
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,
-            entrypoint: Optional[Sequence[str]] = None) -> RunResult:
+            entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None) -> RunResult:
         """Run `argv` in a new container of `image` and remove it; killed after `timeout` s
-        (``timed_out``). `gpus` is 'all' or a count, None for no GPU."""
+        (``timed_out``). `gpus` is 'all' or a count, None for no GPU. `mounts`: host directory ->
+        path in the container, read-only."""
 
     def tag(self, image: str, ref: str) -> None:
         """Give image (ID or ref) the name `ref` (REPO:TAG)."""

@@ -143,14 +143,17 @@ class DockerEngine:
 
     def inspect(self, ref: str) -> ImageInfo:
         image = self._get(ref)
-        platform = f"{image.attrs.get('Os') or 'linux'}/{image.attrs.get('Architecture') or 'amd64'}"
+        attrs = getattr(image, "attrs", None) or {}
+        platform = f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or 'amd64'}"
         return ImageInfo(image.id, list(image.tags), platform)
 
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,
-            entrypoint: Optional[Sequence[str]] = None) -> RunResult:
+            entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None) -> RunResult:
         """`docker run` detached with a 1 GB /dev/shm; killed after `timeout`, always removed."""
         kwargs = dict(shm_size="1g", detach=True, environment=env or {})
+        if mounts:
+            kwargs["volumes"] = {host: {"bind": target, "mode": "ro"} for host, target in mounts.items()}
         if network:
             kwargs["network_mode"] = network
         if entrypoint:

@@ -10,6 +10,7 @@ against a single-layer image of the same content, in the same run:
 
     python bench/layer_split.py            # both parts (builds the CI stack; about 10 GB of disk)
     python bench/layer_split.py --shared   # part 2 only (PyPI, no Docker)
+    python bench/layer_split.py --rounds=1 # one pull of each instead of two
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 REGISTRY = "127.0.0.1:5000"
-ROUNDS = 2
+ROUNDS = int(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--rounds=")), "2"))
 
 
 def _single_layer(split_image: str) -> str:

@@ -209,8 +209,8 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise EnvbuildError("envbuild lock needs uv (the resolver that writes the lock): `pip install uv`, "
-                        "or reinstall envbuild, which depends on it.")
+    raise EnvbuildError("envbuild lock and extend need uv (the resolver that writes the locks): "
+                        "`pip install 'uv>=0.8,<0.14'`, or reinstall envbuild, which depends on it.")
 
 
 def uv_version() -> str:

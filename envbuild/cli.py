@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import click
-from typing import Optional
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -146,15 +145,13 @@ def _pin_named_bases(r) -> None:
 
     named = {"runtime": r.request.base_image, "builder": r.request.builder_image or (
         r.request.base_image if r.base_images["builder"] == r.request.base_image else None)}
-    pinned_refs: dict[str, tuple[str, Optional[str]]] = {}
+    pinned = {ref: pin(ref) for ref in set(named.values()) if ref}
     for stage, ref in named.items():
         if ref:
-            known = ref in pinned_refs
-            pinned, digest = pinned_refs.setdefault(ref, pinned_refs.get(ref) or pin(ref))
-            r.base_images[stage] = pinned
-            if not digest and not known:
-                err.print(f"envbuild: note: {ref} is pinned by tag only: no registry digest is known for it on "
-                          f"this machine", markup=False, soft_wrap=True)
+            r.base_images[stage] = pinned[ref][0]
+    for ref in sorted(ref for ref, (_, digest) in pinned.items() if not digest):
+        err.print(f"envbuild: note: {ref} is pinned by tag only: no registry digest is known for it on "
+                  f"this machine", markup=False, soft_wrap=True)
 
 
 def _command_line(ctx: click.Context, skip=()) -> str:
@@ -316,11 +313,15 @@ def build(output, **kw):
                 err.print(f"  done  {name}"[:160], markup=False)
             live.update(line())
         result = build_image(path, r.tag, r.request.image_repo, secrets, on_step=on_step)
-    out.print(f"built {result.image_id[:19]} in {result.seconds:.0f} s")
-    for t in result.tags:
-        out.print(f"  tagged {t}", markup=False)
-    out.print(f"  log {result.log}", markup=False)
+    _print_built(result)
     _print_next(next_commands(r, path))
+
+
+def _print_built(result) -> None:
+    out.print(f"built {result.image_id[:19]} in {result.seconds:.0f} s")
+    for tag in result.tags:
+        out.print(f"  tagged {tag}", markup=False)
+    out.print(f"  log {result.log}", markup=False)
 
 
 @main.command()
@@ -384,10 +385,7 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
                        ("tag", tag), ("output", str(path))]:
         out.print(f"[bold]{key:<12}[/bold] {escape(value)}", soft_wrap=True)
     if do_build:
-        result = build_image(path, tag, r.request.image_repo, secrets)
-        out.print(f"built {result.image_id[:19]} in {result.seconds:.0f} s")
-        for t in result.tags:
-            out.print(f"  tagged {t}", markup=False)
+        _print_built(build_image(path, tag, r.request.image_repo, secrets))
         _print_next([f"envbuild smoke {r.request.image_repo}:{tag}", f"envbuild push {r.request.image_repo}:{tag}"])
     else:
         _print_next([f"docker build --network host -t {r.request.image_repo}:{tag} {path}   # or: envbuild extend ... --build"])

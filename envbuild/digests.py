@@ -7,74 +7,62 @@ registry answers the registry API -- the rendered FROM becomes `ref@sha256:...` 
 manifest.json records it. A name no registry is known for (`local/debian:bookworm`, imported)
 stays a tag, and the render says so. Nothing here ever pulls an image.
 
->>> registry_of("127.0.0.1:5000/envbuild/debian:bookworm")
+>>> registry_parts("127.0.0.1:5000/envbuild/debian:bookworm")
 ('127.0.0.1:5000', 'envbuild/debian', 'bookworm')
->>> registry_of("debian:bookworm-slim") is None
+>>> registry_parts("debian:bookworm-slim") is None
 True
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.error
 import urllib.request
 from typing import Optional
 
-# Single-arch manifests and the lists / indexes a multi-arch tag points at.
-ACCEPT = ", ".join(["application/vnd.oci.image.index.v1+json",
-                    "application/vnd.docker.distribution.manifest.list.v2+json",
-                    "application/vnd.docker.distribution.manifest.v2+json",
-                    "application/vnd.oci.image.manifest.v1+json"])
+from .engine import registry_of
+from .validate import split_reference
 
 
-def registry_of(ref: str) -> Optional[tuple[str, str, str]]:
+def registry_parts(ref: str) -> Optional[tuple[str, str, str]]:
     """(registry host, repository, tag) for a reference that names its registry, else None."""
-    if "@" in ref:
+    host = registry_of(ref)  # docker.io when the name carries no registry host
+    if "@" in ref or not ref.startswith(host + "/"):
         return None
-    first, _, rest = ref.partition("/")
-    if not rest or not ("." in first or ":" in first or first == "localhost"):
-        return None
-    name, _, tag = rest.rpartition(":") if ":" in rest else (rest, "", "latest")
-    return first, name, tag or "latest"
+    name, tag, _ = split_reference(ref)
+    return host, name[len(host) + 1:], tag or "latest"
 
 
-def local_digest(ref: str, timeout: float = 20) -> Optional[str]:
-    """The registry digest this machine's Docker recorded for `ref`'s repository, if any."""
+def local_digest(ref: str) -> Optional[str]:
+    """The registry digest this machine's engine recorded for `ref`'s repository, if any."""
+    from .engine import get_engine
+    from .errors import EnvbuildError
+    from .publish import repo_of
+
     try:
-        out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref],
-                             capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        info = get_engine().inspect(ref)
+    except EnvbuildError:  # no engine here, or no such image: nothing is known
         return None
-    if out.returncode != 0:
-        return None
-    repo = ref.split("@")[0]
-    repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
-    for entry in json.loads(out.stdout or "[]") or []:
-        name, _, digest = entry.partition("@")
-        if name == repo and digest.startswith("sha256:"):
-            return digest
-    return None
+    repo = repo_of(ref)
+    return next((digest for name, _, digest in (entry.partition("@") for entry in info.repo_digests)
+                 if name == repo and digest.startswith("sha256:")), None)
 
 
 def remote_digest(ref: str, timeout: float = 10) -> Optional[str]:
     """The digest `ref`'s registry serves for its tag (anonymous registry API), if it answers."""
-    parts = registry_of(ref)
+    from .publish import ANY_MANIFEST, registry_open
+
+    parts = registry_parts(ref)
     if parts is None:
         return None
     host, name, tag = parts
-    for scheme in ("https", "http"):
-        request = urllib.request.Request(f"{scheme}://{host}/v2/{name}/manifests/{tag}", method="HEAD",
-                                         headers={"Accept": ACCEPT})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                digest = response.headers.get("Docker-Content-Digest", "")
-                return digest if digest.startswith("sha256:") else None
-        except urllib.error.HTTPError:
-            return None  # it answered: no such tag, or credentials needed
-        except (urllib.error.URLError, OSError, ValueError):
-            continue
-    return None
+    try:
+        with registry_open(host, f"/v2/{name}/manifests/{tag}", {"Accept": ANY_MANIFEST}, timeout=timeout,
+                           method="HEAD") as response:
+            digest = response.headers.get("Docker-Content-Digest", "")
+            return digest if digest.startswith("sha256:") else None
+    except (urllib.error.URLError, OSError, ValueError):  # an answer without the tag, or none at all
+        return None
 
 
 def pin(ref: str) -> tuple[str, Optional[str]]:
@@ -104,12 +92,14 @@ def hub_name(ref: str) -> tuple[str, str]:
 
 def hub_digest(ref: str, timeout: float = 15) -> Optional[str]:
     """The digest Docker Hub serves for `ref` (anonymous pull token), or None if it does not answer."""
+    from .publish import ANY_MANIFEST
+
     name, tag = hub_name(ref)
     try:
         with urllib.request.urlopen(HUB_TOKEN.format(name=name), timeout=timeout) as response:
             token = json.load(response)["token"]
         request = urllib.request.Request(f"{HUB_REGISTRY}/v2/{name}/manifests/{tag}", method="HEAD",
-                                         headers={"Accept": ACCEPT, "Authorization": f"Bearer {token}"})
+                                         headers={"Accept": ANY_MANIFEST, "Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(request, timeout=timeout) as response:
             digest = response.headers.get("Docker-Content-Digest", "")
             return digest if digest.startswith("sha256:") else None
@@ -119,7 +109,7 @@ def hub_digest(ref: str, timeout: float = 15) -> Optional[str]:
 
 def published_digest(ref: str) -> Optional[str]:
     """The digest a base's registry (Docker Hub when the name has none) serves for its tag."""
-    return remote_digest(ref) if registry_of(ref) else hub_digest(ref)
+    return remote_digest(ref) if registry_parts(ref) else hub_digest(ref)
 
 
 def load_base_digests(matrix_dir) -> dict[str, str]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -220,10 +221,11 @@ def uv_version() -> str:
 
 def _uv_config(inputs: LockInputs, directory: Path) -> Path:
     """A uv.toml giving DeepSpeed's requirements as static metadata (uv cannot build it)."""
-    requires = ", ".join(f'"{r}"' for r in inputs.deepspeed_requires)
+    # TOML basic strings are JSON strings (json.dumps escapes what TOML needs escaped).
+    requires = ", ".join(json.dumps(r) for r in inputs.deepspeed_requires)
     path = directory / "uv.toml"
     path.write_text("[[dependency-metadata]]\n"
-                    f'name = "deepspeed"\nversion = "{inputs.deepspeed}"\nrequires-dist = [{requires}]\n')
+                    f"name = \"deepspeed\"\nversion = {json.dumps(inputs.deepspeed)}\nrequires-dist = [{requires}]\n")
     return path
 
 

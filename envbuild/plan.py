@@ -433,14 +433,15 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES)
                        + ((FileCopy(f"envbuild/{posixpath.basename(paths.LOCK)}", paths.LOCK),) if lock else ()))
     package = Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),))
+    generated = _lock_files(lock)
     plan = BuildPlan(
         resolution=resolution, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
         kept_toolchain_home=kept_toolchain_home, image_env=image_env, image_files=image_files,
         image_package=package,
         manifest_file=Copy((FileCopy("manifest.json", paths.MANIFEST),)),
         labels=Label(tuple(_labels(resolution))), manifest={},
-        build_files=_build_files(steps, image_files, qemu=bool(emulation)),
-        generated_files=_lock_files(lock, ds_build_only),
+        build_files=_build_files(steps, image_files, qemu=bool(emulation), generated=generated),
+        generated_files=generated,
         dropped=ds_build_only if not request.keep_toolchain else (),
     )
     object.__setattr__(plan, "manifest", _manifest(plan))
@@ -452,7 +453,7 @@ IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
 LOCK_PARTS = {"venv": "lock/venv.txt", "deepspeed": "lock/deepspeed.txt", "toolchain": "lock/toolchain.txt"}
 
 
-def _lock_files(lock, build_only: tuple[str, ...]) -> dict[str, str]:
+def _lock_files(lock) -> dict[str, str]:
     """The whole lock (copied into the image) and its parts: the venv but DeepSpeed (the torch
     step), DeepSpeed alone (built after torch, --no-build-isolation), the PyPI toolchain."""
     if lock is None:
@@ -465,8 +466,9 @@ def _lock_files(lock, build_only: tuple[str, ...]) -> dict[str, str]:
     return files
 
 
-def _build_files(steps, image_files: Copy, qemu: bool = False) -> dict[str, Path]:
-    """Build-directory path -> the file it is a copy of (templates/files, or the package)."""
+def _build_files(steps, image_files: Copy, qemu: bool = False, generated=()) -> dict[str, Path]:
+    """Build-directory path -> the file it is a copy of (templates/files, or the package);
+    the `generated` paths (the lock's parts) are written from text, not copied."""
     from .resources import templates_dir
 
     files = templates_dir() / "files"
@@ -479,7 +481,7 @@ def _build_files(steps, image_files: Copy, qemu: bool = False) -> dict[str, Path
     out.update(emulation)
     for copy in [f for step in steps for f in step.files] + list(image_files.files):
         name = posixpath.basename(copy.source)
-        if copy.source.startswith("envbuild/lock"):  # generated from the lock: BuildPlan.generated_files
+        if copy.source in generated:
             continue
         if copy.source.startswith(STEPS_SOURCE + "/"):
             out[copy.source] = files / "steps" / name

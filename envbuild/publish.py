@@ -88,7 +88,7 @@ def api_host(registry: str) -> str:
     return registry.split("/", 1)[0]
 
 
-def _registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30,
+def registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30,
                    method: str = "GET", data: bytes | None = None):
     """Open https://HOST/PATH, falling back to http (local registries on 127.0.0.0/8).
 
@@ -111,7 +111,7 @@ def _registry_open(registry: str, path: str, headers: dict | None = None, timeou
 def check_reachable(registry: str, timeout: float = 10) -> None:
     """Fail fast, clearly, when nothing answers at the registry address."""
     try:
-        _registry_open(registry, "/v2/", timeout=timeout).close()
+        registry_open(registry, "/v2/", timeout=timeout).close()
     except urllib.error.HTTPError:
         return  # it answered (401 means: log in; that is reported on push)
     except (urllib.error.URLError, OSError) as e:
@@ -127,7 +127,7 @@ def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict
     then the pull-back by digest is the check.
     """
     try:
-        with _registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": MANIFEST_TYPES}) as resp:
+        with registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": MANIFEST_TYPES}) as resp:
             return resp.headers.get("Docker-Content-Digest", ""), json.load(resp)
     except (urllib.error.URLError, OSError, ValueError):  # HTTPError is a URLError
         return None
@@ -215,7 +215,7 @@ def _refuse_to_flatten(registry: str, target: str, tag: str, platform: str) -> N
     """A tag that serves a manifest list with other platforms is not replaced by one image."""
     name = target.split("/", 1)[1]
     try:
-        with _registry_open(registry, f"/v2/{name}/manifests/{tag}", {"Accept": ANY_MANIFEST}) as resp:
+        with registry_open(registry, f"/v2/{name}/manifests/{tag}", {"Accept": ANY_MANIFEST}) as resp:
             served = json.load(resp)
     except (urllib.error.URLError, OSError, ValueError):  # none there (404), or it cannot tell: a plain push
         return
@@ -237,7 +237,7 @@ def _platform(entry: dict) -> str:
 def _get_json(registry: str, name: str, kind: str, reference: str, accept: str = "") -> tuple[str, bytes, str]:
     """(digest, body, media type) of /v2/NAME/{manifests,blobs}/REFERENCE."""
     try:
-        with _registry_open(registry, f"/v2/{name}/{kind}/{reference}", {"Accept": accept} if accept else {}) as resp:
+        with registry_open(registry, f"/v2/{name}/{kind}/{reference}", {"Accept": accept} if accept else {}) as resp:
             body = resp.read()
             return (resp.headers.get("Docker-Content-Digest", ""), body,
                     resp.headers.get("Content-Type", "").split(";")[0])
@@ -309,7 +309,7 @@ def merge(registry: str, name: str, tag: str, digests: list[str],
         for i in images]}, indent=2).encode()
     on_event(f"merging {', '.join(i.platform for i in images)} into {registry}/{name}:{tag}")
     try:
-        with _registry_open(registry, f"/v2/{name}/manifests/{tag}", {"Content-Type": media},
+        with registry_open(registry, f"/v2/{name}/manifests/{tag}", {"Content-Type": media},
                             method="PUT", data=body) as resp:
             digest = resp.headers.get("Docker-Content-Digest", "")
     except urllib.error.HTTPError as e:

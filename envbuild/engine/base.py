@@ -62,6 +62,7 @@ class ImageInfo:
     id: str
     tags: list[str]
     platform: str = "linux/amd64"  # OS/architecture of the image config (linux/arm64 for Grace images)
+    repo_digests: tuple[str, ...] = ()  # 'repo@sha256:...' of each registry it was pushed to or pulled from
 
 
 @dataclass

@@ -145,7 +145,7 @@ class DockerEngine:
         image = self._get(ref)
         attrs = getattr(image, "attrs", None) or {}
         platform = f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or 'amd64'}"
-        return ImageInfo(image.id, list(image.tags), platform)
+        return ImageInfo(image.id, list(image.tags), platform, tuple(attrs.get("RepoDigests") or ()))
 
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,

@@ -26,7 +26,7 @@ TORCH_TOP_ORDER = ("sources", "variant_index", "arch_lists", "releases")
 NEW_ROW_NOTE = "new on PyPI: its other CUDA variants are not curated yet [U]"
 
 DS_DERIVED = ("deepspeed", "torch", "gpu_free_install", "nvcc_free_install")
-DS_TOP_ORDER = ("sources", "releases", "build_requires", "build_only", "ops", "presets")
+DS_TOP_ORDER = ("sources", "releases", "build_requires", "build_only", "ops", "presets", "aarch64")
 OP_DERIVED = ("env", "kind", "since", "until", "cuda_extension_until")
 OP_ORDER = OP_DERIVED + ("needs", "min_cc", "torch", "triton", "reason", "note")
 DERIVABLE_NEEDS = {"libaio", "cufile"}
@@ -108,6 +108,12 @@ DS_COMMENTS = {
     "ops": "kind: cpu ops compile with the host compiler only; cuda ops need nvcc.\n"
            "needs: a capability the build must provide (see bases.yaml `provides`).",
     "presets": "`all` is not listed: it is computed (every op the stack and GPU allow).",
+    "aarch64": "aarch64 (Grace, GB10): read from the sdists of every release above. No source file of an op\n"
+               "that DeepSpeed's CUDA accelerator collects includes an x86-only header outside an x86/AVX\n"
+               "guard; the one that does (csrc/cpu/comm's shm, DS#5640) is the CPU accelerator's comm op,\n"
+               "which no preset builds. The x86 parts are compile flags: op_builder/builder.py cpu_arch()\n"
+               "(-march=native) and simd_width() (-D__AVX512__/-D__AVX256__ on x86; -D__NEON__ or -D__SVE__ on\n"
+               "ARM from 0.19.7, -D__SCALAR__ before), which cc-wrapper.sh rewrites to the declared CPU target.",
 }
 
 

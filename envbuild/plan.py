@@ -53,6 +53,12 @@ CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
 # in every builder RUN of an arm64 image built under qemu-user, where torch's oneDNN crashes at
 # import without it. The rendered files stay the same otherwise.
 QEMU_CPU_SYSFS = ("envbuild/qemu/cpu", "/sys/devices/system/cpu")  # (build-directory folder, target)
+# --qemu smoke runs: the CPU qemu-user emulates. Its default, `max`, has 512-bit SVE, so torch
+# reports CPU capability SVE256 and Inductor compiles its CPU code with -msve-vector-bits=256,
+# which GCC 12.2 rejects. Grace's Neoverse V2 and GB10's Cortex-X925 have 128-bit SVE2, where
+# torch reports DEFAULT and Inductor uses its NEON code; `sve128=on` caps the emulated vector
+# length there (qemu's "sveN" CPU properties, docs/system/arm/cpu-features.rst).
+QEMU_CPU = "max,sve128=on"
 # What `uname -m` prints inside an image of each OCI platform that is rendered explicitly.
 PLATFORM_MACHINES = {"linux/arm64": "aarch64"}
 # Variables that name directories inside the image: the host's value never wins for them.

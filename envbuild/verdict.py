@@ -20,6 +20,7 @@ from .engine import Engine, get_engine
 from .errors import EnvbuildError
 from .image import paths as image_paths
 from .image.report import status_word
+from .plan import QEMU_CPU, QEMU_CPU_SYSFS
 
 SMOKE = image_paths.SMOKE
 PYTHON = image_paths.VENV_PYTHON
@@ -64,7 +65,8 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
         The container engine (default: :func:`envbuild.engine.get_engine`).
     qemu:
         An arm64 image on an x86-64 machine, under qemu-user: bind the stub CPU sysfs torch needs
-        there (templates/files/qemu). The record says so.
+        there (templates/files/qemu) and emulate a CPU with Grace's 128-bit SVE (plan.QEMU_CPU).
+        The record says so.
     """
     import tempfile
 
@@ -79,7 +81,8 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
             from .resources import templates_dir
 
             shutil.copytree(templates_dir() / "files" / "qemu" / "cpu", Path(stub) / "cpu")
-            mounts = {str(Path(stub) / "cpu"): "/sys/devices/system/cpu"}
+            mounts = {str(Path(stub) / "cpu"): QEMU_CPU_SYSFS[1]}
+            env = {"QEMU_CPU": QEMU_CPU, **(env or {})}
         # By image ID, not by name: the verdict is recorded for exactly the bits that ran.
         argv = [PYTHON, SMOKE, "--json", *(["--timeout", str(QEMU_CHECK_TIMEOUT)] if qemu else [])]
         run = engine.run(info.id, argv, timeout=timeout, gpus=gpus, network="none",
@@ -100,7 +103,7 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
         p = record_path(info.id)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps({"image": image, "image_id": info.id, "platform": info.platform,
-                                 **({"emulated": "qemu-user"} if qemu else {}),
+                                 **({"emulated": "qemu-user", "qemu_cpu": QEMU_CPU} if qemu else {}),
                                  "ok": rep.ok, "mode": rep.mode,
                                  "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                  "checks": rep.checks}, indent=2))

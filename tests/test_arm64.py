@@ -208,6 +208,39 @@ def test_cc_wrapper_compiles_aarch64_neon_code(tmp_path, target):
     assert bad.returncode != 0 and "neoverse-v2" in bad.stderr
 
 
+SVE_PROBE = r"""
+#include <stdio.h>
+#include <sys/auxv.h>
+#include <sys/prctl.h>
+int main(void) {  /* HWCAP_SVE is bit 22 of AT_HWCAP, HWCAP2_SVE2 bit 1 of AT_HWCAP2; PR_SVE_GET_VL is 51 */
+    int vl = prctl(51, 0, 0, 0, 0);
+    printf("sve=%d sve2=%d vl_bits=%d\n", !!(getauxval(AT_HWCAP) & (1UL << 22)),
+           !!(getauxval(AT_HWCAP2) & (1UL << 1)), vl < 0 ? -1 : (vl & 0xffff) * 8);
+    return 0;
+}
+"""
+
+
+def test_smoke_under_qemu_emulates_grace_s_128_bit_sve(tmp_path):
+    """qemu's default CPU has 512-bit SVE, where torch reports SVE256 and Inductor's CPU code
+    takes a path Grace never does (and GCC 12.2 rejects). QEMU_CPU, as `smoke --qemu` sets it,
+    gives SVE2 with Grace's 128-bit vectors: a real aarch64 program asks the emulated kernel."""
+    from envbuild.plan import QEMU_CPU
+
+    cross, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static")
+    if cross is None or qemu is None:
+        pytest.skip("aarch64-linux-gnu-gcc or qemu-aarch64-static missing: run scripts/host-setup-arm64.sh")
+    (tmp_path / "probe.c").write_text(SVE_PROBE)
+    subprocess.run([cross, "-static", "-O2", str(tmp_path / "probe.c"), "-o", str(tmp_path / "probe")], check=True)
+
+    def probe(env):
+        return subprocess.run([qemu, str(tmp_path / "probe")], env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    assert probe({"QEMU_CPU": QEMU_CPU}) == "sve=1 sve2=1 vl_bits=128"
+    assert probe({}) != "sve=1 sve2=1 vl_bits=128"  # why the setting is needed
+
+
 def test_smoke_cpu_arch_check_reads_the_op_libraries(tmp_path):
     """The in-image check: the machine and every op .so must be the manifest's architecture.
     Real ELF files: this host's x86-64 libc, and Debian's arm64 cross libc (libc6-arm64-cross)."""

@@ -60,7 +60,7 @@ class FakeEngine:
 
     def run(self, image, argv, *, timeout, gpus=None, network="none", env=None, entrypoint=None, mounts=None):
         self.calls.append(("run", image, list(argv), dict(timeout=timeout, gpus=gpus, network=network,
-                                                           entrypoint=list(entrypoint or []),
+                                                           entrypoint=list(entrypoint or []), env=dict(env or {}),
                                                            **({"mounts": dict(mounts)} if mounts else {}))))
         self.mounted = {host: sorted(p.name for p in __import__("pathlib").Path(host).rglob("*"))
                         for host in (mounts or {})}
@@ -157,7 +157,8 @@ def test_smoke_runs_the_tested_id_and_records_the_verdict(state):
         ["versions", "driver", "p2p"]
     (_, image, argv, opts), = [c for c in engine.calls if c[0] == "run"]
     assert image == IMAGE_ID and argv == [paths.VENV_PYTHON, paths.SMOKE, "--json"]
-    assert opts == {"timeout": 99, "gpus": "all", "network": "none", "entrypoint": [paths.ENTRYPOINT]}
+    assert opts == {"timeout": 99, "gpus": "all", "network": "none", "entrypoint": [paths.ENTRYPOINT],
+                    "env": {}}
     record = json.loads(smoke.record_path(IMAGE_ID).read_text())
     assert record["ok"] and record["image_id"] == IMAGE_ID and record["checks"][1]["data"] == {"driver": "580.82.07"}
     assert smoke.require_passed(IMAGE_ID, "img:t")["ok"]
@@ -503,7 +504,9 @@ def test_smoke_under_qemu_binds_the_stub_cpu_sysfs_and_says_so(state):
     assert argv[-2:] == ["--timeout", str(smoke.QEMU_CHECK_TIMEOUT)]  # emulation is 10-20x slower
     (host, target), = opts["mounts"].items()
     assert target == "/sys/devices/system/cpu" and "midr_el1" in engine.mounted[host]
-    assert json.loads(smoke.record_path(IMAGE_ID).read_text())["emulated"] == "qemu-user"
+    assert opts["env"]["QEMU_CPU"] == smoke.QEMU_CPU  # Grace's SVE vector length (tests/test_arm64.py)
+    record = json.loads(smoke.record_path(IMAGE_ID).read_text())
+    assert (record["emulated"], record["qemu_cpu"]) == ("qemu-user", smoke.QEMU_CPU)
 
 
 def test_docker_run_timeout_kills_and_removes():

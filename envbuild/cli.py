@@ -197,14 +197,15 @@ def _secrets(kw):
 def _print_resolution(r, path=None):
     s = r.stack
     rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
-            ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"), ("ds ops", ", ".join(r.ops) or "none"),
+            ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"),
+            ("platform", f"{r.platform} ({r.arch}), CPU code built for {r.cpu_target}"), ("ds ops", ", ".join(r.ops) or "none"),
             ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"),
             ("tag", r.tag), ("image", r.image_ref)]
     rows.insert(-2, ("lock", f"{Path(r.lock.path).name} ({len(r.lock.sections['venv'])} packages, sha256 "
                              f"{r.lock.sha256[:12]}, as of {r.lock.header.get('exclude-newer', '?')[:10]})" if r.lock
                      else f"none: packages below torch/DeepSpeed float; `envbuild lock --stack {s.id}` makes one"))
     if r.dropped_ops:
-        rows.insert(7, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each reason names its op
+        rows.insert(8, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each reason names its op
     if path:
         rows.append(("output", str(path)))
     for k, v in rows:  # plain lines: a tag or a path is never folded mid-name

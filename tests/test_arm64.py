@@ -5,6 +5,7 @@ The real build under qemu emulation is tests/test_arm64_build.py (opt-in, ENVBUI
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -145,6 +146,9 @@ def test_render_cli_for_grace_gpus(cli, gpu, tmp_path):
     r = cli("render", "--gpu", gpu, "-o", str(tmp_path / gpu))
     assert r.returncode == 0, r.stderr
     assert "FROM --platform=linux/arm64 " in (tmp_path / gpu / "Dockerfile").read_text()
+    manifest = json.loads((tmp_path / gpu / "manifest.json").read_text())
+    # The summary says what the image runs on before anyone builds it.
+    assert f"platform     linux/arm64 (aarch64), CPU code built for {manifest['cpu_target']}\n" in r.stdout
 
 
 def test_render_cli_refuses_an_x86_target_for_grace(cli):

@@ -54,8 +54,8 @@ CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
 # import without it. The rendered files stay the same otherwise.
 QEMU_CPU_SYSFS = ("envbuild/qemu/cpu", "/sys/devices/system/cpu")  # (build-directory folder, target)
 # --qemu smoke runs: the CPU qemu-user emulates. Its default, `max`, has 512-bit SVE, so torch
-# reports CPU capability SVE256 and Inductor compiles its CPU code with -msve-vector-bits=256,
-# which GCC 12.2 rejects. Grace's Neoverse V2 and GB10's Cortex-X925 have 128-bit SVE2, where
+# reports CPU capability SVE256 and Inductor compiles its CPU code with -msve-vector-bits=256
+# (which failed with GCC 12.2 in an emulated smoke run, bench/RESULTS.md). Grace's Neoverse V2 and GB10's Cortex-X925 have 128-bit SVE2, where
 # torch reports DEFAULT and Inductor uses its NEON code; `sve128=on` caps the emulated vector
 # length there (qemu's "sveN" CPU properties, docs/system/arm/cpu-features.rst).
 QEMU_CPU = "max,sve128=on"

@@ -334,9 +334,10 @@ def test_torch_compile_check_reads_the_child_and_skips_without_a_compiler():
     from envbuild.image.report import Skipped
 
     assert isinstance(checks.check_torch_compile({"runtime_compiler": False}, dict), Skipped)
-    good = {"state": "done", "rc": 0, "cpu": {"ok": True, "error": 0.0, "seconds": 3.2}}
+    good = {"state": "done", "rc": 0, "cpu": {"ok": True, "error": 0.0, "seconds": 3.2,
+                                              "isa": "Inductor asimd, ATen DEFAULT"}}
     ok, detail = checks.check_torch_compile({"runtime_compiler": True}, lambda: good)
-    assert ok is True and detail.startswith("cpu ok")
+    assert (ok, detail) == (True, "cpu ok, max error 0.0e+00, 3.2s (Inductor asimd, ATen DEFAULT)")
     bad = {"state": "done", "rc": 0, "cpu": {"ok": False, "detail": "InductorError: Failed to find C compiler",
                                              "seconds": 1.0}}
     ok, detail = checks.check_torch_compile({"runtime_compiler": True}, lambda: bad)

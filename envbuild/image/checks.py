@@ -297,7 +297,8 @@ def check_torch_compile(manifest: dict, res_of) -> tuple[bool, str] | Skipped:
     devices = [d for d in ("cpu", "cuda") if d in res]
     if not devices:
         return False, f"the torch.compile child wrote no result (exit {res.get('rc')}): {res.get('log', '')[-300:]}"
-    parts = [f"{d} " + (f"ok, max error {res[d]['error']:.1e}, {res[d]['seconds']:.1f}s" if res[d]["ok"]
+    parts = [f"{d} " + (f"ok, max error {res[d]['error']:.1e}, {res[d]['seconds']:.1f}s"
+                        + (f" ({res[d]['isa']})" if res[d].get("isa") else "") if res[d]["ok"]
                         else f"FAILED: {res[d].get('detail') or res[d].get('error')}") for d in devices]
     return all(res[d]["ok"] for d in devices), "; ".join(parts)
 

@@ -117,6 +117,18 @@ def child_ops(args) -> int:
     return 0
 
 
+def _inductor_cpu_isa(torch) -> str:
+    """Which vector code Inductor generated for this CPU, and the capability ATen dispatches
+    to: on aarch64 the SVE vector length picks it (NEON at Grace's 128 bits), so a record
+    of an emulated run says which path it tested."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        return f"Inductor {pick_vec_isa()}, ATen {torch.backends.cpu.get_cpu_capability()}"
+    except Exception as failure:  # noqa: BLE001 - a private API: its absence is not a failure
+        return f"unknown ({type(failure).__name__})"
+
+
 def child_compile(args) -> int:
     """torch.compile of a small function, checked against eager mode, on CPU and (with a
     GPU) CUDA; each device's outcome is written as soon as it is known."""
@@ -132,6 +144,8 @@ def child_compile(args) -> int:
             x = torch.randn(1024, device=device)
             error = float((torch.compile(function)(x) - function(x)).abs().max())
             out[device] = {"ok": error < 1e-5, "error": error, "seconds": time.monotonic() - start}
+            if device == "cpu":
+                out[device]["isa"] = _inductor_cpu_isa(torch)
         except Exception as failure:  # noqa: BLE001
             out[device] = {"ok": False, "detail": f"{type(failure).__name__}: {str(failure)[:400]}",
                            "seconds": time.monotonic() - start}

@@ -38,7 +38,7 @@ from .plan import PIP_SECRETS, STEPS_SOURCE, FileCopy, Label, Stage, Step, build
 from .resolve import Resolution
 
 EXTEND_LOCK_NAME = "envbuild/extend-lock.txt"
-STEP_FILES = ("lib.sh", "extend.sh", "import_check.py")
+STEP_FILES = ("lib.sh", "extend.sh", "import_check.py", "pip_check.py")
 
 
 class Project(BaseModel):

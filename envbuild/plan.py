@@ -400,7 +400,7 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     ds_part = f"{paths.SETUP_DIR}/{LOCK_PARTS['deepspeed']}"
     steps.append(Step("deepspeed", (ds_part if lock else f"deepspeed=={stack.deepspeed}", *resolution.ops),
                       env=tuple(ds_env),
-                      files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py")
+                      files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py", "pip_check.py")
                       + ((FileCopy(f"envbuild/{LOCK_PARTS['deepspeed']}", ds_part),) if lock else ()),
                       secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "

@@ -39,7 +39,9 @@ DOCKER = "/usr/bin/docker"
 REGISTRY = "127.0.0.1:5000"
 BASE = f"{REGISTRY}/local/debian:bookworm-arm64"
 REPO = "envbuild-arm64"
-OPS = "cpu_adam,cpu_adagrad,cpu_lion,utils"
+# Every CPU op by default. ENVBUILD_ARM64_OPS=cpu_adam builds one op: about 35 min less of
+# emulated compiling (bench/RESULTS.md), for a re-check of the rest of the path.
+OPS = os.environ.get("ENVBUILD_ARM64_OPS", "cpu_adam,cpu_adagrad,cpu_lion,utils")
 CA = "/etc/ssl/certs/ca-certificates.crt"
 RESULTS = ROOT / "bench" / "out" / "arm64-emulated.json"
 
@@ -105,6 +107,7 @@ def test_smoke_test_passes_under_emulation(image, timings):
     report = json.loads(r.stdout)
     timings["smoke_checks"] = {c["name"]: ("skip" if c.get("skipped") else "ok" if c["ok"] else "FAIL")
                                for c in report["checks"]}
+    timings["smoke_details"] = {c["name"]: c.get("detail", "") for c in report["checks"]}
     assert r.returncode == 0, json.dumps(report["checks"], indent=1)[-4000:]
     by_name = {c["name"]: c for c in report["checks"]}
     assert by_name["cpu_arch"]["ok"] and "aarch64" in by_name["cpu_arch"]["detail"]
@@ -124,7 +127,7 @@ def test_op_libraries_are_aarch64_code_for_the_target(image, tmp_path, timings):
     finally:
         docker("rm", container, check=False)
     libraries = {lib.name.split(".")[0]: lib for lib in sorted((tmp_path / "ops").rglob("*.so"))}
-    assert {"cpu_adam_op", "cpu_adagrad_op", "cpu_lion_op", "utils_op"} <= set(libraries), sorted(libraries)
+    assert {f"{op}_op" for op in OPS.split(",")} <= set(libraries), sorted(libraries)
     evidence = {}
     for name, lib in libraries.items():
         kind = subprocess.run(["file", "-b", str(lib)], capture_output=True, text=True, check=True).stdout

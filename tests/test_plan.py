@@ -95,7 +95,8 @@ STEPS = {
     "deepspeed": (
         "# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed recorded "
         "every op for cuda\n"
-        "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/verify_ops.py /opt/envbuild-setup/\n"
+        "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/verify_ops.py "
+        "envbuild/steps/pip_check.py /opt/envbuild-setup/\n"
         "COPY envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/\n"
         "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
         "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
@@ -107,6 +108,7 @@ STEPS = {
         {"files": ["envbuild/steps/deepspeed.sh /opt/envbuild-setup/deepspeed.sh",
                    "envbuild/steps/cc-wrapper.sh /opt/envbuild-setup/cc-wrapper.sh",
                    "envbuild/steps/verify_ops.py /opt/envbuild-setup/verify_ops.py",
+                   "envbuild/steps/pip_check.py /opt/envbuild-setup/pip_check.py",
                    "envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/deepspeed.txt"],
          "post": ["# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed "
                   "recorded every op for cuda",

@@ -58,4 +58,4 @@ meta.write_text("".join(kept))
 PY
     log "dropped $name and deepspeed's Requires-Dist of it (build-only)"
 done
-"$venv/bin/pip" check
+"$venv/bin/python" "$STEPS_DIR/pip_check.py"

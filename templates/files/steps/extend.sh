@@ -8,5 +8,5 @@
 pip_env
 lock=$1 manifest=$2; shift 2
 "$(venv_dir)/bin/pip" install --require-hashes --no-deps -r "$lock" || lock_failed --require-hashes
-"$(venv_dir)/bin/pip" check
+"$(venv_dir)/bin/python" "$STEPS_DIR/pip_check.py"
 "$(venv_dir)/bin/python" "$STEPS_DIR/import_check.py" "$manifest" "$@"

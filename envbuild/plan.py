@@ -57,9 +57,9 @@ QEMU_CPU_SYSFS = ("envbuild/qemu/cpu", "/sys/devices/system/cpu")  # (build-dire
 # reports CPU capability SVE256 and Inductor compiles its CPU code with -msve-vector-bits=256
 # (which failed with GCC 12.2 in an emulated smoke run, bench/RESULTS.md). Grace's Neoverse V2
 # cores have "4x 128b SVE2" (NVIDIA's Grace Performance Tuning Guide,
-# docs.nvidia.com/grace-perf-tuning-guide), where torch reports DEFAULT and Inductor uses its NEON
-# code; `sve128=on` caps the emulated vector length there (qemu's "sveN" CPU properties,
-# docs/system/arm/cpu-features.rst).
+# docs.nvidia.com/grace-perf-tuning-guide), where torch 2.15 reports SVE128 and Inductor generates
+# its NEON (asimd) code, as the emulated smoke record shows; `sve128=on` caps the emulated vector
+# length there (qemu's "sveN" CPU properties, docs/system/arm/cpu-features.rst).
 QEMU_CPU = "max,sve128=on"
 # What `uname -m` prints inside an image of each OCI platform that is rendered explicitly.
 PLATFORM_MACHINES = {"linux/arm64": "aarch64"}

@@ -119,8 +119,8 @@ def child_ops(args) -> int:
 
 def _inductor_cpu_isa(torch) -> str:
     """Which vector code Inductor generated for this CPU, and the capability ATen dispatches
-    to: on aarch64 the SVE vector length picks it (NEON at Grace's 128 bits), so a record
-    of an emulated run says which path it tested."""
+    to: on aarch64 the SVE vector length picks them (at Grace's 128 bits: Inductor asimd,
+    ATen SVE128), so the record of an emulated run says which path it tested."""
     try:
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 

@@ -85,6 +85,13 @@ else
         die "something listens on ${REGISTRY_ADDR} but http://${REGISTRY_ADDR}/v2/ does not answer"
     fi
     mkdir -p "${REGISTRY_STATE}"
+    # Storage of an earlier registry started by this script: none serves it now (nothing
+    # answers), and each one held gigabytes of test images.
+    for old in "${REGISTRY_STATE}"/storage.??????; do
+        [[ -d ${old} ]] || continue
+        log "removing ${old} (storage of a registry this script started earlier)"
+        rm -rf -- "${old}"
+    done
     storage=$(mktemp -d "${REGISTRY_STATE}/storage.XXXXXX")
     config="${REGISTRY_STATE}/config.yml"
     cat >"${config}" <<EOF

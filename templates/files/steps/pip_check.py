@@ -72,7 +72,10 @@ def main():
     if run.returncode != 0 and (problems or not tolerated):
         print(run.stdout, end="")
         return 1
-    print("envbuild: pip check: no broken requirements" + (f" ({len(tolerated)} tolerated)" if tolerated else ""))
+    if tolerated:
+        print(f"envbuild: pip check: nothing else ({len(tolerated)} tolerated)")
+    else:
+        print(run.stdout, end="")  # pip's own "No broken requirements found."
     return 0
 
 

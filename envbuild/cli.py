@@ -205,7 +205,8 @@ def _print_resolution(r, path=None):
                              f"{r.lock.sha256[:12]}, as of {r.lock.header.get('exclude-newer', '?')[:10]})" if r.lock
                      else f"none: packages below torch/DeepSpeed float; `envbuild lock --stack {s.id}` makes one"))
     if r.dropped_ops:
-        rows.insert(8, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each reason names its op
+        after_ops = [key for key, _ in rows].index("ds ops") + 1
+        rows.insert(after_ops, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each names its op
     if path:
         rows.append(("output", str(path)))
     for k, v in rows:  # plain lines: a tag or a path is never folded mid-name

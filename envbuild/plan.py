@@ -53,6 +53,15 @@ CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
 # in every builder RUN of an arm64 image built under qemu-user, where torch's oneDNN crashes at
 # import without it. The rendered files stay the same otherwise.
 QEMU_CPU_SYSFS = ("envbuild/qemu/cpu", "/sys/devices/system/cpu")  # (build-directory folder, target)
+
+
+def qemu_cpu_stub() -> Path:
+    """The stub CPU sysfs tree that --qemu binds (templates/files/qemu/cpu)."""
+    from .resources import templates_dir
+
+    return templates_dir() / "files" / "qemu" / "cpu"
+
+
 # --qemu smoke runs: the CPU qemu-user emulates. Its default, `max`, has 512-bit SVE, so torch
 # reports CPU capability SVE256 and Inductor compiles its CPU code with -msve-vector-bits=256
 # (which failed with GCC 12.2 in an emulated smoke run, bench/RESULTS.md). Grace's Neoverse V2
@@ -480,7 +489,7 @@ def _build_files(steps, image_files: Copy, qemu: bool = False, generated=()) -> 
     from .resources import templates_dir
 
     files = templates_dir() / "files"
-    stub = files / "qemu" / "cpu"
+    stub = qemu_cpu_stub()
     emulation = {f"{QEMU_CPU_SYSFS[0]}/{p.relative_to(stub).as_posix()}": p
                  for p in sorted(stub.rglob("*")) if p.is_file()} if qemu else {}
     package_dir = Path(image_package.__file__).parent

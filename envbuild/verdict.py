@@ -20,7 +20,7 @@ from .engine import Engine, get_engine
 from .errors import EnvbuildError
 from .image import paths as image_paths
 from .image.report import status_word
-from .plan import QEMU_CPU, QEMU_CPU_SYSFS
+from .plan import QEMU_CPU, QEMU_CPU_SYSFS, qemu_cpu_stub
 
 SMOKE = image_paths.SMOKE
 PYTHON = image_paths.VENV_PYTHON
@@ -78,9 +78,7 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
         if qemu:
             import shutil
 
-            from .resources import templates_dir
-
-            shutil.copytree(templates_dir() / "files" / "qemu" / "cpu", Path(stub) / "cpu")
+            shutil.copytree(qemu_cpu_stub(), Path(stub) / "cpu")
             mounts = {str(Path(stub) / "cpu"): QEMU_CPU_SYSFS[1]}
             env = {"QEMU_CPU": QEMU_CPU, **(env or {})}
         # By image ID, not by name: the verdict is recorded for exactly the bits that ran.

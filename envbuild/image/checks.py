@@ -297,10 +297,21 @@ def check_torch_compile(manifest: dict, res_of) -> tuple[bool, str] | Skipped:
     devices = [d for d in ("cpu", "cuda") if d in res]
     if not devices:
         return False, f"the torch.compile child wrote no result (exit {res.get('rc')}): {res.get('log', '')[-300:]}"
-    parts = [f"{d} " + (f"ok, max error {res[d]['error']:.1e}, {res[d]['seconds']:.1f}s"
-                        + (f" ({res[d]['isa']})" if res[d].get("isa") else "") if res[d]["ok"]
-                        else f"FAILED: {res[d].get('detail') or res[d].get('error')}") for d in devices]
-    return all(res[d]["ok"] for d in devices), "; ".join(parts)
+    return all(res[d]["ok"] for d in devices), "; ".join(_compile_outcome(d, res[d]) for d in devices)
+
+
+def _compile_outcome(device: str, result: dict) -> str:
+    """One device's torch.compile outcome, with the vector ISA Inductor used when known.
+
+    >>> _compile_outcome("cpu", {"ok": True, "error": 0.0, "seconds": 1.25, "isa": "Inductor avx2, ATen AVX2"})
+    'cpu ok, max error 0.0e+00, 1.2s (Inductor avx2, ATen AVX2)'
+    >>> _compile_outcome("cuda", {"ok": False, "detail": "InductorError: no compiler"})
+    'cuda FAILED: InductorError: no compiler'
+    """
+    if not result["ok"]:
+        return f"{device} FAILED: {result.get('detail') or result.get('error')}"
+    isa = f" ({result['isa']})" if result.get("isa") else ""
+    return f"{device} ok, max error {result['error']:.1e}, {result['seconds']:.1f}s{isa}"
 
 
 def image_path_entries(path: str) -> list[str]:

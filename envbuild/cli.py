@@ -67,6 +67,9 @@ def request_options(f=None, gpu_required=True):
         click.option("--no-compiler", is_flag=True,
                      help="Leave the C compiler and Python headers out of the final image (smaller; "
                           "torch.compile then cannot run)."),
+        click.option("--fabric", default=None, metavar="NAME",
+                     help="How NCCL reaches other nodes: ib (default: InfiniBand/RoCE verbs user space in every "
+                          "image), none, or a cloud fabric (`envbuild fabrics` lists them with what each adds)."),
         click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
                      help="Add or override an environment default baked into the image (repeatable)."),
         click.option("--registry", envvar="ENVBUILD_REGISTRY", metavar="HOST[/NAMESPACE]",
@@ -101,7 +104,7 @@ def _resolve(kw):
                   base_image=kw["base_image"], builder_image=kw["builder_image"],
                   env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
                   keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo,
-                  qemu=kw.get("qemu", False))
+                  qemu=kw.get("qemu", False), fabric=kw.get("fabric"))
     return m, req
 
 
@@ -198,7 +201,8 @@ def _print_resolution(r, path=None):
     s = r.stack
     rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
             ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"),
-            ("platform", f"{r.platform} ({r.arch}), CPU code built for {r.cpu_target}"), ("ds ops", ", ".join(r.ops) or "none"),
+            ("platform", f"{r.platform} ({r.arch}), CPU code built for {r.cpu_target}"),
+            ("fabric", _fabric_line(r)), ("ds ops", ", ".join(r.ops) or "none"),
             ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"),
             ("tag", r.tag), ("image", r.image_ref)]
     rows.insert(-2, ("lock", f"{Path(r.lock.path).name} ({len(r.lock.sections['venv'])} packages, sha256 "
@@ -211,6 +215,17 @@ def _print_resolution(r, path=None):
         rows.append(("output", str(path)))
     for k, v in rows:  # plain lines: a tag or a path is never folded mid-name
         out.print(f"[bold]{k:<12}[/bold] {escape(v)}", soft_wrap=True)
+
+
+def _fabric_line(r) -> str:
+    """`ib: NCCL net IB (libibverbs1, ...), pinned on nodes with RDMA devices` for the summary."""
+    from .plan import fabric_packages
+
+    f = r.fabric
+    what = ", ".join(fabric_packages(r)) or ("from the host: " + ", ".join(f.host_paths) if f.host_paths else "nothing")
+    pinned = [d for d in f.env if d.node and d.name in f.net_env]
+    how = (f"; {', '.join(f'{d.name}={d.value}' for d in pinned)} on nodes with its devices" if pinned else "")
+    return f"{f.name}: NCCL net {f.transport} ({what}){how}"
 
 
 def _explain_candidates(m, req) -> list[dict]:
@@ -649,6 +664,33 @@ def gpus(as_json, wide, matrix_dir):
         _blocks("considered and not baked", not_baked_blocks(m))
     texts = [t for _, _, fields in env_blocks(m) + not_baked_blocks(m) for _, t in fields]
     _markers_note(texts + [n for _, n in gpu_notes(m)])
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with reasons and sources.")
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+              help="Use another matrix directory instead of the built-in one.")
+def fabrics(as_json, matrix_dir):
+    """List the fabric profiles (render --fabric): what each puts in the image and the NCCL net it pins."""
+    from .matrix import load_matrix
+    from .tables import FABRIC_HEADERS, fabric_env_rows, fabric_json, fabric_rows
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if as_json:
+        click.echo(json.dumps(fabric_json(m), indent=2))
+        return
+    for row, f in zip(fabric_rows(m), m.fabrics):
+        out.print(f"\n[bold]{escape(row[0])}[/bold]  {escape(f.description)}", soft_wrap=True)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column(overflow="fold")
+        fields = [*zip(FABRIC_HEADERS[1:], row[1:]), ("source", f.source)]
+        fields += [(var, f"{why} Cost: {cost}. Source: {src}.") for _, var, why, cost, src in
+                   fabric_env_rows(m) if any(e.name == var.split("=")[0] for e in f.env)]
+        fields += [("note", n) for n in f.notes]
+        for label, text in fields:
+            grid.add_row(f"  {label}", escape(text))
+        out.print(grid)
 
 
 @main.command("readme-tables", hidden=True)

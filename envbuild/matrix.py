@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from .errors import EnvbuildError, nearest
 from .resources import matrices_dir
 
-FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "cuda.yaml", "stacks.yaml")
+FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "cuda.yaml", "stacks.yaml", "fabrics.yaml")
 
 
 # ---------------------------------------------------------------- field types
@@ -183,7 +183,8 @@ class NodeCondition(_Strict):
     by the image's entrypoint / Apptainer environment instead of being baked blindly."""
 
     driver_below: Optional[str] = None
-    infiniband: Optional[Literal["absent", "present"]] = None
+    infiniband: Optional[Literal["absent", "present"]] = None  # any RDMA device in /sys/class/infiniband
+    efa: Optional[Literal["absent", "present"]] = None  # an RDMA device whose kernel driver is AWS's efa
 
     _v = field_validator("driver_below")(lambda v: v if v is None else _driver(v))
 
@@ -342,6 +343,94 @@ class BasesFile(_Strict):
     toolchains: dict[str, Toolchain]
 
 
+# ---------------------------------------------------------------- fabrics.yaml
+
+
+class FabricSource(_Strict):
+    """A source a fabric builds from: the real URL (what the publishing CI fetches) and the
+    sha256 of its uncompressed tar stream, which a local mirror of the same commit reproduces
+    (GitHub's /archive/ gzip bytes are not promised stable; the tar inside is `git archive`)."""
+
+    name: str
+    version: str
+    commit: str
+    url: str
+    tar_sha256: str
+    license: str
+    source: str
+
+    @field_validator("tar_sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not re.match(r"^[0-9a-f]{64}$", v):
+            raise ValueError(f"expected 64 lower-case hex digits, got {v!r}")
+        return v
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, v: str) -> str:
+        if not re.match(r"^[0-9a-f]{40}$", v):
+            raise ValueError(f"expected a 40-hex-digit git commit, got {v!r}")
+        return v
+
+
+class FabricBuild(_Strict):
+    """What the builder stage compiles for a fabric (fabric.sh), and what the runtime takes."""
+
+    sources: list[FabricSource]
+    prefix: str  # where the build installs; the runtime stage copies this directory
+    configure: dict[str, list[str]] = {}  # source name -> extra ./configure arguments
+    time: str  # measured build time, with the machine
+    source: str
+
+
+class FabricRequires(_Strict):
+    nccl: Optional[str] = None  # the NCCL versions the fabric's plugin or host library works with
+    arch: list[Literal["x86_64", "aarch64"]] = ["x86_64", "aarch64"]
+    source: str
+
+    _s = field_validator("nccl")(lambda v: v if v is None else _specifier(v))
+
+
+class Fabric(_Strict):
+    """How NCCL reaches other nodes: the user space the image carries (or the host injects),
+    the transport NCCL must then choose, and the environment that pins or tunes it."""
+
+    name: str
+    aliases: list[str] = []
+    tag: str  # the image tag's suffix when this is not the default fabric ("" for the default)
+    description: str
+    provided_by: Literal["image", "host"]
+    transport: str  # the net NCCL reports choosing ("Using network IB") on a node with the devices
+    net_env: dict[str, str] = {}  # what pins that transport (the smoke test's transport check sets it)
+    needs: list[str] = []  # bases.yaml capabilities: OS packages per OS release (runtime and builder)
+    libraries: list[str] = []  # sonames the fabric promises (what NCCL or its plugin dlopens): the smoke test loads each
+    providers: list[str] = []  # rdma-core verbs providers that must be registered and load
+    net_plugins: list[str] = []  # NCCL net plugins in the image: must exist and resolve every library
+    tools: list[str] = []  # diagnostic commands users reach for: must be on PATH
+    device_drivers: list[str] = []  # kernel drivers of the RDMA devices this fabric serves
+    host_paths: list[str] = []  # what the host must mount (provided_by: host)
+    env: list[EnvDefault] = []  # baked (no `node:`) or decided on the node at start-up
+    requires: Optional[FabricRequires] = None
+    build: Optional[FabricBuild] = None
+    size: str  # what it adds to the image, measured
+    source: str
+    notes: list[str] = []
+
+    @field_validator("name", "tag")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v and not re.match(r"^[a-z0-9][a-z0-9-]*$", v):
+            raise ValueError(f"expected lower-case letters, digits and '-', got {v!r}")
+        return v
+
+
+class FabricsFile(_Strict):
+    default: str
+    sources: dict[str, str]
+    fabrics: list[Fabric]
+
+
 # ---------------------------------------------------------------- stacks.yaml
 
 
@@ -383,6 +472,7 @@ _MODELS = {
     "bases.yaml": BasesFile,
     "cuda.yaml": CudaFile,
     "stacks.yaml": StacksFile,
+    "fabrics.yaml": FabricsFile,
 }
 
 
@@ -393,7 +483,7 @@ class Matrix:
     """All matrix files, cross-checked, with lookups by name and alias."""
 
     def __init__(self, directory: Path, torch: TorchFile, deepspeed: DeepspeedFile,
-                 gpus: GpusFile, bases: BasesFile, cuda: CudaFile, stacks: StacksFile):
+                 gpus: GpusFile, bases: BasesFile, cuda: CudaFile, stacks: StacksFile, fabrics: FabricsFile):
         self.directory = directory
         self.cuda_file = cuda
         self.torch_file = torch
@@ -401,6 +491,7 @@ class Matrix:
         self.gpus_file = gpus
         self.bases = bases
         self.stacks = stacks.stacks
+        self.fabrics_file = fabrics
         self._torch = {r.torch: r for r in torch.releases}
         self._ds = {r.deepspeed: r for r in deepspeed.releases}
         self._gpu_names: dict[str, GpuProfile] = {}
@@ -439,6 +530,23 @@ class Matrix:
             if key in names:
                 return names[key]
         raise unknown_gpu(name, spellings, [p.name for p in self.gpus])
+
+    @property
+    def fabrics(self) -> list[Fabric]:
+        return self.fabrics_file.fabrics
+
+    def fabric(self, name: Optional[str]) -> Fabric:
+        """A fabric by name or alias; None is the default (fabrics.yaml `default`)."""
+        wanted = (name or self.fabrics_file.default).strip().lower()
+        for f in self.fabrics:
+            if wanted in (f.name, *f.aliases):
+                return f
+        names = [f.name for f in self.fabrics]
+        hint = nearest(wanted, [n for f in self.fabrics for n in (f.name, *f.aliases)])
+        did = f" did you mean {', '.join(hint)}?" if hint else ""
+        raise EnvbuildError(
+            f"--fabric '{name}' is not a known fabric;{did} Known fabrics: {', '.join(names)} (default: "
+            f"{self.fabrics_file.default}; `envbuild fabrics` shows what each puts in the image).")
 
     def stack(self, stack_id: str) -> Stack:
         for s in self.stacks:
@@ -581,6 +689,21 @@ def _check_references(m: Matrix) -> None:
             if name not in known_targets or known_targets[name].arch not in p.host_arch:
                 problems.append(f"{d/'gpus.yaml'}: {p.name}.cpu_targets names '{name}', which is not a cpu_targets "
                                 f"entry for its host_arch {', '.join(p.host_arch)}")
+    fabric_names: dict[str, str] = {}
+    for f in m.fabrics:
+        for n in (f.name, *f.aliases):
+            if n in fabric_names:
+                problems.append(f"{d/'fabrics.yaml'}: name '{n}' is used by both {fabric_names[n]} and {f.name}")
+            fabric_names[n] = f.name
+        if (f.name == m.fabrics_file.default) != (f.tag == ""):
+            problems.append(f"{d/'fabrics.yaml'}: {f.name}: only the default fabric has an empty tag suffix")
+        for need in f.needs:
+            if not any(need in fam.capabilities for fam in m.bases.families.values()):
+                problems.append(f"{d/'fabrics.yaml'}: {f.name}.needs names '{need}', a capability no bases.yaml "
+                                f"family provides")
+    if m.fabrics_file.default not in fabric_names:
+        problems.append(f"{d/'fabrics.yaml'}: default '{m.fabrics_file.default}' is not a fabric "
+                        f"(known: {', '.join(f.name for f in m.fabrics)})")
     majors = {f.cuda for f in m.cuda_file.driver_floors}
     for rel in m.torch_file.releases:
         if "aarch64" in rel.cuda_platforms and not rel.aarch64_arches:
@@ -630,7 +753,7 @@ def _load_cached(directory: str) -> Matrix:
         raise EnvbuildError(f"matrix directory {d} lacks {', '.join(missing)}; it needs {', '.join(FILES)}.")
     loaded = {f: _load_file(d / f) for f in FILES}
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
-               loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"])
+               loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"])
     _check_references(m)
     return m
 

@@ -351,6 +351,8 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     for need in needs:
         builder_pkgs += os_release.capabilities[need].get("builder", [])
         runtime_pkgs += os_release.capabilities[need].get("runtime", [])
+    if request.keep_toolchain:  # the final image is the builder: the fabric's user space goes in there
+        builder_pkgs += [p for p in fabric_packages(resolution) if p not in builder_pkgs]
 
     # The CUDA toolchain, decided once: the base image brings it, or a step installs it only
     # when something needs nvcc.
@@ -432,14 +434,14 @@ def build_plan(resolution: Resolution) -> BuildPlan:
         if installs_toolchain:
             kept += (toolchain.install.prefix,)
         again = replace(os_step, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
-        runtime = Stage("runtime", resolution.base_images["builder"], (again,), from_builder=kept, reuses_builder=True,
-                        platform=platform)
+        runtime = Stage("runtime", resolution.base_images["builder"], (again,),
+                        from_builder=kept, reuses_builder=True, platform=platform)
     else:
         runtime_os = Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
                           comment=f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler
                           else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
                                f"(no nvcc, no ninja: DeepSpeed cannot JIT)")
-        runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os,),
+        runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os, *_fabric_steps(resolution)),
                         from_builder=(*(f"{LAYERS_DIR}/{layer}" for layer in CUDA_LAYERS), paths.VENV,
                                       paths.CONSTRAINTS),
                         binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),), platform=platform)
@@ -463,6 +465,26 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     )
     object.__setattr__(plan, "manifest", _manifest(plan))
     return plan
+
+
+def fabric_packages(resolution: Resolution) -> list[str]:
+    """The OS packages the image's fabric needs in the final image (bases.yaml capabilities)."""
+    fabric = resolution.fabric
+    family = resolution.matrix.bases.families[resolution.stack.os]
+    return [p for need in (fabric.needs if fabric else ()) for p in family.capabilities[need].get("runtime", [])]
+
+
+def _fabric_steps(resolution: Resolution) -> tuple[Step, ...]:
+    """The fabric's user space as a layer of its own, after the OS: fabric variants of a stack
+    share everything below it, and its size is one layer's (bench/image_size.py). The runtime
+    stage binds the step scripts (or, --keep-toolchain, has the builder's), so nothing is copied."""
+    packages = fabric_packages(resolution)
+    if not packages:
+        return ()
+    fabric = resolution.fabric
+    family = resolution.matrix.bases.families[resolution.stack.os]
+    return (Step("os", tuple(packages), env=(("ENVBUILD_APT_HOSTS", " ".join(family.mirror_hosts)),), secrets=APT_SECRETS,
+                 comment=f"fabric {fabric.name}: {fabric.description}"),)
 
 
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
@@ -567,6 +589,7 @@ def _labels(resolution: Resolution) -> list[tuple[str, str]]:
         ("io.envbuild.cpu-target", resolution.cpu_target),
         ("io.envbuild.min-driver", resolution.driver.min_driver),
         ("io.envbuild.lock", f"sha256:{resolution.lock.sha256}" if resolution.lock else "none"),
+        ("io.envbuild.fabric", resolution.fabric.name if resolution.fabric else "none"),
     ]
 
 
@@ -615,4 +638,19 @@ def _manifest(plan: BuildPlan) -> dict:
         "driver": {"cuda": stack.cuda, "min_driver": resolution.driver.min_driver, "branch": resolution.driver.branch,
                    "forward_compat": resolution.matrix.cuda_file.forward_compat, "source": resolution.driver.source},
         "base_images": dict(resolution.base_images),
+        "fabric": _fabric_manifest(resolution),
     }
+
+
+def _fabric_manifest(resolution: Resolution) -> Optional[dict]:
+    """What the image promises about the network between nodes: the smoke test's `fabric` and
+    `transport` checks and the start-up checks read it (envbuild/image/fabric.py)."""
+    f = resolution.fabric
+    if f is None:
+        return None
+    baked = {e.name: e.value for e in resolution.env if any(d.name == e.name and not d.node for d in f.env)}
+    return {"name": f.name, "description": f.description, "provided_by": f.provided_by, "transport": f.transport,
+            "net_env": dict(f.net_env), "libraries": list(f.libraries), "providers": list(f.providers),
+            "net_plugins": list(f.net_plugins), "tools": list(f.tools), "env": baked,
+            "device_drivers": list(f.device_drivers), "host_paths": list(f.host_paths),
+            "packages": fabric_packages(resolution)}

@@ -27,7 +27,7 @@ from .digests import load_base_digests
 from .errors import EnvbuildError, nearest
 from .lock import Lock, stack_lock
 from .image import paths
-from .matrix import DriverFloor, EnvDefault, GpuProfile, Matrix, Stack
+from .matrix import DriverFloor, EnvDefault, Fabric, GpuProfile, Matrix, Stack
 
 DEFAULT_CPU_TARGET = "x86-64-v3"  # x86_64 images; aarch64 ones default to their host CPU's (gpus.yaml)
 PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}  # OCI platform of each CPU architecture
@@ -54,10 +54,11 @@ class Request:
     no_compiler: bool = False  # a final image without a C compiler: torch.compile cannot run
     qemu: bool = False  # an arm64 image built under qemu-user emulation: bind a stub CPU sysfs (plan.py)
     image_repo: str = "envbuild"
+    fabric: Optional[str] = None  # None: fabrics.yaml's default (the verbs user space for InfiniBand/RoCE)
 
     def describe(self) -> str:
         parts = [f"--gpu {self.gpu}"]
-        for flag in ("stack", "python", "cuda", "torch", "deepspeed"):
+        for flag in ("stack", "python", "cuda", "torch", "deepspeed", "fabric"):
             if getattr(self, flag):
                 parts.append(f"--{flag} {getattr(self, flag)}")
         return " ".join(parts)
@@ -98,6 +99,7 @@ class Resolution:
     node_env: list[EnvDefault]
     driver: DriverFloor
     tag: str
+    fabric: Optional[Fabric] = None  # how NCCL reaches other nodes (fabrics.yaml); None only in old tests
     arch: str = "x86_64"  # the image's CPU architecture (the GPU's nodes': Grace is aarch64)
     cpu_target: str = DEFAULT_CPU_TARGET  # what the host-compiled ops are built for (gpus.yaml cpu_targets)
     matrix: Optional[Matrix] = field(default=None, repr=False)
@@ -123,9 +125,11 @@ def _nodot(v: str) -> str:
 
 def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
                  cpu_target: str, keep_toolchain: bool, custom: tuple = (), no_compiler: bool = False,
-                 default_cpu_target: str = DEFAULT_CPU_TARGET) -> str:
+                 default_cpu_target: str = DEFAULT_CPU_TARGET, fabric_tag: str = "") -> str:
     """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices."""
     tag = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
+    if fabric_tag:
+        tag += "-" + fabric_tag
     if ops != default_ops:
         names = ".".join(ops) or "none"
         tag += "-ops-" + (names if len(names) <= 40 else hashlib.sha256(names.encode()).hexdigest()[:8])
@@ -145,15 +149,15 @@ def _applies(d: EnvDefault, s: Stack) -> bool:
     return not d.when or rules.contains(d.when["torch"], s.torch)
 
 
-def _node_env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request) -> list[EnvDefault]:
+def _node_env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request, fabric: Fabric) -> list[EnvDefault]:
     """Defaults the node decides at start-up (driver, InfiniBand); a --env of the same name
     bakes the user's value instead."""
     overridden = {name for name, _ in req.env}
-    return [d for d in [*m.gpus_file.common_env, *gpu.env]
+    return [d for d in [*m.gpus_file.common_env, *gpu.env, *fabric.env]
             if d.node and _applies(d, s) and d.name not in overridden]
 
 
-def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> list[EnvVar]:
+def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request, fabric: Fabric) -> list[EnvVar]:
     floor = m.driver_floor(s.cuda)
     out = [
         EnvVar("PYTHONUNBUFFERED", "1", "log lines reach the job log before a hang, not after", "envbuild", "base"),
@@ -168,7 +172,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request) -> 
                f"the arches the DeepSpeed ops were pre-built for ({gpu.name}: {gpu.sm})",
                "gpus.yaml cc", "gpu"),
     ]
-    for d in [*m.gpus_file.common_env, *gpu.env]:
+    for d in [*m.gpus_file.common_env, *fabric.env, *gpu.env]:
         if _applies(d, s) and not d.node:
             out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu", d.cost))
     for name, value in req.env:
@@ -215,10 +219,12 @@ def _pythons(m: Matrix) -> list[str]:
 def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
     """Every stack with the rules that reject it for this request (empty list: valid)."""
     pool = [m.stack(req.stack)] if req.stack else m.stacks
+    fabric = m.fabric(req.fabric)
     out = []
     for s in sorted(pool, key=_sort_key, reverse=True):
         rej = rules.request_rejections(m, s, req) + rules.gpu_rejections(m, s, gpu)
         arch = rules.image_arch(m, s, gpu)
+        rej += rules.fabric_rejections(m, s, fabric, arch)
         if req.cpu_target is not None and arch is not None:
             why = rules.cpu_target_rejection(m, s, req.cpu_target, arch)
             rej += [why] if why else []
@@ -275,6 +281,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     if not valid:
         raise _no_stack_error(m, req, gpu, cands)
     s = valid[0].stack
+    fabric = m.fabric(req.fabric)
     validate.check_base_images(m, s, req)
     rel = m.torch_release(s.torch)
     arch_list = gpu.cc
@@ -300,13 +307,13 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
         nvcc_reason=rules.nvcc_required(m, s, ops),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
-        env=_env(m, s, gpu, arch_list, req), node_env=_node_env(m, s, gpu, req),
+        env=_env(m, s, gpu, arch_list, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),
         driver=m.driver_floor(s.cuda),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
-                         req.no_compiler, default_target),
-        arch=arch, cpu_target=cpu_target,
+                         req.no_compiler, default_target, fabric.tag),
+        fabric=fabric, arch=arch, cpu_target=cpu_target,
         matrix=m,
         lock=stack_lock(m, s, arch),
     )

@@ -16,6 +16,9 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``gpu-jit-arch``    torch's cpp_extension accepts the GPU's arch (needed to pre-build ops)
 - ``ds-op``           a DeepSpeed op can be pre-built for this stack, GPU and CPU architecture
 - ``cpu-target``      the CPU target of the host-compiled ops fits the image's architecture and GCC
+- ``fabric-os``       the base OS release has the packages the fabric needs (bases.yaml capabilities)
+- ``fabric-arch``     the fabric exists for the image's CPU architecture
+- ``fabric-nccl``     the fabric's NCCL plugin (or host NCCL) works with the NCCL torch bundles
 - ``request``         the stack matches the versions the user asked for
 """
 
@@ -303,3 +306,27 @@ def cpu_target_rejection(m, s, target: str, cpu_arch: str) -> Optional[Rejection
         return Rejection("cpu-target", f"'{target}' ({known.flag}) needs GCC >= {known.min_gcc} and {s.os} ships GCC "
                                        f"{family.gcc} ({known.source})")
     return None
+
+
+# ---------------------------------------------------------------- fabrics
+
+
+def fabric_rejections(m, s, fabric, cpu_arch: Optional[str]) -> list[Rejection]:
+    """Why `fabric` cannot go into an image of stack `s` for CPU architecture `cpu_arch`."""
+    out = []
+    family = m.bases.families[s.os]
+    missing = [n for n in fabric.needs if n not in family.capabilities]
+    if missing:
+        having = [f.name for f in m.fabrics if all(n in family.capabilities for n in f.needs)]
+        out.append(Rejection("fabric-os", f"fabric {fabric.name} needs {', '.join(missing)} packages, which "
+                                          f"bases.yaml does not list for {s.os} (fabrics for {s.os}: "
+                                          f"{', '.join(having)})"))
+    req = fabric.requires
+    if req and cpu_arch and cpu_arch not in req.arch:
+        out.append(Rejection("fabric-arch", f"fabric {fabric.name} is for {', '.join(req.arch)} hosts and the "
+                                            f"image is {cpu_arch} ({req.source})"))
+    nccl = m.torch_release(s.torch).nccl
+    if req and req.nccl and not contains(req.nccl, nccl):
+        out.append(Rejection("fabric-nccl", f"fabric {fabric.name} needs NCCL {req.nccl} and torch {s.torch} "
+                                            f"bundles NCCL {nccl} ({req.source})"))
+    return out

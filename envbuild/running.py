@@ -143,7 +143,8 @@ def resolution_dict(r: Resolution) -> dict:
 
     manifest = build_plan(r).manifest
     keys = ("tag", "image", "stack", "python", "cuda", "torch", "torchvision", "deepspeed", "nccl", "gpu",
-            "gpu_cc", "torch_cuda_arch_list", "ds_ops", "ds_ops_dropped", "driver", "arch", "platform", "cpu_target")
+            "gpu_cc", "torch_cuda_arch_list", "ds_ops", "ds_ops_dropped", "driver", "arch", "platform", "cpu_target",
+            "fabric")
     out = {key: manifest[key] for key in keys}
     out["sm"] = r.gpu.sm
     out["singularity_from"] = {"image": r.image_ref, "registry": registry_host(r.request.image_repo)}

@@ -94,6 +94,8 @@ def condition(e) -> str:
             node.append(f"driver < {e.node.driver_below}")
         if e.node.infiniband:
             node.append("no InfiniBand" if e.node.infiniband == "absent" else "InfiniBand")
+        if e.node.efa:
+            node.append("no EFA" if e.node.efa == "absent" else "EFA")
         parts.append("on nodes with " + " and ".join(node))
     return "; ".join(parts)
 
@@ -126,6 +128,35 @@ def gpu_json(m: Matrix) -> list[dict]:
     return out
 
 
+FABRIC_HEADERS = ("fabric", "tag suffix", "provided by", "NCCL net", "what it adds", "size")
+
+
+def fabric_rows(m: Matrix) -> list[tuple[str, ...]]:
+    """One row per fabric: what it puts in the image (per OS release) and what it costs."""
+    rows = []
+    for f in m.fabrics:
+        by_os = {fam: [p for n in f.needs for p in family.capabilities.get(n, {}).get("runtime", [])]
+                 for fam, family in m.bases.families.items()}
+        adds = "; ".join(f"{fam}: {', '.join(pkgs)}" for fam, pkgs in by_os.items() if pkgs)
+        if f.build:
+            adds += ("; " if adds else "") + "built: " + ", ".join(f"{x.name} {x.version}" for x in f.build.sources)
+        if f.host_paths:
+            adds += ("; " if adds else "") + "from the host: " + ", ".join(f.host_paths)
+        rows.append((f.name + (" (default)" if f.name == m.fabrics_file.default else ""), f.tag or "-",
+                     f.provided_by, f.transport, adds or "nothing", f.size))
+    return rows
+
+
+def fabric_env_rows(m: Matrix) -> list[tuple[str, ...]]:
+    """Every environment default a fabric sets, with its condition, reason, cost and source."""
+    return [(f.name + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}", e.reason, e.cost,
+             e.source) for f in m.fabrics for e in f.env]
+
+
+def fabric_json(m: Matrix) -> list[dict]:
+    return [{**f.model_dump(exclude_none=True), "default": f.name == m.fabrics_file.default} for f in m.fabrics]
+
+
 def markdown(headers, rows) -> str:
     esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -150,6 +181,8 @@ def readme_blocks(m: Matrix) -> dict[str, str]:
         "stacks": markdown(STACK_HEADERS, stack_rows(m)) + (f"\n\nNotes:\n\n{notes}" if notes else "")
                   + "\n\nDriver floors (`matrices/cuda.yaml`): "
                   + m.cuda_file.forward_compat + "\n\n" + floors,
+        "fabrics": markdown(FABRIC_HEADERS, fabric_rows(m)) + "\n\n" + "\n".join(
+            f"- {where}: `{var}`: {why}. Cost: {cost}. Source: {src}." for where, var, why, cost, src in fabric_env_rows(m)),
         "gpus": markdown(GPU_HEADERS, gpu_rows(m)) + "\n\nEvery image also gets:\n\n" + common
                 + "\n\nPer GPU:\n\n" + per_gpu
                 + "\n\nConsidered and not baked:\n\n" + markdown(NOT_BAKED_HEADERS, not_baked_rows(m)),

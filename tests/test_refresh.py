@@ -106,7 +106,7 @@ def small_matrix(tmp_path):
     (d / "torch.yaml").write_text(yaml.safe_dump(torch_data, sort_keys=False))
     (d / "deepspeed.yaml").write_text(yaml.safe_dump(ds_data, sort_keys=False))
     (d / "stacks.yaml").write_text(small_stacks())
-    for name in ("gpus.yaml", "bases.yaml", "cuda.yaml"):
+    for name in ("gpus.yaml", "bases.yaml", "cuda.yaml", "fabrics.yaml"):
         shutil.copy(ROOT / "matrices" / name, d / name)
     return d
 

@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 
-from . import checks, collectives, node
+from . import checks, collectives, fabric, node
 from .children import child_collective, child_compile, child_ops
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, exit_code, render_text, run_check
@@ -87,6 +87,7 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
         results.append(run_check("torch_compile", checks.check_torch_compile, manifest,
                                  lambda: checks.run_compile_child(manifest, args, work)))
         results.append(run_check("env", checks.check_env, manifest))
+        results.append(run_check("fabric", fabric.check_fabric, manifest))
         results.append(run_check("driver", checks.check_driver, manifest, bool(gpus), facts))
         results.append(run_check("node_env", checks.check_node_env, manifest, bool(gpus), facts))
         if gpus:

@@ -83,8 +83,11 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
             env = {"QEMU_CPU": QEMU_CPU, **(env or {})}
         # By image ID, not by name: the verdict is recorded for exactly the bits that ran.
         argv = [PYTHON, SMOKE, "--json", *(["--timeout", str(QEMU_CHECK_TIMEOUT)] if qemu else [])]
+        # On a GPU node with RDMA devices the transport check opens them, as a multi-node job would.
+        rdma = {"rdma": True} if gpus and os.path.isdir(image_paths.RDMA_DEVICES) else {}
         run = engine.run(info.id, argv, timeout=timeout, gpus=gpus, network="none",
-                         env=env or {}, entrypoint=[image_paths.ENTRYPOINT], **({"mounts": mounts} if mounts else {}))
+                         env=env or {}, entrypoint=[image_paths.ENTRYPOINT], **({"mounts": mounts} if mounts else {}),
+                         **rdma)
     if run.timed_out:
         raise EnvbuildError(f"smoke test of {image} did not finish in {timeout} s; the container was "
                             f"killed. Re-run with a larger --timeout, or look for a hang.", exit_code=1)

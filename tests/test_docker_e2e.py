@@ -172,8 +172,10 @@ def test_smoke_passes_on_cpu(smoked, state):
     rep = json.loads(r.stdout)
     checks = {c["name"]: c for c in rep["checks"]}
     assert rep["ok"] and rep["mode"] == "cpu"
-    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock", "env", "collectives"):
-        assert checks[name]["ok"], checks[name]
+    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock", "env", "fabric",
+                 "collectives"):
+        assert checks[name]["ok"] and not checks[name].get("skipped"), checks[name]
+    assert "fabric ib (NCCL net IB)" in checks["fabric"]["detail"]
     assert "fused_adam" in checks["no_jit"]["detail"]
     records = list(Path(state["ENVBUILD_STATE_DIR"], "smoke").glob("*.json"))
     assert len(records) == 1 and json.loads(records[0].read_text())["ok"]
@@ -412,6 +414,56 @@ def matrix_copy_module(work):
     d = work / "matrices"
     shutil.copytree(ROOT / "matrices", d)
     return d
+
+
+NCCL_SONAMES = r"""
+import json, re, sys, ctypes, glob
+nccl = glob.glob("/opt/venv/lib/python*/site-packages/nvidia/nccl/lib/libnccl.so.2")[0]
+named = sorted(set(m.decode() for m in re.findall(rb"lib(?:ibverbs|mlx5|rdmacm)\.so\.[0-9]+", open(nccl, "rb").read())))
+loads = {}
+for soname in named:
+    try:
+        ctypes.CDLL(soname); loads[soname] = True
+    except OSError as e:
+        loads[soname] = str(e)
+print(json.dumps({"named": named, "loads": loads}))
+"""
+
+
+def test_the_image_has_the_verbs_user_space_nccl_dlopens(h20):
+    """Issue: PyPI's NCCL names libibverbs.so.1 / libmlx5.so.1 and dlopens them at run time; the
+    image had neither, so jobs fell back to sockets. Every verbs soname NCCL's own bytes name loads
+    in the image, and the tools users reach for are there."""
+    r = docker("run", "--rm", h20["image"], "python", "-c", NCCL_SONAMES, timeout=300)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "libibverbs.so.1" in res["named"] and "libmlx5.so.1" in res["named"], res
+    assert all(ok is True for ok in res["loads"].values()), res
+    r = docker("run", "--rm", h20["image"], "sh", "-c", "command -v ibv_devinfo ibv_devices", timeout=120)
+    assert r.stdout.split() == ["/usr/bin/ibv_devinfo", "/usr/bin/ibv_devices"]
+    labels = json.loads(docker("image", "inspect", h20["image"]).stdout)[0]["Config"]["Labels"]
+    assert labels["io.envbuild.fabric"] == "ib"
+
+
+def test_an_image_without_its_verbs_libraries_fails_smoke_and_is_not_pushed(h20, state, work):
+    """The same image with rdma-core's libraries deleted: the smoke test's fabric check fails,
+    naming the library, and push refuses the image; the registry gains nothing."""
+    bad = f"{REPO}:no-verbs"
+    ctx = work / "no-verbs-ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(
+        f"FROM {h20['image']}\n"
+        "RUN rm -f /usr/lib/*/libibverbs.so.1* /usr/lib/*/libmlx5.so.1*\n")
+    docker("build", "--network", "host", "-t", bad, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    before = _registry_tags(REPO)
+    r = run_cli("smoke", bad, "--json", env=state, timeout=1200)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["fabric"]["ok"] is False and "libibverbs.so.1" in checks["fabric"]["detail"], checks["fabric"]
+    assert checks["versions"]["ok"] and checks["no_jit"]["ok"]  # only what the fabric promises is missing
+    r = run_cli("push", bad, "--registry", REGISTRY, env=state)
+    assert r.returncode == 1 and "smoke test failed (fabric" in " ".join(r.stderr.split()), r.stderr
+    assert _registry_tags(REPO) == before and "no-verbs" not in before
+    docker("rmi", bad, check=False)
 
 
 def test_failing_smoke_test_blocks_push(h20, state, work):

@@ -58,10 +58,12 @@ class FakeEngine:
             raise EnvbuildError(f"image '{ref}' does not exist locally")
         return self.images[ref]
 
-    def run(self, image, argv, *, timeout, gpus=None, network="none", env=None, entrypoint=None, mounts=None):
+    def run(self, image, argv, *, timeout, gpus=None, network="none", env=None, entrypoint=None, mounts=None,
+            rdma=False):
         self.calls.append(("run", image, list(argv), dict(timeout=timeout, gpus=gpus, network=network,
                                                            entrypoint=list(entrypoint or []), env=dict(env or {}),
-                                                           **({"mounts": dict(mounts)} if mounts else {}))))
+                                                           **({"mounts": dict(mounts)} if mounts else {}),
+                                                           **({"rdma": True} if rdma else {}))))
         self.mounted = {host: sorted(p.name for p in __import__("pathlib").Path(host).rglob("*"))
                         for host in (mounts or {})}
         return self.run_result
@@ -561,3 +563,53 @@ def test_unreachable_docker_engine_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-dockerd.sock")
     with pytest.raises(EnvbuildError, match="cannot reach the Docker engine .*start dockerd"):
         DockerEngine().inspect("envbuild:t1")
+
+
+class _RecordingClient:
+    """Stands in for the Docker SDK client: records what a container run was asked for."""
+
+    def __init__(self):
+        self.kwargs = None
+        outer = self
+
+        class Container:
+            def wait(self, timeout):
+                return {"StatusCode": 0}
+
+            def logs(self, stdout, stderr):
+                return b""
+
+            def remove(self, force):
+                pass
+
+        class Containers:
+            def run(self, image, argv, **kwargs):
+                outer.kwargs = kwargs
+                return Container()
+
+        self.containers = Containers()
+
+
+def test_rdma_runs_get_the_devices_memlock_and_ipc_lock_a_multinode_job_needs():
+    client = _RecordingClient()
+    DockerEngine(client=client).run("img", ["true"], timeout=5, rdma=True)
+    assert client.kwargs["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
+    assert client.kwargs["cap_add"] == ["IPC_LOCK"]
+    (limit,) = client.kwargs["ulimits"]
+    assert (limit["Name"], limit["Soft"], limit["Hard"]) == ("memlock", -1, -1)
+    DockerEngine(client=client).run("img", ["true"], timeout=5)
+    assert not {"devices", "cap_add", "ulimits"} & set(client.kwargs)
+
+
+def test_smoke_hands_rdma_devices_over_only_on_a_gpu_run_where_the_node_has_them(monkeypatch, tmp_path):
+    from envbuild import verdict
+
+    engine = FakeEngine(images={"img": ImageInfo(IMAGE_ID, ["img"])},
+                        run_result=RunResult(0, '{"ok": true, "mode": "gpu", "checks": []}', ""))
+    monkeypatch.setenv("ENVBUILD_STATE_DIR", str(tmp_path))
+    real_isdir = verdict.os.path.isdir
+    monkeypatch.setattr(verdict.os.path, "isdir", lambda p: p == "/dev/infiniband" or real_isdir(p))
+    verdict.run_smoke("img", gpus="all", engine=engine)
+    verdict.run_smoke("img", engine=engine)
+    runs = [c[3] for c in engine.calls if c[0] == "run"]
+    assert runs[0].get("rdma") is True and "rdma" not in runs[1]

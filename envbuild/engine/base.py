@@ -111,10 +111,12 @@ class Engine(Protocol):
 
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,
-            entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None) -> RunResult:
+            entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None,
+            rdma: bool = False) -> RunResult:
         """Run `argv` in a new container of `image` and remove it; killed after `timeout` s
         (``timed_out``). `gpus` is 'all' or a count, None for no GPU. `mounts`: host directory ->
-        path in the container, read-only."""
+        path in the container, read-only. `rdma`: hand it the host's RDMA devices as a multi-node
+        job needs them (/dev/infiniband, unlimited memlock, CAP_IPC_LOCK)."""
 
     def tag(self, image: str, ref: str) -> None:
         """Give image (ID or ref) the name `ref` (REPO:TAG)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import EnvbuildError
+from ..image import paths
 from .base import (BuildFailed, BuildOutcome, BuildSecrets, ImageInfo, RegistryError, RunResult, StepCallback,
                    registry_of)
 
@@ -149,9 +150,15 @@ class DockerEngine:
 
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,
-            entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None) -> RunResult:
+            entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None,
+            rdma: bool = False) -> RunResult:
         """`docker run` detached with a 1 GB /dev/shm; killed after `timeout`, always removed."""
         kwargs = dict(shm_size="1g", detach=True, environment=env or {})
+        if rdma:  # docker run --device /dev/infiniband --ulimit memlock=-1 --cap-add IPC_LOCK
+            from docker.types import Ulimit
+
+            kwargs.update(devices=[f"{paths.RDMA_DEVICES}:{paths.RDMA_DEVICES}:rwm"], cap_add=["IPC_LOCK"],
+                          ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)])
         if mounts:
             kwargs["volumes"] = {host: {"bind": target, "mode": "ro"} for host, target in mounts.items()}
         if network:

@@ -36,3 +36,8 @@ MIN_DRIVER_ENV = "ENVBUILD_MIN_DRIVER"
 # The system's own program directories; the image's directories (the venv first) go before them.
 SYSTEM_PATH = "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUNTIME_PATH = VENV + "/bin:" + SYSTEM_PATH
+
+# The node's RDMA devices: the verbs character devices a container needs for NCCL's IB transport
+# (docker run --device), and the kernel's list of RDMA devices (sysfs, visible in containers).
+RDMA_DEVICES = "/dev/infiniband"
+RDMA_SYSFS = "/sys/class/infiniband"

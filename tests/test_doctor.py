@@ -48,26 +48,65 @@ def verdict(found) -> str:
     return ", ".join(f"`{i}`" for i in sorted(found)) or "nothing"
 
 
+SETS = (("fit", None), ("held-out", "held-out"), ("held-out (issue 16)", "held-out-16"))
+
+
+def said_now(entry) -> list[str]:
+    return ids(diagnose_log(str(LOGS / entry["file"]), ISSUES))
+
+
+def precision_recall(rows) -> list[str]:
+    """Per signature over every log: how often the thread's cause is it, how often doctor says it, how often both."""
+    table = {}
+    for expected, found in rows:
+        for issue_id in set(expected) | set(found):
+            cause, said, right = table.get(issue_id, (0, 0, 0))
+            table[issue_id] = (cause + (issue_id in expected), said + (issue_id in found),
+                               right + (issue_id in expected and issue_id in found))
+    lines = ["| signature | logs whose cause it is | logs doctor flags with it | right | precision | recall |",
+             "|---|---|---|---|---|---|"]
+    for issue_id, (cause, said, right) in sorted(table.items()) + [("all", tuple(map(sum, zip(*table.values()))))]:
+        name = f"`{issue_id}`" if issue_id != "all" else "**all**"
+        precision = f"{right / said:.0%}" if said else "-"
+        recall = f"{right / cause:.0%}" if cause else "-"
+        lines.append(f"| {name} | {cause} | {said} | {right} | {precision} | {recall} |")
+    clean = [found for expected, found in rows if not expected]
+    lines += ["", f"Logs whose cause is no known signature: {len(clean)}; doctor flags "
+                  f"{sum(1 for found in clean if found)} of them."]
+    return lines
+
+
 def render_table() -> str:
-    """The measurement table of docs/doctor.md: every INDEX entry, before and now, and the scores."""
-    lines, scores = [], []
-    for name, entries in (("fit", [e for e in INDEX if e.get("set") != "held-out"]),
-                          ("held-out", [e for e in INDEX if e.get("set") == "held-out"])):
-        lines += ["", f"**{name}** set", "",
-                  "| log | thread | cause (per the thread) | expected | before | now |", "|---|---|---|---|---|---|"]
-        right_before = right_now = 0
+    """The measurement of docs/doctor.md: every INDEX entry, before and now, the scores, precision and recall."""
+    lines, scores, rows = [], [], []
+    for name, key in SETS:
+        entries = [e for e in INDEX if e.get("set") == key]
+        first_try = key == "held-out-16"
+        head = "| log | thread | cause (per the thread) | expected | before |" + (" first try |" if first_try else "") + " now |"
+        lines += ["", f"**{name}** set", "", head, "|---" * (7 if first_try else 6) + "|"]
+        right_before = right_first = right_now = 0
         for e in entries:
-            now = ids(diagnose_log(str(LOGS / e["file"]), ISSUES))
+            now = said_now(e)
+            rows.append((e["expected"], now))
             ok_before, ok_now = sorted(e["before"]) == sorted(e["expected"]), sorted(now) == sorted(e["expected"])
             right_before += ok_before
             right_now += ok_now
             cause = e["cause"].replace("|", "\\|")
             thread = e["source"].removeprefix("https://github.com/").replace("/issues/", "#")
-            lines.append(f"| [{e['file']}](../tests/fixtures/logs/{e['file']}) | [{thread}]({e['source']}) "
-                         f"| {cause} | {verdict(e['expected'])} | {verdict(e['before'])} {'✓' if ok_before else '✗'} "
-                         f"| {verdict(now)} {'✓' if ok_now else '✗'} |")
-        scores.append(f"- {name}: before {right_before}/{len(entries)}, now {right_now}/{len(entries)}")
-    return "\n".join(["Scores (right / total):", *scores, *lines])
+            row = (f"| [{e['file']}](../tests/fixtures/logs/{e['file']}) | [{thread}]({e['source']}) "
+                   f"| {cause} | {verdict(e['expected'])} | {verdict(e['before'])} {'✓' if ok_before else '✗'} |")
+            if first_try:
+                ok_first = sorted(e["first_try"]) == sorted(e["expected"])
+                right_first += ok_first
+                row += f" {verdict(e['first_try'])} {'✓' if ok_first else '✗'} |"
+            lines.append(row + f" {verdict(now)} {'✓' if ok_now else '✗'} |")
+        first = f", first try {right_first}/{len(entries)}" if first_try else ""
+        scores.append(f"- {name}: before {right_before}/{len(entries)}{first}, now {right_now}/{len(entries)}")
+    held = [(e["expected"], e["first_try"]) for e in INDEX if "first_try" in e]
+    return "\n".join(["Scores (right / total):", *scores, "", f"Precision and recall now, over all {len(rows)} logs:", "",
+                      *precision_recall(rows), "",
+                      f"Precision and recall of the issue-16 signatures on their {len(held)} held-out logs, first try "
+                      "(before any change made after reading them):", "", *precision_recall(held), *lines])
 
 
 def test_docs_table_is_what_doctor_says_today():
@@ -82,14 +121,19 @@ def test_index_lists_every_fixture_once_with_a_source():
     assert sorted(listed) == sorted(p.name for p in LOGS.glob("*.log")) and len(set(listed)) == len(listed)
     assert all(re.match(r"https://github\.com/[^/]+/[^/]+/issues/\d+$", e["source"]) for e in INDEX)
     known = {i.id for i in ISSUES}
-    assert all(set(e["expected"]) <= known and set(e["before"]) <= known and e["cause"] for e in INDEX)
+    fields = ("expected", "before", "first_try", "doctor_says")
+    assert all(set(e.get(f, [])) <= known for e in INDEX for f in fields) and all(e["cause"] for e in INDEX)
+    assert all(e.get("set") in {key for _, key in SETS} for e in INDEX)
+    assert all(("first_try" in e) == (e.get("set") == "held-out-16") for e in INDEX)
+    assert all(sorted(e["doctor_says"]) != sorted(e["expected"]) for e in INDEX if "doctor_says" in e)
     assert len(INDEX) >= 25 and known <= {i for e in INDEX for i in e["expected"]} | {"cpu-adam-illegal-instruction"}
 
 
 @pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
 def test_real_log_verdict(entry):
+    """Doctor says what the thread names as the cause; `doctor_says` marks the documented misses."""
     findings = diagnose_log(str(LOGS / entry["file"]), ISSUES)
-    assert sorted(ids(findings)) == sorted(entry["expected"]), entry["cause"]
+    assert sorted(ids(findings)) == sorted(entry.get("doctor_says", entry["expected"])), entry["cause"]
     if "ranks" in entry:
         assert [r for f in findings for r in f.ranks] == entry["ranks"]
 
@@ -136,7 +180,11 @@ def test_unprefixed_ranks_are_counted():
     log = "Using /root/.cache/torch_extensions/py39_cu117 as PyTorch extensions root...\n" * 8
     log += "Loading extension module fused_adam...\nTime to load fused_adam op: 0.2 seconds\n" * 7
     assert "1 of 8" in by_id(diagnose_text(log, ISSUES), "torch-extensions-lock").detail
-    assert diagnose_text(log + "Loading extension module fused_adam...\n", ISSUES) == []
+    # The eighth load started: the lock is passed, but DeepSpeed never printed its `Time to load`.
+    stalled = diagnose_text(log + "Loading extension module fused_adam...\n", ISSUES)
+    assert ids(stalled) == ["jit-load-stalled"] and "1 of 8" in stalled[0].detail
+    assert diagnose_text(log + "Loading extension module fused_adam...\nTime to load fused_adam op: 0.2 seconds\n",
+                         ISSUES) == []
 
 
 def test_lock_line_followed_by_healthy_training_is_not_a_hang():
@@ -194,6 +242,76 @@ def test_sigill_is_blamed_on_cpu_adam_only_when_the_log_names_it():
 def test_generic_sigill_cause_does_not_blame_deepspeed():
     finding = by_id(diagnose_log(str(LOGS / "ktransformers-265-sigill.log"), ISSUES), "illegal-instruction")
     assert "cpu_adam" not in finding.issue.cause and "does not have" in finding.issue.cause
+
+
+# --- multi-node and container signatures (issue 16) ---------------------------------------
+
+
+def test_socket_fallback_needs_rdma_in_the_log_and_respects_ib_disable():
+    """nccl-tests#188's real lines are a fallback without its NCCL_IB_DISABLE=1 line and fine with it;
+    the AWS log (nccl#226) names no RDMA device, so sockets there are no fallback until one is named."""
+    text = (LOGS / "nccl-tests-188-ib-disabled-socket-clean.log").read_text()
+    assert diagnose_text(text, ISSUES) == []
+    on_purpose_removed = "\n".join(line for line in text.splitlines() if "NCCL_IB_DISABLE" not in line)
+    assert ids(diagnose_text(on_purpose_removed, ISSUES)) == ["nccl-socket-fallback"]
+    aws = (LOGS / "nccl-226-aws-socket-clean.log").read_text()
+    assert diagnose_text(aws, ISSUES) == []
+    hca = "[0] NCCL INFO NCCL_IB_HCA set to mlx5_0:1,mlx5_1:1\n"  # llamafactory-6111's wording
+    assert ids(diagnose_text(hca + aws, ISSUES)) == ["nccl-socket-fallback"]
+
+
+def test_network_error_gives_way_to_the_shm_memlock_or_oom_cause():
+    """An `unhandled system error` next to a verbs or shared-memory failure is reported as that failure."""
+    assert ids(diagnose_log(str(LOGS / "horovod-98-create-qp.log"), ISSUES)) == ["rdma-memlock"]
+    shm = (LOGS / "nccl-342-docker-shm.log").read_text() + "NCCL failure common.cu:874 'unhandled system error'\n"
+    assert ids(diagnose_text(shm, ISSUES)) == ["shm-too-small"]
+    assert ids(diagnose_text("NCCL failure common.cu:874 'unhandled system error'\n", ISSUES)) == ["nccl-system-error"]
+
+
+def test_stylegan_plugin_line_is_a_stall_only_without_done():
+    """StyleGAN prints `Done.` or `Failed!` on the same line once the plugin is loaded (stylegan3#48)."""
+    done = 'Setting up PyTorch plugin "bias_act_plugin"... Done.\n'
+    assert diagnose_text(done, ISSUES) == []
+    assert ids(diagnose_text('Setting up PyTorch plugin "bias_act_plugin"... \n', ISSUES)) == ["jit-load-stalled"]
+    assert ids(diagnose_text('Setting up PyTorch plugin "filtered_lrelu_plugin"... Failed!\n', ISSUES)) == \
+        ["jit-compile-failed"]
+
+
+def test_a_load_followed_by_program_output_is_not_a_stall():
+    """Short logs written here: torch prints nothing after a load, the program does."""
+    assert ids(diagnose_text("Loading extension module dvr...\nstep 1\n", ISSUES)) == ["jit-load-stalled"]
+    after = "Loading extension module dvr...\n" + "".join(f"evaluating sample {i}\n" for i in range(10))
+    assert diagnose_text(after, ISSUES) == []
+    training = "Loading extension module dvr...\n{'loss': 0.52, 'learning_rate': 1e-05, 'epoch': 0.01}\n"
+    assert diagnose_text(training, ISSUES) == []
+
+
+def test_loads_after_a_failed_build_are_the_failed_build():
+    """Ranks that waited on the builder print `Loading extension module` after it failed (DeepSpeed#5623)."""
+    log = ("RuntimeError: Error building extension 'fused_adam'\n"
+           "Loading extension module fused_adam...\nLoading extension module fused_adam...\n")
+    assert ids(diagnose_text(log, ISSUES)) == ["jit-compile-failed"]
+
+
+def test_compiler_errors_count_only_in_an_extension_build():
+    """The same GCC 11 errors: an extension build (exllama#65) or a plain CMake build (instant-ngp#1547)."""
+    errors = (LOGS / "instant-ngp-1547-cmake-errors-clean.log").read_text()
+    assert diagnose_text(errors, ISSUES) == []
+    command = "[2/5] /usr/bin/nvcc  -DTORCH_EXTENSION_NAME=exllama_ext -DTORCH_API_INCLUDE_EXTENSION_H\n"
+    assert ids(diagnose_text(errors + command, ISSUES)) == ["jit-compiler-error"]
+
+
+def test_xformers_warning_is_a_mismatch_only_when_the_torch_differs():
+    same = "    PyTorch 2.4.0+cu121 with CUDA 1201 (you have 2.4.0+cu121)\n"
+    other = "    PyTorch 2.4.0+cu121 with CUDA 1201 (you have 2.4.1+cu121)\n"
+    assert diagnose_text(same, ISSUES) == [] and ids(diagnose_text(other, ISSUES)) == ["extension-torch-abi"]
+
+
+def test_abi_signature_leaves_torch_itself_and_torchvision_to_others():
+    """torch's own libraries missing a symbol is a broken torch (pytorch#32638), not an extension."""
+    torch_itself = ("ImportError: /usr/lib/python3.8/site-packages/torch/lib/libtorch_python.so: undefined symbol: "
+                    "_ZN5torch4cuda4nccl6detail16throw_nccl_errorE12ncclResult_t\n")
+    assert diagnose_text(torch_itself, ISSUES) == []
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -301,6 +419,14 @@ def test_dev_zero_is_refused_quickly(cli):
         pytest.skip("no /dev/zero")
     r = cli("doctor", "/dev/zero", timeout=30)
     assert r.returncode == 2 and "binary" in r.stderr
+
+
+def test_wait_signature_cannot_take_context(tmp_path):
+    (tmp_path / "known_issues.yaml").write_text("issues:\n  - id: x\n    title: t\n    kind: wait\n    pattern: a\n"
+                                                "    resolved_by: b\n    excused_by: c\n    cause: c\n    fix: f\n"
+                                                "    source: s\n")
+    with pytest.raises(EnvbuildError, match="excused_by"):
+        load_issues(tmp_path)
 
 
 def test_malformed_known_issues_is_an_error(tmp_path):

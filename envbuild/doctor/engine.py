@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 
 from .ranks import SNIFF_LINES, RankStyle
 from .reading import clean_line, printable
-from .signatures import REGEX_FIELDS, KnownIssue
+from .signatures import REGEX_FIELDS, KnownIssue, literal_guard
 
 MAX_LABELS = 4096
 EXCERPT = 240
@@ -56,46 +56,55 @@ class Finding:
 
 
 class MatchTracker:
-    """A `match` signature: hits, optionally confirmed by context, cancelled by a later `unless`."""
+    """A `match` signature: hits, optionally confirmed by context or excused by what came just
+    before them, cancelled by a later `unless`.
+
+    Context and excuses are remembered as the line number where they last appeared, so a hit
+    costs no look-back over earlier lines (every line that can match them reaches `feed`: their
+    guard words are in the engine's pre-check).
+    """
 
     def __init__(self, issue: KnownIssue):
         self.issue = issue
         self.pattern = issue.regex("pattern")
         self.unless = issue.regex("unless")
         self.context = issue.regex("context")
+        self.excused_by = issue.regex("excused_by")
+        self.reach = issue.context_lines
+        self.last_context: Optional[int] = None
+        self.last_excuse: Optional[int] = None
         self.count = 0
         self.first: Optional[tuple[int, str]] = None
         self.ranks: set[str] = set()
         self.cancelled = False
         self.waiting: deque = deque()  # hits whose context may still come: (deadline, line_no, excerpt, rank)
 
-    def feed(self, line_no: int, line: str, rank: Optional[str], recent: deque):
+    def feed(self, line_no: int, line: str, rank: Optional[str]):
         if self.unless and self.count and self.unless.search(line):
             self.cancelled = True
+        if self.excused_by and self.excused_by.search(line):
+            self.last_excuse = line_no
         if self.context:
             self._settle(line_no, line)
         match = self.pattern.search(line)
         if not match:
             return
-        hit = (line_no + self.issue.context_lines, line_no, excerpt_of(line, match.start()), rank)
-        if self.context and not any(self.context.search(before) for before in
-                                    itertools.islice(recent, max(0, len(recent) - self.issue.context_lines),
-                                                     None)):
-            if not self.context.search(line):
-                self.waiting.append(hit)
-                return
+        if self.last_excuse is not None and line_no - self.last_excuse <= self.reach:
+            return
+        hit = (line_no + self.reach, line_no, excerpt_of(line, match.start()), rank)
+        if self.context and (self.last_context is None or line_no - self.last_context > self.reach):
+            self.waiting.append(hit)
+            return
         self._record(*hit[1:])
 
     def _settle(self, line_no: int, line: str):
-        """Forget waiting hits out of reach; confirm the rest if this line is their context."""
+        """Forget waiting hits out of reach; if this line is context, note it and confirm the rest."""
         while self.waiting and self.waiting[0][0] < line_no:
             self.waiting.popleft()
-        if self.waiting and self.context.search(line):
+        if self.context.search(line):
+            self.last_context = line_no
             while self.waiting:
                 self._record(*self.waiting.popleft()[1:])
-
-    def idle(self, rank: Optional[str]):
-        """A line that matches none of this signature's expressions."""
 
     def _record(self, line_no: int, excerpt: str, rank: Optional[str]):
         self.count += 1
@@ -147,7 +156,7 @@ class WaitTracker:
         if stream is not None and stream.pending:
             stream.lines_after += 1
 
-    def feed(self, line_no: int, line: str, rank: Optional[str], recent: deque):
+    def feed(self, line_no: int, line: str, rank: Optional[str]):
         stream = self.streams.get(rank)
         opened = list(self.pattern.finditer(line))
         resolved = self.resolved_by.count(line)
@@ -210,22 +219,80 @@ class WaitTracker:
                        sorted_ranks(loaded), "; ".join(details))
 
 
-def prefilter(issues: list[KnownIssue], fields) -> Optional[re.Pattern]:
-    """One search for every guard word of these fields (None if some expression has no guard).
+def trie_pattern(words) -> str:
+    """One regular expression for many literal words, shaped as a trie so that it tests each
+    character once instead of trying every word in turn; where words share a start, the longest
+    is matched.
 
-    Most lines of a log contain none of them and are only counted; training-progress words
-    (`moved_on`) are looked for only while a wait is open, since they are on most lines.
+    >>> trie_pattern(["ab", "abc", "b"])
+    '(?:ab(?:c)?|b)'
+    >>> import re; [m.group() for m in re.finditer(trie_pattern(["ab", "abc", "b"]), "abcab b")]
+    ['abc', 'ab', 'b']
     """
-    words = []
-    for issue in issues:
-        for name in fields:
-            regex = issue.regex(name) if getattr(issue, name) else None
-            if regex is None:
-                continue
-            if regex.guard is None:
-                return None
-            words += regex.guard
-    return re.compile("|".join(re.escape(word) for word in dict.fromkeys(words)))
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def branch(node: dict) -> str:
+        ends = "" in node
+        options = [re.escape(char) + branch(child) for char, child in sorted(node.items()) if char]
+        if not options:
+            return ""
+        body = options[0] if len(options) == 1 and not ends else "(?:" + "|".join(options) + ")"
+        if len(options) == 1 and not ends:
+            return body
+        return body + ("?" if ends else "")
+
+    return branch(trie)
+
+
+class Dispatch:
+    """Which trackers a line concerns, from the guard words of their expressions it contains.
+
+    Most lines of a log contain none and are only counted; a line with some is fed to the
+    trackers whose words it holds, not to all of them. Training-progress words (`moved_on`) are
+    looked for only while a wait is open, since they are on most lines.
+
+    >>> from envbuild.doctor.signatures import KnownIssue
+    >>> a = KnownIssue(id="a", title="t", pattern="Bus error", cause="c", fix="f", source="s")
+    >>> b = KnownIssue(id="b", title="t", pattern="error: x|Killed", cause="c", fix="f", source="s")
+    >>> d = Dispatch([a, b], ["pattern"])
+    >>> sorted(d.targets("Bus error: x")), d.targets("fine"), sorted(d.targets("Killed"))
+    ([0, 1], set(), [1])
+    """
+
+    def __init__(self, issues: list[KnownIssue], fields):
+        owners: dict[str, set[int]] = {}
+        self.everything = False
+        for index, issue in enumerate(issues):
+            for name in fields:
+                expression = getattr(issue, name)
+                if not expression:
+                    continue
+                guard = literal_guard(expression)
+                if guard is None:  # an expression without a guard word: every line concerns everyone
+                    self.everything = True
+                    return
+                for word in guard:
+                    owners.setdefault(word, set()).add(index)
+        # A word found in the line also holds every shorter word inside it.
+        self.owners = {word: set().union(*(owners[inner] for inner in owners if inner in word)) for word in owners}
+        words = sorted(owners, key=len, reverse=True)
+        self.screen = re.compile(trie_pattern(words)) if words else None
+
+    def targets(self, line: str) -> set[int]:
+        """Indexes of the issues whose words are in `line` (every word found, overlapping or not)."""
+        found: set[int] = set()
+        if self.screen is None:
+            return found
+        match = self.screen.search(line)
+        while match:
+            found |= self.owners[match.group()]
+            match = self.screen.search(line, match.start() + 1)
+        return found
 
 
 def diagnose(lines: Iterable[str], issues: list[KnownIssue]) -> list[Finding]:
@@ -234,24 +301,25 @@ def diagnose(lines: Iterable[str], issues: list[KnownIssue]) -> list[Finding]:
     head = list(itertools.islice(lines, SNIFF_LINES))
     style = RankStyle.sniff(head)
     trackers = [WaitTracker(i) if i.kind == "wait" else MatchTracker(i) for i in issues]
-    always = prefilter(issues, [n for n in REGEX_FIELDS if n != "moved_on"])
-    while_waiting = prefilter(issues, REGEX_FIELDS)
-    waits = [t for t in trackers if isinstance(t, WaitTracker)]
-    depth = max([i.context_lines for i in issues if i.context] or [1])
-    recent: deque = deque(maxlen=depth)
+    always = Dispatch(issues, [n for n in REGEX_FIELDS if n != "moved_on"])
+    while_waiting = Dispatch(issues, REGEX_FIELDS)
+    waits = [(index, t) for index, t in enumerate(trackers) if isinstance(t, WaitTracker)]
     all_ranks: set[str] = set()
     for line_no, raw in enumerate(itertools.chain(head, lines), 1):
         rank, line = style.label(raw)
         if rank and len(all_ranks) < MAX_LABELS:
             all_ranks.add(rank)
-        screen = while_waiting if any(t.waiting() for t in waits) else always
-        if screen is None or screen.search(line):
+        dispatch = while_waiting if any(t.waiting() for _, t in waits) else always
+        if dispatch.everything:
             for tracker in trackers:
-                tracker.feed(line_no, line, rank, recent)
-        else:
-            for tracker in trackers:
+                tracker.feed(line_no, line, rank)
+            continue
+        targets = dispatch.targets(line)
+        for index in targets:
+            trackers[index].feed(line_no, line, rank)
+        for index, tracker in waits:  # a match tracker has nothing to do with a line that is not its
+            if index not in targets:
                 tracker.idle(rank)
-        recent.append(line)
     findings = [f for f in (t.finding(all_ranks) for t in trackers) if f]
     found = {f.issue.id for f in findings}
     findings = [f for f in findings if not set(f.issue.superseded_by) & found]

@@ -5,7 +5,8 @@ report is a new entry, not new code. Two kinds exist:
 
 - `match` (the default): every line matching `pattern` is a hit, unless `unless` appears later
   in the log (the step finished after all), and, when `context` is set, only if `context`
-  appears within `context_lines` lines before or after the hit.
+  appears within `context_lines` lines before or after the hit, and not if `excused_by` appears
+  within `context_lines` lines before it (the user chose this on purpose, e.g. disabled IB).
 - `wait`: `pattern` opens a wait (e.g. a JIT compile taking the torch_extensions lock) and
   `resolved_by` closes one, per rank. A wait still open at the end of the log is a hang, unless
   `moved_on` (training progress) appears after it or `quiet_lines` other lines of that rank
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..errors import EnvbuildError
 
-REGEX_FIELDS = ("pattern", "unless", "context", "resolved_by", "evidence", "moved_on")
+REGEX_FIELDS = ("pattern", "unless", "context", "excused_by", "resolved_by", "evidence", "moved_on")
 
 
 class KnownIssue(BaseModel):
@@ -41,6 +42,7 @@ class KnownIssue(BaseModel):
     unless: Optional[str] = None
     context: Optional[str] = None
     context_lines: int = Field(default=30, ge=1, le=1000)
+    excused_by: Optional[str] = None
     superseded_by: list[str] = []
     resolved_by: Optional[str] = None
     evidence: Optional[str] = None
@@ -56,6 +58,8 @@ class KnownIssue(BaseModel):
             raise ValueError(f"{self.id}: a `wait` signature needs `resolved_by`")
         if self.kind == "match" and (self.resolved_by or self.evidence or self.moved_on):
             raise ValueError(f"{self.id}: `resolved_by`, `evidence` and `moved_on` belong to `wait` signatures")
+        if self.kind == "wait" and (self.context or self.excused_by):
+            raise ValueError(f"{self.id}: `context` and `excused_by` belong to `match` signatures")
         return self
 
     def regex(self, name: str) -> Optional["GuardedRegex"]:

@@ -1,16 +1,20 @@
-"""Node-side checks: the driver floor and the manifest's conditional node_env, as env.sh
-applies them at container start and as the smoke test's `driver` / `node_env` checks see them.
+"""Node-side checks: the driver floor, the manifest's conditional node_env and the container
+warnings (RDMA devices the container cannot use, a small /dev/shm, a GPU node's GPUs not handed
+in), as env.sh applies them at container start and as the smoke test's checks see them.
 
-No GPU or NVIDIA driver exists here. The driver's own files are stood in for by a directory
-(ENVBUILD_NODE_ROOT, env.sh's and node.py's test hook) holding /dev/nvidiactl and
-/proc/driver/nvidia/version with real contents copied from public issue threads (URLs below);
-nvidia-smi is a stand-in script printing what the real one printed in those threads. env.sh
-itself runs for real, in dash and bash, with only its image paths pointed at this checkout.
+No GPU, NVIDIA driver or RDMA device exists here. The node's own files are stood in for by a
+directory (ENVBUILD_NODE_ROOT, env.sh's and node.py's test hook): /dev/nvidiactl and
+/proc/driver/nvidia/version with real contents copied from public issue threads (URLs below),
+and the trees in tests/fixtures/nodes (real hosts' sysfs from public threads, real containers'
+/proc captured from Docker; README there); nvidia-smi is a stand-in script printing what the
+real one printed in those threads. env.sh itself runs for real, in dash and bash, with only its
+image paths pointed at this checkout.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -63,8 +67,10 @@ def make_root(tmp_path: Path, version_file: str | None = None, nvidiactl: bool =
     if version_file is not None:
         (root / "proc" / "driver" / "nvidia").mkdir(parents=True, exist_ok=True)
         (root / "proc" / "driver" / "nvidia" / "version").write_text(version_file, encoding="utf-8")
-    for dev in ib:
+    for index, dev in enumerate(ib):  # RDMA devices, handed to the container (docker --device /dev/infiniband)
         (root / "sys" / "class" / "infiniband" / dev).mkdir(parents=True)
+        (root / "dev" / "infiniband").mkdir(parents=True, exist_ok=True)
+        (root / "dev" / "infiniband" / f"uverbs{index}").write_text("")
     return root
 
 
@@ -363,3 +369,386 @@ def test_every_runtime_compile_cache_is_per_job_and_node_local_unless_set(tmp_pa
     want = {name: f"{scratch}/{sub}-77" for name, sub in RUNTIME_CACHES.items()}
     want["VLLM_CACHE_ROOT"] = "/mine/vllm"
     assert got == want
+
+
+# =========================================================================== container start-up checks
+# RDMA devices the container cannot use, a small /dev/shm, a GPU node's GPUs not handed in: node.py
+# words them (container_problems) and env.sh decides with shell builtins whether to ask it. The
+# fake trees in tests/fixtures/nodes are real machines' sysfs (public threads) and real containers'
+# /proc (captured from Docker here, or pasted in threads): see the README there for each source.
+NODES = ROOT / "tests" / "fixtures" / "nodes"
+HOSTS = sorted(p.name for p in (NODES / "hosts").iterdir())
+CONTAINERS = sorted(p.name for p in (NODES / "containers").iterdir())
+IB_FABRIC = {"name": "ib", "transport": "IB", "device_drivers": ["mlx5_core", "mlx4_core", "bnxt_en", "ice", "i40e"]}
+
+
+def node_root(tmp_path: Path, hosts: tuple, container: str | None, gpu: bool | str = False) -> Path:
+    """The host trees and one container tree laid on each other, as the container sees /.
+
+    gpu=True: what docker --gpus adds (/dev/nvidiactl, the driver's libcuda.so.1 in the library
+    directory); gpu="dev": the host's /dev alone (apptainer without --nv binds it, no libraries).
+    """
+    root = tmp_path / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    for part in [NODES / "hosts" / h for h in hosts] + ([NODES / "containers" / container] if container else []):
+        shutil.copytree(part, root, symlinks=True, dirs_exist_ok=True)
+    if gpu:
+        (root / "dev").mkdir(exist_ok=True)
+        (root / "dev" / "nvidiactl").write_text("")
+    if gpu is True:
+        (root / "usr" / "lib" / "x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
+        (root / "usr" / "lib" / "x86_64-linux-gnu" / "libcuda.so.1").write_text("")
+    return root
+
+
+def kinds(problems: list[str]) -> set[str]:
+    """Which warnings a list of container_problems messages holds, and the RDMA causes named."""
+    out = set()
+    for p in problems:
+        if "RDMA device" in p:
+            out |= {"rdma"} | ({"rdma:devices"} if "no /dev/infiniband/uverbs*" in p else set()) | (
+                {"rdma:memlock"} if "locked-memory limit" in p else set())
+        elif p.startswith("/dev/shm"):
+            out.add("shm")
+        elif "NVIDIA GPU" in p:
+            out.add("gpu")
+        else:
+            out.add("?")
+    return out
+
+
+# --------------------------------------------------------------------------- parsing the real files
+@pytest.mark.parametrize("container, memlock, ipc_lock, shm", [
+    ("docker-default", 8 << 20, False, 64 << 20),
+    ("docker-user", 8 << 20, False, 64 << 20),
+    ("docker-ipc-host", 8 << 20, False, 24684096 << 10),
+    ("docker-shm1g-ipclock", 8 << 20, True, 1 << 30),
+    ("userns-remap-root-device-ib", 8 << 20, False, 1 << 30),  # every capability, in a user namespace
+    ("docker-device-ib-shm1g", 8 << 20, False, 1 << 30),
+    ("docker-rdma-ready", -1, True, 1 << 30),
+    ("slurm-enroot", 65536, False, None),
+    ("k8s-one-uverbs-mooncake102", None, None, None),
+])
+def test_container_files_parse(tmp_path, container, memlock, ipc_lock, shm):
+    facts = node.probe(str(node_root(tmp_path, (), container)))
+    assert (facts.memlock, facts.ipc_lock, facts.shm) == (memlock, ipc_lock, shm)
+
+
+def test_capabilities_and_user_namespaces():
+    status = (NODES / "containers" / "userns-remap-root-device-ib" / "proc" / "self" / "status").read_text()
+    assert node.parse_cap_eff(status) >> node.CAP_IPC_LOCK & 1  # bit 14 is set ...
+    uid_map = (NODES / "containers" / "userns-remap-root-device-ib" / "proc" / "self" / "uid_map").read_text()
+    assert uid_map.split() == ["0", "1000", "1"] and not node.initial_user_namespace(uid_map)  # ... but not here
+    assert node.initial_user_namespace((NODES / "containers" / "docker-default" / "proc" / "self" / "uid_map")
+                                       .read_text())
+    assert node.initial_user_namespace(None)  # a kernel without user namespaces has no uid_map
+    assert node.parse_cap_eff("CapEff:\tzz\n") is None and node.parse_cap_eff("") is None
+
+
+@pytest.mark.parametrize("mounts, size", [
+    ("shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k 0 0\n", 64 << 20),
+    ("tmpfs /dev/shm tmpfs rw,nosuid,nodev,inode64 0 0\n", None),          # tmpfs' default: half of RAM
+    ("tmpfs /dev/shm tmpfs rw,size=50% 0 0\n", None),                       # a share of RAM: not judged
+    ("tmpfs /dev/shm tmpfs rw,size=2g 0 0\n", 2 << 30),
+    ("tmpfs /dev/shm tmpfs rw,size=67108864 0 0\n", 64 << 20),
+    ("shm /dev/shm tmpfs rw,size=65536k 0 0\ntmpfs /dev/shm tmpfs rw,size=16g 0 0\n", 16 << 30),  # last wins
+    ("tmpfs /dev/shmx tmpfs rw,size=1k 0 0\n", None),
+    ("", None),
+])
+def test_shm_size_from_mounts(mounts, size):
+    assert node.parse_shm(mounts) == size
+
+
+@pytest.mark.parametrize("host, rdma, efa", [
+    ("roce-bond-nccl451", {"mlx5_bond_0": ("mlx5_core", ["Ethernet"])}, []),
+    ("ib-2hca-nccl489", {"mlx5_0": ("mlx5_core", ["InfiniBand"]), "mlx5_1": ("mlx5_core", ["InfiniBand"])}, []),
+    ("xdr-vm-rdmamap17", {"mlx5_0": ("mlx5_core", ["InfiniBand"]), "smi1": ("mlx5_core", ["InfiniBand"])}, []),
+    ("erdma-mooncake102", {"erdma_0": ("erdma", []), "erdma_1": ("erdma", [])}, []),
+    ("h200-hgx-cubecos259", {}, []),
+])
+def test_rdma_devices_and_their_drivers(tmp_path, host, rdma, efa):
+    facts = node.probe(str(node_root(tmp_path, (host,), None)))
+    assert {k: (v["driver"], v["link_layers"]) for k, v in facts.rdma.items()} == rdma
+    assert facts.infiniband == sorted(rdma) and facts.efa == efa
+
+
+def test_efa_devices(tmp_path):
+    facts = node.probe(str(node_root(tmp_path, ("efa-p5-ekscharts1110",), None)))
+    assert len(facts.efa) == 16 and facts.efa == facts.infiniband and facts.efa[0] == "rdmap115s0"
+    assert {tuple(d["link_layers"]) for d in facts.rdma.values()} == {("Unknown",)}
+
+
+@pytest.mark.parametrize("host, gpus, driver", [
+    ("h200-hgx-cubecos259", 8, True),   # the three NVSwitches (class 0x0680) are not GPUs
+    ("xdr-vm-rdmamap17", 0, False),
+    ("quadro-pi-rpi526", 1, False),     # a VGA-class GPU (0x030000) with no NVIDIA driver
+    ("roce-bond-nccl451", 0, False),
+])
+def test_nvidia_gpus_by_pci_class(tmp_path, host, gpus, driver):
+    facts = node.probe(str(node_root(tmp_path, (host,), None)))
+    assert (len(facts.nvidia_gpus), facts.nvidia_driver) == (gpus, driver)
+
+
+# --------------------------------------------------------------------------- the efa condition
+@pytest.mark.parametrize("hosts, holds", [
+    (("ib-2hca-nccl489",), True),
+    (("roce-bond-nccl451",), True),
+    (("efa-p5-ekscharts1110",), False),
+    (("efa-p5-ekscharts1110", "ib-2hca-nccl489"), False),
+    ((), False),
+])
+def test_ib_fabric_node_env_condition(tmp_path, hosts, holds):
+    """The ib fabric pins NCCL_NET=IB on nodes with non-EFA RDMA devices only."""
+    facts = node.probe(str(node_root(tmp_path, hosts, None)))
+    assert node.condition_holds({"infiniband": "present", "efa": "absent"}, facts)[0] is holds
+
+
+@pytest.mark.parametrize("when, node_facts, holds, why", [
+    ({"efa": "present"}, facts(ib=("rdmap0s6",)), False, "no EFA device"),
+    ({"efa": "absent"}, facts(), True, "no EFA device"),
+    ({"efa": "maybe"}, facts(), False, "invalid efa condition"),
+])
+def test_efa_condition(when, node_facts, holds, why):
+    got, reason = node.condition_holds(when, node_facts)
+    assert got is holds and why in reason
+
+
+def test_efa_condition_reasons(tmp_path):
+    efa = node.probe(str(node_root(tmp_path, ("efa-p5-ekscharts1110",), None)))
+    holds, why = node.condition_holds({"efa": "present"}, efa)
+    assert holds and why.startswith("EFA rdmap115s0, rdmap116s0")
+    assert node.condition_holds({"efa": "absent"}, efa) == (False, "EFA devices " + ", ".join(efa.efa))
+
+
+# --------------------------------------------------------------------------- which warnings, where
+SCENARIOS = [  # (hosts, container, gpu handed in, manifest, environ, expected warnings)
+    (("roce-bond-nccl451",), "docker-default", False, None, {}, {"rdma", "rdma:devices", "rdma:memlock", "shm"}),
+    (("ib-2hca-nccl489",), "docker-device-ib", False, None, {}, {"rdma", "rdma:memlock", "shm"}),
+    (("ib-2hca-nccl489",), "docker-rdma-ready", False, None, {}, set()),
+    (("ib-2hca-nccl489",), "docker-shm1g-ipclock", False, None, {}, {"rdma", "rdma:devices"}),  # IPC_LOCK: no memlock
+    (("ib-2hca-nccl489",), "userns-remap-root-device-ib", False, None, {}, {"rdma", "rdma:memlock"}),
+    (("ib-2hca-nccl489",), "docker-device-ib-shm1g", False, None, {}, {"rdma", "rdma:memlock"}),
+    (("roce-nccl1866",), "slurm-enroot", False, None, {}, {"rdma", "rdma:memlock"}),
+    (("xdr-vm-rdmamap17",), "docker-ipc-host", False, None, {}, {"rdma", "rdma:devices", "rdma:memlock"}),
+    (("efa-p5-ekscharts1110",), "docker-default", False, None, {}, {"rdma", "rdma:devices", "rdma:memlock", "shm"}),
+    (("efa-p5-ekscharts1110",), "docker-default", False, {"cuda": "13.0", "fabric": IB_FABRIC}, {}, {"shm"}),
+    (("erdma-mooncake102",), "k8s-one-uverbs-mooncake102", False, None, {}, set()),  # one device is enough
+    (("h200-hgx-cubecos259",), "docker-shm1g-ipclock", False, None, {}, {"gpu"}),
+    (("h200-hgx-cubecos259",), "docker-shm1g-ipclock", True, None, {}, set()),
+    (("h200-hgx-cubecos259",), "docker-shm1g-ipclock", "dev", None, {}, {"gpu"}),  # apptainer without --nv
+    (("h200-hgx-cubecos259",), "docker-shm1g-ipclock", False, None, {"NVIDIA_VISIBLE_DEVICES": "none"}, set()),
+    (("h200-hgx-cubecos259", "ib-2hca-nccl489"), "docker-rdma-ready", False, None, {}, {"gpu"}),
+    (("h200-hgx-cubecos259", "ib-2hca-nccl489"), "docker-rdma-ready", True, None, {}, set()),
+    (("h200-hgx-cubecos259", "ib-2hca-nccl489"), "docker-device-ib", True, None, {}, {"rdma", "rdma:memlock", "shm"}),
+    (("quadro-pi-rpi526",), "docker-ipc-host", False, None, {}, set()),  # no NVIDIA driver: no flag helps
+    ((), "docker-user", False, None, {}, {"shm"}),
+    ((), "docker-ipc-host", False, None, {}, set()),
+    (("roce-bond-nccl451",), "docker-default", False, {"cuda": "13.0", "fabric": {"name": "none",
+                                                                                "transport": "Socket"}}, {}, {"shm"}),
+]
+
+
+def _scenario_id(s):
+    return "+".join(s[0]) + "|" + s[1] + ({True: "|gpu", "dev": "|dev"}.get(s[2], "")) + ("|fabric" if s[3] else "") + (
+        "|" + ",".join(f"{k}={v}" for k, v in s[4].items()) if s[4] else "")
+
+
+@pytest.mark.parametrize("hosts, container, gpu, manifest, environ, want", SCENARIOS,
+                         ids=[_scenario_id(s) for s in SCENARIOS])
+def test_container_problems(tmp_path, monkeypatch, hosts, container, gpu, manifest, environ, want):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    facts = node.probe(str(node_root(tmp_path, hosts, container, gpu)))
+    problems = node.container_problems(facts, manifest, environ)
+    assert kinds(problems) == want
+    assert len(problems) == len({k.split(":")[0] for k in want})  # one paragraph per kind
+    for problem in problems:
+        assert "\n" not in problem and "docker run" in problem and "apptainer" in problem
+        assert "pyxis" in problem or "Slurm" in problem
+
+
+def test_warnings_name_the_cause_and_the_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    facts = node.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259", "roce-bond-nccl451"), "docker-default")))
+    rdma, shm, gpu = node.container_problems(facts, {"cuda": "13.0"}, {})
+    for part in ("1 RDMA device (mlx5_bond_0: RoCE)", "cannot use it:", "no /dev/infiniband/uverbs*",
+                 "locked-memory limit is 8 MiB", "CAP_IPC_LOCK", "--device /dev/infiniband", "--ulimit memlock=-1",
+                 "--cap-add IPC_LOCK", "--bind /dev/infiniband", "--container-mounts=/dev/infiniband",
+                 "MELLANOX_VISIBLE_DEVICES=all", "PropagateResourceLimitsExcept=MEMLOCK", "NCCL_NET=IB", "sockets"):
+        assert part in rdma, part
+    for part in ("64 MiB (Docker's default)", "--shm-size=1g", "--ipc=host", "--bind /dev/shm", "Bus error",
+                 "medium: Memory"):
+        assert part in shm, part
+    for part in ("8 NVIDIA GPUs (PCI 0000:18:00.0, 0000:2a:00.0, 0000:3a:00.0, 0000:5d:00.0 and 4 more)",
+                 "--gpus all", "--nv", "--gpus=N", "--gres=gpu:N", "NVIDIA_VISIBLE_DEVICES=none"):
+        assert part in gpu, part
+    # only the flags for the causes found: devices handed in, memlock still too low
+    facts = node.probe(str(node_root(tmp_path / "b", ("ib-2hca-nccl489",), "docker-device-ib")))
+    (rdma, _) = node.container_problems(facts)
+    assert "--ulimit memlock=-1" in rdma and "--device" not in rdma and "2 RDMA devices" in rdma
+
+
+def _clause_options(problem: str) -> list[tuple[frozenset, str]]:
+    """(tools named in the clause, option) for every --option of a warning, clause by clause
+    (clauses end at '; '): docker run, apptainer, srun/pyxis (srun's own and pyxis' options)."""
+    out = []
+    for clause in problem.split("; "):
+        tools = frozenset(t for key, t in (("docker run", "docker_run"), ("apptainer", "apptainer"),
+                                           ("srun", "srun"), ("pyxis", "srun")) if key in clause)
+        out += [(tools, option) for option in re.findall(r"(?<![\w-])--([a-z][a-z0-9-]*)", clause)]
+    return out
+
+
+def test_every_flag_a_warning_names_exists(tmp_path, monkeypatch):
+    """Each --option of the warnings is one of the tool's own options (tests/fixtures/
+    run-tool-options.yaml: read from docker run --help, apptainer's, slurm's and pyxis' sources)."""
+    import yaml
+
+    known = {tool: set(d["options"]) for tool, d in yaml.safe_load((ROOT / "tests" / "fixtures" /
+                                                                     "run-tool-options.yaml").read_text()).items()}
+    known["srun"] = known["slurm"] | known["pyxis"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    facts = node.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259", "roce-bond-nccl451"), "docker-default")))
+    problems = node.container_problems(facts, {"cuda": "13.0"}, {})
+    assert kinds(problems) == {"rdma", "rdma:devices", "rdma:memlock", "shm", "gpu"}
+    used = [u for p in problems for u in _clause_options(p)]
+    assert {o for _, o in used} >= {"device", "ulimit", "cap-add", "bind", "contain", "containall", "container-mounts",
+                                    "shm-size", "ipc", "gpus", "nv", "gres", "env"}
+    unknown = [(sorted(tools), o) for tools, o in used if not tools or not any(o in known[t] for t in tools)]
+    assert not unknown, unknown
+
+
+def test_no_cuda_image_gets_no_gpu_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    facts = node.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259",), "docker-shm1g-ipclock")))
+    assert node.container_problems(facts, {"cuda": None}) == []
+    assert kinds(node.container_problems(facts, {"cuda": "12.8"}, {})) == {"gpu"}
+
+
+# --------------------------------------------------------------------------- env.sh against the trees
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("hosts, container, gpu, manifest, environ, want", SCENARIOS,
+                         ids=[_scenario_id(s) for s in SCENARIOS])
+def test_env_sh_prints_what_node_py_finds(tmp_path, monkeypatch, shell, hosts, container, gpu, manifest, environ,
+                                         want):
+    """env.sh under dash and bash on the same trees: the same warnings, word for word, and Python
+    started only where there is something to say (or, with a GPU, node_env to decide)."""
+    env_sh = EnvSh(tmp_path)
+    if manifest is not None:
+        env_sh.manifest.write_text(json.dumps({**manifest, "node_env": []}, indent=2))
+    else:
+        env_sh.manifest.write_text(json.dumps({**MANIFEST, "node_env": []}, indent=2))
+    root = node_root(tmp_path, hosts, container, gpu)
+    environ_sh, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: "", **environ})
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    expected = node.container_problems(node.probe(str(root)), json.loads(env_sh.manifest.read_text()), environ)
+    assert err.splitlines() == ["envbuild: warning: " + p for p in expected]
+    assert (len(env_sh.python_calls()) == 1) is bool(want)
+    assert not [k for k in environ_sh if k.startswith("_envbuild")]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_env_sh_asks_python_exactly_when_it_has_something_to_say(tmp_path, monkeypatch, shell):
+    """Every host (and none) with every container, GPU not handed in: env.sh's builtin pre-checks
+    start Python where, and only where, node.py finds a container problem."""
+    env_sh = EnvSh(tmp_path)
+    env_sh.manifest.write_text(json.dumps({**MANIFEST, "node_env": []}, indent=2))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    seen = 0
+    for i, (host, container) in enumerate((h, c) for h in [None, *HOSTS] for c in CONTAINERS):
+        root = node_root(tmp_path / str(i), (host,) if host else (), container)
+        expected = node.container_problems(node.probe(str(root)))
+        _, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: ""})
+        calls = len(env_sh.python_calls())
+        assert (calls > seen) is bool(expected), (host, container)
+        assert err.splitlines() == ["envbuild: warning: " + p for p in expected], (host, container)
+        seen = calls
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_env_sh_on_an_ordinary_node_starts_no_process(tmp_path, shell):
+    """A container started as NCCL's guide says, on an RDMA node without GPUs: env.sh runs on shell
+    builtins alone (PATH leads nowhere, so any command it ran would fail loudly)."""
+    env_sh = EnvSh(tmp_path)
+    root = node_root(tmp_path, ("ib-2hca-nccl489", "quadro-pi-rpi526"), "docker-rdma-ready")
+    r = subprocess.run([shutil.which(shell), "-c", f". {env_sh.path}\nexport -p"], capture_output=True, text=True,
+                       timeout=60,
+                       env={"PATH": str(tmp_path / "nowhere"), "SLURM_JOB_ID": "7", "ENVBUILD_NODE_ROOT": str(root),
+                            "ENVBUILD_MANIFEST": str(env_sh.manifest)})
+    assert r.returncode == 0 and r.stderr == "" and env_sh.python_calls() == []
+    assert "TORCH_EXTENSIONS_DIR" in r.stdout
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_env_sh_applies_node_env_only_with_a_gpu(tmp_path, shell):
+    """A GPU node started without --gpus: the warning, but no node_env (they tune a NCCL that has
+    no GPU to run on); with --gpus: node_env and no warning."""
+    env_sh = EnvSh(tmp_path)
+    manifest = {**MANIFEST, "node_env": [{"name": "NCCL_NET", "value": "IB",
+                                          "when": {"infiniband": "present", "efa": "absent"}}]}
+    env_sh.manifest.write_text(json.dumps(manifest, indent=2))
+    hosts = ("h200-hgx-cubecos259", "ib-2hca-nccl489")
+    environ, err = env_sh.run(shell, node_root(tmp_path / "a", hosts, "docker-rdma-ready"), {paths.MIN_DRIVER_ENV: ""})
+    assert "NCCL_NET" not in environ and err.count("envbuild: warning:") == 1 and "NVIDIA GPUs" in err
+    environ, err = env_sh.run(shell, node_root(tmp_path / "b", hosts, "docker-rdma-ready", gpu=True),
+                              {paths.MIN_DRIVER_ENV: ""})
+    assert environ["NCCL_NET"] == "IB" and err == ""
+    environ, err = env_sh.run(shell, node_root(tmp_path / "c", ("efa-p5-ekscharts1110", "h200-hgx-cubecos259"),
+                                               "docker-rdma-ready", gpu=True), {paths.MIN_DRIVER_ENV: ""})
+    assert "NCCL_NET" not in environ and err == ""  # EFA: NCCL_NET=IB would be wrong
+    # apptainer without --nv: the host's /dev (so /dev/nvidiactl) but no driver libraries
+    environ, err = env_sh.run(shell, node_root(tmp_path / "d", hosts, "docker-rdma-ready", gpu="dev"),
+                              {paths.MIN_DRIVER_ENV: ""})
+    assert err.count("envbuild: warning:") == 1 and "no nvidia-smi, no libcuda.so.1" in err and "--nv" in err
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name, text", [
+    ("proc/mounts", "shm /dev/shm tmpfs rw,size=50% 0 0\n"),
+    ("proc/mounts", "shm /dev/shm tmpfs rw,size=abck 0 0\n"),
+    ("proc/mounts", "shm /dev/shm tmpfs rw,size= 0 0\n"),
+    ("proc/mounts", "garbage\n\n   \n"),
+    ("proc/self/limits", "Max locked memory         unlimited            unlimited            bytes\n"),
+    ("proc/self/limits", "Max locked memory         99999999999999999999999  1  bytes\n"),
+    ("proc/self/limits", "Max locked memory\n"),
+    ("proc/self/status", "CapEff:\t$(touch MARKER)0000a80465fb\n"),
+    ("proc/mounts", "shm /dev/shm tmpfs rw,size=99999999999999999999999k 0 0\n"),
+    ("proc/self/status", "CapEff:\n"),
+    ("proc/self/uid_map", ""),
+])
+def test_env_sh_survives_odd_files(tmp_path, shell, name, text):
+    """Files env.sh cannot make sense of never stop the start and never warn wrongly: it only
+    asks Python, which decides the same way, and never evaluates what it read."""
+    env_sh = EnvSh(tmp_path)
+    root = node_root(tmp_path, ("ib-2hca-nccl489",), "docker-rdma-ready")
+    marker = tmp_path / "evaluated"
+    (root / name).write_text(text.replace("MARKER", str(marker)))
+    environ, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: ""})
+    expected = node.container_problems(node.probe(str(root)))
+    assert err.splitlines() == ["envbuild: warning: " + p for p in expected]
+    assert environ["TORCH_EXTENSIONS_DIR"] == "/tmp/torch_extensions-42" and not marker.exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_env_sh_takes_no_nvswitch_for_a_gpu(tmp_path, shell):
+    """The H200 node with its GPUs taken away: its NVSwitches (vendor 0x10de, class 0x068000, bound
+    to nvidia-nvswitch) remain, sorted first; they are no reason to warn or to start Python."""
+    env_sh = EnvSh(tmp_path)
+    root = node_root(tmp_path, ("h200-hgx-cubecos259",), "docker-shm1g-ipclock")
+    pci = root / "sys" / "bus" / "pci" / "devices"
+    gpus = [d for d in pci.iterdir() if (d / "class").read_text() == "0x030200\n"]
+    assert len(gpus) == 8
+    for d in gpus:
+        shutil.rmtree(d)
+    environ, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: ""})
+    assert err == "" and env_sh.python_calls() == [] and node.probe(str(root)).nvidia_gpus == []
+
+
+def test_node_main_prints_container_warnings_without_a_gpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ENVBUILD_NODE_ROOT", str(node_root(tmp_path, ("h200-hgx-cubecos259",), "docker-default")))
+    monkeypatch.setenv(paths.MANIFEST_ENV, str(tmp_path / "manifest.json"))
+    (tmp_path / "manifest.json").write_text(json.dumps(MANIFEST))
+    monkeypatch.setenv(paths.MIN_DRIVER_ENV, "580.65.06")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert node.main(["--driver", ""]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("envbuild: warning:") == 2 and "/dev/shm" in err and "8 NVIDIA GPUs" in err

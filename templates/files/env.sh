@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # Sourced by the Docker entrypoint and by Apptainer's %environment at every container start:
-# POSIX sh; it starts no process on a node without a GPU. Sets only what is unset.
+# POSIX sh; on a node with nothing to say it starts no process. Sets only what is unset.
 #
 # 1. Per-job, node-local run-time compile caches, each set only when unset (a value the user
 #    or the cluster set wins). A cache on a shared home is what hangs or corrupts jobs: many
@@ -32,16 +32,29 @@ for _envbuild_cache in TORCH_EXTENSIONS_DIR:torch_extensions TRITON_CACHE_DIR:tr
 done
 unset _envbuild_cache _envbuild_var _envbuild_have
 
-# 2. Node checks, only where a GPU was handed to the container (/dev/nvidiactl or nvidia-smi):
-#    - the driver (/proc/driver/nvidia/version, else nvidia-smi) against ENVBUILD_MIN_DRIVER:
-#      below it, one warning now instead of CUDA error 803/804 later (empty: no warning);
-#    - the manifest's node_env entries whose condition holds on this node, each only if its
-#      variable is unset or empty (a user's value always wins).
-#    The image's Python (-I -S, stdlib only: envbuild_image/node.py) runs only when a warning
-#    is due or the manifest has node_env entries; it prints the warning on stderr and NAME=VALUE
-#    lines for this script to export. ENVBUILD_NODE_ROOT (tests only) stands in for / under
-#    /dev, /proc and /sys. Paths: envbuild/image/paths.py.
+# 2. Node checks, with shell builtins only: on a node with nothing to say no process starts.
+#    The image's Python (-I -S, stdlib only: envbuild_image/node.py, which makes the same tests
+#    and words the warnings) runs only when one of them finds something; it prints each warning
+#    on stderr (one paragraph, with the docker run / apptainer / pyxis flags that fix it) and
+#    NAME=VALUE lines for this script to export. Nothing here fails a start. ENVBUILD_NODE_ROOT
+#    (tests only) stands in for / under /dev, /proc and /sys. Paths: envbuild/image/paths.py.
+#    a. Where a GPU was handed to the container (/dev/nvidiactl or nvidia-smi):
+#       - the driver (/proc/driver/nvidia/version, else nvidia-smi) against ENVBUILD_MIN_DRIVER:
+#         below it, one warning now instead of CUDA error 803/804 later (empty: no warning);
+#       - the manifest's node_env entries whose condition holds on this node, each only if its
+#         variable is unset or empty (a user's value always wins).
+#    b. Where the driver's user space was not handed in (no nvidia-smi, no libcuda.so.1; the
+#       host's /dev/nvidiactl alone says nothing: apptainer and enroot bind the host's /dev), but
+#       the host's nvidia driver is loaded and one of its PCI devices (sysfs shows them in any
+#       container) is an NVIDIA display/3D controller (vendor 0x10de, class 0x03xxxx): --gpus /
+#       --nv was forgotten. NVIDIA_VISIBLE_DEVICES=none or void says a CPU-only job meant it.
+#    c. RDMA devices in /sys/class/infiniband that this container cannot use: no
+#       /dev/infiniband/uverbs*, or a locked-memory limit below 1 GiB without CAP_IPC_LOCK (bit
+#       14 of CapEff, which counts only in the initial user namespace: uid_map 0 0 4294967295).
+#    d. A /dev/shm below 1 GiB (its size= in /proc/mounts; Docker's default is 64 MiB).
 _envbuild_root=${ENVBUILD_NODE_ROOT:-}
+_envbuild_want=
+_envbuild_driver=
 if [ -e "$_envbuild_root/dev/nvidiactl" ] || command -v nvidia-smi >/dev/null 2>&1; then
     _envbuild_line=
     if [ -r "$_envbuild_root/proc/driver/nvidia/version" ]; then
@@ -52,7 +65,6 @@ if [ -e "$_envbuild_root/dev/nvidiactl" ] || command -v nvidia-smi >/dev/null 2>
 "*}
     fi
     # The driver version: the first dotted number (580.65.06) of that line.
-    _envbuild_driver=
     while [ -n "$_envbuild_line" ]; do
         _envbuild_word=${_envbuild_line%%[[:space:]]*}
         _envbuild_line=${_envbuild_line#"$_envbuild_word"}
@@ -62,7 +74,6 @@ if [ -e "$_envbuild_root/dev/nvidiactl" ] || command -v nvidia-smi >/dev/null 2>
             *.*) _envbuild_driver=$_envbuild_word && break ;;
         esac
     done
-    _envbuild_want=
     _envbuild_min=${ENVBUILD_MIN_DRIVER:-}
     case $_envbuild_min in '' | *[!0-9.]* | .* | *. | *..*) _envbuild_min= ;; esac
     if [ -n "$_envbuild_driver" ] && [ -n "$_envbuild_min" ]; then
@@ -85,19 +96,113 @@ if [ -e "$_envbuild_root/dev/nvidiactl" ] || command -v nvidia-smi >/dev/null 2>
         *'"node_env": []'*) ;;
         *'"node_env"'*) _envbuild_want=${_envbuild_want}node_env ;;
     esac
-    if [ -n "$_envbuild_want" ] && [ -x /opt/venv/bin/python ]; then
-        _envbuild_set=$(/opt/venv/bin/python -I -S -B -c 'import sys; sys.path[:0] = ["/opt/envbuild/lib"]; from envbuild_image.node import main; main()' --driver "$_envbuild_driver") || _envbuild_set=
-        while IFS= read -r _envbuild_line; do
-            case $_envbuild_line in *=*) ;; *) continue ;; esac
-            _envbuild_name=${_envbuild_line%%=*}
-            case $_envbuild_name in '' | [0-9]* | *[!A-Za-z0-9_]*) continue ;; esac
-            if eval "[ -z \"\${$_envbuild_name:-}\" ]"; then
-                export "${_envbuild_line?}"  # NAME=VALUE
+fi
+if [ -d "$_envbuild_root/sys/bus/pci/drivers/nvidia" ] && ! command -v nvidia-smi >/dev/null 2>&1; then
+    # The driver's user space was handed in when libcuda.so.1 is where the NVIDIA Container
+    # Toolkit (docker --gpus, enroot, Kubernetes) or apptainer --nv put it.
+    _envbuild_line=${NVIDIA_VISIBLE_DEVICES-all}
+    for _envbuild_dev in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /.singularity.d/libs; do
+        if [ -e "$_envbuild_root$_envbuild_dev/libcuda.so.1" ]; then _envbuild_line=none && break; fi
+    done
+    case $_envbuild_line in
+        '' | none | void | NONE | VOID) ;;
+        *)
+            for _envbuild_dev in "$_envbuild_root"/sys/bus/pci/devices/*; do
+                _envbuild_line=
+                if [ -r "$_envbuild_dev/vendor" ]; then IFS= read -r _envbuild_line <"$_envbuild_dev/vendor" || :; fi
+                [ "$_envbuild_line" = 0x10de ] || continue
+                _envbuild_line=
+                if [ -r "$_envbuild_dev/class" ]; then IFS= read -r _envbuild_line <"$_envbuild_dev/class" || :; fi
+                case $_envbuild_line in 0x03*) _envbuild_want=${_envbuild_want}gpu && break ;; esac
+            done
+            ;;
+    esac
+fi
+for _envbuild_dev in "$_envbuild_root"/sys/class/infiniband/*; do
+    [ -e "$_envbuild_dev" ] || break  # no RDMA device: the pattern stayed as it is
+    _envbuild_line=
+    for _envbuild_word in "$_envbuild_root"/dev/infiniband/uverbs*; do
+        [ -e "$_envbuild_word" ] && _envbuild_line=devices
+        break
+    done
+    if [ -z "$_envbuild_line" ]; then
+        _envbuild_want=${_envbuild_want}rdma
+        break
+    fi
+    # The soft locked-memory limit: "Max locked memory  <soft>  <hard>  bytes" (or unlimited).
+    _envbuild_x=
+    if [ -r "$_envbuild_root/proc/self/limits" ]; then
+        while read -r _envbuild_a _envbuild_b _envbuild_y _envbuild_x _envbuild_line; do
+            [ "$_envbuild_a $_envbuild_b $_envbuild_y" = "Max locked memory" ] && break
+            _envbuild_x=
+        done <"$_envbuild_root/proc/self/limits"
+    fi
+    case $_envbuild_x in
+        '' | *[!0-9]* | ???????????*) ;;  # unlimited, unreadable, or 11 digits and more: >= 1 GiB
+        *)
+            if [ "$_envbuild_x" -lt 1073741824 ]; then
+                # CAP_IPC_LOCK is bit 14: the 4th hex digit from the right of CapEff is 4-7 or c-f.
+                _envbuild_y=
+                if [ -r "$_envbuild_root/proc/self/status" ]; then
+                    while read -r _envbuild_a _envbuild_b _envbuild_line; do
+                        case $_envbuild_a in CapEff:) _envbuild_y=$_envbuild_b && break ;; esac
+                    done <"$_envbuild_root/proc/self/status"
+                fi
+                _envbuild_y=${_envbuild_y%???}
+                case ${_envbuild_y#"${_envbuild_y%?}"} in
+                    [4-7c-fC-F])
+                        _envbuild_a=0 _envbuild_b=0 _envbuild_y=4294967295
+                        if [ -r "$_envbuild_root/proc/self/uid_map" ]; then
+                            read -r _envbuild_a _envbuild_b _envbuild_y _envbuild_line \
+                                <"$_envbuild_root/proc/self/uid_map" || :
+                        fi
+                        if [ "$_envbuild_a $_envbuild_b $_envbuild_y" != "0 0 4294967295" ]; then
+                            _envbuild_want=${_envbuild_want}rdma
+                        fi
+                        ;;
+                    *) _envbuild_want=${_envbuild_want}rdma ;;
+                esac
             fi
-        done <<EOF
+            ;;
+    esac
+    break
+done
+# /dev/shm's size= in /proc/mounts (the kernel writes it in KiB: size=65536k); the last mount wins.
+_envbuild_x=
+if [ -r "$_envbuild_root/proc/mounts" ]; then
+    while read -r _envbuild_a _envbuild_b _envbuild_y _envbuild_line; do
+        if [ "$_envbuild_b" = /dev/shm ]; then _envbuild_x=",${_envbuild_line%% *},"; fi
+    done <"$_envbuild_root/proc/mounts"
+fi
+case $_envbuild_x in
+    *,size=*)
+        _envbuild_x=${_envbuild_x#*,size=}
+        _envbuild_x=${_envbuild_x%%,*}
+        _envbuild_y=${_envbuild_x%[kKmMgG]}
+        case $_envbuild_y in '' | *[!0-9]* | ???????????*) _envbuild_y= ;; esac  # 11 digits: >= 1 GiB in any unit
+        case $_envbuild_x in
+            *[kK]) _envbuild_b=1048576 ;;
+            *[mM]) _envbuild_b=1024 ;;
+            *[gG]) _envbuild_b=1 ;;
+            *) _envbuild_b=1073741824 ;;
+        esac
+        if [ -n "$_envbuild_y" ] && [ "$_envbuild_y" -lt "$_envbuild_b" ]; then
+            _envbuild_want=${_envbuild_want}shm
+        fi
+        ;;
+esac
+if [ -n "$_envbuild_want" ] && [ -x /opt/venv/bin/python ]; then
+    _envbuild_set=$(/opt/venv/bin/python -I -S -B -c 'import sys; sys.path[:0] = ["/opt/envbuild/lib"]; from envbuild_image.node import main; main()' --driver "$_envbuild_driver") || _envbuild_set=
+    while IFS= read -r _envbuild_line; do
+        case $_envbuild_line in *=*) ;; *) continue ;; esac
+        _envbuild_name=${_envbuild_line%%=*}
+        case $_envbuild_name in '' | [0-9]* | *[!A-Za-z0-9_]*) continue ;; esac
+        if eval "[ -z \"\${$_envbuild_name:-}\" ]"; then
+            export "${_envbuild_line?}"  # NAME=VALUE
+        fi
+    done <<EOF
 $_envbuild_set
 EOF
-    fi
 fi
-unset _envbuild_job _envbuild_dir _envbuild_root _envbuild_line _envbuild_driver _envbuild_word \
+unset _envbuild_job _envbuild_dir _envbuild_root _envbuild_line _envbuild_driver _envbuild_word _envbuild_dev \
     _envbuild_want _envbuild_min _envbuild_a _envbuild_b _envbuild_x _envbuild_y _envbuild_set _envbuild_name

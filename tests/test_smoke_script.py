@@ -523,7 +523,7 @@ def test_full_run_without_torch_fails_cleanly(build_dir, tmp_path):
     doc = json.loads(r.stdout)
     names = [c["name"] for c in doc["checks"]]
     assert names == ["cpu_arch", "versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock",
-                     "torch_compile", "env", "fabric", "driver", "node_env", "collectives", "p2p"]
+                     "torch_compile", "env", "fabric", "transport", "driver", "node_env", "collectives", "p2p"]
     assert doc["ok"] is False and doc["mode"] == "cpu"
     assert "No module named 'torch'" in doc["checks"][1]["detail"]
     by_name = {c["name"]: c for c in doc["checks"]}
@@ -553,7 +553,7 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ["cpu_adam"]}, args_ns(), "m.json", gpus=0)
     assert [c["name"] for c in rep["checks"]] == ["cpu_arch", "versions", "ds_record", "no_jit", "cpu_adam", "compilers",
-                                                  "guard", "lock", "torch_compile", "env", "fabric", "driver", "node_env",
+                                                  "guard", "lock", "torch_compile", "env", "fabric", "transport", "driver", "node_env",
                                                   "collectives", "p2p"]
     assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls
 

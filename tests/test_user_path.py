@@ -15,6 +15,8 @@ import pytest
 
 from conftest import ROOT, tree
 
+from envbuild.image import cli as image_cli
+
 README = (ROOT / "README.md").read_text()
 TAG = "torch2.11.0-cu130-py3.12-ds0.19.8-h20"  # the fixture matrix's default for --gpu h20
 
@@ -239,7 +241,12 @@ def test_readme_running_it_has_docker_apptainer_and_both_slurm_ways():
     assert "docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in blocks[0]
     assert "apptainer test --nv" in blocks[1] and "apptainer exec --nv" in blocks[1]
     assert blocks[2].startswith("#!/bin/bash\n#SBATCH") and "srun apptainer exec --nv" in blocks[2]
-    assert "srun --container-image='ghcr.io#acme/envbuild:" in blocks[3] and ". /opt/envbuild/env.sh" in blocks[3]
+    assert "image='ghcr.io#acme/envbuild:" in blocks[3] and ". /opt/envbuild/env.sh" in blocks[3]
+    assert 'srun --container-image="$image" --container-name=envbuild' in blocks[3]
+    for block in blocks[2:]:  # the multi-node smoke test is each job's first step, one rank per GPU
+        first_step = re.sub(r"\\\n\s*", "", block).split("\nsrun ")[1]
+        assert first_step.startswith("--ntasks-per-node=8 "), first_step
+        assert first_step.split("\n")[0].endswith("python /opt/envbuild/smoke.py --multinode"), first_step
     for words in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "SLURM_JOB_ID", "envbuild gpus", "driver floor", "NCCL_P2P_DISABLE"):
         assert words in text, words
 
@@ -355,7 +362,7 @@ def _options_used(script: str) -> list[tuple[str, str]]:
     used = [("slurm", m) for m in re.findall(r"^#SBATCH --([a-z-]+)", script, re.M)]
     script = re.sub(r"\\\n", " ", script)
     tools = {"docker": "docker_run", "apptainer": "apptainer", "srun": "srun", "torchrun": "torchrun",
-             "envbuild": "envbuild"}
+             "envbuild": "envbuild", "/opt/envbuild/smoke.py": "smoke"}
     for line in script.splitlines():
         tool = None
         for w in _words(line):
@@ -372,14 +379,15 @@ def _inline_commands() -> list[str]:
     """Inline `code` of the Running it prose: commands as they are, bare options as options of
     the tool whose paragraph (**Docker**, **Apptainer**, **Slurm + pyxis/enroot**) they are in."""
     text = _section("Running it")
-    parts = re.split(r"^\*\*(Docker|Apptainer|Slurm \+ Apptainer|Slurm \+ pyxis/enroot)\*\*", text, flags=re.M)
+    parts = re.split(r"^(?:\*\*|### )(Docker|Apptainer|Slurm \+ Apptainer|Slurm \+ pyxis/enroot|Many nodes.*?)(?:\*\*)?$",
+                     text, flags=re.M)
     tool = {"Docker": "docker run", "Apptainer": "apptainer exec", "Slurm + Apptainer": "apptainer exec",
-            "Slurm + pyxis/enroot": "srun"}
+            "Slurm + pyxis/enroot": "srun"}  # a ### section's prose names its commands whole
     out = []
     for heading, body in zip(parts[1::2], parts[2::2]):
         body = re.sub(r"```.*?```", "", body, flags=re.S)
         for span in (s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", body)):
-            out.append(f"{tool[heading]} {span}" if span.startswith("--") else span)
+            out.append(f"{tool[heading]} {span}" if span.startswith("--") and heading in tool else span)
     return out
 
 
@@ -391,11 +399,12 @@ def test_every_option_in_the_run_examples_and_next_lines_exists(cli, tmp_path):
     known = {tool: set(d["options"]) for tool, d in yaml.safe_load(TOOL_OPTIONS.read_text()).items()}
     known["srun"] = known["slurm"] | known["pyxis"]  # pyxis adds its options to srun
     known["envbuild"] = {o[2:] for c in main.commands.values() for p in c.params for o in p.opts if o[:2] == "--"}
+    known["smoke"] = {o[2:] for a in image_cli.parser()._actions for o in a.option_strings if o[:2] == "--"}
     scripts = _running_blocks() + _inline_commands()
     for args in ([], ["--registry", "ghcr.io/acme"]):
         r = cli("render", "--gpu", "h20", "-o", str(tmp_path / "o"), *args)
         scripts.append("\n".join(_next_block(r.stdout)))
     used = [u for s in scripts for u in _options_used(s)]
-    assert {t for t, _ in used} == {"docker_run", "apptainer", "slurm", "srun", "torchrun", "envbuild"}
+    assert {t for t, _ in used} == {"docker_run", "apptainer", "slurm", "srun", "torchrun", "envbuild", "smoke"}
     unknown = sorted({f"{t} --{o}" for t, o in used if o not in known[t]})
     assert not unknown, unknown

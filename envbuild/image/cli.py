@@ -26,13 +26,14 @@ import os
 import sys
 import tempfile
 
-from . import checks, collectives, fabric, node
+from . import checks, collectives, fabric, node, transport
 from .children import child_collective, child_compile, child_ops
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, exit_code, render_text, run_check
 
 
-def parse_args(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """smoke.py's options (tests check the README's examples against them)."""
     parser = argparse.ArgumentParser(prog="smoke.py",
                                      description="envbuild image smoke test (exit 0 iff every check passed).")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -41,13 +42,20 @@ def parse_args(argv=None):
     parser.add_argument("--nproc", type=int, default=0,
                         help="ranks for the collectives (default: all GPUs, or 2 on CPU)")
     parser.add_argument("--size-mb", type=float, default=64.0, help="collective message size in MiB")
+    parser.add_argument("--multinode", action="store_true",
+                        help="multi-node mode: run one process per rank under torchrun or srun; the ranks "
+                             "compare fingerprints, then run collectives across all nodes (see multinode.py)")
     parser.add_argument("--accelerator", default="cuda", help=argparse.SUPPRESS)  # test hook, see docstring
     parser.add_argument("--child", choices=("ops", "collective", "compile"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--ops", default="", help=argparse.SUPPRESS)
     parser.add_argument("--gpu-numerics", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None):
+    return parser().parse_args(argv)
 
 
 def count_gpus() -> int:
@@ -88,6 +96,7 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
                                  lambda: checks.run_compile_child(manifest, args, work)))
         results.append(run_check("env", checks.check_env, manifest))
         results.append(run_check("fabric", fabric.check_fabric, manifest))
+        results.append(run_check("transport", transport.check_transport, manifest, gpus, args, work))
         results.append(run_check("driver", checks.check_driver, manifest, bool(gpus), facts))
         results.append(run_check("node_env", checks.check_node_env, manifest, bool(gpus), facts))
         if gpus:
@@ -132,6 +141,10 @@ def main(argv=None) -> int:
         return child_collective(args)
     if args.child == "compile":
         return child_compile(args)
+    if args.multinode:
+        from . import multinode
+
+        return multinode.main(args, stdout_reserved)
     path = manifest_path(args.manifest)
     try:
         manifest = load_manifest(path)

@@ -82,6 +82,9 @@ def request_options(f=None, gpu_required=True):
         click.option("--pip-index-url", help="Package index mirror for pip (a BuildKit secret at build time)."),
         click.option("--torch-index-url", help="Mirror of PyTorch's CUDA-variant index (a BuildKit secret)."),
         click.option("--apt-mirror", help="Replaces the distro mirror host, e.g. https://mirror.example (a secret)."),
+        click.option("--source-mirror", help="Replaces https://github.com in a fabric's source URLs, e.g. "
+                                             "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
+                                             "pinned sha256 is checked all the same; a secret)."),
         click.option("--ca-cert", type=click.Path(dir_okay=False), help="Extra CA certificate (PEM) for TLS proxies (a secret)."),
         click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
                      help="Use another matrix directory instead of the built-in one."),
@@ -166,7 +169,7 @@ def _command_line(ctx: click.Context, skip=()) -> str:
         if p.name in skip or ctx.get_parameter_source(p.name) is not ParameterSource.COMMANDLINE:
             continue
         flag, value = max(p.opts, key=len), ctx.params[p.name]
-        if p.name in ("pip_index_url", "torch_index_url", "apt_mirror"):  # never print a password
+        if p.name in ("pip_index_url", "torch_index_url", "apt_mirror", "source_mirror"):  # never print a password
             from .validate import _redact
             value = _redact(value)
         if getattr(p, "is_flag", False):
@@ -194,7 +197,8 @@ def _secrets(kw):
 
     check_mirror_options(kw)
     return BuildSecrets(ca_cert=ca_file(kw.get("ca_cert")), pip_index_url=kw.get("pip_index_url"),
-                        torch_index_url=kw.get("torch_index_url"), apt_mirror=kw.get("apt_mirror"))
+                        torch_index_url=kw.get("torch_index_url"), apt_mirror=kw.get("apt_mirror"),
+                        source_mirror=kw.get("source_mirror"))
 
 
 def _print_resolution(r, path=None):

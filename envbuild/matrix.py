@@ -346,6 +346,12 @@ class BasesFile(_Strict):
 # ---------------------------------------------------------------- fabrics.yaml
 
 
+def _sha256_hex(v: str) -> str:
+    if not re.match(r"^[0-9a-f]{64}$", v):
+        raise ValueError(f"expected 64 lower-case hex digits, got {v!r}")
+    return v
+
+
 class FabricSource(_Strict):
     """A source a fabric builds from: the real URL (what the publishing CI fetches) and the
     sha256 of its uncompressed tar stream, which a local mirror of the same commit reproduces
@@ -359,12 +365,7 @@ class FabricSource(_Strict):
     license: str
     source: str
 
-    @field_validator("tar_sha256")
-    @classmethod
-    def _sha(cls, v: str) -> str:
-        if not re.match(r"^[0-9a-f]{64}$", v):
-            raise ValueError(f"expected 64 lower-case hex digits, got {v!r}")
-        return v
+    _sha = field_validator("tar_sha256")(lambda v: _sha256_hex(v))
 
     @field_validator("commit")
     @classmethod
@@ -375,21 +376,49 @@ class FabricSource(_Strict):
 
 
 class FabricBuild(_Strict):
-    """What the builder stage compiles for a fabric (fabric.sh), and what the runtime takes."""
+    """What the builder stage compiles for a fabric (templates/files/steps/fabric.sh), and what
+    the runtime stage takes from it: the prefixes, registered with the dynamic linker in the
+    file `ld_conf` (NCCL dlopens its net plugin by name: no LD_LIBRARY_PATH to lose)."""
 
     sources: list[FabricSource]
-    prefix: str  # where the build installs; the runtime stage copies this directory
-    configure: dict[str, list[str]] = {}  # source name -> extra ./configure arguments
+    prefix: str  # libfabric and rdma-core (AWS's layout: /opt/amazon/efa)
+    plugin_prefix: str  # the NCCL net plugin (/opt/amazon/ofi-nccl)
+    ld_conf: str  # /etc/ld.so.conf.d file naming both lib directories
+    # pip requirement lines (hash-pinned, no dependencies) for headers the build needs that the
+    # stack's CUDA wheels lack: libfabric's CUDA support includes nvml.h.
+    headers: list[str] = []
     time: str  # measured build time, with the machine
     source: str
+
+    @field_validator("prefix", "plugin_prefix", "ld_conf")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/") or ".." in v.split("/"):
+            raise ValueError(f"expected an absolute path without '..', got {v!r}")
+        return v
 
 
 class FabricRequires(_Strict):
     nccl: Optional[str] = None  # the NCCL versions the fabric's plugin or host library works with
     arch: list[Literal["x86_64", "aarch64"]] = ["x86_64", "aarch64"]
+    gpus: list[str] = []  # GPU profiles the fabric is for (empty: any), e.g. a VM size's topology file
     source: str
 
     _s = field_validator("nccl")(lambda v: v if v is None else _specifier(v))
+
+
+class FabricFile(_Strict):
+    """A small file a fabric bakes (a VM size's NCCL topology), kept in templates/files as
+    `vendored`, a copy of `url` (a pinned commit) whose sha256 a test checks."""
+
+    path: str  # where it goes in the image
+    vendored: str  # its name in templates/files
+    url: str
+    sha256: str
+    license: str
+    source: str
+
+    _sha = field_validator("sha256")(lambda v: _sha256_hex(v))
 
 
 class Fabric(_Strict):
@@ -410,6 +439,8 @@ class Fabric(_Strict):
     tools: list[str] = []  # diagnostic commands users reach for: must be on PATH
     device_drivers: list[str] = []  # kernel drivers of the RDMA devices this fabric serves
     host_paths: list[str] = []  # what the host must mount (provided_by: host)
+    verbs_prefix: Optional[str] = None  # rdma-core built into this prefix instead of the OS's (its providers, config)
+    files: list[FabricFile] = []
     env: list[EnvDefault] = []  # baked (no `node:`) or decided on the node at start-up
     requires: Optional[FabricRequires] = None
     build: Optional[FabricBuild] = None
@@ -697,6 +728,10 @@ def _check_references(m: Matrix) -> None:
             fabric_names[n] = f.name
         if (f.name == m.fabrics_file.default) != (f.tag == ""):
             problems.append(f"{d/'fabrics.yaml'}: {f.name}: only the default fabric has an empty tag suffix")
+        for g in (f.requires.gpus if f.requires else ()):
+            if g not in {p.name for p in m.gpus}:
+                problems.append(f"{d/'fabrics.yaml'}: {f.name}.requires.gpus names '{g}', which is not a gpus.yaml "
+                                f"profile")
         for need in f.needs:
             if not any(need in fam.capabilities for fam in m.bases.families.values()):
                 problems.append(f"{d/'fabrics.yaml'}: {f.name}.needs names '{need}', a capability no bases.yaml "

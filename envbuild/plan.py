@@ -43,6 +43,8 @@ SYSTEM_PATH = paths.SYSTEM_PATH
 STEPS_SOURCE = "envbuild/steps"  # build-directory folder of the step scripts (templates/files/steps)
 PIP_SECRETS = ("ca_cert", "pip_index_url")
 APT_SECRETS = ("ca_cert", "apt_mirror")
+FABRIC_SECRETS = ("ca_cert", "pip_index_url", "source_mirror")
+FABRIC_HEADERS = "fabric/headers.txt"  # under envbuild/ in the build directory: the fabric's pip header lines
 # Apptainer sections in the order a definition file lists them.
 APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
 # The nvidia-* wheels' libraries, each group its own layer of the final image (layers.sh): a pull
@@ -238,6 +240,7 @@ class Stage:
     binds_context: tuple[FileCopy, ...] = ()  # build-directory folders its steps read (bind mounts)
     reuses_builder: bool = False
     platform: Optional[str] = None  # an OCI platform (linux/arm64) when it is not the build host's
+    after_copy: tuple[Step, ...] = ()  # steps that need what the stage took from the builder
 
     def render(self, fmt: str):
         return _render(self, fmt)
@@ -255,6 +258,7 @@ class Stage:
         blocks = ["\n".join(head), *(step.docker(binds=binds) for step in self.steps)]
         if self.from_builder:
             blocks.append("\n".join(f"COPY --from=builder {d} {d}" for d in self.from_builder))
+        blocks += [step.docker(binds=binds) for step in self.after_copy]
         return "\n".join(blocks[:2]) + "".join("\n\n" + b for b in blocks[2:])
 
     def apptainer(self) -> dict[str, list[str]]:
@@ -267,7 +271,7 @@ class Stage:
                 f'exit 1; }}')
         for e in self.env:
             sections["post"].append(f'export {e.name}="{e.value}"')
-        for step in self.steps:
+        for step in (*self.steps, *self.after_copy):  # %files (the builder's too) precede %post
             for key, lines in step.apptainer().items():
                 sections[key] += lines
         # Apptainer has no build-time bind mounts: what Docker binds is copied in, then removed.
@@ -351,6 +355,9 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     for need in needs:
         builder_pkgs += os_release.capabilities[need].get("builder", [])
         runtime_pkgs += os_release.capabilities[need].get("runtime", [])
+    fabric = resolution.fabric
+    for need in (fabric.needs if fabric and fabric.build else ()):  # a fabric built from source
+        builder_pkgs += [p for p in os_release.capabilities[need].get("builder", []) if p not in builder_pkgs]
     if request.keep_toolchain:  # the final image is the builder: the fabric's user space goes in there
         builder_pkgs += [p for p in fabric_packages(resolution) if p not in builder_pkgs]
 
@@ -396,6 +403,8 @@ def build_plan(resolution: Resolution) -> BuildPlan:
         steps.append(Step("cuda-toolkit", (install.prefix, toolchain.cuda_home, *toolchain_install),
                           files=_step_files("cuda-toolkit.sh") + toolchain_files, secrets=PIP_SECRETS,
                           comment=f"nvcc {stack.cuda_toolkit} from PyPI, outside the venv ({resolution.nvcc_reason})"))
+    if fabric and fabric.build:  # before DeepSpeed: another DeepSpeed or op set keeps this (minutes-long) layer
+        steps.append(_fabric_build_step(fabric, toolchain_home))
     ds_env = [("DS_ACCELERATOR", "cuda"), ("DS_BUILD_OPS", "0")]
     ds_env += [(f"DS_BUILD_{matrix.ops[o].env}", "1") for o in resolution.ops]
     ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", resolution.cpu_target)]
@@ -441,18 +450,23 @@ def build_plan(resolution: Resolution) -> BuildPlan:
                           comment=f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler
                           else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
                                f"(no nvcc, no ninja: DeepSpeed cannot JIT)")
+        built = fabric.build if fabric else None
         runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os, *_fabric_steps(resolution)),
                         from_builder=(*(f"{LAYERS_DIR}/{layer}" for layer in CUDA_LAYERS), paths.VENV,
-                                      paths.CONSTRAINTS),
-                        binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),), platform=platform)
+                                      paths.CONSTRAINTS, *((built.prefix, built.plugin_prefix) if built else ())),
+                        binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),), platform=platform,
+                        after_copy=(_fabric_install_step(fabric),) if built else ())
 
     image_env = _image_env(resolution, kept_toolchain_home)
     # The image's own files: the entry scripts, and the in-image package (envbuild/image,
     # stdlib only) as /opt/envbuild/lib/envbuild_image.
     image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES)
-                       + ((FileCopy(f"envbuild/{posixpath.basename(paths.LOCK)}", paths.LOCK),) if lock else ()))
+                       + ((FileCopy(f"envbuild/{posixpath.basename(paths.LOCK)}", paths.LOCK),) if lock else ())
+                       + tuple(FileCopy(f"envbuild/{f.vendored}", f.path) for f in (fabric.files if fabric else ())))
     package = Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),))
     generated = _lock_files(lock)
+    if fabric and fabric.build and fabric.build.headers:
+        generated[f"envbuild/{FABRIC_HEADERS}"] = "".join(f"{line}\n" for line in fabric.build.headers)
     plan = BuildPlan(
         resolution=resolution, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
         kept_toolchain_home=kept_toolchain_home, image_env=image_env, image_files=image_files,
@@ -472,6 +486,34 @@ def fabric_packages(resolution: Resolution) -> list[str]:
     fabric = resolution.fabric
     family = resolution.matrix.bases.families[resolution.stack.os]
     return [p for need in (fabric.needs if fabric else ()) for p in family.capabilities[need].get("runtime", [])]
+
+
+def _fabric_build_step(fabric, cuda_home: Optional[str]) -> Step:
+    """The builder compiles a fabric from its pinned sources (fabric.sh): four arguments per
+    source, the real URL (the source_mirror secret may replace its GitHub base) and the sha256
+    of its tar stream, checked either way."""
+    build = fabric.build
+    if cuda_home is None:  # rules.nvcc_required gives a source-built fabric the toolchain
+        raise AssertionError(f"fabric {fabric.name} is built from source but the builder has no CUDA_HOME")
+    env = [("CUDA_HOME", cuda_home), ("ENVBUILD_EFA_PREFIX", build.prefix),
+           ("ENVBUILD_OFI_NCCL_PREFIX", build.plugin_prefix), ("ENVBUILD_FABRIC_LD_CONF", build.ld_conf)]
+    files = _step_files("fabric.sh", "fabric-install.sh")
+    if build.headers:
+        env.append(("ENVBUILD_FABRIC_HEADERS", f"{paths.SETUP_DIR}/fabric-headers.txt"))
+        files += (FileCopy(f"envbuild/{FABRIC_HEADERS}", f"{paths.SETUP_DIR}/fabric-headers.txt"),)
+    args = tuple(word for src in build.sources for word in (src.name, src.version, src.url, src.tar_sha256))
+    return Step("fabric", args, files=files, env=tuple(env), secrets=FABRIC_SECRETS,
+                comment=f"fabric {fabric.name}: {', '.join(f'{s.name} {s.version}' for s in build.sources)} from "
+                        f"pinned sources, each tar's sha256 checked ({build.time})")
+
+
+def _fabric_install_step(fabric) -> Step:
+    """After the runtime copied the fabric's prefixes: register their libraries with the dynamic
+    linker (NCCL dlopens its plugin by name) and put the fabric's tools on PATH."""
+    build = fabric.build
+    return Step("fabric-install", (build.ld_conf, f"{build.prefix}/bin", f"{build.prefix}/lib",
+                                   f"{build.plugin_prefix}/lib"),
+                comment=f"fabric {fabric.name}: its libraries in the loader's cache, its tools on PATH")
 
 
 def _fabric_steps(resolution: Resolution) -> tuple[Step, ...]:
@@ -653,4 +695,7 @@ def _fabric_manifest(resolution: Resolution) -> Optional[dict]:
             "net_env": dict(f.net_env), "libraries": list(f.libraries), "providers": list(f.providers),
             "net_plugins": list(f.net_plugins), "tools": list(f.tools), "env": baked,
             "device_drivers": list(f.device_drivers), "host_paths": list(f.host_paths),
-            "packages": fabric_packages(resolution)}
+            "verbs_prefix": f.verbs_prefix, "packages": fabric_packages(resolution),
+            "files": [{"path": x.path, "sha256": x.sha256, "url": x.url} for x in f.files],
+            "sources": [{"name": s.name, "version": s.version, "url": s.url, "tar_sha256": s.tar_sha256}
+                        for s in (f.build.sources if f.build else ())]}

@@ -224,7 +224,7 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
     for s in sorted(pool, key=_sort_key, reverse=True):
         rej = rules.request_rejections(m, s, req) + rules.gpu_rejections(m, s, gpu)
         arch = rules.image_arch(m, s, gpu)
-        rej += rules.fabric_rejections(m, s, fabric, arch)
+        rej += rules.fabric_rejections(m, s, fabric, arch, gpu)
         if req.cpu_target is not None and arch is not None:
             why = rules.cpu_target_rejection(m, s, req.cpu_target, arch)
             rej += [why] if why else []
@@ -250,6 +250,13 @@ def _no_stack_error(m: Matrix, req: Request, gpu: GpuProfile, cands: list[Candid
     choices = ", ".join(f"--torch {s.torch} --cuda {s.cuda} --python {s.python} (stack {s.id})"
                         for s in for_gpu[:3])
     why = "; ".join(reasons[:3]) if reasons else "no stack in the matrix matches those versions"
+    fabric = m.fabric(req.fabric)
+    if fabric.requires and fabric.requires.gpus and gpu.name not in fabric.requires.gpus:
+        fits = [f.name for f in m.fabrics if not (f.requires and f.requires.gpus and gpu.name not in f.requires.gpus)]
+        return EnvbuildError(
+            f"no stack fits {req.describe()}: {why}. Nearest valid choices: --gpu "
+            f"{' or --gpu '.join(fabric.requires.gpus)} with --fabric {fabric.name}, or --fabric "
+            f"{' or --fabric '.join(fits)} for {gpu.name} (`envbuild fabrics` lists them).")
     return EnvbuildError(
         f"no stack fits {req.describe()}: {why}. "
         f"Nearest valid choices for {gpu.name}: {choices or 'none'} "
@@ -305,7 +312,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
         nccl=rel.nccl if s.cuda == rel.default_cuda else None,
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
-        nvcc_reason=rules.nvcc_required(m, s, ops),
+        nvcc_reason=rules.nvcc_required(m, s, ops, fabric),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, arch_list, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),
         driver=m.driver_floor(s.cuda),

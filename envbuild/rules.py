@@ -282,14 +282,17 @@ def select_ops(m, s, arch_list: str, choice: str,
     return sorted(chosen), []
 
 
-def nvcc_required(m, s, ops: list[str]) -> Optional[str]:
-    """Why the builder needs nvcc (None: it does not). DeepSpeed < 0.19.8 runs `nvcc -V`
-    in setup.py under DS_ACCELERATOR=cuda even for CPU-only ops (build-notes pitfall 2)."""
+def nvcc_required(m, s, ops: list[str], fabric=None) -> Optional[str]:
+    """Why the builder needs the CUDA toolchain (None: it does not). DeepSpeed < 0.19.8 runs
+    `nvcc -V` in setup.py under DS_ACCELERATOR=cuda even for CPU-only ops; a fabric built from
+    source (aws-efa) compiles libfabric and its NCCL plugin against CUDA's headers."""
     cuda_ops = [o for o in ops if m.ops[o].kind == "cuda"]
     if cuda_ops:
         return f"CUDA ops {', '.join(cuda_ops)} are compiled with nvcc"
     if not m.ds_release(s.deepspeed).nvcc_free_install:
         return f"DeepSpeed {s.deepspeed} runs `nvcc -V` at install time with DS_ACCELERATOR=cuda"
+    if fabric is not None and fabric.build is not None:
+        return f"fabric {fabric.name} builds {', '.join(src.name for src in fabric.build.sources)} against CUDA's headers"
     return None
 
 
@@ -311,9 +314,14 @@ def cpu_target_rejection(m, s, target: str, cpu_arch: str) -> Optional[Rejection
 # ---------------------------------------------------------------- fabrics
 
 
-def fabric_rejections(m, s, fabric, cpu_arch: Optional[str]) -> list[Rejection]:
-    """Why `fabric` cannot go into an image of stack `s` for CPU architecture `cpu_arch`."""
+def fabric_rejections(m, s, fabric, cpu_arch: Optional[str], gpu=None) -> list[Rejection]:
+    """Why `fabric` cannot go into an image of stack `s` for CPU architecture `cpu_arch` (and
+    GPU profile `gpu`: a cloud's fabric profile may be for its VM sizes' GPUs only)."""
     out = []
+    req = fabric.requires
+    if req and req.gpus and gpu is not None and gpu.name not in req.gpus:
+        out.append(Rejection("fabric-gpu", f"fabric {fabric.name} is for {', '.join(req.gpus)} nodes and the "
+                                           f"image is for {gpu.name} ({req.source})"))
     family = m.bases.families[s.os]
     missing = [n for n in fabric.needs if n not in family.capabilities]
     if missing:
@@ -321,7 +329,6 @@ def fabric_rejections(m, s, fabric, cpu_arch: Optional[str]) -> list[Rejection]:
         out.append(Rejection("fabric-os", f"fabric {fabric.name} needs {', '.join(missing)} packages, which "
                                           f"bases.yaml does not list for {s.os} (fabrics for {s.os}: "
                                           f"{', '.join(having)})"))
-    req = fabric.requires
     if req and cpu_arch and cpu_arch not in req.arch:
         out.append(Rejection("fabric-arch", f"fabric {fabric.name} is for {', '.join(req.arch)} hosts and the "
                                             f"image is {cpu_arch} ({req.source})"))

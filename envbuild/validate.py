@@ -260,13 +260,14 @@ def _redact(url: str) -> str:
 
 
 def check_url(flag: str, url: Optional[str]) -> None:
-    """--pip-index-url / --torch-index-url / --apt-mirror: an http(s) URL with a host."""
+    """--pip-index-url / --torch-index-url / --apt-mirror / --source-mirror: an http(s) URL with a host."""
     if url is None:
         return
     shown = _redact(url)
     example = {"--apt-mirror": "https://mirror.example.com",
                "--pip-index-url": "https://pypi.example.com/simple",
-               "--torch-index-url": "https://mirror.example.com/whl/cu128"}[flag]
+               "--torch-index-url": "https://mirror.example.com/whl/cu128",
+               "--source-mirror": "http://127.0.0.1:8765"}[flag]
     if not url.strip():
         raise EnvbuildError(f"{flag} is empty; give an http(s) URL such as {example}, or leave the option out.")
     bad = sorted({c for c in url if c.isspace() or ord(c) < 32 or ord(c) == 127})
@@ -286,14 +287,14 @@ def check_url(flag: str, url: Optional[str]) -> None:
         raise EnvbuildError(f"{flag} '{shown}' is not a valid URL ({e}); e.g. {example}.") from None
     if not host:
         raise EnvbuildError(f"{flag} '{shown}' has no host; e.g. {flag} {example}.")
-    if flag == "--apt-mirror" and (parts.query or parts.fragment or set("&#\\|'\"") & set(url)):
-        raise EnvbuildError(f"--apt-mirror '{shown}' may not carry a query, a fragment or any of & # \\ | ' \" "
-                            f"(it replaces the distro host in apt's sources); e.g. {example}.")
+    if flag in ("--apt-mirror", "--source-mirror") and (parts.query or parts.fragment or set("&#\\|'\"") & set(url)):
+        raise EnvbuildError(f"{flag} '{shown}' may not carry a query, a fragment or any of & # \\ | ' \" "
+                            f"(it replaces a host in the URLs the build fetches); e.g. {flag} {example}.")
 
 
 def check_mirror_options(options: dict) -> None:
     """The mirror URLs and --ca-cert, as the CLI passes them (option name -> value)."""
-    for flag in ("--pip-index-url", "--torch-index-url", "--apt-mirror"):
+    for flag in ("--pip-index-url", "--torch-index-url", "--apt-mirror", "--source-mirror"):
         check_url(flag, options.get(flag[2:].replace("-", "_")))
     ca_cert = options.get("ca_cert")
     if ca_cert is not None and not ca_cert.strip():

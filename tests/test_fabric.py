@@ -55,11 +55,187 @@ def test_keep_toolchain_puts_the_fabric_into_the_builder_it_keeps(matrix):
     assert "libibverbs1" in plan.builder.steps[0].args and plan.runtime.reuses_builder
 
 
+def test_aws_efa_is_built_from_pinned_sources_in_the_builder_and_copied_whole(matrix):
+    """aws-efa: rdma-core, libfabric and aws-ofi-nccl built before DeepSpeed (another op set keeps
+    the layer), from the real URLs with each tar's sha256; the runtime takes both prefixes and
+    registers them with the loader after the copy; no distro verbs (their libibverbs is too old
+    for the efa provider and would shadow the built one)."""
+    r = resolve(matrix, Request(gpu="h20", fabric="efa", ds_ops="cpu_adam"))
+    plan = build_plan(r)
+    assert r.fabric.name == "aws-efa" and "-h20-efa-" in r.tag
+    assert r.nvcc_reason.startswith("fabric aws-efa builds rdma-core, libfabric, aws-ofi-nccl")
+    names = [s.name for s in plan.builder.steps]
+    assert names.index("torch") < names.index("fabric") < names.index("deepspeed")
+    assert names.index("cuda-toolkit") < names.index("fabric") if "cuda-toolkit" in names else plan.toolchain_home
+    step = plan.builder.steps[names.index("fabric")]
+    assert step.args[:4] == ("rdma-core", "v64.0",
+                             "https://github.com/linux-rdma/rdma-core/archive/f272237493ef309984036f7b85655e11104c61c8.tar.gz",
+                             "87047eb4b0817e036fc1639fce4d3920add1200729f4a0f442e7572e128c9c15")
+    assert [step.args[i] for i in range(0, len(step.args), 4)] == ["rdma-core", "libfabric", "aws-ofi-nccl"]
+    assert "source_mirror" in step.secrets and dict(step.env)["CUDA_HOME"] == plan.toolchain_home
+    assert {"cmake", "libnl-3-dev", "libhwloc-dev"} <= set(plan.builder.steps[0].args)
+    assert "nvidia-nvml-dev==13.2.86 --hash=sha256:" in plan.generated_files["envbuild/fabric/headers.txt"]
+    assert "/opt/amazon/efa" in plan.runtime.from_builder and "/opt/amazon/ofi-nccl" in plan.runtime.from_builder
+    assert [s.name for s in plan.runtime.after_copy] == ["fabric-install"]
+    packages = [a for s in plan.runtime.steps for a in s.args]
+    assert "libhwloc15" in packages and not any("ibverbs" in a or "rdmacm" in a for a in packages)
+    docker = plan.runtime.docker()
+    assert docker.index("COPY --from=builder /opt/amazon/efa") < docker.index("fabric-install.sh")
+    manifest = plan.manifest["fabric"]
+    assert manifest["verbs_prefix"] == "/opt/amazon/efa" and manifest["transport"] == "Libfabric"
+    assert [s["name"] for s in manifest["sources"]] == ["rdma-core", "libfabric", "aws-ofi-nccl"]
+    pinned = [d for d in r.node_env if d.name == "NCCL_NET"]
+    assert [(d.value, d.node.efa) for d in pinned] == [("Libfabric", "present")]
+
+
+def test_aws_efa_apptainer_copies_the_prefixes_before_registering_them(matrix, tmp_path):
+    r = run_cli("render", "--gpu", "h20", "--fabric", "aws-efa", "--matrix-dir", str(_fixture_dir()),
+                "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    definition = (tmp_path / "o" / "Singularity.standalone.def").read_text()
+    assert "/opt/amazon/efa /opt/amazon/efa" in definition
+    post = definition.split("%post", 2)[-1]
+    assert "fabric-install.sh /etc/ld.so.conf.d/000-aws-efa.conf" in post
+    assert (tmp_path / "o" / "envbuild" / "fabric" / "headers.txt").is_file()
+
+
+def test_the_source_mirror_is_a_secret_never_rendered(tmp_path):
+    r = run_cli("render", "--gpu", "h20", "--fabric", "aws-efa", "--matrix-dir", str(_fixture_dir()),
+                "--source-mirror", "http://127.0.0.1:8799", "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    for f in (tmp_path / "o").rglob("*"):
+        assert not f.is_file() or "127.0.0.1:8799" not in f.read_text(errors="replace"), f
+    r = run_cli("render", "--gpu", "h20", "--source-mirror", "ftp://mirror", "-o", str(tmp_path / "p"))
+    assert r.returncode == 2 and "--source-mirror 'ftp://mirror' is not an http(s) URL" in r.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_fabric_build_path_must_be_absolute(matrix_copy):
+    text = (matrix_copy / "fabrics.yaml").read_text().replace("      prefix: /opt/amazon/efa", "      prefix: opt/amazon/efa", 1)
+    (matrix_copy / "fabrics.yaml").write_text(text)
+    with pytest.raises(EnvbuildError) as e:
+        load_matrix(matrix_copy)
+    assert "expected an absolute path" in e.value.message and "opt/amazon/efa" in e.value.message
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A directory served over HTTP on 127.0.0.1, as scripts/fabric-sources.sh serves a mirror."""
+    import functools
+    import http.server
+    import threading
+
+    root = tmp_path / "mirror"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_fabric_sh_refuses_a_source_that_is_not_the_pinned_one(tmp_path, served):
+    """The real step script, run here (bash, curl, gzip): the source_mirror secret replaces
+    https://github.com, the tar stream's sha256 is checked against the pin, and a mismatch stops
+    the build naming both hashes before anything is built or installed."""
+    import hashlib
+    import io
+    import subprocess
+    import tarfile
+
+    from envbuild.resources import templates_dir
+
+    root, mirror = served
+    commit = "f272237493ef309984036f7b85655e11104c61c8"
+    archive = root / "linux-rdma" / "rdma-core" / "archive" / f"{commit}.tar.gz"
+    archive.parent.mkdir(parents=True)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        data = b"not rdma-core\n"
+        info = tarfile.TarInfo(f"rdma-core-{commit}/README")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    import gzip
+
+    archive.write_bytes(gzip.compress(raw.getvalue()))
+    served_sha = hashlib.sha256(raw.getvalue()).hexdigest()
+    pin = "87047eb4b0817e036fc1639fce4d3920add1200729f4a0f442e7572e128c9c15"
+    cuda = tmp_path / "cuda"
+    (cuda / "include").mkdir(parents=True)
+    (cuda / "lib64").mkdir()
+    for name in ("include/cuda.h", "include/cuda_runtime_api.h", "include/nvml.h", "lib64/libcudart_static.a"):
+        (cuda / name).write_text("")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "source_mirror").write_text(mirror + "\n")
+    efa, ofi = tmp_path / "efa", tmp_path / "ofi"
+    github = "https://github.com"
+    args = ["rdma-core", "v64.0", f"{github}/linux-rdma/rdma-core/archive/{commit}.tar.gz", pin,
+            "libfabric", "v2.6.0", f"{github}/ofiwg/libfabric/archive/{'0' * 40}.tar.gz", "0" * 64,
+            "aws-ofi-nccl", "v1.21.1", f"{github}/aws/aws-ofi-nccl/archive/{'0' * 40}.tar.gz", "0" * 64]
+    env = {"PATH": os.environ["PATH"], "CUDA_HOME": str(cuda), "ENVBUILD_SECRETS_DIR": str(secrets),
+           "ENVBUILD_EFA_PREFIX": str(efa), "ENVBUILD_OFI_NCCL_PREFIX": str(ofi), "no_proxy": "127.0.0.1"}
+    r = subprocess.run(["bash", str(templates_dir() / "files" / "steps" / "fabric.sh"), *args], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert f"rdma-core v64.0 from {mirror}/linux-rdma/rdma-core/archive/{commit}.tar.gz" in r.stderr
+    assert f"the tar's sha256 is {served_sha}, the pin is {pin}: not the pinned source" in r.stderr
+    assert "the build stops" in r.stderr and not efa.exists() and not ofi.exists()
+    r = subprocess.run(["bash", str(templates_dir() / "files" / "steps" / "fabric.sh"), *args[:4]], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no libfabric source given" in r.stderr, r.stderr
+
+
+def _fixture_dir() -> Path:
+    from conftest import FIXTURE_MATRIX
+
+    return Path(FIXTURE_MATRIX)
+
+
+def test_azure_ndv5_bakes_the_vm_sizes_topology_file_and_azures_nccl_settings(matrix):
+    r = resolve(matrix, Request(gpu="h100", fabric="ndv5"))
+    plan = build_plan(r)
+    assert r.tag.endswith("-h100-ndv5")
+    copied = {f.target: f.source for f in plan.image_files.files}
+    assert copied["/opt/microsoft/ndv5-topo.xml"] == "envbuild/azure-ndv5-topo.xml"
+    env = {e.name: e.value for e in r.env}
+    assert env["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml" and env["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+    manifest = plan.manifest["fabric"]
+    assert manifest["env"]["NCCL_IGNORE_CPU_AFFINITY"] == "1" and manifest["files"][0]["path"] == "/opt/microsoft/ndv5-topo.xml"
+    assert "libibverbs1" in plan.runtime.steps[1].args
+
+
+def test_a_fabric_for_other_gpus_is_rejected_by_rule_fabric_gpu_with_the_way_out(matrix):
+    rows = explain_rows(matrix, Request(gpu="h20", fabric="azure-ndv5"))
+    assert rows and all(v == "rejected" and "[fabric-gpu] fabric azure-ndv5 is for h100 nodes" in why
+                        for _, v, why in rows)
+    with pytest.raises(EnvbuildError) as e:
+        resolve(matrix, Request(gpu="h20", fabric="azure-ndv5"))
+    assert "Nearest valid choices: --gpu h100 with --fabric azure-ndv5, or --fabric ib" in e.value.message
+
+
+def test_every_vendored_fabric_file_is_the_pinned_copy_of_its_public_source(production_matrix):
+    """The topology file in templates/files is byte for byte the file at the pinned commit
+    (its sha256 is in fabrics.yaml, read at the source); the URL names that commit."""
+    import hashlib
+    import re
+
+    from envbuild.resources import templates_dir
+
+    files = [f for fab in production_matrix.fabrics for f in fab.files]
+    assert files
+    for f in files:
+        data = (templates_dir() / "files" / f.vendored).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == f.sha256, f.vendored
+        assert re.search(r"/blob/[0-9a-f]{40}/", f.url), f.url
+
+
 def test_aliases_resolve_and_an_unknown_fabric_is_refused_with_the_choices(matrix):
     assert matrix.fabric("RoCE").name == "ib" and matrix.fabric(None).name == "ib"
     with pytest.raises(EnvbuildError) as e:
         matrix.fabric("inifiniband")
-    assert "did you mean infiniband" in e.value.message and "Known fabrics: ib, none" in e.value.message
+    assert "did you mean infiniband" in e.value.message and "Known fabrics: ib, aws-efa, azure-ndv5, none" in e.value.message
 
 
 def test_render_refuses_an_unknown_fabric_and_writes_nothing(tmp_path):
@@ -165,6 +341,39 @@ def test_providers_must_be_registered_and_load(tmp_path, monkeypatch):
     assert image_fabric.provider_problem("mlx5", registered, root=str(tmp_path)) is None
     assert "not registered" in image_fabric.provider_problem("efa", registered, root=str(tmp_path))
     assert image_fabric.provider_problem("bad", registered, root=str(tmp_path)).startswith("provider bad: ")
+
+
+def test_a_fabric_with_its_own_rdma_core_is_checked_in_its_prefix(tmp_path):
+    """aws-efa registers its providers in PREFIX/etc/libibverbs.d, not /etc: the check looks there."""
+    prefix = tmp_path / "opt/amazon/efa"
+    (prefix / "etc/libibverbs.d").mkdir(parents=True)
+    (prefix / "etc/libibverbs.d/efa.driver").write_text("driver efa\n")
+    (prefix / "lib/libibverbs").mkdir(parents=True)
+    lib = next(p for p in (Path("/lib/x86_64-linux-gnu/libm.so.6"), Path("/lib/aarch64-linux-gnu/libm.so.6"),
+                           Path("/usr/lib64/libm.so.6")) if p.exists())
+    shutil.copy(lib, prefix / "lib/libibverbs/libefa-rdmav64.so")
+    ok, detail = image_fabric.check_fabric(_manifest(providers=["efa"], verbs_prefix=str(prefix)), environ={})
+    assert ok is True, detail
+    ok, detail = image_fabric.check_fabric(_manifest(providers=["efa", "mlx5"], verbs_prefix=str(prefix)), environ={})
+    assert ok is False and f"provider mlx5 is not registered in {prefix}/etc/libibverbs.d" in detail
+
+
+def test_a_baked_file_missing_or_changed_fails_the_check(tmp_path):
+    """NCCL_TOPO_FILE naming no file is ignored by NCCL without a word: the check says it."""
+    import hashlib
+
+    topo = tmp_path / "topo.xml"
+    topo.write_text("<system/>\n")
+    pinned = hashlib.sha256(topo.read_bytes()).hexdigest()
+    fabric = dict(env={"NCCL_TOPO_FILE": str(topo)}, files=[{"path": str(topo), "sha256": pinned}])
+    ok, detail = image_fabric.check_fabric(_manifest(**fabric), environ={"NCCL_TOPO_FILE": str(topo)})
+    assert ok is True, detail
+    topo.write_text("<system>changed</system>\n")
+    ok, detail = image_fabric.check_fabric(_manifest(**fabric), environ={"NCCL_TOPO_FILE": str(topo)})
+    assert ok is False and "is not the one the fabric pins" in detail
+    topo.unlink()
+    ok, detail = image_fabric.check_fabric(_manifest(**fabric), environ={"NCCL_TOPO_FILE": str(topo)})
+    assert ok is False and f"NCCL_TOPO_FILE={topo} names no file" in detail and "No such file" in detail
 
 
 def test_a_plugin_with_a_missing_library_is_named(tmp_path):

@@ -31,10 +31,11 @@ class BuildSecrets:
     pip_index_url: Optional[str] = None
     torch_index_url: Optional[str] = None
     apt_mirror: Optional[str] = None
+    source_mirror: Optional[str] = None  # replaces https://github.com in a fabric's source URLs
 
     def values(self) -> list[str]:
         """The secret strings, for leak scans."""
-        return [v for v in (self.pip_index_url, self.torch_index_url, self.apt_mirror) if v]
+        return [v for v in (self.pip_index_url, self.torch_index_url, self.apt_mirror, self.source_mirror) if v]
 
 
 @dataclass

@@ -57,11 +57,24 @@ def registered_providers(driver_dir: str = DRIVER_DIR) -> set[str]:
     return names
 
 
-def provider_problem(name: str, registered: set[str], root: str = "") -> str | None:
+def verbs_dirs(prefix: str | None) -> tuple[str, tuple[str, ...]]:
+    """(driver directory, provider library patterns) of the OS's rdma-core, or of one built into
+    `prefix` (the aws-efa fabric: /opt/amazon/efa, configured with its own libibverbs.d).
+
+    >>> verbs_dirs("/opt/amazon/efa")
+    ('/opt/amazon/efa/etc/libibverbs.d', ('/opt/amazon/efa/lib/libibverbs/lib{name}-rdmav*.so',))
+    """
+    if not prefix:
+        return DRIVER_DIR, PROVIDER_GLOBS
+    return f"{prefix}/etc/libibverbs.d", (f"{prefix}/lib/libibverbs/lib{{name}}-rdmav*.so",)
+
+
+def provider_problem(name: str, registered: set[str], root: str = "", prefix: str | None = None) -> str | None:
     """None when provider `name` is registered and its library loads; else why not."""
+    driver_dir, patterns = verbs_dirs(prefix)
     if name not in registered:
-        return f"provider {name} is not registered in {DRIVER_DIR}"
-    found = sorted(p for pattern in PROVIDER_GLOBS for p in glob.glob(root + pattern.format(name=name)))
+        return f"provider {name} is not registered in {driver_dir}"
+    found = sorted(p for pattern in patterns for p in glob.glob(root + pattern.format(name=name)))
     if not found:
         return f"provider {name}: no lib{name}-rdmav*.so under a libibverbs directory"
     why = load_library(found[0])
@@ -117,7 +130,10 @@ def env_problems(fabric: dict, environ) -> list[str]:
     """
     out = []
     net = (environ.get("NCCL_NET") or "").strip()
-    if net and net.lower() not in {fabric.get("transport", "").lower(), "socket"}:
+    names = {fabric.get("transport", "").lower(), "socket"}
+    if "libfabric" in names:  # aws-ofi-nccl answers to its older names too (src/nccl_ofi_interface_nvidia.cpp)
+        names |= {"aws libfabric", "ofi"}
+    if net and net.lower() not in names:
         out.append(f"NCCL_NET={net} asks for a net this image (fabric {fabric.get('name')}) does not carry: "
                    f"it provides {fabric.get('transport')}")
     if net.upper() == "IB" and (environ.get("NCCL_IB_DISABLE") or "").strip() == "1":
@@ -125,6 +141,25 @@ def env_problems(fabric: dict, environ) -> list[str]:
     for name, value in (fabric.get("env") or {}).items():
         if name not in environ:
             out.append(f"{name} (the fabric's {name}={value}) did not reach this process")
+        elif environ[name].startswith("/") and not os.path.exists(environ[name]):
+            out.append(f"{name}={environ[name]} names no file (NCCL ignores a missing file without a word)")
+    return out
+
+
+def file_problems(fabric: dict, root: str = "") -> list[str]:
+    """The fabric's baked files (a VM size's topology file) are there, unchanged."""
+    import hashlib
+
+    out = []
+    for f in fabric.get("files") or []:
+        try:
+            with open(root + f["path"], "rb") as handle:
+                digest = hashlib.sha256(handle.read(1 << 20)).hexdigest()
+        except OSError as error:
+            out.append(f"file {f['path']}: {error.strerror}")
+            continue
+        if digest != f.get("sha256"):
+            out.append(f"file {f['path']} is not the one the fabric pins (sha256 {digest[:12]}, not {f.get('sha256', '')[:12]})")
     return out
 
 
@@ -136,11 +171,13 @@ def check_fabric(manifest: dict, environ=None) -> tuple[bool, str] | Skipped:
     environ = os.environ if environ is None else environ
     problems = [f"{lib}: {why}" for lib in fabric.get("libraries") or [] if (why := load_library(lib))]
     providers = fabric.get("providers") or []
-    registered = registered_providers() if providers else set()
-    problems += [why for p in providers if (why := provider_problem(p, registered))]
+    prefix = fabric.get("verbs_prefix")
+    registered = registered_providers(verbs_dirs(prefix)[0]) if providers else set()
+    problems += [why for p in providers if (why := provider_problem(p, registered, prefix=prefix))]
     problems += [why for path in fabric.get("net_plugins") or [] if (why := plugin_problem(path, environ))]
     problems += [f"tool {t} is not on PATH" for t in fabric.get("tools") or [] if not shutil.which(t)]
     problems += env_problems(fabric, environ)
+    problems += file_problems(fabric)
     if problems:
         return False, (f"fabric {fabric.get('name')} promises NCCL net {fabric.get('transport')}, but: "
                        + "; ".join(problems) + ". A multi-node job would fall back to TCP sockets or fail; rebuild "

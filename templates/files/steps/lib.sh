@@ -2,7 +2,7 @@
 # Shared by every envbuild build step (sourced, never run): secrets, the CA bundle, pip's
 # index. Mirrors and the extra CA are read from secret files in /run/secrets (BuildKit
 # secret mounts; `apptainer build --bind DIR:/run/secrets`): ca_cert, pip_index_url,
-# torch_index_url, apt_mirror. They are used from a temporary directory removed before the
+# torch_index_url, apt_mirror, source_mirror. They are used from a temporary directory removed before the
 # step ends, so no layer, history entry or label ever holds them.
 set -euo pipefail
 

@@ -22,19 +22,24 @@ def real_build_stack(m: Matrix):
     raise EnvbuildError(f"the matrix in {m.directory} has no PyPI-toolchain stack on Debian for CI to build.")
 
 
-def publish_jobs(m: Matrix, gpus: list[str], runners: dict[str, str] | None = None) -> list[dict]:
-    """Every (stack, GPU) pair the rules allow, in matrix order, with the image's CPU
-    architecture, its readable tag and the runner that builds it natively."""
+def publish_jobs(m: Matrix, gpus: list[str], runners: dict[str, str] | None = None,
+                 fabrics: dict[str, list[str]] | None = None) -> list[dict]:
+    """Every (stack, GPU, fabric) the rules allow, in matrix order, with the image's CPU
+    architecture, its readable tag and the runner that builds it natively: each GPU with the
+    default fabric, and the GPUs `fabrics` names (fabric -> GPUs) with that fabric too.
+    `variant` (GPU:fabric) is what the build loop of the workflow reads."""
     runners = runners or DEFAULT_RUNNERS
+    wanted = [(g, None) for g in gpus] + [(g, f) for f, names in (fabrics or {}).items() for g in names]
     jobs = []
     for s in m.stacks:
-        for g in gpus:
+        for g, f in wanted:
             try:
-                r = resolve(m, Request(gpu=g, stack=s.id))
+                r = resolve(m, Request(gpu=g, stack=s.id, fabric=f))
             except EnvbuildError:
                 continue
-            jobs.append({"stack": s.id, "gpu": r.gpu.name, "arch": r.arch, "platform": r.platform,
-                         "tag": r.tag, "runner": runners[r.arch]})
+            jobs.append({"stack": s.id, "gpu": r.gpu.name, "fabric": r.fabric.name, "arch": r.arch,
+                         "platform": r.platform, "tag": r.tag, "runner": runners[r.arch],
+                         "variant": f"{r.gpu.name}:{r.fabric.name}"})
     return jobs
 
 
@@ -56,11 +61,11 @@ def merge_jobs(m: Matrix, jobs: list[dict], multiarch: dict[str, str]) -> list[d
         if a.cc != b.cc or [e.model_dump() for e in a.env] != [e.model_dump() for e in b.env]:
             raise EnvbuildError(f"publish.yaml multiarch {x86}: {grace}: their compute capabilities ({a.cc}, {b.cc}) "
                                 f"or baked GPU defaults differ, so one tag cannot serve both.")
-    by_pair = {(j["stack"], j["gpu"]): j for j in jobs}
+    by_pair = {(j["stack"], j["gpu"], j["fabric"]): j for j in jobs}
     merges = []
     for j in jobs:
         sources = [j]
-        sibling = by_pair.get((j["stack"], multiarch.get(j["gpu"], "")))
+        sibling = by_pair.get((j["stack"], multiarch.get(j["gpu"], ""), j["fabric"]))
         if sibling and sibling["arch"] != j["arch"]:
             sources.append(sibling)
         merges.append({"tag": j["tag"], "stack": j["stack"], "gpu": j["gpu"],
@@ -78,7 +83,7 @@ def stack_jobs(jobs: list[dict]) -> list[dict]:
         key = (j["stack"], j["platform"])
         if key not in grouped:
             grouped[key] = {"stack": j["stack"], "platform": j["platform"], "runner": j["runner"], "gpus": []}
-        grouped[key]["gpus"].append(j["gpu"])
+        grouped[key]["gpus"].append(j["variant"])
     out = list(grouped.values())
     for g in out:
         g["gpus"] = " ".join(g["gpus"])
@@ -92,11 +97,15 @@ def render_workflow(m: Matrix) -> str:
         gpus, registry = cfg["gpus"], cfg["registry"]
         runners = {**DEFAULT_RUNNERS, **(cfg.get("runners") or {})}
         multiarch = dict(cfg.get("multiarch") or {})
+        fabrics = {str(f): list(names) for f, names in (cfg.get("fabrics") or {}).items()}
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
-        raise EnvbuildError(f"{path} must hold `gpus`, `registry`, `image_repo`, `runners` and `multiarch` ({e}).") from None
-    for g in [*gpus, *multiarch, *multiarch.values()]:
+        raise EnvbuildError(f"{path} must hold `gpus`, `registry`, `image_repo`, `runners` and `multiarch`, and may "
+                            f"hold `fabrics` (fabric: [GPU, ...]) ({e}).") from None
+    for g in [*gpus, *multiarch, *multiarch.values(), *(g for names in fabrics.values() for g in names)]:
         m.gpu(g)
-    jobs = publish_jobs(m, gpus, runners)
+    for f in fabrics:
+        m.fabric(f)
+    jobs = publish_jobs(m, gpus, runners, fabrics)
     return _environment().get_template("ci/publish.yml.j2").render(
         images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
         image_repo=cfg.get("image_repo", "envbuild"))

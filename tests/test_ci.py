@@ -58,11 +58,38 @@ def test_one_job_per_stack_and_architecture_builds_its_variants_in_sequence(matr
 
     jobs = stack_jobs(publish_jobs(matrix, ["h100", "h20", "gh200", "gb200"]))
     by_key = {(j["stack"], j["platform"]): j for j in jobs}
-    assert by_key[("torch2.11-cu130-py3.12", "linux/amd64")]["gpus"] == "h100 h20"
-    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["gpus"] == "gh200 gb200"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/amd64")]["gpus"] == "h100:ib h20:ib"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["gpus"] == "gh200:ib gb200:ib"
     assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["runner"] == "ubuntu-24.04-arm"
     assert ("torch2.10-cu128-py3.12", "linux/arm64") not in by_key
     assert len(jobs) == len(by_key)
+
+
+def test_fabric_variants_are_published_beside_the_default_under_their_own_tag(matrix):
+    """publish.yaml `fabrics`: aws-efa images for the GPUs AWS sells with EFA, built in the same
+    job as the stack's default variants (the heavy layers are shared) and merged under their own
+    tag; a Grace sibling joins only the tag of the same fabric."""
+    from envbuild.ci import merge_jobs, publish_jobs, stack_jobs
+
+    jobs = publish_jobs(matrix, ["h100", "gh200"], fabrics={"aws-efa": ["h100"]})
+    stack = "torch2.11-cu130-py3.12"
+    mine = [j for j in jobs if j["stack"] == stack]
+    assert [j["variant"] for j in mine] == ["h100:ib", "gh200:ib", "h100:aws-efa"]
+    efa = mine[2]
+    assert efa["tag"].endswith("-h100-efa") and efa["fabric"] == "aws-efa"
+    grouped = {(j["stack"], j["platform"]): j["gpus"] for j in stack_jobs(jobs)}
+    assert grouped[(stack, "linux/amd64")] == "h100:ib h100:aws-efa"
+    merges = {m["tag"]: m for m in merge_jobs(matrix, jobs, {"h100": "gh200"})}
+    assert merges[mine[0]["tag"]]["platforms"] == "linux/amd64 linux/arm64"
+    assert merges[efa["tag"]]["platforms"] == "linux/amd64"  # no aws-efa Grace image: the tag serves x86 only
+
+
+def test_the_published_workflow_builds_aws_efa_from_the_real_urls():
+    """No source mirror in CI: GitHub is reachable there, so fabric.sh fetches the URLs of
+    fabrics.yaml (the pins) and checks each tar's sha256."""
+    text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
+    assert ":aws-efa" in text and '--fabric "$fabric"' in text
+    assert "source-mirror" not in text and "127.0.0.1" not in text
 
 
 def test_workflow_run_scripts_pass_shellcheck():

@@ -15,13 +15,12 @@ against a single-layer image of the same content, in the same run:
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import DOCKER, ROOT, build, docker, inspect, machine, table
+from common import DOCKER, build, docker, inspect, machine, table
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

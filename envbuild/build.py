@@ -15,11 +15,12 @@ from typing import Callable, Optional
 
 from .engine import BuildFailed, BuildSecrets, Engine, get_engine
 from .errors import EnvbuildError
+from .output import RECORD, recorded_files
+from .registry import CONTENT_TAG_DIGITS, check_readable_tag
 
 LOG_NAME = "build.log"
-TAG_MAX = 128
 
-__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "TAG_MAX", "build_image", "content_hash", "content_tag"]
+__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "build_image", "content_hash", "content_tag"]
 
 
 @dataclass
@@ -34,8 +35,6 @@ class BuildResult:
 def content_hash(build_dir: Path) -> str:
     """sha256 over every file envbuild rendered (path, mode, bytes): the files its record
     lists, so a build.log, a .sif or the user's own files beside them change nothing."""
-    from .output import RECORD, recorded_files
-
     rendered = recorded_files(build_dir)
     if not rendered:
         raise EnvbuildError(f"{build_dir} has no {RECORD}: it is not a directory envbuild rendered, so its "
@@ -51,10 +50,7 @@ def content_hash(build_dir: Path) -> str:
 
 def content_tag(readable: str, build_dir: Path) -> str:
     """The immutable tag: the readable tag plus 12 hex digits of the rendered inputs."""
-    tag = f"{readable}-{content_hash(build_dir)[:12]}"
-    if len(tag) > TAG_MAX:
-        tag = f"{readable[:TAG_MAX - 13]}-{content_hash(build_dir)[:12]}"
-    return tag
+    return f"{check_readable_tag(readable, 'the readable tag')}-{content_hash(build_dir)[:CONTENT_TAG_DIGITS]}"
 
 
 def build_image(build_dir: Path, readable_tag: str, repo: str, secrets: BuildSecrets,

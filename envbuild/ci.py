@@ -8,7 +8,7 @@ import yaml
 
 from .errors import EnvbuildError
 from .matrix import Matrix
-from .render import _environment
+from .render import environment
 from .resolve import Request, resolve
 
 
@@ -106,7 +106,7 @@ def render_workflow(m: Matrix) -> str:
     for f in fabrics:
         m.fabric(f)
     jobs = publish_jobs(m, gpus, runners, fabrics)
-    return _environment().get_template("ci/publish.yml.j2").render(
+    return environment().get_template("ci/publish.yml.j2").render(
         images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
         image_repo=cfg.get("image_repo", "envbuild"))
 
@@ -124,5 +124,5 @@ def render_refresh_workflow(runner: str = "ubuntu-latest", cron: str = "17 5 * *
                             branch: str = "matrix-refresh/pypi") -> str:
     """The weekly workflow that runs `envbuild matrix refresh --write`, the fast tests, and
     opens a pull request with the diff."""
-    return _environment().get_template("ci/matrix-refresh.yml.j2").render(
+    return environment().get_template("ci/matrix-refresh.yml.j2").render(
         runner=runner, cron=cron, branch=branch, python="3.11", gha=lambda expr: "${{ " + expr + " }}")

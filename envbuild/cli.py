@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -96,7 +97,7 @@ def request_options(f=None, gpu_required=True):
 
 def _resolve(kw):
     from .matrix import load_matrix
-    from .resolve import Request, parse_env_pairs, resolve
+    from .resolve import Request, parse_env_pairs
 
     from .running import image_repo
 
@@ -130,7 +131,7 @@ def _render_to(kw, output, show=True):
     r = resolve(m, req)
     for warning in env_warnings(r):
         err.print(f"envbuild: warning: {warning}", markup=False)
-    _pin_named_bases(r)
+    r = _pin_named_bases(r)
     files = render_files(r)
     path = write_build_dir(files, Path(output) if output else Path("build") / r.tag)
     if output and Path(output).is_symlink():
@@ -143,7 +144,7 @@ def _render_to(kw, output, show=True):
     return r, secrets, path, sorted([*files, RECORD])
 
 
-def _pin_named_bases(r) -> None:
+def _pin_named_bases(r):
     """A base image the user named is pinned by digest when this machine can learn it (its
     Docker pulled it from a registry, or its registry answers); the matrix's own bases stay
     tags (a render does not contact Docker Hub)."""
@@ -152,12 +153,11 @@ def _pin_named_bases(r) -> None:
     named = {"runtime": r.request.base_image, "builder": r.request.builder_image or (
         r.request.base_image if r.base_images["builder"] == r.request.base_image else None)}
     pinned = {ref: pin(ref) for ref in set(named.values()) if ref}
-    for stage, ref in named.items():
-        if ref:
-            r.base_images[stage] = pinned[ref][0]
     for ref in sorted(ref for ref, (_, digest) in pinned.items() if not digest):
         err.print(f"envbuild: note: {ref} is pinned by tag only: no registry digest is known for it on "
                   f"this machine", markup=False, soft_wrap=True)
+    return dataclasses.replace(r, base_images={stage: pinned[named[stage]][0] if named.get(stage) else ref
+                                               for stage, ref in r.base_images.items()})
 
 
 def _command_line(ctx: click.Context, skip=()) -> str:
@@ -364,8 +364,10 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     from the resulting lock with hash checking, then runs pip check and imports each package."""
     from .build import build_image
     from .digests import pin
-    from .extend import load_project, read_requirements_file, render_extension, resolve_extension
+    from .extend import load_project, read_requirements_file, resolve_extension
     from .output import write_build_dir
+    from .plan import extension_plan
+    from .render import render
     from .resolve import resolve
 
     if bool(requirements_file) == bool(project_file):
@@ -394,11 +396,11 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     m, req = _resolve(kw)
     secrets = _secrets(kw)
     r = resolve(m, req)
-    extension = resolve_extension(r, requirements, source, name=name,
+    extension = resolve_extension(m, r, requirements, source, name=name,
                                   exclude_newer=f"{as_of}T00:00:00Z" if as_of else None)
     base, digest = pin(from_image or r.image_ref)
-    files = render_extension(r, extension, base)
-    tag = json.loads(files["manifest.json"])["tag"]
+    plan = extension_plan(r, extension, base)
+    files, tag = render(plan), plan.tag
     path = write_build_dir(files, Path(output) if output else Path("build") / tag)
     for key, value in [("stack", f"{r.stack.id} ({r.tag})"), ("from", base + ("" if digest else "  (no digest known here: pinned by tag)")),
                        ("adds", f"{len(extension.lock.sections['venv'])} packages for {', '.join(extension.requirements)}"),

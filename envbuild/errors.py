@@ -1,5 +1,7 @@
 """The one exception type users see: a single paragraph, exit code 2, no traceback."""
 
+import difflib
+
 
 class EnvbuildError(Exception):
     """A problem with the user's input or environment, explained in one paragraph.
@@ -20,8 +22,6 @@ class EnvbuildError(Exception):
 
 def nearest(word: str, choices, n: int = 3) -> list[str]:
     """The closest valid spellings, for 'did you mean' hints."""
-    import difflib
-
     choices = sorted(set(choices))
     close = difflib.get_close_matches(word.lower(), choices, n=n, cutoff=0.5)
     if not close:

@@ -7,7 +7,8 @@ matrix where the requirements would fit. Success is an extension lock (the new p
 each == with its hashes) and a build directory whose Dockerfile / Singularity.def start FROM
 the stack image (by digest when this machine knows it), install the lock with hash checking,
 run `pip check`, and import each top-level package, recording what it imported in
-manifest.json. Every heavy layer is the stack image's.
+manifest.json. Every heavy layer is the stack image's. This module resolves; the image is a
+build plan like any other (:func:`envbuild.plan.extension_plan`).
 
 >>> read_requirements("einops\\n# a comment\\nsafetensors>=0.4  # inline\\n", "req.txt")
 ['einops', 'safetensors>=0.4']
@@ -18,7 +19,6 @@ envbuild.errors.EnvbuildError: req.txt:1: 'git+https://github.com/x/y' is a VCS 
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from dataclasses import dataclass, replace
@@ -30,15 +30,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from . import __version__
 from .errors import EnvbuildError
-from .image import paths
 from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
-from .plan import PIP_SECRETS, STEPS_SOURCE, FileCopy, Label, Stage, Step, build_plan
-from .resolve import Resolution
+from .matrix import Matrix
+from .resolve import Resolution, resolve
 
-EXTEND_LOCK_NAME = "envbuild/extend-lock.txt"
-STEP_FILES = ("lib.sh", "extend.sh", "import_check.py", "pip_check.py")
+EXTEND_LOCK_SOURCE = "envbuild/extend-lock.txt"  # the name parse errors of an extension lock give
 
 
 class Project(BaseModel):
@@ -156,16 +153,14 @@ def _compile_extension(resolution: Resolution, requirements: tuple[str, ...], ex
                         constraints=_constraints(resolution.lock, directory))
 
 
-def _fits(resolution: Resolution, requirements: tuple[str, ...], exclude_newer: str) -> list[str]:
+def _fits(matrix: Matrix, resolution: Resolution, requirements: tuple[str, ...], exclude_newer: str) -> list[str]:
     """The other locked stacks this GPU allows where the requirements resolve."""
-    from .resolve import resolve
-
     fits = []
-    for stack in resolution.matrix.stacks:
+    for stack in matrix.stacks:
         if stack.id == resolution.stack.id:
             continue
         try:
-            other = resolve(resolution.matrix, replace(resolution.request, stack=stack.id, python=None, cuda=None,
+            other = resolve(matrix, replace(resolution.request, stack=stack.id, python=None, cuda=None,
                                                        torch=None, deepspeed=None))
         except EnvbuildError:
             continue
@@ -179,7 +174,7 @@ def _fits(resolution: Resolution, requirements: tuple[str, ...], exclude_newer: 
     return fits
 
 
-def _explain(resolution: Resolution, requirements: tuple[str, ...], source: str, failure: ResolveFailed,
+def _explain(matrix: Matrix, resolution: Resolution, requirements: tuple[str, ...], source: str, failure: ResolveFailed,
              exclude_newer: str) -> EnvbuildError:
     stack = resolution.stack
     lines = [line.strip() for line in failure.detail.splitlines()
@@ -191,7 +186,7 @@ def _explain(resolution: Resolution, requirements: tuple[str, ...], source: str,
         kind = f"has no wheel or sdist that installs on Python {stack.python} ({resolution.lock.header['platform']})"
     else:
         kind = "conflicts with what the stack pins"
-    fits = _fits(resolution, requirements, exclude_newer)
+    fits = _fits(matrix, resolution, requirements, exclude_newer)
     pins = resolution.lock.pins()
     needs = ""
     try:  # what the requirements pull in on their own, where it differs from the stack
@@ -212,7 +207,7 @@ def _explain(resolution: Resolution, requirements: tuple[str, ...], source: str,
                          f"other package of its lock). {where} Nothing was written.")
 
 
-def resolve_extension(resolution: Resolution, requirements: list[str], source: str,
+def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list[str], source: str,
                       name: Optional[str] = None, exclude_newer: Optional[str] = None) -> Extension:
     """Resolve the user's requirements against the stack's lock, before anything is built."""
     stack = resolution.stack
@@ -225,7 +220,7 @@ def resolve_extension(resolution: Resolution, requirements: list[str], source: s
     try:
         text = _compile_extension(resolution, requirements, date)
     except ResolveFailed as failure:
-        raise _explain(resolution, requirements, source, failure, date) from None
+        raise _explain(matrix, resolution, requirements, source, failure, date) from None
     resolved = parse_lock("# [venv]\n" + text, "uv output")
     stack_pins = resolution.lock.pins()
     moved = [f"{p.name}=={p.version} (stack: {stack_pins[p.key]})" for p in resolved.sections["venv"]
@@ -246,7 +241,7 @@ def resolve_extension(resolution: Resolution, requirements: list[str], source: s
         f"# requirements: {' '.join(requirements)}",
     ]
     lock_text = "\n".join(header) + "\n\n# [venv]\n" + "".join(p.block for p in new)
-    return Extension(requirements=requirements, source=source, lock=parse_lock(lock_text, EXTEND_LOCK_NAME),
+    return Extension(requirements=requirements, source=source, lock=parse_lock(lock_text, EXTEND_LOCK_SOURCE),
                      exclude_newer=date, name=label)
 
 
@@ -254,53 +249,3 @@ def _name(text: str) -> str:
     """A tag-safe name: 'My Lab/reqs' -> 'my-lab-reqs' (at most 32 characters)."""
     cleaned = re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.")
     return cleaned[:32] or "ext"
-
-
-# ---------------------------------------------------------------- rendering
-
-
-def _step_files() -> tuple[FileCopy, ...]:
-    return tuple(FileCopy(f"{STEPS_SOURCE}/{n}", f"{paths.SETUP_DIR}/{n}") for n in STEP_FILES)
-
-
-def render_extension(resolution: Resolution, extension: Extension, base: str) -> dict[str, bytes]:
-    """The build directory of the extension: Dockerfile, Singularity.def, manifest.json, the
-    extension lock and the step files. Pure: `base` is the stack image (with its digest)."""
-    from .render import _environment
-    from .resources import templates_dir
-
-    plan = build_plan(resolution)
-    tag = f"{resolution.tag}-ext-{extension.name}"
-    image_ref = f"{resolution.request.image_repo}:{tag}"
-    lock_target = paths.EXTEND_LOCK
-    step = Step("extend", (lock_target, paths.MANIFEST, *extension.top_level),
-                files=(*_step_files(), FileCopy(EXTEND_LOCK_NAME, lock_target), FileCopy("manifest.json", paths.MANIFEST)),
-                secrets=PIP_SECRETS,
-                comment=f"{', '.join(extension.requirements)}: from the extension lock (every hash checked), "
-                        f"then pip check and an import of each package")
-    stage = Stage("extend", base, (step,))
-    manifest = {**plan.manifest, "tag": tag, "image": image_ref,
-                "extend": {"from": base, "stack_tag": resolution.tag, "requirements": list(extension.requirements),
-                           "source": extension.source, "top_level": list(extension.top_level),
-                           "lock": {"path": lock_target, "sha256": extension.lock.sha256,
-                                    "packages": len(extension.lock.sections["venv"]),
-                                    "exclude_newer": extension.exclude_newer},
-                           "imports": {}}}
-    labels = Label((("org.opencontainers.image.title", f"envbuild {tag}"),
-                    ("org.opencontainers.image.version", tag),
-                    ("org.opencontainers.image.base.name", base),
-                    ("io.envbuild.extends", resolution.tag),
-                    ("io.envbuild.extend-lock", f"sha256:{extension.lock.sha256}"),
-                    ("io.envbuild.extend-requirements", " ".join(extension.requirements))))
-    env = _environment()
-    ctx = {"stage": stage, "labels": labels, "resolution": resolution, "extension": extension, "tag": tag,
-           "base": base, "version": __version__, "paths": paths}
-    files = {"Dockerfile": env.get_template("docker/Dockerfile.extend.j2").render(**ctx).encode(),
-             "Singularity.def": env.get_template("singularity/Singularity.extend.def.j2").render(**ctx).encode(),
-             "manifest.json": (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode(),
-             ".dockerignore": b"build.log\n*.sif\n",
-             EXTEND_LOCK_NAME: extension.lock.text.encode()}
-    steps_dir = templates_dir() / "files" / "steps"
-    for name in STEP_FILES:
-        files[f"{STEPS_SOURCE}/{name}"] = (steps_dir / name).read_bytes()
-    return files

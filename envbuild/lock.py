@@ -49,8 +49,15 @@ from typing import Callable, Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
-from .errors import EnvbuildError
+try:  # the uv package ships its own binary; without it, a uv on PATH
+    from uv import find_uv_bin
+except ImportError:  # pragma: no cover - uv is a dependency
+    find_uv_bin = None
+
+from .errors import EnvbuildError, nearest
+from .refresh.pypi import PyPI, default_cache_dir
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 LOCK_DIR = "locks"
@@ -203,10 +210,10 @@ class LockInputs:
 def uv_binary() -> str:
     """The uv executable: the `uv` Python package's own binary, else one on PATH."""
     try:
-        from uv import find_uv_bin
-
+        if find_uv_bin is None:
+            raise FileNotFoundError("the uv package is not installed")
         return find_uv_bin()
-    except (ImportError, FileNotFoundError):
+    except FileNotFoundError:
         found = shutil.which("uv")
         if found:
             return found
@@ -344,11 +351,6 @@ def deepspeed_install_requires(files: dict[str, bytes], where: str) -> list[str]
 
 def fetch_deepspeed_requires(version: str, progress: Callable[[str], None] = lambda _: None) -> tuple[list[str], str]:
     """DeepSpeed `version`'s requirements read from its PyPI sdist, and where they came from."""
-    from packaging.version import Version
-
-    from .refresh.cli import default_cache_dir
-    from .refresh.pypi import PyPI
-
     index = PyPI(default_cache_dir())
     sdists = [f for f in index.files("deepspeed") if f.filename.endswith(".tar.gz") and f.version == Version(version)]
     if not sdists:
@@ -443,8 +445,6 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
     A lock keeps its date (uv's --exclude-newer) while it agrees with its row, so re-running
     gives the same file; `upgrade`, or a row that moved, resolves as of today.
     """
-    from .errors import nearest
-
     known = [s.id for s in matrix.stacks]
     for stack_id in stack_ids:
         if stack_id not in known:

@@ -24,9 +24,12 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from . import rules
 from .errors import EnvbuildError, nearest
 from .resources import matrices_dir
+from .validate import gpu_spellings, unknown_gpu
 
+BASE_DIGESTS = "base-digests.yaml"  # optional: written by `envbuild lock --bases` (digests.py)
 FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "cuda.yaml", "stacks.yaml", "fabrics.yaml")
 
 
@@ -526,6 +529,7 @@ class Matrix:
         self._torch = {r.torch: r for r in torch.releases}
         self._ds = {r.deepspeed: r for r in deepspeed.releases}
         self._gpu_names: dict[str, GpuProfile] = {}
+        self.base_digests = _base_digests(directory)  # ref -> the digest the publishing CI recorded
 
     # lookups ----------------------------------------------------------
     def torch_release(self, version: str) -> TorchRelease:
@@ -553,8 +557,6 @@ class Matrix:
 
     def gpu(self, name: str) -> GpuProfile:
         """A profile by name, alias or the name nvidia-smi prints ('NVIDIA H100 80GB HBM3')."""
-        from .validate import gpu_spellings, unknown_gpu
-
         names = self.gpu_names()
         spellings = gpu_spellings(name)
         for key in spellings:
@@ -656,19 +658,23 @@ def _locate(loc: tuple, data) -> str:
     return out
 
 
-def _load_file(path: Path):
-    model = _MODELS[path.name]
+def _load_yaml(path: Path):
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise EnvbuildError(f"matrix file {path} cannot be read: {e.strerror}.") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise EnvbuildError(f"matrix file {path} is not valid YAML{where}: {problem}.") from None
+
+
+def _load_file(path: Path):
+    model = _MODELS[path.name]
+    data = _load_yaml(path)
     try:
         return model.model_validate(data if data is not None else {})
     except ValidationError as e:
@@ -684,8 +690,6 @@ def _load_file(path: Path):
 
 def _check_references(m: Matrix) -> None:
     """Cross-file integrity, then every stack against the rules."""
-    from . import rules  # rules import matrix types; import here to avoid a cycle
-
     d = m.directory
     problems: list[str] = []
     for name, rel in m._torch.items():
@@ -778,6 +782,19 @@ def _check_references(m: Matrix) -> None:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise EnvbuildError("the matrix is inconsistent: " + "; ".join(problems[:3]) + more + ".")
+
+
+def _base_digests(directory: Path) -> dict[str, str]:
+    """ref -> digest recorded by `envbuild lock --bases` (empty when none were reachable)."""
+    path = Path(directory) / BASE_DIGESTS
+    if not path.is_file():
+        return {}
+    data = _load_yaml(path) or {}
+    try:
+        return {str(ref): str(entry["digest"]) for ref, entry in (data.get("bases") or {}).items()}
+    except (AttributeError, KeyError, TypeError):
+        raise EnvbuildError(f"matrix file {path} is malformed: each entry under `bases` needs a `digest`; "
+                            f"regenerate it with `envbuild lock --bases`.") from None
 
 
 @functools.lru_cache(maxsize=8)

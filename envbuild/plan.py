@@ -32,7 +32,12 @@ from typing import Optional
 
 from . import __version__
 from . import image as image_package
+from .emulation import PLATFORM_MACHINES, QEMU_CPU_SYSFS, qemu_cpu_stub
 from .image import paths
+from .resources import templates_dir
+from .extend import Extension
+from .errors import EnvbuildError
+from .registry import CONTENT_TAG_DIGITS, READABLE_TAG_MAX, TAG_MAX, check_readable_tag, local_only
 from .resolve import EnvVar, Resolution
 
 DOCKER = "docker"
@@ -51,29 +56,6 @@ APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
 # downloads them in parallel, and stacks with the same CUDA wheels share them.
 LAYERS_DIR = "/opt/envbuild-layers"
 CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
-# --qemu: a stub /sys/devices/system/cpu (templates/files/qemu/cpu: a Neoverse V2's MIDR_EL1), bound
-# in every builder RUN of an arm64 image built under qemu-user, where torch's oneDNN crashes at
-# import without it. The rendered files stay the same otherwise.
-QEMU_CPU_SYSFS = ("envbuild/qemu/cpu", "/sys/devices/system/cpu")  # (build-directory folder, target)
-
-
-def qemu_cpu_stub() -> Path:
-    """The stub CPU sysfs tree that --qemu binds (templates/files/qemu/cpu)."""
-    from .resources import templates_dir
-
-    return templates_dir() / "files" / "qemu" / "cpu"
-
-
-# --qemu smoke runs: the CPU qemu-user emulates. Its default, `max`, has 512-bit SVE, so torch
-# reports CPU capability SVE256 and Inductor compiles its CPU code with -msve-vector-bits=256
-# (which failed with GCC 12.2 in an emulated smoke run, bench/RESULTS.md). Grace's Neoverse V2
-# cores have "4x 128b SVE2" (NVIDIA's Grace Performance Tuning Guide,
-# docs.nvidia.com/grace-perf-tuning-guide), where torch 2.15 reports SVE128 and Inductor generates
-# its NEON (asimd) code, as the emulated smoke record shows; `sve128=on` caps the emulated vector
-# length there (qemu's "sveN" CPU properties, docs/system/arm/cpu-features.rst).
-QEMU_CPU = "max,sve128=on"
-# What `uname -m` prints inside an image of each OCI platform that is rendered explicitly.
-PLATFORM_MACHINES = {"linux/arm64": "aarch64"}
 # Variables that name directories inside the image: the host's value never wins for them.
 IMAGE_OWNED = ("VIRTUAL_ENV", "CUDA_HOME")
 
@@ -286,11 +268,57 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class BuildPlan:
-    """Everything the renderers need; built by :func:`build_plan`."""
+class ImageFacts:
+    """What the rendered files say about the image in their comments and headers: the only
+    view of the request a layout template has."""
 
-    resolution: Resolution
-    builder: Stage
+    tag: str
+    image_repo: str
+    stack: str
+    torch: str
+    cuda: str
+    python: str
+    deepspeed: str
+    gpu: str
+    sm: str
+    arch_list: str
+    arch: str
+    host_cpu: str
+    ops: tuple[str, ...]
+    lock_sha256: Optional[str]
+    local_only: bool  # no registry serves image_repo: Singularity.def cannot pull its From:
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.image_repo}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class ExtensionFacts:
+    """What an extension image adds, for its layouts' comments."""
+
+    requirements: tuple[str, ...]
+    lock_sha256: str
+    base: str  # the stack image it starts from (by digest where known)
+    stack_tag: str
+
+
+STACK_LAYOUTS = (("Dockerfile", "docker/Dockerfile.j2"), ("Singularity.def", "singularity/Singularity.def.j2"),
+                 ("Singularity.standalone.def", "singularity/Singularity.standalone.def.j2"))
+EXTENSION_LAYOUTS = (("Dockerfile", "docker/Dockerfile.extend.j2"),
+                     ("Singularity.def", "singularity/Singularity.extend.def.j2"))
+MANIFEST_NAME = "manifest.json"  # the build directory's copy of the plan's manifest
+DOCKERIGNORE = "build.log\n*.sif\n"  # what a build writes beside the rendered files stays out of the context
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything the renderers need, for every kind of image: a stack image
+    (:func:`stack_plan`) or an extension layer on one (:func:`extension_plan`). A layout
+    template sees this and nothing else."""
+
+    image: ImageFacts
+    builder: Optional[Stage]  # None: the image is one stage on an existing image (an extension)
     runtime: Stage
     toolchain_home: Optional[str]  # where the builder has nvcc (None: it has none)
     kept_toolchain_home: Optional[str]  # the same, when the runtime keeps it
@@ -303,6 +331,10 @@ class BuildPlan:
     build_files: dict[str, Path] = field(default_factory=dict)  # build dir path -> the file it copies
     generated_files: dict[str, str] = field(default_factory=dict)  # build dir path -> its text (the lock's parts)
     dropped: tuple[str, ...] = ()  # build-only packages the final image drops (ninja)
+    node_env: tuple = ()  # defaults the node decides at start-up (EnvDefault), with their conditions
+    layouts: tuple[tuple[str, str], ...] = STACK_LAYOUTS  # build-directory file -> its layout template
+    extension: Optional[ExtensionFacts] = None
+    lock: Optional[object] = field(default=None, repr=False)  # the stack's Lock (None: not hash-locked)
 
     @property
     def base_env(self) -> tuple[EnvVar, ...]:
@@ -314,7 +346,7 @@ class BuildPlan:
 
     @property
     def tag(self) -> str:
-        return self.resolution.tag
+        return self.image.tag
 
     @property
     def gpu_env_notes(self) -> tuple[str, ...]:
@@ -326,7 +358,7 @@ class BuildPlan:
     def node_env_notes(self) -> tuple[str, ...]:
         """One line per default the node decides at start-up, with its condition."""
         return tuple(f"{d.name}={d.value} where {json.dumps(d.node.model_dump(exclude_none=True))}: {d.reason}"
-                     for d in self.resolution.node_env)
+                     for d in self.node_env)
 
     def apptainer_final(self) -> dict[str, list[str]]:
         """The final stage's Apptainer sections: the runtime stage plus the image's files."""
@@ -341,13 +373,13 @@ def _step_files(*names: str) -> tuple[FileCopy, ...]:
     return tuple(FileCopy(f"{STEPS_SOURCE}/{n}", f"{paths.SETUP_DIR}/{n}") for n in names)
 
 
-def build_plan(resolution: Resolution) -> BuildPlan:
-    """Derive the whole build from a resolution: the one place each fact is decided."""
-    matrix, stack, request = resolution.matrix, resolution.stack, resolution.request
-    os_release = matrix.bases.families[stack.os]
-    toolchain = matrix.bases.toolchains[stack.toolchain]
+def stack_plan(resolution: Resolution) -> BuildPlan:
+    """Derive the whole build of a stack image from a resolution: the one place each fact is decided."""
+    facts, stack, request = resolution.facts, resolution.stack, resolution.request
+    os_release = facts.family
+    toolchain = facts.toolchain
     python_pkg = os_release.python[stack.python]
-    needs = sorted({n for o in resolution.ops for n in matrix.ops[o].needs})
+    needs = sorted({n for o in resolution.ops for n in facts.ops[o].needs})
     builder_pkgs = [p.replace("{python}", python_pkg) for p in os_release.builder_packages]
     runtime_pkgs = [p.replace("{python}", python_pkg) for p in os_release.runtime_packages]
     if not request.no_compiler:  # torch.compile compiles C at run time; DeepSpeed still cannot (no ninja/nvcc)
@@ -369,7 +401,7 @@ def build_plan(resolution: Resolution) -> BuildPlan:
 
     # The lock (matrices/locks): each step installs its part with pip --require-hashes --no-deps.
     lock = resolution.lock
-    ds_build_only = tuple(sorted(matrix.deepspeed_file.build_only))
+    ds_build_only = tuple(sorted(facts.ds_build_only))
     if lock:
         venv_install = ("--require-hashes", "--no-deps", "-r", f"{paths.SETUP_DIR}/{LOCK_PARTS['venv']}")
         venv_files = (FileCopy(f"envbuild/{LOCK_PARTS['venv']}", f"{paths.SETUP_DIR}/{LOCK_PARTS['venv']}"),)
@@ -406,14 +438,14 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     if fabric and fabric.build:  # before DeepSpeed: another DeepSpeed or op set keeps this (minutes-long) layer
         steps.append(_fabric_build_step(fabric, toolchain_home))
     ds_env = [("DS_ACCELERATOR", "cuda"), ("DS_BUILD_OPS", "0")]
-    ds_env += [(f"DS_BUILD_{matrix.ops[o].env}", "1") for o in resolution.ops]
+    ds_env += [(f"DS_BUILD_{facts.ops[o].env}", "1") for o in resolution.ops]
     ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", resolution.cpu_target)]
     if toolchain_home:
         ds_env.append(("CUDA_HOME", toolchain_home))
     if request.keep_toolchain:
         ds_env.append(("ENVBUILD_KEEP_TOOLCHAIN", "1"))
     if not lock:  # with a lock they are in the venv already, at the locked versions
-        ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(matrix.deepspeed_file.build_requires)))
+        ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(facts.ds_build_requires)))
     if not request.keep_toolchain and ds_build_only:
         ds_env.append(("ENVBUILD_DS_BUILD_ONLY", " ".join(ds_build_only)))
     ds_env.append(("ENVBUILD_CONSTRAINTS", paths.CONSTRAINTS))
@@ -468,23 +500,80 @@ def build_plan(resolution: Resolution) -> BuildPlan:
     if fabric and fabric.build and fabric.build.headers:
         generated[f"envbuild/{FABRIC_HEADERS}"] = "".join(f"{line}\n" for line in fabric.build.headers)
     plan = BuildPlan(
-        resolution=resolution, builder=builder, runtime=runtime, toolchain_home=toolchain_home,
+        image=_image_facts(resolution), builder=builder, runtime=runtime, toolchain_home=toolchain_home,
         kept_toolchain_home=kept_toolchain_home, image_env=image_env, image_files=image_files,
         image_package=package,
-        manifest_file=Copy((FileCopy("manifest.json", paths.MANIFEST),)),
+        manifest_file=Copy((FileCopy(MANIFEST_NAME, paths.MANIFEST),)),
         labels=Label(tuple(_labels(resolution))), manifest={},
         build_files=_build_files(steps, image_files, qemu=bool(emulation), generated=generated),
         generated_files=generated,
         dropped=ds_build_only if not request.keep_toolchain else (),
+        node_env=tuple(resolution.node_env), lock=lock,
     )
-    object.__setattr__(plan, "manifest", _manifest(plan))
+    object.__setattr__(plan, "manifest", _manifest(plan, resolution))
     return plan
+
+
+def _image_facts(resolution: Resolution) -> ImageFacts:
+    stack, gpu = resolution.stack, resolution.gpu
+    return ImageFacts(tag=resolution.tag, image_repo=resolution.request.image_repo, stack=stack.id,
+                      torch=stack.torch, cuda=stack.cuda, python=stack.python, deepspeed=stack.deepspeed,
+                      gpu=gpu.name, sm=gpu.sm, arch_list=resolution.arch_list, arch=resolution.arch,
+                      host_cpu=gpu.host_cpu or resolution.arch, ops=tuple(resolution.ops),
+                      lock_sha256=resolution.lock.sha256 if resolution.lock else None,
+                      local_only=local_only(resolution.request.image_repo))
+
+
+def extension_plan(resolution: Resolution, extension: Extension, base: str) -> BuildPlan:
+    """An extension image: one stage on the stack image `base` (by digest where known) that
+    installs the extension lock with hash checking, runs pip check and imports each package.
+    Every heavy layer is the stack image's; the manifest is the stack's plus what was added."""
+    stack = stack_plan(resolution)
+    tag = f"{resolution.tag}-ext-{extension.name}"
+    room = READABLE_TAG_MAX - len(resolution.tag) - len("-ext-")
+    if len(tag) > READABLE_TAG_MAX:  # the one tag rule, said in terms of what the user chose
+        fix = (f"nearest valid choice: --name {extension.name[:room].rstrip('-.')}" if room >= 3 else
+               "the stack tag leaves no room: drop a non-default option (--env, --cpu-target, --ds-ops, "
+               "--keep-toolchain) from the stack image")
+        raise EnvbuildError(f"--name '{extension.name}' makes the extension's tag {len(tag)} characters "
+                            f"('{tag}'); a readable tag has at most {READABLE_TAG_MAX} (Docker's limit is "
+                            f"{TAG_MAX}, and the content tag adds {CONTENT_TAG_DIGITS + 1}); {fix}.")
+    check_readable_tag(tag, "the extension's tag")
+    image = replace(stack.image, tag=tag)
+    step = Step("extend", (paths.EXTEND_LOCK, paths.MANIFEST, *extension.top_level),
+                files=(*_step_files(*EXTENSION_STEP_FILES), FileCopy(EXTEND_LOCK_NAME, paths.EXTEND_LOCK),
+                       FileCopy(MANIFEST_NAME, paths.MANIFEST)),
+                secrets=PIP_SECRETS,
+                comment=f"{', '.join(extension.requirements)}: from the extension lock (every hash checked), "
+                        f"then pip check and an import of each package")
+    manifest = {**stack.manifest, "tag": tag, "image": image.image_ref,
+                "extend": {"from": base, "stack_tag": resolution.tag, "requirements": list(extension.requirements),
+                           "source": extension.source, "top_level": list(extension.top_level),
+                           "lock": {"path": paths.EXTEND_LOCK, "sha256": extension.lock.sha256,
+                                    "packages": len(extension.lock.sections["venv"]),
+                                    "exclude_newer": extension.exclude_newer},
+                           "imports": {}}}
+    labels = Label((("org.opencontainers.image.title", f"envbuild {tag}"),
+                    ("org.opencontainers.image.version", tag),
+                    ("org.opencontainers.image.base.name", base),
+                    ("io.envbuild.extends", resolution.tag),
+                    ("io.envbuild.extend-lock", f"sha256:{extension.lock.sha256}"),
+                    ("io.envbuild.extend-requirements", " ".join(extension.requirements))))
+    generated = {EXTEND_LOCK_NAME: extension.lock.text}
+    return BuildPlan(
+        image=image, builder=None, runtime=Stage("extend", base, (step,)), toolchain_home=None,
+        kept_toolchain_home=None, image_env=(), image_files=Copy(()), image_package=Copy(()),
+        manifest_file=Copy(()), labels=labels, manifest=manifest,
+        build_files=_build_files([step], Copy(()), generated=generated, package=False), generated_files=generated,
+        layouts=EXTENSION_LAYOUTS, lock=stack.lock,
+        extension=ExtensionFacts(requirements=extension.requirements, lock_sha256=extension.lock.sha256, base=base,
+                                 stack_tag=resolution.tag))
 
 
 def fabric_packages(resolution: Resolution) -> list[str]:
     """The OS packages the image's fabric needs in the final image (bases.yaml capabilities)."""
     fabric = resolution.fabric
-    family = resolution.matrix.bases.families[resolution.stack.os]
+    family = resolution.facts.family
     return [p for need in (fabric.needs if fabric else ()) for p in family.capabilities[need].get("runtime", [])]
 
 
@@ -524,12 +613,14 @@ def _fabric_steps(resolution: Resolution) -> tuple[Step, ...]:
     if not packages:
         return ()
     fabric = resolution.fabric
-    family = resolution.matrix.bases.families[resolution.stack.os]
+    family = resolution.facts.family
     return (Step("os", tuple(packages), env=(("ENVBUILD_APT_HOSTS", " ".join(family.mirror_hosts)),), secrets=APT_SECRETS,
                  comment=f"fabric {fabric.name}: {fabric.description}"),)
 
 
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
+EXTENSION_STEP_FILES = ("lib.sh", "extend.sh", "import_check.py", "pip_check.py")
+EXTEND_LOCK_NAME = "envbuild/extend-lock.txt"  # the extension lock in the build directory
 # The lock's parts in the build directory (under envbuild/), one per step that installs one.
 LOCK_PARTS = {"venv": "lock/venv.txt", "deepspeed": "lock/deepspeed.txt", "toolchain": "lock/toolchain.txt"}
 
@@ -547,22 +638,20 @@ def _lock_files(lock) -> dict[str, str]:
     return files
 
 
-def _build_files(steps, image_files: Copy, qemu: bool = False, generated=()) -> dict[str, Path]:
-    """Build-directory path -> the file it is a copy of (templates/files, or the package);
-    the `generated` paths (the lock's parts) are written from text, not copied."""
-    from .resources import templates_dir
-
+def _build_files(steps, image_files: Copy, qemu: bool = False, generated=(), package: bool = True) -> dict[str, Path]:
+    """Build-directory path -> the file it is a copy of (templates/files, or the in-image
+    package); the `generated` paths (the lock's parts) are written from text, not copied."""
     files = templates_dir() / "files"
     stub = qemu_cpu_stub()
     emulation = {f"{QEMU_CPU_SYSFS[0]}/{p.relative_to(stub).as_posix()}": p
                  for p in sorted(stub.rglob("*")) if p.is_file()} if qemu else {}
     package_dir = Path(image_package.__file__).parent
     out: dict[str, Path] = {f"envbuild/lib/{paths.PACKAGE}/{name}": package_dir / name
-                            for name in image_package.modules()}
+                            for name in image_package.modules()} if package else {}
     out.update(emulation)
     for copy in [f for step in steps for f in step.files] + list(image_files.files):
         name = posixpath.basename(copy.source)
-        if copy.source in generated:
+        if copy.source in generated or copy.source == MANIFEST_NAME:  # written from the plan
             continue
         if copy.source.startswith(STEPS_SOURCE + "/"):
             out[copy.source] = files / "steps" / name
@@ -635,9 +724,8 @@ def _labels(resolution: Resolution) -> list[tuple[str, str]]:
     ]
 
 
-def _manifest(plan: BuildPlan) -> dict:
+def _manifest(plan: BuildPlan, resolution: Resolution) -> dict:
     """The resolved build; also copied into the image as /opt/envbuild/manifest.json."""
-    resolution = plan.resolution
     stack = resolution.stack
     return {
         "schema": 1,
@@ -669,7 +757,7 @@ def _manifest(plan: BuildPlan) -> dict:
                   "index": resolution.lock.header.get("index"), "dropped": list(plan.dropped)}
                  if resolution.lock else None),
         "dropped_requirements": [{"package": name, "required_by": "deepspeed",
-                                  "reason": resolution.matrix.deepspeed_file.build_only[name]}
+                                  "reason": resolution.facts.ds_build_only[name]}
                                  for name in plan.dropped],
         "torch_index": resolution.torch_index,
         "env": {e.name: e.value for e in plan.image_env},
@@ -678,7 +766,7 @@ def _manifest(plan: BuildPlan) -> dict:
         "node_env": [{"name": d.name, "value": d.value, "when": d.node.model_dump(exclude_none=True),
                       "reason": d.reason, "source": d.source, "cost": d.cost} for d in resolution.node_env],
         "driver": {"cuda": stack.cuda, "min_driver": resolution.driver.min_driver, "branch": resolution.driver.branch,
-                   "forward_compat": resolution.matrix.cuda_file.forward_compat, "source": resolution.driver.source},
+                   "forward_compat": resolution.facts.forward_compat, "source": resolution.driver.source},
         "base_images": dict(resolution.base_images),
         "fabric": _fabric_manifest(resolution),
     }

@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 from .engine import Engine, RegistryError, get_engine
 from .errors import EnvbuildError
+from .registry import (ANY_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST, LIST_TYPES, MANIFEST_TYPES, OCI_INDEX,  # noqa: F401
+                       check_reachable, registry_open, remote_manifest, repo_of)
 from .verdict import require_passed
 
 TRANSIENT = re.compile(r"\b(50[0234])\b|internal server error|bad gateway|service unavailable|gateway time"
@@ -21,13 +23,6 @@ TRANSIENT = re.compile(r"\b(50[0234])\b|internal server error|bad gateway|servic
                        r"|toomanyrequests|\b429\b")
 AUTH = re.compile(r"unauthorized|authentication required|no basic auth credentials|\bdenied\b"
                   r"|\b40[13]\b")
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-MANIFEST_TYPES = ", ".join([DOCKER_MANIFEST, OCI_MANIFEST])
-LIST_TYPES = (DOCKER_LIST, OCI_INDEX)
-ANY_MANIFEST = ", ".join([DOCKER_MANIFEST, OCI_MANIFEST, *LIST_TYPES])
 
 
 @dataclass
@@ -77,67 +72,6 @@ def with_retries(action: Callable[[], str], what: str, attempts: int = 4, delay:
                 raise EnvbuildError(f"{what} failed after {n} attempt(s): {e.message}", exit_code=1) from None
             sleep(delay * 2 ** (n - 1))
     raise AssertionError("unreachable")
-
-
-def api_host(registry: str) -> str:
-    """The host[:port] of a --registry that may carry a namespace: the API lives at its root.
-
-    >>> api_host("ghcr.io/acme/team"), api_host("127.0.0.1:5000")
-    ('ghcr.io', '127.0.0.1:5000')
-    """
-    return registry.split("/", 1)[0]
-
-
-def registry_open(registry: str, path: str, headers: dict | None = None, timeout: float = 30,
-                   method: str = "GET", data: bytes | None = None):
-    """Open https://HOST/PATH, falling back to http (local registries on 127.0.0.0/8).
-
-    An HTTPError passes through (the registry answered); otherwise the last connection
-    error is raised.
-    """
-    last: Exception = OSError("no scheme tried")
-    for scheme in ("https", "http"):
-        req = urllib.request.Request(f"{scheme}://{api_host(registry)}{path}", headers=headers or {},
-                                     method=method, data=data)
-        try:
-            return urllib.request.urlopen(req, timeout=timeout)
-        except urllib.error.HTTPError:
-            raise
-        except (urllib.error.URLError, OSError) as e:
-            last = e
-    raise last
-
-
-def check_reachable(registry: str, timeout: float = 10) -> None:
-    """Fail fast, clearly, when nothing answers at the registry address."""
-    try:
-        registry_open(registry, "/v2/", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return  # it answered (401 means: log in; that is reported on push)
-    except (urllib.error.URLError, OSError) as e:
-        raise EnvbuildError(f"registry {registry} cannot be reached ({getattr(e, 'reason', e)}); check "
-                            f"--registry HOST[:PORT][/NAMESPACE] and that the registry is running.",
-                            exit_code=1) from None
-
-
-def remote_manifest(registry: str, name: str, reference: str) -> tuple[str, dict] | None:
-    """(digest, manifest) the registry serves for name:reference, via the registry API.
-
-    None when it cannot tell without credentials (401) or has no such reference (404):
-    then the pull-back by digest is the check.
-    """
-    try:
-        with registry_open(registry, f"/v2/{name}/manifests/{reference}", {"Accept": MANIFEST_TYPES}) as resp:
-            return resp.headers.get("Docker-Content-Digest", ""), json.load(resp)
-    except (urllib.error.URLError, OSError, ValueError):  # HTTPError is a URLError
-        return None
-
-
-def repo_of(ref: str) -> str:
-    """'localhost:5000/envbuild:tag' -> 'localhost:5000/envbuild' (a port is not a tag)."""
-    head, _, last = ref.rpartition("/")
-    name = last.split("@")[0].split(":")[0]
-    return f"{head}/{name}" if head else name
 
 
 def platform_tag(tag: str, platform: str) -> str:

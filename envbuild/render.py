@@ -25,21 +25,12 @@ import jinja2
 from . import __version__
 from .image import paths
 from .output import write_build_dir  # noqa: F401  (re-exported: writing lives in output.py)
-from . import running
-from .plan import Environment, build_plan
+from .plan import DOCKERIGNORE, MANIFEST_NAME, BuildPlan, Environment, stack_plan
 from .resolve import Resolution
 from .resources import templates_dir
 
-# Output formats: build-directory file -> its layout template.
-LAYOUTS = {
-    "Dockerfile": "docker/Dockerfile.j2",
-    "Singularity.def": "singularity/Singularity.def.j2",
-    "Singularity.standalone.def": "singularity/Singularity.standalone.def.j2",
-}
-DOCKERIGNORE = b"build.log\n*.sif\n"
-
-
-def _environment():
+def environment() -> jinja2.Environment:
+    """The Jinja environment of every template: the layouts and the CI workflows."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
@@ -56,17 +47,20 @@ def _environment():
     return env
 
 
-def render_files(r: Resolution) -> dict[str, bytes]:
-    """All files of the build directory, path -> bytes. Pure and deterministic."""
-    plan = build_plan(r)
-    env = _environment()
-    ctx = {"plan": plan, "resolution": r, "version": __version__,
-           "local_only": running.local_only(r.request.image_repo)}
-    files = {name: env.get_template(layout).render(**ctx).encode() for name, layout in LAYOUTS.items()}
-    files[".dockerignore"] = DOCKERIGNORE
-    files["manifest.json"] = (json.dumps(plan.manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()
+def render(plan: BuildPlan) -> dict[str, bytes]:
+    """All files of the build directory of any plan, path -> bytes. Pure and deterministic."""
+    env = environment()
+    files = {name: env.get_template(layout).render(plan=plan, version=__version__).encode()
+             for name, layout in plan.layouts}
+    files[".dockerignore"] = DOCKERIGNORE.encode()
+    files[MANIFEST_NAME] = (json.dumps(plan.manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()
     for build_path, source in sorted(plan.build_files.items()):
         files[build_path] = source.read_bytes()
     for build_path, text in sorted(plan.generated_files.items()):
         files[build_path] = text.encode()
     return files
+
+
+def render_files(r: Resolution) -> dict[str, bytes]:
+    """The build directory of the stack image `r` resolves to."""
+    return render(stack_plan(r))

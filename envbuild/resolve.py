@@ -23,16 +23,16 @@ from typing import Optional
 from packaging.version import Version
 
 from . import rules, validate
-from .digests import load_base_digests
 from .errors import EnvbuildError, nearest
 from .lock import Lock, stack_lock
+from .registry import READABLE_TAG_MAX, check_readable_tag
 from .image import paths
-from .matrix import DriverFloor, EnvDefault, Fabric, GpuProfile, Matrix, Stack
+from .matrix import DriverFloor, EnvDefault, Fabric, Family, GpuProfile, Matrix, Op, Stack, Toolchain
 
 DEFAULT_CPU_TARGET = "x86-64-v3"  # x86_64 images; aarch64 ones default to their host CPU's (gpus.yaml)
 PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}  # OCI platform of each CPU architecture
 PYTHONS = tuple(f"3.{n}" for n in range(8, 16))  # every CPython 3 a torch wheel could target
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+OPS_IN_TAG = 40  # a longer op list is named by 8 hex digits of its hash: every readable tag fits the tag rule
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,20 @@ class Candidate:
     rejections: list[rules.Rejection]
 
 
-@dataclass
+@dataclass(frozen=True)
+class BuildFacts:
+    """The matrix facts a build plan needs beyond the stack row, picked for this stack (so a
+    resolution carries no raw matrix and the plan reads nothing else)."""
+
+    family: Family  # the stack's OS release: its packages per stage and per capability
+    toolchain: Toolchain  # where nvcc comes from
+    ops: dict[str, Op]  # the chosen ops' facts (DS_BUILD_ variable, OS capabilities)
+    ds_build_requires: tuple[str, ...]  # what DeepSpeed's setup.py needs in the venv (unlocked stacks)
+    ds_build_only: dict[str, str]  # package -> why the final image drops it
+    forward_compat: str  # how an older driver runs this CUDA (cuda.yaml)
+
+
+@dataclass(frozen=True)
 class Resolution:
     request: Request
     stack: Stack
@@ -102,8 +115,8 @@ class Resolution:
     fabric: Optional[Fabric] = None  # how NCCL reaches other nodes (fabrics.yaml); None only in old tests
     arch: str = "x86_64"  # the image's CPU architecture (the GPU's nodes': Grace is aarch64)
     cpu_target: str = DEFAULT_CPU_TARGET  # what the host-compiled ops are built for (gpus.yaml cpu_targets)
-    matrix: Optional[Matrix] = field(default=None, repr=False)
     lock: Optional[Lock] = field(default=None, repr=False)  # matrices/locks: None = not hash-locked
+    facts: Optional[BuildFacts] = field(default=None, repr=False)
 
     @property
     def image_ref(self) -> str:
@@ -126,23 +139,28 @@ def _nodot(v: str) -> str:
 def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
                  cpu_target: str, keep_toolchain: bool, custom: tuple = (), no_compiler: bool = False,
                  default_cpu_target: str = DEFAULT_CPU_TARGET, fabric_tag: str = "") -> str:
-    """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices."""
-    tag = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
+    """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices;
+    an op list that would not fit the tag rule is named by 8 hex digits of its hash."""
+    head = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
     if fabric_tag:
-        tag += "-" + fabric_tag
+        head += "-" + fabric_tag
+    tail = ""
+    if cpu_target != default_cpu_target:
+        tail += "-" + cpu_target.replace("x86-64", "x86_64")
+    if keep_toolchain:
+        tail += "-devel"
+    elif no_compiler:
+        tail += "-nocc"
+    if custom:
+        tail += "-custom-" + hashlib.sha256(repr(sorted(custom)).encode()).hexdigest()[:8]  # order-free
+    middle = ""
     if ops != default_ops:
         names = ".".join(ops) or "none"
-        tag += "-ops-" + (names if len(names) <= 40 else hashlib.sha256(names.encode()).hexdigest()[:8])
-    if cpu_target != default_cpu_target:
-        tag += "-" + cpu_target.replace("x86-64", "x86_64")
-    if keep_toolchain:
-        tag += "-devel"
-    elif no_compiler:
-        tag += "-nocc"
-    if custom:
-        tag += "-custom-" + hashlib.sha256(repr(sorted(custom)).encode()).hexdigest()[:8]  # order-free
-    assert TAG_RE.match(tag), tag
-    return tag
+        if len(names) > OPS_IN_TAG or len(head) + len("-ops-") + len(names) + len(tail) > READABLE_TAG_MAX:
+            names = hashlib.sha256(names.encode()).hexdigest()[:8]
+        middle = "-ops-" + names
+    tag = head + middle + tail
+    return check_readable_tag(tag, "the readable tag")
 
 
 def _applies(d: EnvDefault, s: Stack) -> bool:
@@ -298,7 +316,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops, arch)
     default_ops, _ = rules.select_ops(m, s, arch_list, "training", arch)
     # The matrix's own bases, pinned to the digests the publishing CI recorded (if any).
-    published = load_base_digests(m.directory)
+    published = m.base_digests
     base_images = {stage: f"{ref}@{published[ref]}" if ref in published else ref
                    for stage, ref in (("builder", s.base_images.builder), ("runtime", s.base_images.runtime))}
     if req.base_image:
@@ -321,8 +339,12 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
                          req.no_compiler, default_target, fabric.tag),
         fabric=fabric, arch=arch, cpu_target=cpu_target,
-        matrix=m,
         lock=stack_lock(m, s, arch),
+        facts=BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
+                         ops={o: m.ops[o] for o in ops},
+                         ds_build_requires=tuple(m.deepspeed_file.build_requires),
+                         ds_build_only=dict(m.deepspeed_file.build_only),
+                         forward_compat=m.cuda_file.forward_compat),
     )
 
 

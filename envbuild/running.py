@@ -17,51 +17,13 @@ from typing import Optional
 
 import yaml
 
-from . import validate
 from .errors import EnvbuildError
+from .registry import LOCAL_REPO, check_image_repo, local_only, registry_host
 from .image import paths
+from .plan import stack_plan
 from .resolve import Resolution
 
-LOCAL_REPO = "envbuild"
 DOCKER_RUN = "docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 --rm -it"
-
-
-def registry_host(repo: str) -> Optional[str]:
-    """The registry host of a repository, or None when it names none.
-
-    Docker's own rule: the first path component is a host only if it holds a '.' or a ':'
-    or is 'localhost'; otherwise the name is resolved on Docker Hub (``envbuild`` means
-    ``docker.io/library/envbuild``, an official image that is not ours).
-    """
-    host, _ = validate._split_domain(repo)
-    return host or None
-
-
-def local_only(repo: str) -> bool:
-    """True when no registry serves `repo`: Singularity.def's From: cannot be pulled (the
-    renderer hands this to the template, which only prints the comment)."""
-    return registry_host(repo) is None
-
-
-def check_image_repo(repo: str, flag: str, suffix: str = "") -> str:
-    """Validate a repository name (no tag), naming the nearest valid spelling.
-
-    `suffix` is appended before checking (a --registry is checked as REGISTRY/NAME).
-    """
-    if "$" in repo:
-        raise EnvbuildError(
-            f"{flag} '{repo}' holds a shell variable: `$OWNER` in matrices/publish.yaml is filled in by CI "
-            f"(the GitHub owner, lower-cased); give the real name, e.g. ghcr.io/acme"
-            f"{'/' + LOCAL_REPO if flag == '--image-repo' else ''}.")
-    if validate.valid_repository(repo + suffix):
-        return repo
-    guess = validate.sanitize_repository(repo + suffix).removesuffix(suffix)  # the OCI grammar: validate.py
-    hint = f"; nearest valid: {guess}" if validate.valid_repository(guess + suffix) else ""
-    what = "registry" if suffix else "image repository"
-    shape = "HOST[:PORT][/NAMESPACE]" if suffix else "[HOST[:PORT]/]NAME[/NAME...]"
-    raise EnvbuildError(
-        f"{flag} '{repo}' is not a valid {what}: expected {shape} with lower-case names (letters, digits, "
-        f"'.', '_', '-') and no tag{hint}.")
 
 
 def published_name(matrix_dir: Path) -> str:
@@ -80,9 +42,7 @@ def image_repo(repo: Optional[str], registry: Optional[str], matrix_dir: Path) -
     """The repository the tag belongs to: --image-repo, else REGISTRY/<publish.yaml image_repo>,
     else the local name 'envbuild'."""
     if repo is not None:
-        if "$" in repo:
-            check_image_repo(repo, "--image-repo")  # names the CI placeholder
-        validate.check_image_repo(repo)
+        check_image_repo(repo)
         return repo
     if registry is not None and not registry.strip():
         raise EnvbuildError("--registry (or ENVBUILD_REGISTRY) is empty; give where the images are pushed, e.g. "
@@ -95,7 +55,7 @@ def image_repo(repo: Optional[str], registry: Optional[str], matrix_dir: Path) -
                 f"give where the images are pushed, e.g. ghcr.io/{registry.lower()} or "
                 f"registry.example.com:5000/{registry.lower()}.")
         composed = f"{registry}/{published_name(matrix_dir)}"
-        validate.check_image_repo(composed)
+        check_image_repo(composed)
         return composed
     return LOCAL_REPO
 
@@ -139,9 +99,7 @@ def next_commands(r: Resolution, path: Path, build_command: Optional[str] = None
 def resolution_dict(r: Resolution) -> dict:
     """The resolution as plain data (`render --json`, `--explain --json`): the manifest's
     facts (one source: the build plan), without the environment, plus where Apptainer pulls."""
-    from .plan import build_plan
-
-    manifest = build_plan(r).manifest
+    manifest = stack_plan(r).manifest
     keys = ("tag", "image", "stack", "python", "cuda", "torch", "torchvision", "deepspeed", "nccl", "gpu",
             "gpu_cc", "torch_cuda_arch_list", "ds_ops", "ds_ops_dropped", "driver", "arch", "platform", "cpu_target",
             "fabric")

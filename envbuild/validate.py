@@ -29,116 +29,9 @@ from urllib.parse import urlsplit
 
 from packaging.version import Version
 
+from . import rules
 from .errors import EnvbuildError, nearest
-
-# ---------------------------------------------------------------- OCI names
-# github.com/opencontainers/distribution-spec spec.md ("<name> MUST match") and
-# github.com/distribution/reference regexp.go for the registry host, tag and digest.
-_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
-_PATH = rf"{_COMPONENT}(?:/{_COMPONENT})*"
-TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
-DIGEST_RE = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$")
-NAME_MAX = 255
-
-
-def _split_domain(name: str) -> tuple[str, str]:
-    """('registry:5000', 'team/app') or ('', 'library/app'): the first component is a
-    registry host when it has a '.' or ':' or is 'localhost' (docker's rule)."""
-    first, sep, rest = name.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first, rest
-    return "", name
-
-
-def valid_repository(name: str) -> bool:
-    """An OCI repository name: [host[:port]/]path, at most 255 characters."""
-    domain, path = _split_domain(name)
-    return (len(name) <= NAME_MAX and bool(re.fullmatch(_PATH, path))
-            and (not domain or bool(re.fullmatch(_HOST, domain))))
-
-
-def split_reference(ref: str) -> tuple[str, Optional[str], Optional[str]]:
-    """'host:5000/a/b:tag@sha256:...' -> ('host:5000/a/b', 'tag', 'sha256:...')."""
-    name, _, digest = ref.partition("@")
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    tag = None
-    if colon > slash:
-        name, tag = name[:colon], name[colon + 1:]
-    return name, tag, (digest if "@" in ref else None)
-
-
-def sanitize_repository(text: str, default: str = "envbuild") -> str:
-    """The nearest valid repository name: lower-case, other characters -> '-'."""
-    name, _, _ = split_reference(text.strip())
-    domain, path = _split_domain(name)
-    parts = []
-    for comp in path.lower().split("/"):
-        comp = re.sub(r"[^a-z0-9._-]+", "-", comp)
-        comp = re.sub(r"[._-]*([._-])[._-]*", lambda m: "__" if m.group(0) == "__" else m.group(1), comp)
-        comp = comp.strip("._-")
-        if comp:
-            parts.append(comp)
-    if not parts:
-        parts = [default]
-    if domain and re.fullmatch(_HOST, domain):
-        parts.insert(0, domain)
-    return "/".join(parts)
-
-
-_GRAMMAR = ("path components are lower-case letters and digits separated by '.', '_', '__' or '-', joined by "
-            "'/', with an optional registry host[:port]/ in front")
-
-
-def check_image_repo(repo: Optional[str]) -> None:
-    """--image-repo: a repository name only (envbuild writes the readable and content tags)."""
-    if repo is None:
-        return
-    if not repo.strip():
-        raise EnvbuildError("--image-repo is empty; give a repository such as envbuild (the default) or "
-                            "registry.example.com/team/envbuild.")
-    name, tag, digest = split_reference(repo)
-    if (tag is not None or digest is not None) and valid_repository(name):
-        if digest is None and tag and tag.isdigit() and "/" not in name:  # 'localhost:5000': a registry
-            raise EnvbuildError(f"--image-repo '{repo}' is a registry host:port without a repository; "
-                                f"nearest valid choice: --image-repo {repo}/envbuild.")
-        what = f"a digest (@{digest})" if digest is not None else f"a tag (:{tag})"
-        raise EnvbuildError(f"--image-repo '{repo}' carries {what}; it takes a repository only, envbuild writes the "
-                            f"tags itself (the readable tag and a content tag). Nearest valid choice: "
-                            f"--image-repo {name}.")
-    if not valid_repository(repo):
-        raise EnvbuildError(f"--image-repo '{repo}' is not a valid OCI repository name ({_GRAMMAR}; at most "
-                            f"{NAME_MAX} characters); nearest valid choice: --image-repo {sanitize_repository(repo)}.")
-
-
-def check_image_reference(flag: str, ref: Optional[str]) -> None:
-    """--base-image / --builder-image: name[:tag][@sha256:digest] as Docker and Apptainer take it."""
-    if ref is None:
-        return
-    if not ref.strip():
-        raise EnvbuildError(f"{flag} is empty; give an image reference such as ubuntu:24.04 or "
-                            f"registry.example.com/mirror/ubuntu:24.04@sha256:<64 hex digits>.")
-    name, tag, digest = split_reference(ref)
-    problems = []
-    if not name or not valid_repository(name):
-        problems.append(f"the name '{name}' is not a valid repository ({_GRAMMAR})")
-    if tag is not None and not TAG_RE.match(tag):
-        problems.append(f"the tag '{tag}' is not valid (letters, digits, '_', '.', '-', not starting with '.' or "
-                        f"'-', at most 128)")
-    if digest is not None and not DIGEST_RE.match(digest):
-        problems.append(f"the digest '{digest}' is not sha256:<64 lower-case hex digits> (or sha512:<128>)")
-    if problems:
-        fixed = sanitize_repository(name, default="ubuntu")
-        if tag is not None:
-            clean = re.sub(r"[^\w.-]+", "-", tag).lstrip(".-")[:128]
-            fixed += f":{clean}" if clean else ""
-        if digest is not None and DIGEST_RE.match(digest):
-            fixed += f"@{digest}"
-        raise EnvbuildError(f"{flag} '{ref}' is not a valid image reference: {'; '.join(problems)}. Nearest "
-                            f"valid choice: {flag} {fixed}.")
-
+from .registry import check_image_reference, check_image_repo, split_reference
 
 # ---------------------------------------------------------------- distro releases
 
@@ -395,8 +288,6 @@ def _matrix_values(m, attr: str) -> list[str]:
 
 
 def check_versions(m, req) -> None:
-    from . import rules
-
     for attr, (flag, example, spec_example) in VERSION_FLAGS.items():
         value = getattr(req, attr)
         if value is None:
@@ -432,8 +323,6 @@ def check_stack_versions(m, req) -> None:
     """--stack with --torch/--cuda/--python/--deepspeed that contradict the stack's own."""
     if not req.stack:
         return
-    from . import rules
-
     stack = m.stack(req.stack)
     for attr, (flag, _, _) in VERSION_FLAGS.items():
         value = getattr(req, attr)

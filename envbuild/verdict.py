@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from .engine import Engine, get_engine
 from .errors import EnvbuildError
 from .image import paths as image_paths
 from .image.report import status_word
-from .plan import QEMU_CPU, QEMU_CPU_SYSFS, qemu_cpu_stub
+from .emulation import QEMU_CPU, QEMU_CPU_SYSFS, qemu_cpu_stub
 
 SMOKE = image_paths.SMOKE
 PYTHON = image_paths.VENV_PYTHON
@@ -65,19 +67,15 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
         The container engine (default: :func:`envbuild.engine.get_engine`).
     qemu:
         An arm64 image on an x86-64 machine, under qemu-user: bind the stub CPU sysfs torch needs
-        there (templates/files/qemu) and emulate a CPU with Grace's 128-bit SVE (plan.QEMU_CPU).
+        there (templates/files/qemu) and emulate a CPU with Grace's 128-bit SVE (emulation.QEMU_CPU).
         The record says so.
     """
-    import tempfile
-
     engine = engine or get_engine()
     info = engine.inspect(image)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="envbuild-qemu-") as stub:
         mounts = None
         if qemu:
-            import shutil
-
             shutil.copytree(qemu_cpu_stub(), Path(stub) / "cpu")
             mounts = {str(Path(stub) / "cpu"): QEMU_CPU_SYSFS[1]}
             env = {"QEMU_CPU": QEMU_CPU, **(env or {})}

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 from conftest import ROOT
 from envbuild.errors import EnvbuildError
 from envbuild.matrix import load_matrix
-from envbuild.plan import build_plan
+from envbuild.plan import stack_plan
 from envbuild.render import render_files
 from envbuild.resolve import Request, explain_rows, resolve
 
@@ -78,7 +77,7 @@ def test_default_cpu_target_follows_the_host_cpu_and_the_os_compiler(matrix, gpu
     r = resolve(matrix, Request(gpu=gpu, stack=stack))
     assert (r.arch, r.platform, r.cpu_target) == ("aarch64", "linux/arm64", target)
     assert not r.tag.endswith(target)  # the default adds no tag suffix
-    plan = build_plan(r)
+    plan = stack_plan(r)
     deepspeed = next(step for step in plan.builder.steps if step.name == "deepspeed")
     assert ("ENVBUILD_CPU_TARGET", target) in deepspeed.env
     assert plan.manifest["cpu_target"] == target and plan.manifest["arch"] == "aarch64"
@@ -229,7 +228,7 @@ def test_smoke_under_qemu_emulates_grace_s_128_bit_sve(tmp_path):
     """qemu's default CPU has 512-bit SVE, where torch reports SVE256 and Inductor's CPU code
     takes a path Grace never does (and GCC 12.2 rejects). QEMU_CPU, as `smoke --qemu` sets it,
     gives SVE2 with Grace's 128-bit vectors: a real aarch64 program asks the emulated kernel."""
-    from envbuild.plan import QEMU_CPU
+    from envbuild.emulation import QEMU_CPU
 
     cross, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static")
     if cross is None or qemu is None:

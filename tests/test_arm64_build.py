@@ -112,7 +112,7 @@ def test_smoke_test_passes_under_emulation(image, timings):
     by_name = {c["name"]: c for c in report["checks"]}
     assert by_name["cpu_arch"]["ok"] and "aarch64" in by_name["cpu_arch"]["detail"]
     assert by_name["no_jit"]["ok"] and by_name["cpu_adam"]["ok"]
-    # The emulated CPU has Grace's 128-bit SVE (plan.QEMU_CPU), so Inductor takes Grace's NEON path.
+    # The emulated CPU has Grace's 128-bit SVE (emulation.QEMU_CPU), so Inductor takes Grace's NEON path.
     assert "Inductor asimd" in by_name["torch_compile"]["detail"], by_name["torch_compile"]
 
 

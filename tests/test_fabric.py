@@ -16,7 +16,7 @@ from conftest import run_cli
 from envbuild.errors import EnvbuildError
 from envbuild.image import fabric as image_fabric
 from envbuild.matrix import load_matrix
-from envbuild.plan import build_plan
+from envbuild.plan import stack_plan
 from envbuild.resolve import Request, explain_rows, resolve
 
 LIBC = "libc.so.6"  # a library every Linux machine can dlopen, standing in for a fabric's
@@ -24,7 +24,7 @@ LIBC = "libc.so.6"  # a library every Linux machine can dlopen, standing in for 
 
 def test_every_image_gets_the_default_fabric_in_a_layer_of_its_own(matrix):
     r = resolve(matrix, Request(gpu="h20"))
-    plan = build_plan(r)
+    plan = stack_plan(r)
     assert r.fabric.name == "ib" and not r.tag.endswith(("-ib", "-nofabric"))
     steps = plan.runtime.steps
     assert [s.name for s in steps] == ["os", "os"]
@@ -41,7 +41,7 @@ def test_every_image_gets_the_default_fabric_in_a_layer_of_its_own(matrix):
 
 def test_fabric_none_carries_no_rdma_and_says_so_in_its_tag(matrix):
     r = resolve(matrix, Request(gpu="h20", fabric="none"))
-    plan = build_plan(r)
+    plan = stack_plan(r)
     assert r.tag.endswith("-h20-nofabric")
     assert [s.name for s in plan.runtime.steps] == ["os"]
     assert not any("ibverbs" in a for s in plan.runtime.steps for a in s.args)
@@ -51,7 +51,7 @@ def test_fabric_none_carries_no_rdma_and_says_so_in_its_tag(matrix):
 
 def test_keep_toolchain_puts_the_fabric_into_the_builder_it_keeps(matrix):
     r = resolve(matrix, Request(gpu="h20", keep_toolchain=True))
-    plan = build_plan(r)
+    plan = stack_plan(r)
     assert "libibverbs1" in plan.builder.steps[0].args and plan.runtime.reuses_builder
 
 
@@ -61,7 +61,7 @@ def test_aws_efa_is_built_from_pinned_sources_in_the_builder_and_copied_whole(ma
     registers them with the loader after the copy; no distro verbs (their libibverbs is too old
     for the efa provider and would shadow the built one)."""
     r = resolve(matrix, Request(gpu="h20", fabric="efa", ds_ops="cpu_adam"))
-    plan = build_plan(r)
+    plan = stack_plan(r)
     assert r.fabric.name == "aws-efa" and "-h20-efa-" in r.tag
     assert r.nvcc_reason.startswith("fabric aws-efa builds rdma-core, libfabric, aws-ofi-nccl")
     names = [s.name for s in plan.builder.steps]
@@ -195,7 +195,7 @@ def _fixture_dir() -> Path:
 
 def test_azure_ndv5_bakes_the_vm_sizes_topology_file_and_azures_nccl_settings(matrix):
     r = resolve(matrix, Request(gpu="h100", fabric="ndv5"))
-    plan = build_plan(r)
+    plan = stack_plan(r)
     assert r.tag.endswith("-h100-ndv5")
     copied = {f.target: f.source for f in plan.image_files.files}
     assert copied["/opt/microsoft/ndv5-topo.xml"] == "envbuild/azure-ndv5-topo.xml"

@@ -13,7 +13,7 @@ from conftest import FIXTURE_MATRIX, ROOT, run_cli, tree
 from envbuild.errors import EnvbuildError
 from envbuild.lock import (deepspeed_install_requires, disagreements, expected_fields, load_lock, lock_path,
                            normalized, parse_lock, stack_lock)
-from envbuild.plan import build_plan
+from envbuild.plan import stack_plan
 from envbuild.resolve import Request, resolve
 
 CI_STACK = "torch2.11-cu130-py3.11-pypi"  # the fixture matrix's PyPI-toolchain stack (locked)
@@ -65,8 +65,8 @@ def test_deepspeeds_requirements_come_from_its_sdist_with_the_cuda_only_addition
 
 
 def test_the_steps_parts_cover_the_lock_exactly_once(matrix):
-    plan = build_plan(resolve(matrix, Request(gpu="h20", stack=CI_STACK)))
-    lock = plan.resolution.lock
+    plan = stack_plan(resolve(matrix, Request(gpu="h20", stack=CI_STACK)))
+    lock = plan.lock
     parts = {name: parse_lock("# [venv]\n" + text, name).pins() for name, text in plan.generated_files.items()
              if name.startswith("envbuild/lock/") and "toolchain" not in name}
     assert parts["envbuild/lock/deepspeed.txt"] == {"deepspeed": "0.19.8"}

@@ -47,7 +47,7 @@ def test_keep_toolchain_puts_nvcc_on_path_in_every_format(matrix):
 
 import pytest  # noqa: E402
 
-from envbuild.plan import Copy, Environment, FileCopy, Label, build_plan  # noqa: E402
+from envbuild.plan import Copy, Environment, FileCopy, Label, stack_plan  # noqa: E402
 from envbuild.resolve import EnvVar  # noqa: E402
 
 DS_REQUIRES = "'einops hjson msgpack ninja numpy packaging>=20.0 pip psutil py-cpuinfo pydantic>=2.0.0 setuptools tqdm'"
@@ -130,7 +130,7 @@ STEPS = {
 
 @pytest.fixture(scope="module")
 def ci_plan(matrix):
-    return build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi",
+    return stack_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi",
                                               ds_ops="cpu_adam,fused_adam")))
 
 
@@ -183,7 +183,7 @@ def test_an_unknown_format_is_named():
 def test_keep_toolchain_is_one_property_of_the_runtime_stage(matrix):
     """--keep-toolchain derives the runtime from the builder: Docker reuses the stage, and
     Apptainer (which cannot) re-runs the builder's OS step and copies its products."""
-    plan = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", keep_toolchain=True)))
+    plan = stack_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", keep_toolchain=True)))
     assert plan.runtime.reuses_builder and plan.runtime.render("docker") == "FROM builder AS runtime"
     final = plan.runtime.render("apptainer")
     assert final["from_builder"] == ["/opt/envbuild-layers /opt/envbuild-layers", "/opt/venv /opt/venv",
@@ -191,17 +191,17 @@ def test_keep_toolchain_is_one_property_of_the_runtime_stage(matrix):
                                      "/etc/pip/constraint.txt /etc/pip/constraint.txt", "/opt/cuda-pypi /opt/cuda-pypi"]
     assert final["post"][-1] == "rm -rf /opt/envbuild-setup"
     assert plan.runtime.steps[0].args == plan.builder.steps[0].args  # the compilers come back
-    lean = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))
+    lean = stack_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))
     assert not lean.runtime.reuses_builder and "python3.11-venv" not in lean.runtime.steps[0].args  # no builder OS step
 
 
 def test_the_runtime_carries_a_c_compiler_for_torch_compile_unless_told_not_to(matrix):
     """torch.compile compiles C at run time (Triton's launcher, Inductor's CPU code); the
     final image has g++ and Python's headers, but never nvcc or ninja."""
-    plan = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))
+    plan = stack_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi")))
     assert plan.runtime.steps[0].args == ("ca-certificates", "python3.11", "g++", "python3.11-dev")
     assert plan.manifest["runtime_compiler"] is True
-    bare = build_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", no_compiler=True)))
+    bare = stack_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", no_compiler=True)))
     assert bare.runtime.steps[0].args == ("ca-certificates", "python3.11")
     assert bare.manifest["runtime_compiler"] is False and bare.tag.endswith("-nocc")
 
@@ -209,8 +209,8 @@ def test_the_runtime_carries_a_c_compiler_for_torch_compile_unless_told_not_to(m
 def test_a_stack_without_a_lock_installs_its_pins_and_says_it_is_not_hash_locked(matrix):
     """The fixture's cu126 stack needs PyTorch's own index, which `envbuild lock` could not
     reach here: it has no lock, so its steps install the row's pins and say so."""
-    plan = build_plan(resolve(matrix, Request(gpu="v100", stack="torch2.11-cu126-py3.12", ds_ops="cpu_adam")))
-    assert plan.resolution.lock is None and plan.generated_files == {}
+    plan = stack_plan(resolve(matrix, Request(gpu="v100", stack="torch2.11-cu126-py3.12", ds_ops="cpu_adam")))
+    assert plan.lock is None and plan.generated_files == {}
     steps = {s.name: s.render("docker") for s in plan.builder.steps}
     assert steps["torch"].endswith("bash /opt/envbuild-setup/torch.sh https://download.pytorch.org/whl/cu126 "
                                    "torch==2.11.0 torchvision==0.26.0")
@@ -221,7 +221,7 @@ def test_a_stack_without_a_lock_installs_its_pins_and_says_it_is_not_hash_locked
 
 
 def test_a_locked_stack_ships_its_lock_and_names_its_digest(ci_plan):
-    lock = ci_plan.resolution.lock
+    lock = ci_plan.lock
     assert ci_plan.generated_files["envbuild/lock.txt"] == lock.text
     assert "deepspeed==" not in ci_plan.generated_files["envbuild/lock/venv.txt"]
     assert ci_plan.generated_files["envbuild/lock/deepspeed.txt"].startswith("deepspeed==0.19.8 \\\n    --hash=sha256:")

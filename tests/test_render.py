@@ -3,12 +3,16 @@
 import json
 import os
 import re
-from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, tree
-from envbuild.render import render_files, write_build_dir
+from envbuild.errors import EnvbuildError
+from envbuild.extend import EXTEND_LOCK_SOURCE, Extension
+from envbuild.lock import parse_lock
+from envbuild.plan import extension_plan
+from envbuild.registry import READABLE_TAG_MAX
+from envbuild.render import render, render_files, write_build_dir
 from envbuild.resolve import Request, resolve
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -47,6 +51,47 @@ def test_golden(matrix, case):
             continue
         elif k.startswith(VERBATIM):
             assert v == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
+
+
+# An extension image is a plan like any other: one stage on the stack image, rendered by the same
+# render(). Its lock is what `envbuild extend` resolved for einops and safetensors on the CI stack
+# (tests/fixtures/extension, uv against PyPI as of 2026-11-22), so no network is needed here.
+EXTENSION_BASE = "envbuild:torch2.11.0-cu130-py3.11-ds0.19.8-h20@sha256:" + "ab" * 32
+
+
+def _extension(name="demo") -> Extension:
+    text = (ROOT / "tests" / "fixtures" / "extension" / "extend-lock.txt").read_text()
+    return Extension(requirements=("einops", "safetensors"), source="requirements.txt",
+                     lock=parse_lock(text, EXTEND_LOCK_SOURCE), exclude_newer="2026-11-22T00:00:00Z", name=name)
+
+
+def test_golden_extension(matrix):
+    r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi"))
+    files = render(extension_plan(r, _extension(), EXTENSION_BASE))
+    golden_dir = GOLDEN / "h20-extension"
+    rendered = {k: v for k, v in files.items() if not k.startswith(VERBATIM) or k.endswith("extend-lock.txt")}
+    if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
+        for rel, data in rendered.items():
+            (golden_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden_dir / rel).write_bytes(data)
+    assert tree(golden_dir) == rendered, f"re-render with ENVBUILD_UPDATE_GOLDEN=1 and review the diff of {golden_dir}"
+    steps = {k for k in files if k.startswith(VERBATIM + "steps/")}
+    assert steps == {f"envbuild/steps/{n}" for n in ("lib.sh", "extend.sh", "import_check.py", "pip_check.py")}
+    for k in steps:
+        assert files[k] == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
+
+
+def test_an_extension_tag_obeys_the_one_tag_rule(matrix):
+    """The extension's tag is checked by the rule every tag is: a name that would make it too
+    long for Docker (with its content tag) is refused with the numbers, not rendered."""
+    r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,cpu_adagrad",
+                                cpu_target="x86-64-v4", keep_toolchain=True, env=(("A", "1"),)))
+    room = READABLE_TAG_MAX - len(r.tag) - len("-ext-")
+    plan = extension_plan(r, _extension("x" * room), EXTENSION_BASE)
+    assert len(plan.tag) == READABLE_TAG_MAX and plan.tag.endswith("-ext-" + "x" * room)
+    with pytest.raises(EnvbuildError, match=rf"--name '{'x' * 32}' makes the extension's tag 131 characters .*at most "
+                                            rf"115 .*Docker's limit is 128.*nearest valid choice: --name {'x' * room}\."):
+        extension_plan(r, _extension("x" * 32), EXTENSION_BASE)
 
 
 def test_render_twice_is_byte_identical(cli, tmp_path):

@@ -83,8 +83,8 @@ def test_async_io_brings_libaio_and_evoformer_needs_cutlass(matrix):
     assert rules.op_rejection(matrix, s, "async_io", "9.0") is None
     assert "CUTLASS" in rules.op_rejection(matrix, s, "evoformer_attn", "9.0").message
     r = resolve(matrix, Request(gpu="h100", stack=s.id, ds_ops="async_io"))
-    from envbuild.plan import build_plan
-    plan = build_plan(r)
+    from envbuild.plan import stack_plan
+    plan = stack_plan(r)
     assert "libaio-dev" in plan.builder.steps[0].args and "libaio1t64" in plan.runtime.steps[0].args
 
 
@@ -110,11 +110,11 @@ def test_nvcc_rule(matrix):
 
 
 def test_pypi_stack_without_cuda_ops_skips_the_toolkit(matrix):
-    from envbuild.plan import build_plan
+    from envbuild.plan import stack_plan
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam"))
-    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "deepspeed", "layers"]
+    assert [s.name for s in stack_plan(r).builder.steps] == ["os", "venv", "torch", "deepspeed", "layers"]
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam"))
-    assert [s.name for s in build_plan(r).builder.steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed",
+    assert [s.name for s in stack_plan(r).builder.steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed",
                                                              "layers"]
 
 

@@ -10,13 +10,15 @@ from typing import Optional
 
 from ..errors import EnvbuildError, nearest
 from .base import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageInfo, RegistryError, RunResult,
-                   StepCallback, registry_of)
+                   StepCallback)
+from ..registry import registry_of
 
 ENGINE_ENV = "ENVBUILD_ENGINE"
 
 
 def _docker():
-    from .docker import DockerEngine
+    # The Docker SDK loads only when an engine is used: `render` and `--help` never need it.
+    from .docker import DockerEngine  # noqa: PLC0415
 
     return DockerEngine()
 

@@ -85,14 +85,6 @@ class RegistryError(Exception):
         self.registry = registry
 
 
-def registry_of(ref: str) -> str:
-    """'127.0.0.1:5000/envbuild:t' -> '127.0.0.1:5000'; 'envbuild:t' -> 'docker.io' (Docker's rule)."""
-    head, sep, _ = ref.partition("/")
-    if sep and ("." in head or ":" in head or head == "localhost"):
-        return head
-    return "docker.io"
-
-
 @runtime_checkable
 class Engine(Protocol):
     """Build, inspect, run, tag, push and pull images."""

@@ -18,10 +18,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Optional, Sequence
 
+import docker
+from docker.errors import DockerException, ImageNotFound
+from docker.types import DeviceRequest, Ulimit
+
 from ..errors import EnvbuildError
 from ..image import paths
-from .base import (BuildFailed, BuildOutcome, BuildSecrets, ImageInfo, RegistryError, RunResult, StepCallback,
-                   registry_of)
+from ..registry import registry_of
+from .base import BuildFailed, BuildOutcome, BuildSecrets, ImageInfo, RegistryError, RunResult, StepCallback
 
 DOCKER_CLI_CANDIDATES = ("/usr/bin/docker", "docker")
 CLI_ENV = "ENVBUILD_DOCKER_CLI"          # the docker client to build with
@@ -121,9 +125,6 @@ class DockerEngine:
     @property
     def client(self):
         if self._client is None:
-            import docker
-            from docker.errors import DockerException
-
             try:
                 client = docker.from_env(timeout=600)
                 client.ping()
@@ -134,8 +135,6 @@ class DockerEngine:
         return self._client
 
     def _get(self, ref: str):
-        from docker.errors import ImageNotFound
-
         try:
             return self.client.images.get(ref)
         except ImageNotFound:
@@ -155,8 +154,6 @@ class DockerEngine:
         """`docker run` detached with a 1 GB /dev/shm; killed after `timeout`, always removed."""
         kwargs = dict(shm_size="1g", detach=True, environment=env or {})
         if rdma:  # docker run --device /dev/infiniband --ulimit memlock=-1 --cap-add IPC_LOCK
-            from docker.types import Ulimit
-
             kwargs.update(devices=[f"{paths.RDMA_DEVICES}:{paths.RDMA_DEVICES}:rwm"], cap_add=["IPC_LOCK"],
                           ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)])
         if mounts:
@@ -166,8 +163,6 @@ class DockerEngine:
         if entrypoint:
             kwargs["entrypoint"] = list(entrypoint)
         if gpus:
-            from docker.types import DeviceRequest
-
             count = -1 if gpus == "all" else int(gpus)
             kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
         container = self.client.containers.run(image, list(argv), **kwargs)

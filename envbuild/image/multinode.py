@@ -30,7 +30,7 @@ from collections import Counter
 from . import node, paths
 from .collectives import bus_bandwidth
 from .manifest import UsageError, load_manifest, manifest_path
-from .report import build_report, exit_code, render_text
+from .report import build_report, render_text
 from .versions import normalize_version
 
 TORCH_DEFAULT_PORT = 29500  # torchrun's --master-port default

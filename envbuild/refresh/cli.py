@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -13,12 +12,8 @@ from packaging.version import Version
 from ..errors import EnvbuildError
 from . import ds_history, torch_facts, writer
 from .fixtures import FixtureIndex
-from .pypi import Index, PyPI
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "envbuild" / "pypi"
+from ..resources import matrices_dir
+from .pypi import Index, PyPI, default_cache_dir
 
 
 def refresh(index: Index, matrix_dir: Path, progress: Callable[[str], None] = lambda _: None
@@ -75,8 +70,6 @@ def refresh_command(write: bool, offline: Optional[str], matrix_dir: Optional[st
 
     Exit 0: the matrix is current (or was written); 1: it differs and --write was not given;
     2: a source changed shape or an input is bad."""
-    from ..resources import matrices_dir
-
     directory = Path(matrix_dir) if matrix_dir else matrices_dir()
     for name in ("torch.yaml", "deepspeed.yaml"):
         if not (directory / name).is_file():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import struct
 import tarfile
@@ -33,6 +34,12 @@ from ..errors import EnvbuildError
 SIMPLE_URL = "https://pypi.org/simple/{project}/"
 USER_AGENT = "envbuild-matrix-refresh (+https://pypi.org/project/envbuild)"
 CHUNK = 1 << 20  # bytes per range request while stream-inflating a member
+
+
+def default_cache_dir() -> Path:
+    """Where downloaded index pages and sdists are kept between runs ($XDG_CACHE_HOME)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "envbuild" / "pypi"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,57 @@
+"""The shape of the code, checked: rooms layered without cycles (import-linter, the contracts in
+pyproject.toml), no import hidden inside a function outside the CLI and the in-image package (ruff
+PLC0415, so the layer graph is the whole graph), and layout templates that see only the plan."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+def _tool(name: str) -> str:
+    """A test extra's command: beside this Python, else on PATH."""
+    found = Path(sys.executable).parent / name
+    if not found.exists():
+        found = Path(shutil.which(name) or "/nonexistent")
+    if not found.exists():
+        pytest.fail(f"{name} is not installed: pip install -e '.[test]'")
+    return str(found)
+
+
+def test_rooms_are_layered_without_cycles():
+    r = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout or "broken" not in r.stdout.split("Contracts:")[-1], r.stdout[-2000:]
+
+
+def test_the_layers_contract_can_fail(tmp_path):
+    """The checker is live: an upward import (the matrix loader reaching for the renderer) breaks it."""
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "envbuild", copy / "envbuild", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    matrix = copy / "envbuild" / "matrix.py"
+    matrix.write_text(matrix.read_text() + "\nfrom . import render  # noqa: E402,F401\n")
+    r = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=copy, capture_output=True, text=True,
+                       env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "envbuild.matrix is not allowed to import envbuild.render" in r.stdout, r.stdout
+
+
+def test_ruff_finds_no_hidden_import_and_no_undefined_name():
+    r = subprocess.run([_tool("ruff"), "check", "--no-cache", "envbuild", "tests", "bench", "scripts"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:]
+
+
+def test_layout_templates_see_only_the_plan():
+    """`grep -rn "resolution\\." templates/` is empty: a layout reads the build plan, which every
+    kind of image (stack, extension) produces, and nothing else."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "templates").rglob("*.j2"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bresolution\.", line)]
+    assert found == []

@@ -601,10 +601,10 @@ def _blocks(title, blocks):
 
 
 def _markers_note(texts):
-    """Explain [V]/[S]/[U] and the research-note references when any shown text holds one."""
+    """Explain [V]/[S]/[U] and "field report N" when any shown text holds one."""
     from .tables import MARKERS
 
-    if any(w in t for t in texts for w in ("[V", "[S", "[U", "field report", "domain-facts", "build-notes")):
+    if any(w in t for t in texts for w in ("[V", "[S", "[U", "field report")):
         out.print(f"\n{MARKERS}", markup=False, soft_wrap=False)
 
 

@@ -216,6 +216,38 @@ class EnvDefault(_Strict):
         return v if v is None else {k: _specifier(s) for k, s in v.items()}
 
 
+IMAGE_ENV_FIELDS = ("venv", "constraints", "system_path", "cuda_home", "min_driver", "driver_source", "cuda",
+                    "arch_list", "gpu", "sm")  # what an image_env value, reason or source may name in braces
+
+
+class ImageEnv(_Strict):
+    """A variable every image bakes (gpus.yaml image_env), its value filled in per image."""
+
+    name: str
+    value: str
+    layer: Literal["base", "gpu"]  # the stack-wide part of the image, or the late per-GPU layer
+    reason: str
+    source: str
+    cost: str
+    toolchain: Optional[Literal["kept", "lean"]] = None  # only with / without --keep-toolchain
+
+    _n = field_validator("name")(lambda v: EnvDefault._name(v))
+
+    @field_validator("value", "reason", "source")
+    @classmethod
+    def _fields(cls, v: str) -> str:
+        unknown = sorted(set(re.findall(r"\{(\w+)\}", v)) - set(IMAGE_ENV_FIELDS))
+        if unknown:
+            raise ValueError(f"names {', '.join('{' + u + '}' for u in unknown)}; an image_env text may name "
+                             f"{', '.join('{' + f + '}' for f in IMAGE_ENV_FIELDS)}")
+        return v
+
+    def filled(self, facts: dict[str, str]) -> tuple[str, str, str]:
+        """(value, reason, source) with the image's facts in place of their names."""
+        return tuple(re.sub(r"\{(\w+)\}", lambda m: facts[m.group(1)], text)  # type: ignore[return-value]
+                     for text in (self.value, self.reason, self.source))
+
+
 class NotBaked(_Strict):
     """A default that was considered and left out, with why: so nobody adds it back blindly."""
 
@@ -277,6 +309,7 @@ class CpuTarget(_Strict):
 
 class GpusFile(_Strict):
     sources: dict[str, str]
+    image_env: list[ImageEnv]
     common_env: list[EnvDefault]
     cpu_targets: dict[str, CpuTarget]
     default_cpu_targets: dict[Literal["x86_64", "aarch64"], list[str]]  # preference, first the OS's GCC knows

@@ -661,41 +661,22 @@ def _build_files(steps, image_files: Copy, qemu: bool = False, generated=(), pac
 
 
 def _image_env(resolution: Resolution, kept_toolchain_home: Optional[str]) -> tuple[EnvVar, ...]:
-    """The final image's environment: the venv (and a kept toolchain) first on PATH, then the
-    resolution's defaults in their order; a user's --env of the same name wins."""
-    own = [f"{paths.VENV}/bin"] + ([f"{kept_toolchain_home}/bin"] if kept_toolchain_home else [])
-    structural = [
-        EnvVar("VIRTUAL_ENV", paths.VENV, "the pinned stack lives in one virtual environment", "envbuild", "base"),
-        EnvVar("PATH", ":".join([*own, SYSTEM_PATH]),
-               "the venv first, then nvcc (--keep-toolchain)" if kept_toolchain_home
-               else "the venv first; no compiler directory", "envbuild", "base"),
-        # Plain OS bases (the PyPI-toolchain stacks) do not set these; NVIDIA's CUDA images do.
-        EnvVar("NVIDIA_VISIBLE_DEVICES", "all",
-               "the NVIDIA container runtime and enroot's GPU hook (Slurm pyxis) mount the driver only into images "
-               "that ask for it", "nvidia/cuda image Dockerfiles; enroot hooks/98-nvidia.sh", "base",
-               "where the NVIDIA runtime is Docker's default runtime, a container started without --gpus sees "
-               "every GPU, as with NVIDIA's own images"),
-        EnvVar("PIP_CONSTRAINT", paths.CONSTRAINTS,
-               "pins torch, torchvision, triton, the CUDA wheels and DeepSpeed as built: a pip install that needs "
-               "another torch fails with the resolver's conflict instead of replacing torch under the pre-built "
-               "ops (vllm#34224; pypa/pip#12902; NGC's PyTorch images ship the same file since 25.03)",
-               "envbuild", "base", "a package that needs another torch cannot be installed without the bypass: "
-               "PIP_CONSTRAINT= pip install ..."),
-        EnvVar("UV_CONSTRAINT", paths.CONSTRAINTS, "the same guard for uv pip install", "envbuild", "base",
-               "as PIP_CONSTRAINT; bypass: UV_CONSTRAINT= uv pip install ..."),
-        EnvVar("NVIDIA_DRIVER_CAPABILITIES", "compute,utility",
-               "CUDA (compute) and nvidia-smi (utility) from the host driver, no more",
-               "nvidia/cuda image Dockerfiles; NVIDIA container toolkit docs", "base", "none"),
-    ]
-    toolchain = [EnvVar("CUDA_HOME", kept_toolchain_home, "--keep-toolchain: the CUDA compiler stays in the image",
-                        "bases.yaml toolchains", "base")] if kept_toolchain_home else []
+    """The final image's environment: what every image bakes (gpus.yaml image_env, in its
+    order, filled in for this image), then the resolution's defaults; a user's --env of the
+    same name wins."""
+    facts = {"venv": paths.VENV, "constraints": paths.CONSTRAINTS, "system_path": SYSTEM_PATH,
+             "cuda_home": kept_toolchain_home or "", "min_driver": resolution.driver.min_driver,
+             "driver_source": resolution.driver.source, "cuda": resolution.stack.cuda,
+             "arch_list": resolution.arch_list, "gpu": resolution.gpu.name, "sm": resolution.gpu.sm}
     user = {e.name for e in resolution.env if e.source == "user"}
-    env: list[EnvVar] = [e for e in structural if e.name not in user]
-    for e in resolution.env:
-        env.append(e)
-        if e.name == "TORCH_CUDA_ARCH_LIST":  # the toolchain next to the arches it compiles for
-            env += [t for t in toolchain if t.name not in user]
-    return tuple(env)
+    toolchain = "kept" if kept_toolchain_home else "lean"
+    env = []
+    for entry in resolution.facts.image_env:
+        if entry.name in user or entry.toolchain not in (None, toolchain):
+            continue
+        value, reason, source = entry.filled(facts)
+        env.append(EnvVar(entry.name, value, reason, source, entry.layer, entry.cost))
+    return tuple(env) + tuple(resolution.env)
 
 
 def _labels(resolution: Resolution) -> list[tuple[str, str]]:

@@ -27,7 +27,7 @@ from .errors import EnvbuildError, nearest
 from .lock import Lock, stack_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
 from .image import paths
-from .matrix import DriverFloor, EnvDefault, Fabric, Family, GpuProfile, Matrix, Op, Stack, Toolchain
+from .matrix import DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Matrix, Op, Stack, Toolchain
 
 DEFAULT_CPU_TARGET = "x86-64-v3"  # x86_64 images; aarch64 ones default to their host CPU's (gpus.yaml)
 PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}  # OCI platform of each CPU architecture
@@ -93,6 +93,7 @@ class BuildFacts:
     ds_build_requires: tuple[str, ...]  # what DeepSpeed's setup.py needs in the venv (unlocked stacks)
     ds_build_only: dict[str, str]  # package -> why the final image drops it
     forward_compat: str  # how an older driver runs this CUDA (cuda.yaml)
+    image_env: tuple[ImageEnv, ...] = ()  # what every image bakes (gpus.yaml image_env), not yet filled in
 
 
 @dataclass(frozen=True)
@@ -175,21 +176,11 @@ def _node_env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request, fabric: Fabric
             if d.node and _applies(d, s) and d.name not in overridden]
 
 
-def _env(m: Matrix, s: Stack, gpu: GpuProfile, arch_list: str, req: Request, fabric: Fabric) -> list[EnvVar]:
-    floor = m.driver_floor(s.cuda)
-    out = [
-        EnvVar("PYTHONUNBUFFERED", "1", "log lines reach the job log before a hang, not after", "envbuild", "base"),
-        EnvVar("DS_ACCELERATOR", "cuda",
-               "DeepSpeed >= 0.14.1 falls back to the CPU accelerator when no GPU is visible and then "
-               "treats the pre-built CUDA ops as missing; pin it to the one the ops were built for",
-               "build-notes.md pitfall 1; domain-facts.md section 2", "base"),
-        EnvVar(paths.MIN_DRIVER_ENV, floor.min_driver,
-               f"the oldest NVIDIA driver CUDA {s.cuda} runs on; the entrypoint and the smoke test say so "
-               f"clearly on an older one, instead of CUDA error 803 later", floor.source, "base"),
-        EnvVar("TORCH_CUDA_ARCH_LIST", arch_list,
-               f"the arches the DeepSpeed ops were pre-built for ({gpu.name}: {gpu.sm})",
-               "gpus.yaml cc", "gpu"),
-    ]
+def _env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request, fabric: Fabric) -> list[EnvVar]:
+    """The matrix's defaults for this stack, GPU and fabric (gpus.yaml common_env, fabrics.yaml,
+    the GPU's env), then the user's --env, which replaces a default of the same name. The
+    variables every image bakes (gpus.yaml image_env) are filled in by the plan."""
+    out = []
     for d in [*m.gpus_file.common_env, *fabric.env, *gpu.env]:
         if _applies(d, s) and not d.node:
             out.append(EnvVar(d.name, d.value, d.reason, d.source, "gpu", d.cost))
@@ -332,7 +323,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
         nvcc_reason=rules.nvcc_required(m, s, ops, fabric),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
-        env=_env(m, s, gpu, arch_list, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),
+        env=_env(m, s, gpu, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),
         driver=m.driver_floor(s.cuda),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
@@ -344,7 +335,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
                          ops={o: m.ops[o] for o in ops},
                          ds_build_requires=tuple(m.deepspeed_file.build_requires),
                          ds_build_only=dict(m.deepspeed_file.build_only),
-                         forward_compat=m.cuda_file.forward_compat),
+                         forward_compat=m.cuda_file.forward_compat, image_env=tuple(m.gpus_file.image_env)),
     )
 
 

@@ -19,7 +19,7 @@ STACK_NARROW = ("stack", "python", "cuda", "torch", "deepspeed", "min driver")
 GPU_NARROW = ("gpu", "cc", "generation", "interconnect", "torch/CUDA floor")
 MARKERS = ("[V] = checked in a primary artifact (wheel, sdist, repository file), [S] = a secondary source, "
            "[U] = unverified; \"field report N\" = one of the five public failure write-ups envbuild exists "
-           "to prevent; domain-facts.md and build-notes.md = the project's research notes. README: "
+           "to prevent. README: "
            "\"Where the facts come from\".")
 
 
@@ -122,7 +122,12 @@ def gpu_json(m: Matrix) -> list[dict]:
     for p in m.gpus:
         d = p.model_dump(exclude_none=True)
         d["sm"] = p.sm
+        # Everything an image for this GPU bakes, in the image's order: what every image bakes
+        # (values with {placeholders} filled in per image), the defaults every GPU gets, the
+        # default fabric's (its node-decided ones apply at start-up), then the GPU's own `env`.
+        d["image_env"] = [e.model_dump(exclude_none=True) for e in m.gpus_file.image_env]
         d["common_env"] = [e.model_dump(exclude_none=True) for e in m.gpus_file.common_env]
+        d["fabric_env"] = [e.model_dump(exclude_none=True) for e in m.fabric(None).env]
         d["not_baked"] = [n.model_dump() for n in m.gpus_file.not_baked if p.name in n.gpus or "all" in n.gpus]
         out.append(d)
     return out

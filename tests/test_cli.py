@@ -1,6 +1,7 @@
 """The CLI as a user meets it: exit codes, one-paragraph errors, nothing half-written."""
 
 import json
+import re
 
 import pytest
 
@@ -96,6 +97,31 @@ def test_matrix_and_gpus_json(cli, matrix):
     assert "field report 5" in table and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in table  # reasons and sources
     assert "driver < 550.40.07" in table  # a node-decided default says when it applies
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in table.split("not baked", 1)[1]  # and what was left out
+
+
+def _env_lines(dockerfile: str) -> dict[str, str]:
+    """NAME -> value of every ENV line of the final stage (the builder's are build-time only)."""
+    final = dockerfile.split("AS runtime", 1)[1]
+    out = {}
+    for block in re.findall(r"^ENV (.*?)(?=\n(?!    ))", final, re.M | re.S):
+        for name, value in re.findall(r'([A-Z_][A-Z0-9_]*)=("(?:[^"\\]|\\.)*")', block):
+            out[name] = json.loads(value)
+    return out
+
+
+@pytest.mark.parametrize("gpu", ["h20", "rtx4090"])
+def test_gpus_json_lists_every_variable_a_rendered_image_sets(cli, gpu, tmp_path):
+    """Every ENV line of a rendered Dockerfile is matrix data that `envbuild gpus --json` shows,
+    with its reason and source: nothing an image bakes is decided in a Python string."""
+    profile = next(g for g in json.loads(cli("gpus", "--json").stdout) if g["name"] == gpu)
+    listed = {e["name"]: e for key in ("image_env", "common_env", "fabric_env", "env") for e in profile[key]}
+    r = cli("render", "--gpu", gpu, "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    baked = _env_lines((tmp_path / "o" / "Dockerfile").read_text())
+    assert len(baked) >= 12 and set(baked) <= set(listed), set(baked) - set(listed)
+    for name in baked:
+        assert listed[name]["reason"] and listed[name]["source"], name
+    assert {e["name"] for e in profile["image_env"] if e.get("toolchain") != "kept"} <= set(baked)
 
 
 def test_the_default_render_picks_the_newest_torch_on_pypi(cli, production_matrix, tmp_path):

@@ -2,6 +2,7 @@
 
 import pytest
 
+from envbuild.plan import stack_plan
 from envbuild.resolve import Request, explain_rows, resolve
 
 
@@ -95,7 +96,7 @@ def test_driver_floor_follows_the_cuda_major(matrix):
     assert resolve(matrix, Request(gpu="h100", cuda="12.8")).driver.min_driver == "525.60.13"
     r = resolve(matrix, Request(gpu="h100", cuda="13.0"))
     assert r.driver.min_driver == "580.65.06"
-    assert {e.name: e.value for e in r.env}["ENVBUILD_MIN_DRIVER"] == "580.65.06"
+    assert {e.name: e.value for e in stack_plan(r).image_env}["ENVBUILD_MIN_DRIVER"] == "580.65.06"
 
 
 def test_non_default_choices_change_the_tag(matrix):

@@ -2,8 +2,8 @@
 
 Builds go through BuildKit driven by Debian's own ``/usr/bin/docker`` with
 ``DOCKER_BUILDKIT=1``: the Docker SDK only drives the legacy builder, which has no secret
-mounts, and another ``docker`` client first on PATH may demand a buildx plugin
-(build-notes.md). Everything else (inspect, run, tag, push, pull) goes through the Docker SDK.
+mounts, and another ``docker`` client first on PATH may demand a buildx plugin (Docker
+23+ clients hand `docker build` to buildx). Everything else (inspect, run, tag, push, pull) goes through the Docker SDK.
 """
 
 from __future__ import annotations

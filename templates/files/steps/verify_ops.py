@@ -3,8 +3,10 @@
 DeepSpeed decides at run time from this record (installed_ops + accelerator_name) whether
 to load a pre-built op or JIT-compile it; a build that silently skipped an op, or that
 recorded the CPU accelerator, would JIT-compile on the cluster (field reports 1 and 2).
-The record is read from its file without importing deepspeed: DeepSpeed < 0.17.5 cannot
-be imported with DS_ACCELERATOR=cuda on a machine without a GPU driver (build-notes.md).
+The record is read from its file without importing deepspeed: DeepSpeed 0.16.4 to 0.17.4
+cannot be imported with DS_ACCELERATOR=cuda and triton on a machine without a GPU driver
+(ops/transformer/inference/ds_transformer.py asks torch for the device capability; 0.17.5
+adds the guard).
 """
 
 import importlib.util

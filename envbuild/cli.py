@@ -21,6 +21,7 @@ from rich.table import Table
 from . import __version__
 from .errors import EnvbuildError
 from .resolve import DEFAULT_CPU_TARGET
+from .rules import DEFAULT_OPS
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -40,6 +41,12 @@ def _table(title, headers, rows, ids=(), **table_options) -> Table:
     return t
 
 
+def matrix_dir_option(f):
+    """--matrix-dir, declared once for every command that reads the matrix."""
+    return click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+                        help="Use another matrix directory instead of the built-in one. Env: ENVBUILD_MATRIX_DIR.")(f)
+
+
 def request_options(f=None, gpu_required=True):
     """The options shared by `render` and `build`: what to resolve and how to render it."""
     if f is None:
@@ -51,8 +58,9 @@ def request_options(f=None, gpu_required=True):
         click.option("--torch", help="torch version or specifier ('>=2.5,<2.8')."),
         click.option("--deepspeed", help="DeepSpeed version or specifier."),
         click.option("--stack", "stack_id", help="Pick a matrix row by id (see `envbuild matrix`)."),
-        click.option("--ds-ops", default="training", show_default=True,
-                     help="Ops to pre-build: training, all, none, or a comma list (cpu_adam,fused_adam)."),
+        click.option("--ds-ops", default=None,
+                     help=f"Ops to pre-build: training (the default), all, none, or a comma list "
+                          f"(cpu_adam,fused_adam)."),
         click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
         click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
         click.option("--cpu-target", default=None,
@@ -87,8 +95,7 @@ def request_options(f=None, gpu_required=True):
                                              "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
                                              "pinned sha256 is checked all the same; a secret)."),
         click.option("--ca-cert", type=click.Path(dir_okay=False), help="Extra CA certificate (PEM) for TLS proxies (a secret)."),
-        click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
-                     help="Use another matrix directory instead of the built-in one."),
+        matrix_dir_option,
     ]
     for o in reversed(opts):
         f = o(f)
@@ -104,7 +111,7 @@ def _resolve(kw):
     m = load_matrix(Path(kw["matrix_dir"]) if kw.get("matrix_dir") else None)
     repo = image_repo(kw.get("image_repo"), kw.get("registry"), m.directory)
     req = Request(gpu=kw["gpu"], python=kw["python"], cuda=kw["cuda"], torch=kw["torch"],
-                  deepspeed=kw["deepspeed"], stack=kw["stack_id"], ds_ops=kw["ds_ops"],
+                  deepspeed=kw["deepspeed"], stack=kw["stack_id"], ds_ops=DEFAULT_OPS if kw["ds_ops"] is None else kw["ds_ops"],
                   base_image=kw["base_image"], builder_image=kw["builder_image"],
                   env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
                   keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo,
@@ -380,7 +387,7 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
             option = "stack_id" if key == "stack" else key
             if kw.get(option) is None and getattr(project, key) is not None:
                 kw[option] = getattr(project, key)
-        if project.ds_ops and kw.get("ds_ops") == "training":
+        if kw.get("ds_ops") is None:  # an option given on the command line wins, the default too
             kw["ds_ops"] = project.ds_ops
         name = name or project.name
         from_image = from_image or project.image
@@ -422,10 +429,15 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
 @click.option("--qemu", is_flag=True, help="An arm64 image on an x86-64 machine under qemu-user: bind the stub "
                                             "CPU sysfs torch needs there (see envbuild build --qemu).")
 def smoke(image, gpus, as_json, timeout, qemu):
+    """Run the image's built-in smoke test; non-zero exit on any failed check.
+
+    The image's own checks (versions, ops load with no JIT even with stale locks planted,
+    numerics, environment, collectives, and on GPU nodes the transport) run in a container
+    with no network; the result is recorded per image ID, and `envbuild push` refuses an image
+    without a passing record."""
     if gpus is not None and not (gpus == "all" or gpus.isdigit()):
         raise EnvbuildError(f"--gpus '{gpus}' is not 'all' or a count; give --gpus all (every GPU), or --gpus 2. "
                             f"To pick devices, set CUDA_VISIBLE_DEVICES inside, or use docker run --gpus directly.")
-    """Run the image's built-in smoke test; non-zero exit on any failed check."""
     from .verdict import record_path, run_smoke, table_rows
 
     rep = run_smoke(image, gpus=gpus, timeout=timeout, qemu=qemu)
@@ -492,7 +504,7 @@ def push(image, registry, by_platform, merge_digests, verify):
 @click.option("--bases", is_flag=True,
               help="Also record the digest each stack's base image has on its registry (matrices/base-digests.yaml; "
                    "renders then pin FROM to it). For the publishing CI: Docker Hub must be reachable.")
-@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+@matrix_dir_option
 def lock(stack_ids, check, upgrade, bases, matrix_dir):
     """Hash-lock stacks: every Python distribution each image installs, == with its sha256
     hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/.
@@ -531,7 +543,7 @@ def lock(stack_ids, check, upgrade, bases, matrix_dir):
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=".github/workflows/publish.yml",
               show_default=True, help="Workflow file to write.")
 @click.option("--check", is_flag=True, help="Exit 1 if the file differs from what would be generated.")
-@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+@matrix_dir_option
 def ci(output, check, matrix_dir):
     """Generate the GitHub Actions workflows: the one that builds, smoke-tests and publishes
     the matrix, and beside it the weekly one that refreshes the matrix from PyPI."""
@@ -558,7 +570,7 @@ def ci(output, check, matrix_dir):
 @main.command()
 @click.argument("log")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: a list of findings.")
-@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+@matrix_dir_option
 def doctor(log, as_json, matrix_dir):
     """Recognise known hang/failure signatures in a training log and say what to do.
 
@@ -611,7 +623,7 @@ def _markers_note(texts):
 @main.group("matrix", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--wide", is_flag=True, help="Every column (torchvision, OS, toolchain, base images).")
-@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+@matrix_dir_option
 @click.pass_context
 def matrix_cmd(ctx, as_json, wide, matrix_dir):
     """List the pinned stacks, with the oldest NVIDIA driver each one needs
@@ -646,7 +658,7 @@ matrix_cmd.add_command(refresh_command)
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with reasons and sources.")
 @click.option("--wide", is_flag=True, help="Every column, and the defaults as wide tables.")
-@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR")
+@matrix_dir_option
 def gpus(as_json, wide, matrix_dir):
     """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
     from .matrix import load_matrix
@@ -674,8 +686,7 @@ def gpus(as_json, wide, matrix_dir):
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with reasons and sources.")
-@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
-              help="Use another matrix directory instead of the built-in one.")
+@matrix_dir_option
 def fabrics(as_json, matrix_dir):
     """List the fabric profiles (render --fabric): what each puts in the image and the NCCL net it pins."""
     from .matrix import load_matrix
@@ -701,7 +712,7 @@ def fabrics(as_json, matrix_dir):
 
 @main.command("readme-tables", hidden=True)
 @click.argument("readme", type=click.Path(exists=True, dir_okay=False))
-@click.option("--check", is_flag=True)
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if the tables differ from the matrix.")
 def readme_tables(readme, check):
     """Refresh (or --check) the README's generated matrix tables."""
     from .matrix import load_matrix

@@ -442,8 +442,6 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
     ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", resolution.cpu_target)]
     if toolchain_home:
         ds_env.append(("CUDA_HOME", toolchain_home))
-    if request.keep_toolchain:
-        ds_env.append(("ENVBUILD_KEEP_TOOLCHAIN", "1"))
     if not lock:  # with a lock they are in the venv already, at the locked versions
         ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(facts.ds_build_requires)))
     if not request.keep_toolchain and ds_build_only:

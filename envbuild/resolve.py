@@ -45,7 +45,7 @@ class Request:
     torch: Optional[str] = None
     deepspeed: Optional[str] = None
     stack: Optional[str] = None
-    ds_ops: str = "training"
+    ds_ops: str = rules.DEFAULT_OPS
     base_image: Optional[str] = None
     builder_image: Optional[str] = None
     env: tuple[tuple[str, str], ...] = ()
@@ -305,7 +305,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     default_target = m.cpu_target_for(arch, gpu, m.bases.families[s.os])
     cpu_target = req.cpu_target or default_target
     ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops, arch)
-    default_ops, _ = rules.select_ops(m, s, arch_list, "training", arch)
+    default_ops, _ = rules.select_ops(m, s, arch_list, rules.DEFAULT_OPS, arch)
     # The matrix's own bases, pinned to the digests the publishing CI recorded (if any).
     published = m.base_digests
     base_images = {stage: f"{ref}@{published[ref]}" if ref in published else ref

@@ -34,6 +34,9 @@ from .errors import EnvbuildError, nearest
 from .image.arch import arch_runs_on  # the gpu-arch rule, defined once with the in-image smoke test
 
 
+DEFAULT_OPS = "training"  # the op preset an image gets when nobody names one (--ds-ops, envbuild.yaml)
+
+
 @dataclass(frozen=True)
 class Rejection:
     rule: str
@@ -251,7 +254,7 @@ def select_ops(m, s, arch_list: str, choice: str,
     cannot build, and say so in ``--explain``; an op named explicitly that cannot be
     built is an error.
     """
-    choice = (choice or "training").strip()
+    choice = (choice or DEFAULT_OPS).strip()
     presets = m.deepspeed_file.presets
     if choice == "all" or choice in presets:
         names = list(m.ops) if choice == "all" else presets[choice]

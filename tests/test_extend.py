@@ -62,6 +62,18 @@ def test_a_bad_project_file_is_one_paragraph_and_writes_nothing(tmp_path, conten
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
+def test_an_option_on_the_command_line_wins_over_the_project_file_even_the_default_preset(tmp_path):
+    """`--ds-ops training` used to lose to a project file's ds_ops, because the CLI could not tell
+    it from the default. The project's (invalid) ops show which value was used; the stack has no
+    lock, so both runs stop before any resolution, offline."""
+    project = tmp_path / "envbuild.yaml"
+    project.write_text("gpu: v100\nstack: torch2.11-cu126-py3.12\nds_ops: no_such_op\nrequirements: [einops]\n")
+    from_file = _extend(tmp_path, "-f", str(project))
+    assert from_file.returncode == 2 and "no_such_op" in from_file.stderr, from_file.stderr
+    given = _extend(tmp_path, "-f", str(project), "--ds-ops", "training")
+    assert given.returncode == 2 and "has no lock" in given.stderr and "no_such_op" not in given.stderr, given.stderr
+
+
 def test_a_stack_without_a_lock_cannot_be_extended(tmp_path):
     (tmp_path / "r.txt").write_text("einops\n")
     result = _extend(tmp_path, "-r", str(tmp_path / "r.txt"), "--gpu", "v100", "--stack", "torch2.11-cu126-py3.12")

@@ -55,3 +55,27 @@ def test_layout_templates_see_only_the_plan():
     found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "templates").rglob("*.j2"))
              for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bresolution\.", line)]
     assert found == []
+
+
+def test_the_cli_is_thin():
+    """Each CLI module stays under 250 lines and each command's body under 25: a command parses
+    and delegates, and the work lives in the module that owns it."""
+    import ast
+
+    import click
+
+    from envbuild.cli import main
+
+    for path in sorted((ROOT / "envbuild" / "cli").glob("*.py")):
+        assert len(path.read_text().splitlines()) <= 250, path
+    commands = {c.callback.__name__ for c in [*main.commands.values(),
+                                              *main.commands["matrix"].commands.values()] if c.callback}
+    long = []
+    for path in sorted((ROOT / "envbuild" / "cli").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in commands:
+                body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
+                if body[-1].end_lineno - body[0].lineno + 1 > 25:
+                    long.append(f"{path.name}:{node.name}")
+    assert long == [] and len(commands) >= 12, (long, commands)
+    assert isinstance(main, click.Group)

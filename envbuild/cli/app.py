@@ -1,0 +1,127 @@
+"""The command group, its console and the display helpers every command shares; `run` turns a
+user's mistake into one paragraph and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .. import __version__
+from ..errors import EnvbuildError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="envbuild")
+def main():
+    """Reproducible GPU training images: pinned torch/CUDA/DeepSpeed stacks with pre-built
+    DeepSpeed ops, per-GPU NCCL defaults and a built-in smoke test."""
+
+
+def table(title, headers, rows, ids=(), **table_options) -> Table:
+    """A rich table; the columns in `ids` hold names to copy (stack ids, GPU names, tags) and
+    are never wrapped or folded, whatever the terminal width."""
+    t = Table(title=title, title_justify="left", show_lines=False, **table_options)
+    for i, h in enumerate(headers):
+        if i in ids:
+            t.add_column(h, no_wrap=True, min_width=max([len(str(r[i])) for r in rows] + [len(h)]))
+        else:
+            t.add_column(h, overflow="fold")
+    for r in rows:
+        t.add_row(*[escape(str(c)) for c in r])
+    return t
+
+
+def command_line(ctx: click.Context, skip=()) -> str:
+    """The command as typed (the options given on the command line), for the `next:` block."""
+    from click.core import ParameterSource
+
+    words = ["envbuild", ctx.command.name]
+    for p in ctx.command.params:
+        if p.name in skip or ctx.get_parameter_source(p.name) is not ParameterSource.COMMANDLINE:
+            continue
+        flag, value = max(p.opts, key=len), ctx.params[p.name]
+        if p.name in ("pip_index_url", "torch_index_url", "apt_mirror", "source_mirror"):  # never print a password
+            from ..validate import _redact
+            value = _redact(value)
+        if getattr(p, "is_flag", False):
+            words += [flag] if value else []
+        elif p.multiple:
+            for v in value:
+                words += [flag, str(v)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def print_next(lines):
+    """The `next:` block: commands on lines of their own, never wrapped (copy and paste)."""
+    out.print("next (README \"Running it\": Slurm, multi-node, per-job caches):", markup=False)
+    for line in lines:
+        out.print(f"  {line}", markup=False, soft_wrap=True)
+
+
+def notes(title, notes):
+    """`key  text` lines under a table; the text wraps with a hanging indent, the key never."""
+    if not notes:
+        return
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, text in notes:
+        grid.add_row(escape(key), escape(text))
+    out.print(f"\n{title}")
+    out.print(grid)
+
+
+def blocks(title, blocks):
+    """One block per default: its VAR=VALUE on a line of its own, then labelled, wrapped text."""
+    out.print(f"\n[bold]{escape(title)}[/bold]", soft_wrap=False)
+    for head, where, fields in blocks:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column(overflow="fold")
+        for label, text in [("gpus" if "not" in fields[0][0] else "gpu", where), *fields]:
+            grid.add_row(f"  {label}", escape(text))
+        out.print(f"\n[bold]{escape(head)}[/bold]", soft_wrap=True)
+        out.print(grid)
+
+
+def markers_note(texts):
+    """Explain [V]/[S]/[U] and "field report N" when any shown text holds one."""
+    from ..tables import MARKERS
+
+    if any(w in t for t in texts for w in ("[V", "[S", "[U", "field report")):
+        out.print(f"\n{MARKERS}", markup=False, soft_wrap=False)
+
+
+def run():
+    """Console entry point: one-paragraph errors, never a traceback for bad input."""
+    try:
+        main.main(standalone_mode=False)
+    except EnvbuildError as e:
+        err.print(f"envbuild: error: {e.message}", markup=False)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        err.print("envbuild: aborted", markup=False)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("envbuild: interrupted", markup=False)
+        sys.exit(130)
+    except Exception as e:  # a bug: say so plainly; ENVBUILD_DEBUG=1 shows the traceback
+        if os.environ.get("ENVBUILD_DEBUG"):
+            raise
+        err.print(f"envbuild: internal error: {type(e).__name__}: {e} (set ENVBUILD_DEBUG=1 for a traceback)",
+                  markup=False)
+        sys.exit(70)

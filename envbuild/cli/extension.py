@@ -1,0 +1,96 @@
+"""`extend`: a researcher's own packages as one more layer on a stack image."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from ..errors import EnvbuildError
+from .app import main, out, print_next
+from .options import request_from, request_options, secrets_from
+from .stack import print_built
+
+
+@main.command()
+@request_options(gpu_required=False)
+@click.option("-r", "--requirements", "requirements_file", type=click.Path(dir_okay=False),
+              help="The packages to add, one requirement per line (pip's format, no URLs or paths).")
+@click.option("-f", "--file", "project_file", type=click.Path(dir_okay=False),
+              help="A project file (envbuild.yaml: gpu, stack, requirements, name, image); options given here win.")
+@click.option("--name", help="Names the extension in the tag (<stack tag>-ext-NAME); default: the requirements file's name.")
+@click.option("--from", "from_image", help="The stack image to start from (default: the stack's own reference).")
+@click.option("--as-of", help="Resolve as of this UTC date (YYYY-MM-DD; uv --exclude-newer) to reproduce an extension.")
+@click.option("--build", "do_build", is_flag=True, help="Build the image after rendering (as `envbuild build`).")
+@click.option("-o", "--output", type=click.Path(), help="Build directory (default ./build/<tag>).")
+def extend(requirements_file, project_file, name, from_image, as_of, do_build, output, **kw):
+    """Add your own packages to a stack image as one more layer.
+
+    Your requirements are resolved by uv with the stack's lock as constraints before anything
+    is built: a conflict is exit 2 with the stacks where they would fit. The layer installs
+    from the resulting lock with hash checking, then runs pip check and imports each package."""
+    from ..build import build_image
+    from ..digests import pin
+    from ..extend import resolve_extension
+    from ..output import write_build_dir
+    from ..plan import extension_plan
+    from ..render import render
+    from ..resolve import resolve
+
+    requirements, source, name, from_image = _packages(requirements_file, project_file, name, from_image, kw)
+    _check_inputs(as_of, output, kw)
+    m, req = request_from(kw)
+    secrets = secrets_from(kw)
+    r = resolve(m, req)
+    extension = resolve_extension(m, r, requirements, source, name=name,
+                                  exclude_newer=f"{as_of}T00:00:00Z" if as_of else None)
+    base, digest = pin(from_image or r.image_ref)
+    plan = extension_plan(r, extension, base)
+    path = write_build_dir(render(plan), Path(output) if output else Path("build") / plan.tag)
+    _print_extension(r, extension, base, digest, plan.tag, path)
+    ref = f"{r.request.image_repo}:{plan.tag}"
+    if do_build:
+        print_built(build_image(path, plan.tag, r.request.image_repo, secrets))
+        print_next([f"envbuild smoke {ref}", f"envbuild push {ref}"])
+    else:
+        print_next([f"docker build --network host -t {ref} {path}   # or: envbuild extend ... --build"])
+
+
+def _packages(requirements_file, project_file, name, from_image, kw):
+    """(requirements, where they came from, name, image to start from); a project file fills in
+    the request options the command line left out (the command line wins, a default included)."""
+    from ..extend import Project, load_project, read_requirements_file
+
+    if bool(requirements_file) == bool(project_file):
+        raise EnvbuildError("envbuild extend needs the packages to add: give -r requirements.txt, or -f envbuild.yaml "
+                            "(a project file with gpu and requirements), not both and not neither.")
+    if not project_file:
+        return read_requirements_file(Path(requirements_file)), requirements_file, name, from_image
+    project, requirements, source = load_project(Path(project_file))
+    for key in Project.model_fields:  # the request fields a project file may hold are the options' names
+        option = "stack_id" if key == "stack" else key
+        if option in kw and kw[option] is None:
+            kw[option] = getattr(project, key)
+    return requirements, source, name or project.name, from_image or project.image
+
+
+def _check_inputs(as_of, output, kw) -> None:
+    if not kw.get("gpu"):
+        raise EnvbuildError("envbuild extend: no GPU: give --gpu (e.g. --gpu h100), or `gpu:` in the project file; "
+                            "`envbuild gpus` lists them.")
+    if as_of and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", as_of):
+        raise EnvbuildError(f"--as-of {as_of}: not a date; write it as YYYY-MM-DD (e.g. 2026-11-22).")
+    if output is not None and not output.strip():
+        raise EnvbuildError("-o/--output is empty; give a directory, or leave it out for ./build/<tag>.")
+
+
+def _print_extension(r, extension, base, digest, tag, path) -> None:
+    rows = [("stack", f"{r.stack.id} ({r.tag})"),
+            ("from", base + ("" if digest else "  (no digest known here: pinned by tag)")),
+            ("adds", f"{len(extension.lock.sections['venv'])} packages for {', '.join(extension.requirements)}"),
+            ("lock", f"{Path(path, 'envbuild/extend-lock.txt')} (as of {extension.exclude_newer[:10]})"),
+            ("tag", tag), ("output", str(path))]
+    for key, value in rows:
+        out.print(f"[bold]{key:<12}[/bold] {escape(value)}", soft_wrap=True)

@@ -1,0 +1,214 @@
+"""The matrix and what is generated from it: `matrix` (and `matrix refresh`), `gpus`, `fabrics`,
+`lock`, `ci`, `readme-tables`, and `doctor`, which reads logs against the matrix's known issues."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import EnvbuildError
+from ..refresh import refresh_command
+from .app import blocks, err, main, markers_note, notes, out, table
+from .options import matrix_dir_option
+
+
+@main.group("matrix", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--wide", is_flag=True, help="Every column (torchvision, OS, toolchain, base images).")
+@matrix_dir_option
+@click.pass_context
+def matrix_cmd(ctx, as_json, wide, matrix_dir):
+    """List the pinned stacks, with the oldest NVIDIA driver each one needs
+    (`envbuild matrix refresh`: derive the release facts from PyPI)."""
+    if ctx.invoked_subcommand:
+        return
+    from ..matrix import load_matrix
+    from ..tables import STACK_HEADERS, STACK_NARROW, narrow, stack_notes, stack_rows
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if as_json:
+        click.echo(json.dumps([s.model_dump() | {"torchvision": m.torch_release(s.torch).torchvision,
+                                                 "min_driver": m.driver_floor(s.cuda).min_driver,
+                                                 "cuda_arches": m.stack_arches(s)}
+                               for s in m.stacks], indent=2))
+        return
+    headers = STACK_HEADERS if wide else STACK_NARROW
+    out.print(table("envbuild stacks" + ("" if wide else " (--wide: every column)"), headers,
+                     narrow(STACK_HEADERS, headers, stack_rows(m)), ids=(0,),
+                     **({} if wide else {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True})))
+    notes("notes:", stack_notes(m))
+    out.print("\nmin driver: the oldest NVIDIA driver (Linux) the stack's CUDA runs on; older data-centre "
+              "drivers need NVIDIA's forward-compatibility package (README: The matrix).", soft_wrap=False)
+    markers_note([n for _, n in stack_notes(m)])
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with reasons and sources.")
+@click.option("--wide", is_flag=True, help="Every column, and the defaults as wide tables.")
+@matrix_dir_option
+def gpus(as_json, wide, matrix_dir):
+    """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
+    from ..matrix import load_matrix
+    from ..tables import (ENV_HEADERS, GPU_HEADERS, GPU_NARROW, NOT_BAKED_HEADERS, env_blocks, env_rows, gpu_json,
+                         gpu_notes, gpu_rows, narrow, not_baked_blocks, not_baked_rows)
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if as_json:
+        click.echo(json.dumps(gpu_json(m), indent=2))
+        return
+    env_title = "environment defaults baked into the images (override: docker run -e, apptainer --env, render --env)"
+    if wide:
+        out.print(table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m), ids=(0,)))
+        out.print(table(env_title, ENV_HEADERS, env_rows(m), ids=(1,)))
+        out.print(table("considered and not baked", NOT_BAKED_HEADERS, not_baked_rows(m), ids=(1,)))
+    else:
+        out.print(table("envbuild GPU profiles (--wide: aliases and defaults as tables)", GPU_NARROW,
+                         narrow(GPU_HEADERS, GPU_NARROW, gpu_rows(m)), ids=(0,), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True))
+        notes("notes:", gpu_notes(m))
+        blocks(env_title, env_blocks(m))
+        blocks("considered and not baked", not_baked_blocks(m))
+    texts = [t for _, _, fields in env_blocks(m) + not_baked_blocks(m) for _, t in fields]
+    markers_note(texts + [n for _, n in gpu_notes(m)])
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with reasons and sources.")
+@matrix_dir_option
+def fabrics(as_json, matrix_dir):
+    """List the fabric profiles (render --fabric): what each puts in the image and the NCCL net it pins."""
+    from ..matrix import load_matrix
+    from ..tables import FABRIC_HEADERS, fabric_env_rows, fabric_json, fabric_rows
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if as_json:
+        click.echo(json.dumps(fabric_json(m), indent=2))
+        return
+    for row, f in zip(fabric_rows(m), m.fabrics):
+        out.print(f"\n[bold]{escape(row[0])}[/bold]  {escape(f.description)}", soft_wrap=True)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column(overflow="fold")
+        fields = [*zip(FABRIC_HEADERS[1:], row[1:]), ("source", f.source)]
+        fields += [(var, f"{why} Cost: {cost}. Source: {src}.") for _, var, why, cost, src in
+                   fabric_env_rows(m) if any(e.name == var.split("=")[0] for e in f.env)]
+        fields += [("note", n) for n in f.notes]
+        for label, text in fields:
+            grid.add_row(f"  {label}", escape(text))
+        out.print(grid)
+
+
+@main.command()
+@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Lock this stack (repeatable); default: every stack.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if a lock is missing or resolving again gives another file.")
+@click.option("--upgrade", is_flag=True, help="Resolve as of today instead of the lock's own date (newer packages).")
+@click.option("--bases", is_flag=True,
+              help="Also record the digest each stack's base image has on its registry (matrices/base-digests.yaml; "
+                   "renders then pin FROM to it). For the publishing CI: Docker Hub must be reachable.")
+@matrix_dir_option
+def lock(stack_ids, check, upgrade, bases, matrix_dir):
+    """Hash-lock stacks: every Python distribution each image installs, == with its sha256
+    hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/.
+
+    A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
+    this again gives the same file; --upgrade moves the date to today."""
+    from ..lock import lock_stacks
+    from ..matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if bases and not check:
+        _record_bases(m, stack_ids)
+    outcomes = lock_stacks(m, tuple(stack_ids), check=check, upgrade=upgrade,
+                           progress=lambda text: err.print(f"envbuild: {text}", markup=False))
+    for o in outcomes:
+        line = f"{o.state:<9} {o.stack}  {o.path}" + (f"\n          {o.detail}" if o.detail else "")
+        out.print(line, markup=False, soft_wrap=True)
+    bad = [o for o in outcomes if o.state in ("failed", "stale")]
+    if bad:
+        hint = ("" if not check else
+                f"\nRefresh with: envbuild lock {' '.join('--stack ' + o.stack for o in bad)}")
+        err.print(f"envbuild: {len(bad)} of {len(outcomes)} locks {'failed' if not check else 'are not current'}."
+                  + hint, markup=False)
+        sys.exit(1)
+
+
+@main.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=".github/workflows/publish.yml",
+              show_default=True, help="Workflow file to write.")
+@click.option("--check", is_flag=True, help="Exit 1 if the file differs from what would be generated.")
+@matrix_dir_option
+def ci(output, check, matrix_dir):
+    """Generate the GitHub Actions workflows: the one that builds, smoke-tests and publishes
+    the matrix, and beside it the weekly one that refreshes the matrix from PyPI."""
+    from ..ci import render_refresh_workflow, render_workflow
+    from ..matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    workflows = {Path(output): render_workflow(m),
+                 Path(output).parent / "matrix-refresh.yml": render_refresh_workflow()}
+    if check:
+        stale = [str(p) for p, text in workflows.items() if not p.is_file() or p.read_text() != text]
+        if stale:
+            missing = [s for s in stale if not Path(s).is_file()]
+            what = f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} " + ("missing" if missing else "stale")
+            raise EnvbuildError(f"{what}; run `envbuild ci -o {output}`.", 1)
+        out.print(f"{', '.join(map(str, workflows))} are current")
+        return
+    for path, text in workflows.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        out.print(f"wrote {path}")
+
+
+@main.command()
+@click.argument("log")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: a list of findings.")
+@matrix_dir_option
+def doctor(log, as_json, matrix_dir):
+    """Recognise known hang/failure signatures in a training log and say what to do.
+
+    LOG is a file (text, gzip, bzip2 or xz; UTF-8 or UTF-16) or - for standard input.
+    Exit status: 0 nothing known found, 3 something found, 2 the log cannot be read.
+    """
+    from ..doctor import diagnose_log, load_issues, render_json, render_text
+    from ..resources import matrices_dir
+
+    findings = diagnose_log(log, load_issues(Path(matrix_dir) if matrix_dir else matrices_dir()))
+    click.echo(render_json(findings) if as_json else render_text(findings))
+    if findings:
+        sys.exit(3)
+
+
+@main.command("readme-tables", hidden=True)
+@click.argument("readme", type=click.Path(exists=True, dir_okay=False))
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if the tables differ from the matrix.")
+def readme_tables(readme, check):
+    """Refresh (or --check) the README's generated matrix tables."""
+    from ..matrix import load_matrix
+    from ..tables import refresh_readme
+
+    if not refresh_readme(Path(readme), load_matrix(), check):
+        if check:
+            raise EnvbuildError(f"{readme}'s generated tables are stale; run `envbuild readme-tables {readme}`.", 1)
+        out.print(f"updated {readme}")
+
+
+matrix_cmd.add_command(refresh_command)  # `envbuild matrix refresh`
+
+
+def _record_bases(m, stack_ids) -> None:
+    """lock --bases: the digest each chosen stack's base images have on their registries."""
+    from ..digests import record_base_digests
+    from ..lock import today
+
+    refs = [ref for s in m.stacks if not stack_ids or s.id in stack_ids
+            for ref in (s.base_images.builder, s.base_images.runtime)]
+    recorded, unreachable = record_base_digests(m.directory, refs, today()[:10])
+    for ref in sorted(set(refs)):
+        state = "unreachable (kept what was recorded)" if ref in unreachable else recorded.get(ref, "")
+        out.print(f"base      {ref}  {state}", markup=False, soft_wrap=True)

@@ -23,7 +23,7 @@ from typing import Optional
 from packaging.version import Version
 
 from . import rules, validate
-from .errors import EnvbuildError, nearest
+from .errors import EnvbuildError
 from .lock import Lock, stack_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
 from .image import paths
@@ -193,36 +193,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request, fabric: Fabric) -> 
 def _check_request(m: Matrix, req: Request) -> None:
     """Fail early, with the nearest valid choices, on input no stack could ever match."""
     validate.check_request(m, req, paths.RUNTIME_PATH)  # every version flag parses, or it said why
-    targets = m.gpus_file.cpu_targets
-    if req.cpu_target is not None and req.cpu_target not in targets:
-        hint = nearest(req.cpu_target, targets)
-        did = f" did you mean {', '.join(hint)}?" if hint else ""
-        by_arch = "; ".join(f"{arch}: {', '.join(n for n, t in targets.items() if t.arch == arch)}"
-                            for arch in PLATFORMS)
-        raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not a known CPU target;{did} Known targets by "
-                            f"architecture: {by_arch} (default: {DEFAULT_CPU_TARGET} on x86_64, the GPU's host "
-                            f"CPU on aarch64: neoverse-v2 for Grace).")
-    pspec = rules.user_specifier("--python", req.python) if req.python else None
-    if pspec is not None and req.torch:
-        tspec = rules.user_specifier("--torch", req.torch)
-        rels = [r for r in m.torch_file.releases if tspec.contains(Version(r.torch))]
-        wanted = [p for p in PYTHONS if pspec.contains(Version(p))]
-        if rels and wanted and not any(rules.contains(r.python, p) for r in rels for p in wanted):
-            pys = [p for p in _pythons(m) if any(rules.contains(r.python, p) for r in rels)]
-            raise EnvbuildError(
-                f"--python {req.python}: torch {', '.join(r.torch for r in rels)} has no wheels for it "
-                f"(rule torch-python: wheels exist for Python {', '.join(r.python for r in rels)}); "
-                f"nearest valid choices: --python {', '.join(pys) or 'none in the matrix'}.")
-    if pspec is not None and not any(pspec.contains(Version(p)) for p in _pythons(m)):
-        raise EnvbuildError(
-            f"--python {req.python}: no base OS in the matrix ships it (rule os-python: "
-            + "; ".join(f"{name} ships {', '.join(f.python)}" for name, f in m.bases.families.items())
-            + f"); nearest valid choices: --python {', '.join(_pythons(m))}.")
-
-
-def _pythons(m: Matrix) -> list[str]:
-    """Pythons some base family ships: the ones a stack could use."""
-    return sorted({p for f in m.bases.families.values() for p in f.python}, key=Version)
+    rules.check_request(m, req, PYTHONS, DEFAULT_CPU_TARGET, tuple(PLATFORMS))
 
 
 def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
@@ -238,10 +209,8 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
             why = rules.cpu_target_rejection(m, s, req.cpu_target, arch)
             rej += [why] if why else []
         elif arch is not None:
-            try:
-                m.cpu_target_for(arch, gpu, m.bases.families[s.os])
-            except KeyError as e:
-                rej.append(rules.Rejection("cpu-target", f"{e.args[0]} ({s.os} ships GCC {m.bases.families[s.os].gcc})"))
+            why = rules.default_cpu_target_rejection(m, s, gpu, arch)
+            rej += [why] if why else []
         out.append(Candidate(s, rej))
     return out
 
@@ -298,7 +267,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         raise _no_stack_error(m, req, gpu, cands)
     s = valid[0].stack
     fabric = m.fabric(req.fabric)
-    validate.check_base_images(m, s, req)
+    rules.check_base_images(m, s, req)
     rel = m.torch_release(s.torch)
     arch_list = gpu.cc
     arch = rules.image_arch(m, s, gpu)

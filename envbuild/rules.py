@@ -19,11 +19,19 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``fabric-os``       the base OS release has the packages the fabric needs (bases.yaml capabilities)
 - ``fabric-arch``     the fabric exists for the image's CPU architecture
 - ``fabric-nccl``     the fabric's NCCL plugin (or host NCCL) works with the NCCL torch bundles
+- ``fabric-gpu``      a cloud's fabric profile is for its VM sizes' GPUs only (azure-ndv5: H100)
 - ``request``         the stack matches the versions the user asked for
+
+Rules that refuse the request itself, before or after a stack is chosen (an error naming the
+rule, not a Rejection): ``torch-python`` and ``os-python`` for a --python no stack could have,
+``cpu-target`` for a target the matrix does not know, ``base-os`` (a --base-image or
+--builder-image must be the stack's distro release) and ``base-cuda`` (a named CUDA image must be
+the stack's CUDA, and a devel one where the builder needs nvcc).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,6 +39,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import EnvbuildError, nearest
+from .registry import split_reference
 from .image.arch import arch_runs_on  # the gpu-arch rule, defined once with the in-image smoke test
 
 
@@ -263,17 +272,9 @@ def select_ops(m, s, arch_list: str, choice: str,
             why = op_rejection(m, s, n, arch_list, cpu_arch)
             (dropped.append((n, why.message)) if why else chosen.append(n))
         return sorted(chosen), dropped
-    names = [n.strip() for n in choice.split(",") if n.strip()]
-    if not names:
-        raise EnvbuildError("--ds-ops is empty; give a preset (training, all, none) or op names.")
+    names = [n.strip() for n in choice.split(",") if n.strip()]  # known op names: validate.check_ds_ops
     chosen = []
     for n in names:
-        if n not in m.ops:
-            hint = nearest(n, m.ops)
-            did = f" did you mean {', '.join(hint)}?" if hint else ""
-            raise EnvbuildError(
-                f"--ds-ops names unknown DeepSpeed op '{n}';{did} Presets: "
-                f"{', '.join(['all', *presets])}; ops: {', '.join(m.ops)}.")
         why = op_rejection(m, s, n, arch_list, cpu_arch)
         if why:
             ok = [o for o in m.ops if not op_rejection(m, s, o, arch_list, cpu_arch)]
@@ -312,6 +313,162 @@ def cpu_target_rejection(m, s, target: str, cpu_arch: str) -> Optional[Rejection
         return Rejection("cpu-target", f"'{target}' ({known.flag}) needs GCC >= {known.min_gcc} and {s.os} ships GCC "
                                        f"{family.gcc} ({known.source})")
     return None
+
+
+def check_request(m, req, pythons: tuple[str, ...], default_cpu_target: str, arches: tuple[str, ...]) -> None:
+    """Rules torch-python, os-python and cpu-target for the request as a whole: refused before
+    any stack is looked at, with the nearest valid choices (`pythons`: every CPython a torch
+    wheel could target)."""
+    targets = m.gpus_file.cpu_targets
+    if req.cpu_target is not None and req.cpu_target not in targets:
+        hint = nearest(req.cpu_target, targets)
+        did = f" did you mean {', '.join(hint)}?" if hint else ""
+        by_arch = "; ".join(f"{arch}: {', '.join(n for n, t in targets.items() if t.arch == arch)}"
+                            for arch in arches)
+        raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not a known CPU target;{did} Known targets by "
+                            f"architecture: {by_arch} (default: {default_cpu_target} on x86_64, the GPU's host "
+                            f"CPU on aarch64: neoverse-v2 for Grace).")
+    pspec = user_specifier("--python", req.python) if req.python else None
+    if pspec is not None and req.torch:
+        tspec = user_specifier("--torch", req.torch)
+        rels = [r for r in m.torch_file.releases if tspec.contains(Version(r.torch))]
+        wanted = [p for p in pythons if pspec.contains(Version(p))]
+        if rels and wanted and not any(contains(r.python, p) for r in rels for p in wanted):
+            pys = [p for p in _pythons(m) if any(contains(r.python, p) for r in rels)]
+            raise EnvbuildError(
+                f"--python {req.python}: torch {', '.join(r.torch for r in rels)} has no wheels for it "
+                f"(rule torch-python: wheels exist for Python {', '.join(r.python for r in rels)}); "
+                f"nearest valid choices: --python {', '.join(pys) or 'none in the matrix'}.")
+    if pspec is not None and not any(pspec.contains(Version(p)) for p in _pythons(m)):
+        raise EnvbuildError(
+            f"--python {req.python}: no base OS in the matrix ships it (rule os-python: "
+            + "; ".join(f"{name} ships {', '.join(f.python)}" for name, f in m.bases.families.items())
+            + f"); nearest valid choices: --python {', '.join(_pythons(m))}.")
+
+
+def _pythons(m) -> list[str]:
+    """Pythons some base family ships: the ones a stack could use."""
+    return sorted({p for f in m.bases.families.values() for p in f.python}, key=Version)
+
+
+def default_cpu_target_rejection(m, s, gpu, cpu_arch: str) -> Optional[Rejection]:
+    """Rule cpu-target without --cpu-target: the GPU's host CPU has a target the OS's GCC knows."""
+    try:
+        m.cpu_target_for(cpu_arch, gpu, m.bases.families[s.os])
+    except KeyError as e:
+        return Rejection("cpu-target", f"{e.args[0]} ({s.os} ships GCC {m.bases.families[s.os].gcc})")
+    return None
+
+
+# ---------------------------------------------------------------- base images (rules base-os, base-cuda)
+
+UBUNTU_CODENAMES = {"bionic": "18.04", "focal": "20.04", "jammy": "22.04", "kinetic": "22.10", "lunar": "23.04",
+                    "mantic": "23.10", "noble": "24.04", "oracular": "24.10", "plucky": "25.04",
+                    "questing": "25.10"}
+DEBIAN_CODENAMES = {"buster": "10", "bullseye": "11", "bookworm": "12", "trixie": "13", "forky": "14"}
+OTHER_DISTROS = ("rockylinux", "almalinux", "centos", "ubi", "rhel", "oraclelinux", "amazonlinux", "fedora",
+                 "alpine", "opensuse", "archlinux")
+_RELEASE_TOKEN = re.compile(rf"^(ubuntu|debian|{'|'.join(OTHER_DISTROS)})(\d[\d.]*)?$")
+
+
+def image_release(ref: str) -> Optional[tuple[str, str]]:
+    """(distro, version) named by an image reference, e.g. ('ubuntu', '22.04'), or None
+    when the name and tag say nothing about it (no pull: private names are not guessed)."""
+    name, tag, _ = split_reference(ref)
+    last = name.rsplit("/", 1)[-1]
+    tokens = re.split(r"[-_]", tag) if tag else []
+    if last == "ubuntu" and tokens and re.fullmatch(r"\d\d\.\d\d", tokens[0]):
+        return "ubuntu", tokens[0]
+    if last == "debian" and tokens and re.fullmatch(r"\d+(\.\d+)*", tokens[0]):
+        return "debian", tokens[0].split(".")[0]
+    for token in tokens:
+        if token in UBUNTU_CODENAMES:
+            return "ubuntu", UBUNTU_CODENAMES[token]
+        if token in DEBIAN_CODENAMES:
+            return "debian", DEBIAN_CODENAMES[token]
+        found = _RELEASE_TOKEN.match(token)
+        if found and found.group(2):
+            version = found.group(2)
+            return found.group(1), (version.split(".")[0] if found.group(1) == "debian" else version)
+    if last in OTHER_DISTROS:
+        return last, tokens[0] if tokens else ""
+    return None
+
+
+def _family_release(family: str) -> Optional[tuple[str, str]]:
+    """'ubuntu24.04' -> ('ubuntu', '24.04'); 'debian12' -> ('debian', '12')."""
+    found = re.fullmatch(r"([a-z]+)(\d[\d.]*)", family)
+    return (found.group(1), found.group(2)) if found else None
+
+
+def _retag(ref: str, want: tuple[str, str]) -> Optional[str]:
+    """The same image name with the release in its tag changed to `want` (same spelling)."""
+    name, tag, _ = split_reference(ref)
+    if not tag:
+        return None
+    distro, version = want
+    codenames = {v: k for k, v in (UBUNTU_CODENAMES if distro == "ubuntu" else DEBIAN_CODENAMES).items()}
+    out = []
+    for token in re.split(r"([-_])", tag):
+        if token in UBUNTU_CODENAMES or token in DEBIAN_CODENAMES:
+            token = codenames.get(version, f"{distro}{version}")
+        elif _RELEASE_TOKEN.match(token) and _RELEASE_TOKEN.match(token).group(2):
+            token = f"{distro}{version}"
+        out.append(token)
+    if name.rsplit("/", 1)[-1] in ("ubuntu", "debian") and re.fullmatch(r"\d+(\.\d+)*", out[0]):
+        if name.rsplit("/", 1)[-1] != distro:
+            return None
+        out[0] = version
+    new = "".join(out)
+    return f"{name}:{new}" if new != tag else None
+
+
+def check_base_images(m, stack, req) -> None:
+    """A --base-image/--builder-image must be the stack's distro release (the venv is built
+    with that release's Python and copied between the stages); a named CUDA builder must be
+    a devel image of the stack's CUDA (DeepSpeed checks nvcc against torch's CUDA)."""
+    want = _family_release(stack.os)
+    images = [("--base-image", req.base_image, stack.base_images.runtime),
+              ("--builder-image", req.builder_image, stack.base_images.builder)]
+    for flag, ref, own in images:
+        if not ref:
+            continue
+        have = image_release(ref)
+        if want and have and have != want:
+            same_release = sorted(s.id for s in m.stacks if _family_release(s.os) == have)
+            retagged = _retag(ref, want) if have[0] == want[0] else None  # never 'debian:noble'
+            choices = [c for c in (retagged, own) if c]
+            other = (f", or a stack built on {have[0]}{have[1]}: --stack {', '.join(same_release)}"
+                     if same_release else f"; no stack in the matrix is built on {have[0]}{have[1]}")
+            raise EnvbuildError(
+                f"{flag} '{ref}' is {have[0]} {have[1]}, but stack {stack.id} is built on {stack.os} (rule base-os: "
+                f"its Python {stack.python} and the venv copied between the stages come from that release). Nearest "
+                f"valid choices: {flag} {' or '.join(dict.fromkeys(choices))}{other}.")
+        if flag == "--builder-image" and not m.bases.toolchains[stack.toolchain].install:
+            _check_cuda_image(ref, stack, flag, own, need_nvcc=True)
+        elif flag == "--base-image":
+            _check_cuda_image(ref, stack, flag, own, need_nvcc=False)
+
+
+def _check_cuda_image(ref: str, stack, flag: str, own: str, need_nvcc: bool) -> None:
+    """An NVIDIA CUDA image by name must be the stack's CUDA (its NVIDIA_REQUIRE_CUDA lets
+    an older driver start the container otherwise), and a devel one where nvcc is needed."""
+    name, tag, _ = split_reference(ref)
+    if name.rsplit("/", 1)[-1] != "cuda" or not tag:
+        return  # not an NVIDIA CUDA image by name: nothing to check without a pull
+    found = re.match(r"^(\d+)\.(\d+)(?:\.\d+)?-(.*)$", tag)
+    if not found:
+        return
+    cuda, flavour = f"{found.group(1)}.{found.group(2)}", found.group(3)
+    if cuda != stack.cuda:
+        why = ("DeepSpeed checks nvcc against it (rule toolchain)" if need_nvcc else
+               "the image's NVIDIA_REQUIRE_CUDA would let a driver too old for the stack start the container")
+        raise EnvbuildError(f"{flag} '{ref}' is CUDA {cuda}, but stack {stack.id}'s torch is built for CUDA "
+                            f"{stack.cuda} and {why} (rule base-cuda). Nearest valid choice: {flag} {own}.")
+    if need_nvcc and "devel" not in flavour.split("-"):
+        raise EnvbuildError(f"{flag} '{ref}' is a {flavour.split('-')[0]} image without nvcc; the builder "
+                            f"compiles DeepSpeed's CUDA ops (rule base-cuda). Nearest valid choice: a devel image such as "
+                            f"{flag} {own}.")
 
 
 # ---------------------------------------------------------------- fabrics

@@ -1,7 +1,9 @@
-"""Rows for `envbuild matrix`/`envbuild gpus`, and the README's generated tables.
+"""Rows for `envbuild matrix`/`envbuild gpus`/`envbuild fabrics`, and the generated tables of
+the docs (docs/matrix.md, docs/running.md).
 
-One place turns the matrix into rows; the CLI prints them with rich, the README embeds
-them as Markdown between markers, and a test checks the README is current.
+One place turns the matrix into rows; the CLI prints them with rich, the docs embed them as
+Markdown between `<!-- generated:NAME -->` and `<!-- /generated -->` markers, and a test checks
+the docs are current (`envbuild readme-tables FILE` rewrites a file's blocks).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ STACK_NARROW = ("stack", "python", "cuda", "torch", "deepspeed", "min driver")
 GPU_NARROW = ("gpu", "cc", "generation", "interconnect", "torch/CUDA floor")
 MARKERS = ("[V] = checked in a primary artifact (wheel, sdist, repository file), [S] = a secondary source, "
            "[U] = unverified; \"field report N\" = one of the five public failure write-ups envbuild exists "
-           "to prevent. README: "
+           "to prevent. See docs/matrix.md, "
            "\"Where the facts come from\".")
 
 
@@ -172,7 +174,8 @@ def markdown(headers, rows) -> str:
 _BLOCK = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", re.S)
 
 
-def readme_blocks(m: Matrix) -> dict[str, str]:
+def generated_blocks(m: Matrix) -> dict[str, str]:
+    """The Markdown of every generated block, by the NAME of its `<!-- generated:NAME -->` marker."""
     common = "\n".join(f"- `{e.name}={e.value}`" + (f" ({condition(e)})" if condition(e) else "")
                        + f": {e.reason}. Cost: {e.cost}. Source: {e.source}."
                        for e in m.gpus_file.common_env)
@@ -194,21 +197,38 @@ def readme_blocks(m: Matrix) -> dict[str, str]:
     }
 
 
-def update_readme(text: str, m: Matrix) -> str:
-    blocks = readme_blocks(m)
+def update_generated(text: str, m: Matrix) -> str:
+    """`text` with every generated block replaced by the matrix's current Markdown; the rest of
+    the text, and a file without markers, is returned unchanged. An unknown block name is an
+    error (a typo would otherwise leave a block that is never refreshed).
+
+    >>> from envbuild.matrix import load_matrix
+    >>> update_generated("prose\\n", load_matrix())
+    'prose\\n'
+    """
+    blocks = generated_blocks(m)
 
     def sub(match):
+        if match.group(2) not in blocks:
+            raise KeyError(f"unknown generated block {match.group(2)!r}; known: {', '.join(sorted(blocks))}")
         return match.group(1) + blocks[match.group(2)] + "\n" + match.group(4)
 
     return _BLOCK.sub(sub, text)
 
 
-def refresh_readme(path: Path, m: Matrix, check: bool) -> bool:
-    """Rewrite the generated tables in `path`; with check, only report if stale."""
+def refresh_generated(path: Path, m: Matrix, check: bool) -> bool:
+    """Rewrite the generated blocks in the Markdown file `path`; with check, only report whether
+    they are current (True: nothing to change)."""
     text = path.read_text(encoding="utf-8")
-    new = update_readme(text, m)
+    new = update_generated(text, m)
     if new == text:
         return True
     if not check:
         path.write_text(new, encoding="utf-8")
     return False
+
+
+# The names `envbuild readme-tables` and older callers use: the tables lived in the README.
+readme_blocks = generated_blocks
+update_readme = update_generated
+refresh_readme = refresh_generated

@@ -130,3 +130,21 @@ def test_grace_gpus_get_an_aarch64_image_or_the_reason(matrix, gpu):
         elif s.cuda != matrix.torch_release(s.torch).default_cuda:
             assert "[gpu-host-arch]" in why and "default CUDA" in why, (stack_id, why)
     assert resolve(matrix, Request(gpu=gpu)).arch == "aarch64"
+
+
+def test_the_documented_rules_are_the_rules_that_exist():
+    """rules.py's docstring lists every rule, and every rule a user can meet is made in rules.py:
+    no Rejection anywhere else, no "(rule NAME" message outside it."""
+    import re
+
+    from conftest import ROOT
+    from envbuild import rules
+
+    documented = set(re.findall(r"``([a-z][a-z-]+)``", rules.__doc__))
+    source = (ROOT / "envbuild" / "rules.py").read_text()
+    made = set(re.findall(r'Rejection\(\s*"([a-z-]+)"', source)) | set(re.findall(r"\(rule ([a-z][a-z-]+)", source))
+    assert made == documented, (made - documented, documented - made)
+    for path in sorted((ROOT / "envbuild").rglob("*.py")):
+        if path.name != "rules.py" and "image" not in path.parts:
+            text = path.read_text()
+            assert not re.search(r'Rejection\(\s*"', text) and not re.search(r"\(rule [a-z]", text), path

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import FIXTURE_MATRIX
-from envbuild import validate
+from envbuild import rules, validate
 from envbuild.cli import run
 from envbuild.errors import EnvbuildError
 from envbuild.render import render_files
@@ -217,7 +217,7 @@ def test_upstream_invalid_references(ref):
     ("local/debian", None),
 ])
 def test_image_release(ref, release):
-    assert validate.image_release(ref) == release
+    assert rules.image_release(ref) == release
 
 
 # ---------------------------------------------------------------- GPU names as nvidia-smi prints them

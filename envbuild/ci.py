@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 
 from .errors import EnvbuildError
-from .matrix import Matrix
+from .matrix import PUBLISH, Matrix, load_publish
 from .render import environment
 from .resolve import Request, resolve
 
@@ -43,6 +42,7 @@ def publish_jobs(m: Matrix, gpus: list[str], runners: dict[str, str] | None = No
     return jobs
 
 
+CI_PYTHON = "3.12"  # the Python the workflows run envbuild with (any the package supports)
 DEFAULT_RUNNERS = {"x86_64": "ubuntu-latest", "aarch64": "ubuntu-24.04-arm"}
 
 
@@ -91,16 +91,13 @@ def stack_jobs(jobs: list[dict]) -> list[dict]:
 
 
 def render_workflow(m: Matrix) -> str:
-    path = m.directory / "publish.yaml"
-    try:
-        cfg = yaml.safe_load(path.read_text())
-        gpus, registry = cfg["gpus"], cfg["registry"]
-        runners = {**DEFAULT_RUNNERS, **(cfg.get("runners") or {})}
-        multiarch = dict(cfg.get("multiarch") or {})
-        fabrics = {str(f): list(names) for f, names in (cfg.get("fabrics") or {}).items()}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
-        raise EnvbuildError(f"{path} must hold `gpus`, `registry`, `image_repo`, `runners` and `multiarch`, and may "
-                            f"hold `fabrics` (fabric: [GPU, ...]) ({e}).") from None
+    cfg = load_publish(m.directory)
+    if not cfg.gpus or not cfg.registry:
+        raise EnvbuildError(f"{m.directory / PUBLISH} must name the `gpus` to publish and the `registry` to push to "
+                            f"(e.g. registry: \"ghcr.io/$OWNER\", gpus: [h100, h20]); `envbuild ci` has nothing to "
+                            f"generate without them.")
+    gpus, registry, multiarch, fabrics = cfg.gpus, cfg.registry, cfg.multiarch, cfg.fabrics
+    runners = {**DEFAULT_RUNNERS, **cfg.runners}
     for g in [*gpus, *multiarch, *multiarch.values(), *(g for names in fabrics.values() for g in names)]:
         m.gpu(g)
     for f in fabrics:
@@ -108,7 +105,7 @@ def render_workflow(m: Matrix) -> str:
     jobs = publish_jobs(m, gpus, runners, fabrics)
     return environment().get_template("ci/publish.yml.j2").render(
         images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
-        image_repo=cfg.get("image_repo", "envbuild"))
+        image_repo=cfg.image_repo, python=CI_PYTHON)
 
 
 def write_workflow(m: Matrix, out: Path) -> Path:
@@ -125,4 +122,4 @@ def render_refresh_workflow(runner: str = "ubuntu-latest", cron: str = "17 5 * *
     """The weekly workflow that runs `envbuild matrix refresh --write`, the fast tests, and
     opens a pull request with the diff."""
     return environment().get_template("ci/matrix-refresh.yml.j2").render(
-        runner=runner, cron=cron, branch=branch, python="3.11", gha=lambda expr: "${{ " + expr + " }}")
+        runner=runner, cron=cron, branch=branch, python=CI_PYTHON, gha=lambda expr: "${{ " + expr + " }}")

@@ -364,10 +364,10 @@ def fetch_deepspeed_requires(version: str, progress: Callable[[str], None] = lam
 # ---------------------------------------------------------------- from the matrix
 
 
-def platform_tag(arch: str, glibc: str) -> str:
+def wheel_platform(arch: str, glibc: str) -> str:
     """uv's --python-platform for a CPU and a glibc.
 
-    >>> platform_tag("x86_64", "2.36")
+    >>> wheel_platform("x86_64", "2.36")
     'x86_64-manylinux_2_36'
     """
     return f"{arch}-manylinux_{glibc.replace('.', '_')}"
@@ -379,7 +379,7 @@ def expected_fields(matrix, stack, arch: str = "x86_64") -> dict[str, str]:
     release = matrix.torch_release(stack.torch)
     family = matrix.bases.families[stack.os]
     return {"stack": stack.id, "arch": arch, "python": stack.python,
-            "platform": platform_tag(arch, family.glibc), "torch": stack.torch,
+            "platform": wheel_platform(arch, family.glibc), "torch": stack.torch,
             "torchvision": release.torchvision, "deepspeed": stack.deepspeed}
 
 

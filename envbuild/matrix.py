@@ -532,6 +532,20 @@ class StacksFile(_Strict):
     stacks: list[Stack]
 
 
+PUBLISH = "publish.yaml"  # optional: what `envbuild ci` publishes, and the repository name it uses
+
+
+class PublishFile(_Strict):
+    """publish.yaml: the images CI builds and where they go (`envbuild ci`, `--registry`)."""
+
+    registry: Optional[str] = None  # HOST[/NAMESPACE]; $OWNER is filled in by CI
+    image_repo: str = "envbuild"  # the repository name under the registry
+    runners: dict[Literal["x86_64", "aarch64"], str] = {}
+    gpus: list[str] = []
+    multiarch: dict[str, str] = {}  # x86 GPU -> its Grace sibling, merged into one tag
+    fabrics: dict[str, list[str]] = {}  # fabric -> the GPUs it is published for
+
+
 _MODELS = {
     "torch.yaml": TorchFile,
     "deepspeed.yaml": DeepspeedFile,
@@ -539,6 +553,7 @@ _MODELS = {
     "bases.yaml": BasesFile,
     "cuda.yaml": CudaFile,
     "stacks.yaml": StacksFile,
+    PUBLISH: PublishFile,
     "fabrics.yaml": FabricsFile,
 }
 
@@ -828,6 +843,12 @@ def _base_digests(directory: Path) -> dict[str, str]:
     except (AttributeError, KeyError, TypeError):
         raise EnvbuildError(f"matrix file {path} is malformed: each entry under `bases` needs a `digest`; "
                             f"regenerate it with `envbuild lock --bases`.") from None
+
+
+def load_publish(directory: Path) -> PublishFile:
+    """The matrix directory's publish.yaml, read and checked in one place (defaults without one)."""
+    path = Path(directory) / PUBLISH
+    return _load_file(path) if path.is_file() else PublishFile()
 
 
 @functools.lru_cache(maxsize=8)

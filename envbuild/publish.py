@@ -74,10 +74,10 @@ def with_retries(action: Callable[[], str], what: str, attempts: int = 4, delay:
     raise AssertionError("unreachable")
 
 
-def platform_tag(tag: str, platform: str) -> str:
+def per_platform_tag(tag: str, platform: str) -> str:
     """The per-platform tag an image is pushed under before the manifest list is merged.
 
-    >>> platform_tag("torch2.15.0-cu132-py3.11-ds0.19.8-gh200", "linux/arm64")
+    >>> per_platform_tag("torch2.15.0-cu132-py3.11-ds0.19.8-gh200", "linux/arm64")
     'torch2.15.0-cu132-py3.11-ds0.19.8-gh200-arm64'
     """
     return f"{tag}-{platform.split('/', 1)[1].replace('/', '')}"
@@ -99,7 +99,7 @@ def push(image: str, registry: str, on_event: Callable[[str], None] = lambda s: 
     repo_tags = [t for t in info.tags if repo_of(t) == repo_of(image)] or [image]
     if by_platform:
         readable = [t for t in repo_tags if not CONTENT_TAG.search(t.rsplit(":", 1)[1])] or repo_tags[:1]
-        repo_tags = [f"{readable[0].rsplit(':', 1)[0]}:{platform_tag(readable[0].rsplit(':', 1)[1], info.platform)}"]
+        repo_tags = [f"{readable[0].rsplit(':', 1)[0]}:{per_platform_tag(readable[0].rsplit(':', 1)[1], info.platform)}"]
     refs, digest, attempts = [], "", 0
     for rt in sorted(repo_tags):
         name, tag = rt.rsplit(":", 1)

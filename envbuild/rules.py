@@ -95,10 +95,10 @@ def contains(spec: str | SpecifierSet, version: str) -> bool:
     return SpecifierSet(str(spec)).contains(Version(version), prereleases=True)
 
 
-def pinned_version(requirement: str) -> str:
+def lowest_pinned_version(requirement: str) -> str:
     """The version a pin installs at least: '==3.3.1' -> '3.3.1', '~=3.8.0' -> '3.8.0'.
 
-    >>> pinned_version("~=3.8.0")
+    >>> lowest_pinned_version("~=3.8.0")
     '3.8.0'
     """
     for spec in SpecifierSet(requirement):
@@ -113,7 +113,7 @@ def pin_overlaps(requirement: str, accepted: str) -> bool:
     >>> pin_overlaps("~=3.8.0", ">=2.3,<3.3"), pin_overlaps("==3.1.0", ">=3.0,<3.2")
     (False, True)
     """
-    return contains(accepted, pinned_version(requirement))
+    return contains(accepted, lowest_pinned_version(requirement))
 
 
 # ---------------------------------------------------------------- stack rules

@@ -15,9 +15,9 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-import yaml
 
 from .errors import EnvbuildError
+from .matrix import load_publish
 from .registry import LOCAL_REPO, check_image_repo, local_only, registry_host
 from .image import paths
 from .plan import stack_plan
@@ -28,14 +28,7 @@ DOCKER_RUN = "docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stac
 
 def published_name(matrix_dir: Path) -> str:
     """The repository name CI publishes under (``image_repo`` of publish.yaml), else 'envbuild'."""
-    path = Path(matrix_dir) / "publish.yaml"
-    if not path.is_file():
-        return LOCAL_REPO
-    try:
-        name = (yaml.safe_load(path.read_text()) or {}).get("image_repo", LOCAL_REPO)
-    except (OSError, yaml.YAMLError, AttributeError) as e:
-        raise EnvbuildError(f"{path} cannot be read for its `image_repo` ({e}); fix it or pass --image-repo.") from None
-    return str(name)
+    return load_publish(matrix_dir).image_repo
 
 
 def image_repo(repo: Optional[str], registry: Optional[str], matrix_dir: Path) -> str:

@@ -58,56 +58,16 @@ def upstream_copy(tmp_path):
     return d
 
 
-STACK_COMMENT = "  # a comment between rows, kept byte for byte\n"
-PYPI_STACK_2_14 = """\
-  - id: torch2.14-cu130-py3.11-pypi
-    python: "3.11"
-    cuda: "13.0"
-    torch: '2.14.0'
-    deepspeed: "0.19.8"
-    os: debian12
-    toolchain: pypi
-    cuda_toolkit: "13.0.2"  # 2.14.0's own cuda-toolkit pin in this fixture
-    base_images: {builder: "debian:bookworm-slim", runtime: "debian:bookworm-slim"}
-"""
-
-
-def small_stacks() -> str:
-    """The committed stacks.yaml (header comment kept) cut to its rows on the fixture's torch
-    2.5.1 and 2.14; the 2.14 rows pin 2.14.0, one with a trailing comment, one single-quoted
-    with its cuda-toolkit pin; one comment line between rows."""
-    text = (ROOT / "matrices" / "stacks.yaml").read_text()
-    header, *rows = re.split(r"(?m)^(?=  - id: )", text)
-    kept = [row for row in rows if re.search(r'(?m)^    torch: "(2\.5\.1|2\.14\.1)"$', row)]
-    assert len(kept) == 3 and "#" not in "".join(kept)
-    kept = [row.replace('torch: "2.14.1"', 'torch: "2.14.0"') for row in kept]
-    kept[1] = kept[1].replace('torch: "2.14.0"\n', 'torch: "2.14.0"  # the V100 row\n')
-    return header + kept[0] + STACK_COMMENT + "".join(kept[1:]) + PYPI_STACK_2_14
+SMALL_MATRIX = ROOT / "tests" / "fixtures" / "refresh" / "matrix"
 
 
 @pytest.fixture
 def small_matrix(tmp_path):
-    """The committed matrix cut down to the fixture releases; 2.14.1 set back to 2.14.0 with
-    2.14.0's (assumed) cuda-toolkit 13.0.2 and its stacks (a patch the refresh must find and
-    the stacks must follow), 2.15 removed (a minor to find), 0.17.5 added."""
+    """The matrix cut down to the fixture releases (tests/fixtures/refresh: 2.14.1 set back to
+    2.14.0 with its stacks, a patch the refresh must find and the stacks must follow; 2.15
+    removed, a minor to find; 0.17.5 added), copied so a test may write it."""
     d = tmp_path / "matrices"
-    d.mkdir()
-    torch_data = yaml.safe_load((ROOT / "matrices" / "torch.yaml").read_text())
-    rows = [r for r in torch_data["releases"] if r["torch"] in FIXTURE_TORCH[:3]]
-    rows[-1]["torch"] = "2.14.0"
-    rows[-1]["cuda_toolkit"] = "13.0.2"
-    rows[0]["python"] = ">=3.9,<3.14"  # a wrong fact to correct
-    rows[0]["variants"] = {"12.4": "default", "11.8": "cu118_old"}  # curated, kept as is
-    torch_data["releases"] = rows
-    ds_data = yaml.safe_load((ROOT / "matrices" / "deepspeed.yaml").read_text())
-    by_version = {r["deepspeed"]: r for r in ds_data["releases"]}
-    ds_data["releases"] = [dict(by_version.get(v, by_version["0.17.4"]), deepspeed=v) for v in FIXTURE_DS]
-    ds_data["ops"]["async_io"]["kind"] = "cpu"  # what the matrix claimed before 0.19.8 was read
-    (d / "torch.yaml").write_text(yaml.safe_dump(torch_data, sort_keys=False))
-    (d / "deepspeed.yaml").write_text(yaml.safe_dump(ds_data, sort_keys=False))
-    (d / "stacks.yaml").write_text(small_stacks())
-    for name in ("gpus.yaml", "bases.yaml", "cuda.yaml", "fabrics.yaml"):
-        shutil.copy(ROOT / "matrices" / name, d / name)
+    shutil.copytree(SMALL_MATRIX, d)
     return d
 
 

@@ -65,7 +65,7 @@ def specifier_text(line: str) -> str:
     return head.strip().strip("()").replace(" ", "")
 
 
-def pinned_version(spec: str) -> Optional[str]:
+def exact_pin(spec: str) -> Optional[str]:
     """'==2.21.5' -> '2.21.5'; anything that is not one exact pin -> None."""
     match = re.fullmatch(r"===?([0-9][0-9A-Za-z.+!-]*)", spec)
     return match.group(1) if match else None

@@ -18,7 +18,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from ..errors import EnvbuildError
-from .metadata import (PythonTags, linux_wheels, pinned_version, python_admits, python_range,
+from .metadata import (PythonTags, linux_wheels, exact_pin, python_admits, python_range,
                        read_metadata, requirement)
 from .pypi import DistFile, Index
 
@@ -213,12 +213,12 @@ def derive_release(index: Index, version: Version) -> TorchFacts:
         "python": python_range(minors),
         "torchvision": tv_version,
         "triton": triton[1],
-        "nccl": pinned_version(nccl[1]) or nccl[1],
+        "nccl": exact_pin(nccl[1]) or nccl[1],
         "manylinux": platforms[0],
         "default_cuda": cuda,
     }
     if toolkit:
-        facts.fields["cuda_toolkit"] = pinned_version(toolkit[1]) or toolkit[1]
+        facts.fields["cuda_toolkit"] = exact_pin(toolkit[1]) or toolkit[1]
     facts.fields["default_arches"] = _arches(index, wheel)
     facts.fields["cuda_platforms"] = ["x86_64"]
     facts.sources.append(f"{wheel.filename} (METADATA, torch/version.py, torch/utils/cpp_extension.py, "

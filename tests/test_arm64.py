@@ -16,7 +16,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from conftest import ROOT
+from conftest import ROOT, cpu_target_env
 from envbuild.errors import EnvbuildError
 from envbuild.matrix import load_matrix
 from envbuild.plan import stack_plan
@@ -90,6 +90,8 @@ def test_default_cpu_target_follows_the_host_cpu_and_the_os_compiler(matrix, gpu
     plan = stack_plan(r)
     deepspeed = next(step for step in plan.builder.steps if step.name == "deepspeed")
     assert ("ENVBUILD_CPU_TARGET", target) in deepspeed.env
+    cpu = matrix.gpus_file.cpu_targets[target]  # the wrapper's flag and SIMD macro come from the plan
+    assert {("ENVBUILD_CPU_FLAG", cpu.flag), ("ENVBUILD_CPU_SIMD", "-D__NEON__")} <= set(deepspeed.env)
     assert plan.manifest["cpu_target"] == target and plan.manifest["arch"] == "aarch64"
 
 
@@ -173,7 +175,7 @@ def test_every_cpu_target_flag_is_what_cc_wrapper_passes(production_matrix, tmp_
     link.symlink_to(ROOT / "templates" / "files" / "steps" / "cc-wrapper.sh")
     for name, target in production_matrix.gpus_file.cpu_targets.items():
         out = subprocess.run([str(link), "-O3", "-march=native", "-D__AVX512__", "-c", "x.cpp"], check=True,
-                             env={"PATH": "/usr/bin:/bin", "ENVBUILD_CPU_TARGET": name, "ENVBUILD_CC": "echo"},
+                             env={"PATH": "/usr/bin:/bin", **cpu_target_env(name), "ENVBUILD_CC": "echo"},
                              capture_output=True, text=True).stdout.split()
         assert target.flag in out and "-march=native" not in out, (name, out)
         if target.arch == "aarch64":
@@ -210,13 +212,13 @@ def test_cc_wrapper_compiles_aarch64_neon_code(tmp_path, target):
     link.symlink_to(ROOT / "templates" / "files" / "steps" / "cc-wrapper.sh")
     obj = tmp_path / "simd.o"
     subprocess.run([str(link), "-O2", "-march=native", "-D__SVE__", "-c", str(src), "-o", str(obj)], check=True,
-                   env={"PATH": "/usr/bin:/bin", "ENVBUILD_CPU_TARGET": target, "ENVBUILD_CC": cross})
+                   env={"PATH": "/usr/bin:/bin", **cpu_target_env(target), "ENVBUILD_CC": cross})
     asm = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(obj)], check=True, capture_output=True,
                          text=True).stdout
     assert re.search(r"\bfmls\s+v\d+\.4s", asm), asm  # the NEON loop, not the scalar fallback
     # A target the compiler does not know fails the build instead of silently going generic.
     bad = subprocess.run([str(link), "-march=native", "-c", str(src), "-o", str(obj)], capture_output=True,
-                         text=True, env={"PATH": "/usr/bin:/bin", "ENVBUILD_CPU_TARGET": "neoverse-v2",
+                         text=True, env={"PATH": "/usr/bin:/bin", **cpu_target_env("neoverse-v2"),
                                          "ENVBUILD_CC": cross})
     assert bad.returncode != 0 and "neoverse-v2" in bad.stderr
 

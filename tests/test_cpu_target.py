@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cpu_target_env
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 levels only exist on x86_64")
 
@@ -51,7 +51,7 @@ def _compile(tmp_path, target):
     if not link.exists():
         link.symlink_to(ROOT / "templates" / "files" / "steps" / "cc-wrapper.sh")
     out = tmp_path / f"simd-{target}.o"
-    env = {**os.environ, "ENVBUILD_CPU_TARGET": target}
+    env = {**os.environ, **cpu_target_env(target)}
     # Exactly the flags DeepSpeed's cpu_adam builder passes on an AVX-512 build machine.
     r = subprocess.run([str(link), "-O3", "-march=native", "-D__AVX512__", "-c", str(src), "-o", str(out)],
                        env=env, capture_output=True, text=True)

@@ -101,6 +101,7 @@ STEPS = {
         "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
         "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
         "    TORCH_CUDA_ARCH_LIST=9.0 \\\n    ENVBUILD_CPU_TARGET=x86-64-v3 \\\n"
+        "    ENVBUILD_CPU_FLAG=-march=x86-64-v3 \\\n    ENVBUILD_CPU_SIMD=-D__AVX256__ \\\n"
         "    CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 \\\n"
         "    ENVBUILD_DS_BUILD_ONLY=ninja \\\n"
         "    ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt \\\n"
@@ -113,7 +114,8 @@ STEPS = {
          "post": ["# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed "
                   "recorded every op for cuda",
                   "DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 "
-                  "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
+                  "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 ENVBUILD_CPU_FLAG=-march=x86-64-v3 "
+                  "ENVBUILD_CPU_SIMD=-D__AVX256__ CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
                   "ENVBUILD_DS_BUILD_ONLY=ninja ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
                   "bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam"]}),
     "layers": (

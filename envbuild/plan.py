@@ -55,7 +55,28 @@ APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
 # The nvidia-* wheels' libraries, each group its own layer of the final image (layers.sh): a pull
 # downloads them in parallel, and stacks with the same CUDA wheels share them.
 LAYERS_DIR = "/opt/envbuild-layers"
-CUDA_LAYERS = ("cuda", "cudnn", "nccl", "other")
+# Which layer each package directory of site-packages/nvidia goes in: shell globs, the first
+# match wins, `other` takes the rest (nvidia-*-cu13 wheels' directory names, read from the wheels).
+CUDA_LAYER_PACKAGES = (
+    ("cuda", ("cu1[0-9]", "cublas", "cuda_*", "cufft", "cufile", "curand", "cusolver", "cusparse", "nvjitlink",
+              "nvtx")),
+    ("cudnn", ("cudnn",)),
+    ("nccl", ("nccl", "nvshmem")),
+    ("other", ("*",)),
+)
+CUDA_LAYERS = tuple(layer for layer, _ in CUDA_LAYER_PACKAGES)
+# The guard (PIP_CONSTRAINT): the distributions pinned as built, an extended regular expression
+# over `pip freeze` lines (deepspeed.sh): what the pre-built ops were compiled against.
+GUARD_PACKAGES = "torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+"
+
+
+def cuda_layer_args() -> tuple[str, ...]:
+    """layers.sh's LAYER=GLOB,GLOB arguments.
+
+    >>> cuda_layer_args()[1:]
+    ('cudnn=cudnn', 'nccl=nccl,nvshmem', 'other=*')
+    """
+    return tuple(f"{layer}={','.join(globs)}" for layer, globs in CUDA_LAYER_PACKAGES)
 # Variables that name directories inside the image: the host's value never wins for them.
 IMAGE_OWNED = ("VIRTUAL_ENV", "CUDA_HOME")
 
@@ -447,7 +468,7 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
         ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(facts.ds_build_requires)))
     if not request.keep_toolchain and ds_build_only:
         ds_env.append(("ENVBUILD_DS_BUILD_ONLY", " ".join(ds_build_only)))
-    ds_env.append(("ENVBUILD_CONSTRAINTS", paths.CONSTRAINTS))
+    ds_env += [("ENVBUILD_CONSTRAINTS", paths.CONSTRAINTS), ("ENVBUILD_GUARD_PACKAGES", GUARD_PACKAGES)]
     ds_part = f"{paths.SETUP_DIR}/{LOCK_PARTS['deepspeed']}"
     steps.append(Step("deepspeed", (ds_part if lock else f"deepspeed=={stack.deepspeed}", *resolution.ops),
                       env=tuple(ds_env),
@@ -456,7 +477,7 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
                       secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "
                               "fails unless DeepSpeed recorded every op for cuda"))
-    steps.append(Step("layers", (paths.VENV, LAYERS_DIR, *CUDA_LAYERS), files=_step_files("layers.sh"),
+    steps.append(Step("layers", (paths.VENV, LAYERS_DIR, *cuda_layer_args()), files=_step_files("layers.sh"),
                       comment="the CUDA wheels' libraries out of the venv into layers of their own "
                               "(parallel pulls; shared by stacks with the same CUDA wheels)"))
     venv_env = (EnvVar("VIRTUAL_ENV", paths.VENV, "", "", "base"),

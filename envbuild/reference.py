@@ -30,7 +30,7 @@ def commands(group: click.Group, ctx: click.Context | None = None):
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)
         sub = click.Context(command, info_name=name, parent=ctx)
-        if isinstance(command, click.Group) and ctx.parent is not None:
+        if isinstance(command, click.Group):
             yield from commands(command, sub)
         else:
             yield sub, command

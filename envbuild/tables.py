@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .errors import EnvbuildError
 from .matrix import Matrix
 
 STACK_HEADERS = ("stack", "python", "cuda", "torch", "torchvision", "deepspeed", "os", "nvcc from",
@@ -210,7 +211,8 @@ def update_generated(text: str, m: Matrix) -> str:
 
     def sub(match):
         if match.group(2) not in blocks:
-            raise KeyError(f"unknown generated block {match.group(2)!r}; known: {', '.join(sorted(blocks))}")
+            raise EnvbuildError(f"unknown generated block <!-- generated:{match.group(2)} -->; the known blocks are "
+                                f"{', '.join(sorted(blocks))}.")
         return match.group(1) + blocks[match.group(2)] + "\n" + match.group(4)
 
     return _BLOCK.sub(sub, text)

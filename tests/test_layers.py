@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from conftest import ROOT
-from envbuild.plan import CUDA_LAYERS
+from envbuild.plan import CUDA_LAYERS, cuda_layer_args
 
 STEPS = ROOT / "templates" / "files" / "steps"
 PACKAGES = {"cu13": "cuda", "cudnn": "cudnn", "nccl": "nccl", "nvshmem": "nccl", "cusparselt": "other"}
@@ -35,7 +35,7 @@ def _venv(tmp_path: Path, name: str) -> tuple[Path, Path]:
 
 
 def _run(venv: Path, layers: Path) -> str:
-    r = subprocess.run(["bash", str(STEPS / "layers.sh"), str(venv), str(layers), *CUDA_LAYERS],
+    r = subprocess.run(["bash", str(STEPS / "layers.sh"), str(venv), str(layers), *cuda_layer_args()],
                        capture_output=True, text=True, env={**os.environ, "ENVBUILD_SECRETS_DIR": "/nonexistent"})
     assert r.returncode == 0, r.stderr
     return r.stderr
@@ -85,3 +85,13 @@ def test_no_nvidia_wheels_leaves_empty_layers(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     assert "0 nvidia packages" in _run(venv, tmp_path / "layers")
     assert all((tmp_path / "layers" / layer / "nvidia").is_dir() for layer in CUDA_LAYERS)
+
+
+def test_a_package_no_layer_takes_fails_the_step(tmp_path):
+    """The plan's layer map is the only map: a package none of its globs match is an error,
+    not a silent extra layer (here the map has no catch-all `other`)."""
+    venv, _ = _venv(tmp_path, "venv")
+    r = subprocess.run(["bash", str(STEPS / "layers.sh"), str(venv), str(tmp_path / "layers"), "cudnn=cudnn"],
+                       capture_output=True, text=True, env={**os.environ, "ENVBUILD_SECRETS_DIR": "/nonexistent"})
+    assert r.returncode == 1 and "no LAYER=GLOB argument matches nvidia/" in r.stderr, r.stderr
+

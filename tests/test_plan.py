@@ -105,6 +105,7 @@ STEPS = {
         "    CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 \\\n"
         "    ENVBUILD_DS_BUILD_ONLY=ninja \\\n"
         "    ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt \\\n"
+        "    ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' \\\n"
         "    bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam",
         {"files": ["envbuild/steps/deepspeed.sh /opt/envbuild-setup/deepspeed.sh",
                    "envbuild/steps/cc-wrapper.sh /opt/envbuild-setup/cc-wrapper.sh",
@@ -117,16 +118,19 @@ STEPS = {
                   "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 ENVBUILD_CPU_FLAG=-march=x86-64-v3 "
                   "ENVBUILD_CPU_SIMD=-D__AVX256__ CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
                   "ENVBUILD_DS_BUILD_ONLY=ninja ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
+                  "ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' "
                   "bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam"]}),
     "layers": (
         "# the CUDA wheels' libraries out of the venv into layers of their own (parallel pulls; shared by stacks "
         "with the same CUDA wheels)\n"
         "COPY envbuild/steps/layers.sh /opt/envbuild-setup/layers.sh\n"
-        "RUN bash /opt/envbuild-setup/layers.sh /opt/venv /opt/envbuild-layers cuda cudnn nccl other",
+        "RUN bash /opt/envbuild-setup/layers.sh /opt/venv /opt/envbuild-layers "
+        "'cuda=cu1[0-9],cublas,cuda_*,cufft,cufile,curand,cusolver,cusparse,nvjitlink,nvtx' cudnn=cudnn nccl=nccl,nvshmem 'other=*'",
         {"files": ["envbuild/steps/layers.sh /opt/envbuild-setup/layers.sh"],
          "post": ["# the CUDA wheels' libraries out of the venv into layers of their own (parallel pulls; shared "
                   "by stacks with the same CUDA wheels)",
-                  "bash /opt/envbuild-setup/layers.sh /opt/venv /opt/envbuild-layers cuda cudnn nccl other"]}),
+                  "bash /opt/envbuild-setup/layers.sh /opt/venv /opt/envbuild-layers "
+                  "'cuda=cu1[0-9],cublas,cuda_*,cufft,cufile,curand,cusolver,cusparse,nvjitlink,nvtx' cudnn=cudnn nccl=nccl,nvshmem 'other=*'"]}),
 }
 
 

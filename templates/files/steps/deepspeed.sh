@@ -37,7 +37,7 @@ fi
 # replacing torch under the pre-built ops.
 constraints=${ENVBUILD_CONSTRAINTS:?the deepspeed step needs the constraints path}
 mkdir -p "$(dirname "$constraints")"
-"$venv/bin/pip" freeze --all | grep -E -i '^(torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+)==' \
+"$venv/bin/pip" freeze --all | grep -E -i "^(${ENVBUILD_GUARD_PACKAGES:?the plan names the guarded packages})==" \
     | LC_ALL=C sort > "$constraints"
 grep -q -i '^torch==' "$constraints"
 log "guard: $(wc -l < "$constraints") pins in $constraints"

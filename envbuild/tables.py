@@ -104,8 +104,12 @@ def condition(e) -> str:
 
 
 def env_rows(m: Matrix) -> list[tuple[str, ...]]:
-    """Every default with its reason, cost and source: common ones first, then per GPU."""
+    """Every default with its reason, cost and source: what every image bakes first (values in
+    {braces} are filled in per image), then the defaults every GPU gets, then per GPU."""
     rows = []
+    toolchain = {"kept": " (--keep-toolchain)", "lean": " (without --keep-toolchain)", None: ""}
+    for e in m.gpus_file.image_env:
+        rows.append(("every image" + toolchain[e.toolchain], f"{e.name}={e.value}", e.reason, e.cost, e.source))
     for e in m.gpus_file.common_env:
         rows.append(("all" + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}",
                      e.reason, e.cost, e.source))
@@ -177,6 +181,10 @@ _BLOCK = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", r
 
 def generated_blocks(m: Matrix) -> dict[str, str]:
     """The Markdown of every generated block, by the NAME of its `<!-- generated:NAME -->` marker."""
+    toolchain = {"kept": " (with --keep-toolchain)", "lean": " (without --keep-toolchain)", None: ""}
+    structural = "\n".join(f"- `{e.name}={e.value}`{toolchain[e.toolchain]}: {e.reason}."
+                           + (f" Cost: {e.cost}." if e.cost else "") + f" Source: {e.source}."
+                           for e in m.gpus_file.image_env)
     common = "\n".join(f"- `{e.name}={e.value}`" + (f" ({condition(e)})" if condition(e) else "")
                        + f": {e.reason}. Cost: {e.cost}. Source: {e.source}."
                        for e in m.gpus_file.common_env)
@@ -192,7 +200,9 @@ def generated_blocks(m: Matrix) -> dict[str, str]:
                   + m.cuda_file.forward_compat + "\n\n" + floors,
         "fabrics": markdown(FABRIC_HEADERS, fabric_rows(m)) + "\n\n" + "\n".join(
             f"- {where}: `{var}`: {why}. Cost: {cost}. Source: {src}." for where, var, why, cost, src in fabric_env_rows(m)),
-        "gpus": markdown(GPU_HEADERS, gpu_rows(m)) + "\n\nEvery image also gets:\n\n" + common
+        "gpus": markdown(GPU_HEADERS, gpu_rows(m))
+                + "\n\nWhat every image bakes (`image_env`; a value in {braces} is filled in per image):\n\n"
+                + structural + "\n\nEvery image also gets:\n\n" + common
                 + "\n\nPer GPU:\n\n" + per_gpu
                 + "\n\nConsidered and not baked:\n\n" + markdown(NOT_BAKED_HEADERS, not_baked_rows(m)),
     }

@@ -301,4 +301,4 @@ def unknown_gpu(name: str, spellings: list[str], profiles: list[str]) -> Envbuil
     did = f" did you mean {', '.join(hint)}?" if hint else ""
     return EnvbuildError(
         f"unknown GPU '{name}'{read};{did} Known GPUs: {', '.join(profiles)} (`envbuild gpus` lists them with "
-        f"aliases; a GPU not in the matrix needs a profile in matrices/gpus.yaml, see README 'Adding a GPU').")
+        f"aliases; a GPU not in the matrix needs a profile in matrices/gpus.yaml, see docs/matrix.md 'Adding a GPU'.")

@@ -1,6 +1,7 @@
 """The way from `render` to a running job, as a new user walks it: the `next:` commands, the
 JSON and tag outputs for scripts, where Singularity.def bootstraps from, tables that fit an
-80-column terminal, and a README whose run examples and references hold up."""
+80-column terminal, and a README and docs/ whose run examples and references hold up (the
+README's path to a running job, docs/running.md's examples, docs/matrix.md's markers)."""
 
 import ast
 import json
@@ -9,7 +10,6 @@ import shlex
 import shutil
 import subprocess
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +18,9 @@ from conftest import ROOT, tree
 from envbuild.image import cli as image_cli
 
 README = (ROOT / "README.md").read_text()
+RUNNING = (ROOT / "docs" / "running.md").read_text()  # what the README's "Running it" section became
+MATRIX_DOC = (ROOT / "docs" / "matrix.md").read_text()
+TESTING_DOC = (ROOT / "docs" / "testing.md").read_text()
 TAG = "torch2.11.0-cu130-py3.12-ds0.19.8-h20"  # the fixture matrix's default for --gpu h20
 
 
@@ -26,8 +29,9 @@ def _next_block(stdout: str) -> list[str]:
     return [ln[2:] for ln in lines if ln.startswith("  ")]
 
 
-def _section(title: str) -> str:
-    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+def _section(title: str, text: str = README) -> str:
+    """The `## title` section of a Markdown page (the README unless `text` is another page)."""
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 # --- render / build output ------------------------------------------------------------------
@@ -223,19 +227,29 @@ def test_gpus_fits_80_columns_one_block_per_default(cli, production_matrix):
             assert " ".join(words.split()) in flat, words
     for gpus, var, why, source in not_baked_rows(production_matrix):
         assert var in lines and " ".join(why.split()) in flat
-    assert "[V] = checked in a primary artifact" in flat and 'README: "Where the facts come from"' in flat
+    assert "[V] = checked in a primary artifact" in flat and 'See docs/matrix.md, "Where the facts come from"' in flat
+    assert "\n## Where the facts come from\n" in MATRIX_DOC  # where that note sends the reader
 
 
-# --- the README -----------------------------------------------------------------------------
+# --- the README and docs/ ------------------------------------------------------------------
+
+RUN_HEADINGS = ("Docker", "Apptainer", "Slurm + Apptainer", "Slurm + pyxis/enroot")
+
 
 def _running_blocks():
-    return re.findall(r"```bash\n(.*?)```", _section("Running it"), re.S)
+    """The bash examples of docs/running.md, in order: Docker, Apptainer, both Slurm ways."""
+    return re.findall(r"```bash\n(.*?)```", RUNNING, re.S)
 
 
-def test_readme_running_it_has_docker_apptainer_and_both_slurm_ways():
-    text = _section("Running it")
-    for heading in ("**Docker**", "**Apptainer**", "**Slurm + Apptainer**", "**Slurm + pyxis/enroot**"):
-        assert heading in text, heading
+def _readme_path_blocks():
+    """The README's shortest path to a running job: build/smoke/push, the .sif, the Slurm job."""
+    return re.findall(r"```bash\n(.*?)```", _section("From a GPU name to a running job"), re.S)
+
+
+def test_running_doc_has_docker_apptainer_and_both_slurm_ways():
+    text = RUNNING
+    for heading in RUN_HEADINGS:
+        assert f"\n## {heading}\n" in text, heading
     blocks = _running_blocks()
     assert len(blocks) == 4
     assert "docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in blocks[0]
@@ -251,11 +265,23 @@ def test_readme_running_it_has_docker_apptainer_and_both_slurm_ways():
         assert words in text, words
 
 
-def test_readme_run_examples_are_valid_shell(tmp_path):
-    """bash parses every example; shellcheck (a test extra) finds no quoting or other mistake."""
+def test_readme_walks_from_build_to_a_slurm_job_and_links_the_rest():
+    """The README keeps the shortest path (build, smoke, push; a .sif; a Slurm job whose first
+    step is the smoke test) and sends everything else to docs/running.md."""
+    build, sif, job = _readme_path_blocks()
+    assert "envbuild build --gpu h20" in build and 'envbuild smoke "$IMAGE" && envbuild push "$IMAGE"' in build
+    assert 'apptainer build "/shared/images/$TAG.sif" "build/$TAG/Singularity.def"' in sif
+    assert job.startswith("#!/bin/bash\n#SBATCH") and "\nsrun apptainer test --nv" in job
+    assert job.index("apptainer test") < job.index("torchrun")  # the smoke test first
+    assert "(docs/running.md)" in _section("From a GPU name to a running job")
+
+
+def test_run_examples_are_valid_shell(tmp_path):
+    """bash parses every example (docs/running.md and the README's path); shellcheck (a test
+    extra) finds no quoting or other mistake."""
     from test_lint import _tool
 
-    for i, block in enumerate(_running_blocks()):
+    for i, block in enumerate(_running_blocks() + _readme_path_blocks()):
         script = block if block.startswith("#!") else "#!/bin/bash\n" + block
         f = tmp_path / f"example{i}.sh"
         f.write_text(script)
@@ -267,30 +293,36 @@ def test_readme_run_examples_are_valid_shell(tmp_path):
         assert r.returncode == 0, r.stdout
 
 
-def test_readme_docker_flags_match_the_cli(matrix):
+def test_running_doc_docker_flags_match_the_cli(matrix):
     from envbuild.running import DOCKER_RUN
 
     assert DOCKER_RUN.replace(" --rm -it", "") in _running_blocks()[0]
 
 
-def test_readme_explains_every_marker_and_reference_users_see():
-    facts = _section("Where the facts come from")
-    for words in ("**[V]**", "**[S]**", "**[U]**", "domain-facts.md section N", "build-notes.md pitfall N"):
+PRIVATE_NOTES = ("../shared", "field-reports.md", "domain-facts", "build-notes")
+
+
+def test_docs_explain_every_marker_and_reference_users_see():
+    facts = _section("Where the facts come from", MATRIX_DOC)
+    for words in ("**[V]**", "**[S]**", "**[U]**", '**"field report N"**'):
         assert words in facts, words
     reports = re.findall(r"^  (\d)\. (.*?)(?=^  \d\. |^- |\Z)", facts, re.S | re.M)
     assert [n for n, _ in reports] == ["1", "2", "3", "4", "5"]
     assert all("https://github.com/" in body or "[U]" in body for _, body in reports)
-    # Every pitfall number the shipped text cites is summarised.
-    shipped = "".join(p.read_text() for d in ("matrices", "envbuild", "templates") for p in (ROOT / d).rglob("*")
-                      if p.is_file() and p.suffix in (".yaml", ".py", ".j2", ".sh"))
-    for n in sorted(set(re.findall(r"build-notes(?:\.md)? pitfall (\d)", shipped))):
-        assert re.search(rf"\b{n} [`A-Za-z]", facts.split("its pitfalls:", 1)[1]), f"pitfall {n}"
-    assert "../shared" not in README and "field-reports.md" not in README
+    # No shipped text cites the project's private research notes (users cannot read them), so
+    # the docs need not explain such citations, and they never mention the notes themselves.
+    shipped = {p: p.read_text() for d in ("matrices", "envbuild", "templates") for p in (ROOT / d).rglob("*")
+               if p.is_file() and p.suffix in (".yaml", ".py", ".j2", ".sh")}
+    cites = sorted(f"{p.relative_to(ROOT)}: {w}" for p, text in shipped.items() for w in PRIVATE_NOTES if w in text)
+    assert cites == []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        assert not [w for w in PRIVATE_NOTES if w in text], path.relative_to(ROOT)
 
 
 def test_readme_fast_test_command_needs_only_the_test_extras():
     """Every third-party module a fast test imports comes with `pip install -e '.[test]'`."""
-    tests = _section("Tests")
+    tests = _section("Tests", TESTING_DOC)
     assert "pip install -e '.[test]'" in tests and 'python -m pytest -m "not docker"' in tests
     declared = {re.split(r"[<>=!;\[ ]", r, 1)[0].lower().replace("_", "-") for r in _pyproject_requirements()}
     providers = metadata.packages_distributions()
@@ -325,8 +357,8 @@ def _stdlib():
 
 
 @pytest.mark.skipif(not shutil.which("bash"), reason="bash")
-def test_env_sh_gives_the_per_job_caches_the_readme_promises(tmp_path):
-    """The README's claim, run: per job from SLURM_JOB_ID, under ENVBUILD_LOCAL_DIR, a set value wins."""
+def test_env_sh_gives_the_per_job_caches_the_docs_promise(tmp_path):
+    """docs/running.md's claim, run: per job from SLURM_JOB_ID, under ENVBUILD_LOCAL_DIR, a set value wins."""
     env_sh = ROOT / "templates" / "files" / "env.sh"
     show = f'. {shlex.quote(str(env_sh))}; echo "$TORCH_EXTENSIONS_DIR $TRITON_CACHE_DIR"'
     base = {"PATH": "/usr/bin:/bin"}
@@ -336,7 +368,7 @@ def test_env_sh_gives_the_per_job_caches_the_readme_promises(tmp_path):
     r = subprocess.run(["sh", "-c", show], env=base | {"SLURM_JOB_ID": "7", "ENVBUILD_LOCAL_DIR": "/scratch",
                                                         "TRITON_CACHE_DIR": "/mine"}, capture_output=True, text=True)
     assert r.stdout.split() == ["/scratch/torch_extensions-7", "/mine"]
-    section = _section("Running it")
+    section = _section("What travels with the image", RUNNING)
     assert "`${ENVBUILD_LOCAL_DIR:-${TMPDIR:-/tmp}}/<name>-<job>`" in section
     assert "| `TORCH_EXTENSIONS_DIR` |" in section and "| `TRITON_CACHE_DIR` |" in section
 
@@ -376,13 +408,12 @@ def _options_used(script: str) -> list[tuple[str, str]]:
 
 
 def _inline_commands() -> list[str]:
-    """Inline `code` of the Running it prose: commands as they are, bare options as options of
-    the tool whose paragraph (**Docker**, **Apptainer**, **Slurm + pyxis/enroot**) they are in."""
-    text = _section("Running it")
-    parts = re.split(r"^(?:\*\*|### )(Docker|Apptainer|Slurm \+ Apptainer|Slurm \+ pyxis/enroot|Many nodes.*?)(?:\*\*)?$",
-                     text, flags=re.M)
+    """Inline `code` of docs/running.md's prose: commands as they are, bare options as options of
+    the tool whose section (## Docker, ## Apptainer, ## Slurm + pyxis/enroot) they are in."""
+    parts = re.split(r"^## (.*)$", RUNNING, flags=re.M)
+    assert set(RUN_HEADINGS) <= set(parts[1::2]), parts[1::2]
     tool = {"Docker": "docker run", "Apptainer": "apptainer exec", "Slurm + Apptainer": "apptainer exec",
-            "Slurm + pyxis/enroot": "srun"}  # a ### section's prose names its commands whole
+            "Slurm + pyxis/enroot": "srun"}  # the other sections' prose names its commands whole
     out = []
     for heading, body in zip(parts[1::2], parts[2::2]):
         body = re.sub(r"```.*?```", "", body, flags=re.S)
@@ -400,7 +431,7 @@ def test_every_option_in_the_run_examples_and_next_lines_exists(cli, tmp_path):
     known["srun"] = known["slurm"] | known["pyxis"]  # pyxis adds its options to srun
     known["envbuild"] = {o[2:] for c in main.commands.values() for p in c.params for o in p.opts if o[:2] == "--"}
     known["smoke"] = {o[2:] for a in image_cli.parser()._actions for o in a.option_strings if o[:2] == "--"}
-    scripts = _running_blocks() + _inline_commands()
+    scripts = _running_blocks() + _readme_path_blocks() + _inline_commands()
     for args in ([], ["--registry", "ghcr.io/acme"]):
         r = cli("render", "--gpu", "h20", "-o", str(tmp_path / "o"), *args)
         scripts.append("\n".join(_next_block(r.stdout)))

@@ -64,7 +64,7 @@ def command_line(ctx: click.Context, skip=()) -> str:
 
 def print_next(lines):
     """The `next:` block: commands on lines of their own, never wrapped (copy and paste)."""
-    out.print("next (README \"Running it\": Slurm, multi-node, per-job caches):", markup=False)
+    out.print("next (docs/running.md: Slurm, multi-node, per-job caches):", markup=False)
     for line in lines:
         out.print(f"  {line}", markup=False, soft_wrap=True)
 

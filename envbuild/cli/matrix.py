@@ -44,7 +44,7 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
                      **({} if wide else {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True})))
     notes("notes:", stack_notes(m))
     out.print("\nmin driver: the oldest NVIDIA driver (Linux) the stack's CUDA runs on; older data-centre "
-              "drivers need NVIDIA's forward-compatibility package (README: The matrix).", soft_wrap=False)
+              "drivers need NVIDIA's forward-compatibility package (docs/matrix.md).", soft_wrap=False)
     markers_note([n for _, n in stack_notes(m)])
 
 
@@ -188,7 +188,7 @@ def doctor(log, as_json, matrix_dir):
 @click.argument("readme", type=click.Path(exists=True, dir_okay=False))
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if the tables differ from the matrix.")
 def readme_tables(readme, check):
-    """Refresh (or --check) the README's generated matrix tables."""
+    """Refresh (or --check) the generated matrix tables of a Markdown page (README.md, docs/*.md)."""
     from ..matrix import load_matrix
     from ..tables import refresh_readme
 

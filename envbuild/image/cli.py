@@ -33,7 +33,7 @@ from .report import build_report, exit_code, render_text, run_check
 
 
 def parser() -> argparse.ArgumentParser:
-    """smoke.py's options (tests check the README's examples against them)."""
+    """smoke.py's options (tests check the docs' examples against them)."""
     parser = argparse.ArgumentParser(prog="smoke.py",
                                      description="envbuild image smoke test (exit 0 iff every check passed).")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")

@@ -7,16 +7,17 @@ import pytest
 from envbuild.errors import EnvbuildError
 from envbuild.matrix import load_matrix
 
-# domain-facts.md section 4: every GPU must have a profile.
-DOMAIN_FACTS_GPUS = {"v100": "7.0", "t4": "7.5", "a10": "8.6", "a100": "8.0", "a800": "8.0", "l4": "8.9",
+# Every GPU envbuild targets has a profile, with its compute capability as NVIDIA lists it
+# (https://developer.nvidia.com/cuda-gpus and https://developer.nvidia.com/cuda-legacy-gpus).
+EXPECTED_GPUS = {"v100": "7.0", "t4": "7.5", "a10": "8.6", "a100": "8.0", "a800": "8.0", "l4": "8.9",
                      "l40": "8.9", "l40s": "8.9", "l20": "8.9", "rtx3090": "8.6", "rtx4090": "8.9",
                      "h100": "9.0", "h200": "9.0", "gh200": "9.0", "h800": "9.0", "h20": "9.0",
                      "b200": "10.0", "gb200": "10.0", "b300": "10.3", "gb300": "10.3", "rtx5090": "12.0",
                      "gb10": "12.1"}
 
 
-def test_every_gpu_of_the_domain_facts_has_its_compute_capability(production_matrix):
-    assert {p.name: p.cc for p in production_matrix.gpus} == DOMAIN_FACTS_GPUS
+def test_every_target_gpu_has_its_compute_capability(production_matrix):
+    assert {p.name: p.cc for p in production_matrix.gpus} == EXPECTED_GPUS
 
 
 @pytest.mark.parametrize("spelling", ["h20", "H20", "nvidia-h20", "NVIDIA-H20", "h20-96gb", "nvidia_h20"])

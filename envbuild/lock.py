@@ -35,6 +35,7 @@ torch==2.15.0 \\
 from __future__ import annotations
 
 import ast
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -209,14 +210,12 @@ class LockInputs:
 
 def uv_binary() -> str:
     """The uv executable: the `uv` Python package's own binary, else one on PATH."""
-    try:
-        if find_uv_bin is None:
-            raise FileNotFoundError("the uv package is not installed")
-        return find_uv_bin()
-    except FileNotFoundError:
-        found = shutil.which("uv")
-        if found:
-            return found
+    if find_uv_bin is not None:
+        with contextlib.suppress(FileNotFoundError):  # the package without its binary
+            return find_uv_bin()
+    found = shutil.which("uv")
+    if found:
+        return found
     raise EnvbuildError("envbuild lock and extend need uv (the resolver that writes the locks): "
                         "`pip install 'uv>=0.8,<0.14'`, or reinstall envbuild, which depends on it.")
 

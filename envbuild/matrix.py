@@ -192,6 +192,12 @@ class NodeCondition(_Strict):
     _v = field_validator("driver_below")(lambda v: v if v is None else _driver(v))
 
 
+def _env_name(v: str) -> str:
+    if not re.match(r"^[A-Z_][A-Z0-9_]*$", v):
+        raise ValueError(f"expected an environment variable name like NCCL_DEBUG, got {v!r}")
+    return v
+
+
 class EnvDefault(_Strict):
     """A default the image sets: what it is for (reason, source) and what it costs."""
 
@@ -203,12 +209,7 @@ class EnvDefault(_Strict):
     when: Optional[dict[Literal["torch"], str]] = None
     node: Optional[NodeCondition] = None
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not re.match(r"^[A-Z_][A-Z0-9_]*$", v):
-            raise ValueError(f"expected an environment variable name like NCCL_DEBUG, got {v!r}")
-        return v
+    _n = field_validator("name")(lambda v: _env_name(v))
 
     @field_validator("when")
     @classmethod
@@ -231,7 +232,7 @@ class ImageEnv(_Strict):
     cost: str
     toolchain: Optional[Literal["kept", "lean"]] = None  # only with / without --keep-toolchain
 
-    _n = field_validator("name")(lambda v: EnvDefault._name(v))
+    _n = field_validator("name")(lambda v: _env_name(v))
 
     @field_validator("value", "reason", "source")
     @classmethod

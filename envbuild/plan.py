@@ -36,6 +36,7 @@ from .emulation import PLATFORM_MACHINES, QEMU_CPU_SYSFS, qemu_cpu_stub
 from .image import paths
 from .resources import templates_dir
 from .extend import Extension
+from .lock import Lock
 from .errors import EnvbuildError
 from .registry import CONTENT_TAG_DIGITS, READABLE_TAG_MAX, TAG_MAX, check_readable_tag, local_only
 from .resolve import EnvVar, Resolution
@@ -355,7 +356,7 @@ class BuildPlan:
     node_env: tuple = ()  # defaults the node decides at start-up (EnvDefault), with their conditions
     layouts: tuple[tuple[str, str], ...] = STACK_LAYOUTS  # build-directory file -> its layout template
     extension: Optional[ExtensionFacts] = None
-    lock: Optional[object] = field(default=None, repr=False)  # the stack's Lock (None: not hash-locked)
+    lock: Optional[Lock] = field(default=None, repr=False)  # the stack's lock (None: not hash-locked)
 
     @property
     def base_env(self) -> tuple[EnvVar, ...]:

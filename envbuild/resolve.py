@@ -26,12 +26,10 @@ from . import rules, validate
 from .errors import EnvbuildError
 from .lock import Lock, stack_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
+from .rules import DEFAULT_CPU_TARGET, PLATFORMS
 from .image import paths
 from .matrix import CpuTarget, DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Matrix, Op, Stack, Toolchain
 
-DEFAULT_CPU_TARGET = "x86-64-v3"  # x86_64 images; aarch64 ones default to their host CPU's (gpus.yaml)
-PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}  # OCI platform of each CPU architecture
-PYTHONS = tuple(f"3.{n}" for n in range(8, 16))  # every CPython 3 a torch wheel could target
 OPS_IN_TAG = 40  # a longer op list is named by 8 hex digits of its hash: every readable tag fits the tag rule
 
 
@@ -194,7 +192,7 @@ def _env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request, fabric: Fabric) -> 
 def _check_request(m: Matrix, req: Request) -> None:
     """Fail early, with the nearest valid choices, on input no stack could ever match."""
     validate.check_request(m, req, paths.RUNTIME_PATH)  # every version flag parses, or it said why
-    rules.check_request(m, req, PYTHONS, DEFAULT_CPU_TARGET, tuple(PLATFORMS))
+    rules.check_request(m, req)
 
 
 def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:

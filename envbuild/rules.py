@@ -43,6 +43,9 @@ from .registry import split_reference
 from .image.arch import arch_runs_on  # the gpu-arch rule, defined once with the in-image smoke test
 
 
+DEFAULT_CPU_TARGET = "x86-64-v3"  # x86_64 images; aarch64 ones default to their host CPU's (gpus.yaml)
+PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}  # OCI platform of each CPU architecture
+PYTHONS = tuple(f"3.{n}" for n in range(8, 16))  # every CPython 3 a torch wheel could target
 DEFAULT_OPS = "training"  # the op preset an image gets when nobody names one (--ds-ops, envbuild.yaml)
 
 
@@ -315,24 +318,23 @@ def cpu_target_rejection(m, s, target: str, cpu_arch: str) -> Optional[Rejection
     return None
 
 
-def check_request(m, req, pythons: tuple[str, ...], default_cpu_target: str, arches: tuple[str, ...]) -> None:
+def check_request(m, req) -> None:
     """Rules torch-python, os-python and cpu-target for the request as a whole: refused before
-    any stack is looked at, with the nearest valid choices (`pythons`: every CPython a torch
-    wheel could target)."""
+    any stack is looked at, with the nearest valid choices."""
     targets = m.gpus_file.cpu_targets
     if req.cpu_target is not None and req.cpu_target not in targets:
         hint = nearest(req.cpu_target, targets)
         did = f" did you mean {', '.join(hint)}?" if hint else ""
         by_arch = "; ".join(f"{arch}: {', '.join(n for n, t in targets.items() if t.arch == arch)}"
-                            for arch in arches)
+                            for arch in PLATFORMS)
         raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not a known CPU target;{did} Known targets by "
-                            f"architecture: {by_arch} (default: {default_cpu_target} on x86_64, the GPU's host "
+                            f"architecture: {by_arch} (default: {DEFAULT_CPU_TARGET} on x86_64, the GPU's host "
                             f"CPU on aarch64: neoverse-v2 for Grace).")
     pspec = user_specifier("--python", req.python) if req.python else None
     if pspec is not None and req.torch:
         tspec = user_specifier("--torch", req.torch)
         rels = [r for r in m.torch_file.releases if tspec.contains(Version(r.torch))]
-        wanted = [p for p in pythons if pspec.contains(Version(p))]
+        wanted = [p for p in PYTHONS if pspec.contains(Version(p))]
         if rels and wanted and not any(contains(r.python, p) for r in rels for p in wanted):
             pys = [p for p in _pythons(m) if any(contains(r.python, p) for r in rels)]
             raise EnvbuildError(

@@ -103,13 +103,16 @@ def condition(e) -> str:
     return "; ".join(parts)
 
 
+# Where an image_env entry applies (gpus.yaml `toolchain`), as the tables say it.
+TOOLCHAIN_NOTE = {"kept": " (with --keep-toolchain)", "lean": " (without --keep-toolchain)", None: ""}
+
+
 def env_rows(m: Matrix) -> list[tuple[str, ...]]:
     """Every default with its reason, cost and source: what every image bakes first (values in
     {braces} are filled in per image), then the defaults every GPU gets, then per GPU."""
     rows = []
-    toolchain = {"kept": " (--keep-toolchain)", "lean": " (without --keep-toolchain)", None: ""}
     for e in m.gpus_file.image_env:
-        rows.append(("every image" + toolchain[e.toolchain], f"{e.name}={e.value}", e.reason, e.cost, e.source))
+        rows.append(("every image" + TOOLCHAIN_NOTE[e.toolchain], f"{e.name}={e.value}", e.reason, e.cost, e.source))
     for e in m.gpus_file.common_env:
         rows.append(("all" + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}",
                      e.reason, e.cost, e.source))
@@ -181,8 +184,7 @@ _BLOCK = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", r
 
 def generated_blocks(m: Matrix) -> dict[str, str]:
     """The Markdown of every generated block, by the NAME of its `<!-- generated:NAME -->` marker."""
-    toolchain = {"kept": " (with --keep-toolchain)", "lean": " (without --keep-toolchain)", None: ""}
-    structural = "\n".join(f"- `{e.name}={e.value}`{toolchain[e.toolchain]}: {e.reason}."
+    structural = "\n".join(f"- `{e.name}={e.value}`{TOOLCHAIN_NOTE[e.toolchain]}: {e.reason}."
                            + (f" Cost: {e.cost}." if e.cost else "") + f" Source: {e.source}."
                            for e in m.gpus_file.image_env)
     common = "\n".join(f"- `{e.name}={e.value}`" + (f" ({condition(e)})" if condition(e) else "")

@@ -240,8 +240,8 @@ def check_ds_ops(m, choice: Optional[str]) -> None:
         expanded = sorted({o for p in mixed for o in presets[p]} | set(ops))
         raise EnvbuildError(f"--ds-ops '{choice}' mixes the preset {', '.join(mixed)} with op names; a preset stands "
                             f"alone. To add ops to a preset, list them all: --ds-ops {','.join(expanded) or 'none'}.")
-    for n in names if not mixed else ():
-        if n not in m.ops:
+    for n in names:
+        if n not in presets and n not in m.ops:
             hint = nearest(n, m.ops)
             did = f" did you mean {', '.join(hint)}?" if hint else ""
             raise EnvbuildError(

@@ -117,3 +117,23 @@ def cpu_target_env(name: str) -> dict[str, str]:
 
     target = load_matrix().gpus_file.cpu_targets[name]
     return {"ENVBUILD_CPU_TARGET": name, "ENVBUILD_CPU_FLAG": target.flag, "ENVBUILD_CPU_SIMD": target.simd}
+
+
+DOCKER = "/usr/bin/docker"  # Debian's client: BuildKit builds go through it (scripts/host-setup.sh)
+
+
+def docker(*args, check=True, timeout=900, **kw) -> subprocess.CompletedProcess:
+    """Run the docker client; with `check`, a failure raises with the end of its stderr."""
+    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed: {r.stderr[-2000:]}")
+    return r
+
+
+def ci_stack_id() -> str:
+    """The production matrix's stack that CI builds for real (ci.real_build_stack)."""
+    from envbuild.ci import real_build_stack
+    from envbuild.matrix import load_matrix
+
+    return real_build_stack(load_matrix()).id
+

@@ -15,6 +15,7 @@ bench/out/arm64-emulated.json. CI builds arm64 natively on ubuntu-24.04-arm runn
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+import conftest
+from conftest import ci_stack_id, ROOT, run_cli
 
 pytestmark = [
     pytest.mark.docker,
@@ -35,7 +37,6 @@ pytestmark = [
                        reason="opt-in: emulated arm64 build (about 90 min); set ENVBUILD_ARM64=1"),
 ]
 
-DOCKER = "/usr/bin/docker"
 REGISTRY = "127.0.0.1:5000"
 BASE = f"{REGISTRY}/local/debian:bookworm-arm64"
 REPO = "envbuild-arm64"
@@ -46,23 +47,12 @@ CA = "/etc/ssl/certs/ca-certificates.crt"
 RESULTS = ROOT / "bench" / "out" / "arm64-emulated.json"
 
 
-def docker(*args, check=True, timeout=600):
-    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} failed: {r.stderr[-2000:]}")
-    return r
-
-
-def _ci_stack() -> str:
-    from envbuild.ci import real_build_stack
-    from envbuild.matrix import load_matrix
-
-    return real_build_stack(load_matrix()).id
+docker = functools.partial(conftest.docker, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def timings():
-    data: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "stack": _ci_stack(), "ops": OPS}
+    data: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "stack": ci_stack_id(), "ops": OPS}
     yield data
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(data, indent=2) + "\n")
@@ -79,7 +69,7 @@ def image(tmp_path_factory, timings):
     out = tmp_path_factory.mktemp("arm64") / "build"
     state = out.parent / "state"
     start = time.monotonic()
-    r = run_cli("build", "--gpu", "gh200", "--stack", _ci_stack(), "--ds-ops", OPS, "--base-image", BASE,
+    r = run_cli("build", "--gpu", "gh200", "--stack", ci_stack_id(), "--ds-ops", OPS, "--base-image", BASE,
                 "--ca-cert", CA, "--image-repo", REPO, "--qemu", "-o", str(out), env={"ENVBUILD_STATE_DIR": str(state)},
                 timeout=4 * 3600, production=True)
     timings["build_seconds"] = round(time.monotonic() - start)

@@ -23,12 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+import conftest
+from conftest import DOCKER, ROOT, run_cli
 
 pytestmark = pytest.mark.docker
 
-DOCKER = "/usr/bin/docker"
 BASE = "local/debian:bookworm"
+
+
 def _ci_stack():
     from envbuild.ci import real_build_stack
     from envbuild.matrix import load_matrix
@@ -43,11 +45,7 @@ REGISTRY = "127.0.0.1:5000"
 OPS = "cpu_adam,fused_adam"
 
 
-def docker(*args, check=True, timeout=900, **kw):
-    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, **kw)
-    if check and r.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} failed: {r.stderr[-2000:]}")
-    return r
+docker = conftest.docker
 
 
 @pytest.fixture(scope="module")

@@ -7,26 +7,23 @@ The full arm64 image with a real smoke run is tests/test_arm64_build.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 
 import pytest
 
-from conftest import run_cli
+import conftest
+from conftest import DOCKER, run_cli
 from envbuild.publish import DOCKER_LIST, OCI_INDEX, served_images
 
 pytestmark = pytest.mark.docker
 
-DOCKER = "/usr/bin/docker"
 REGISTRY = "127.0.0.1:5000"
 REPO = "envbuild-mtest"
 
 
-def docker(*args, check=True):
-    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=300)
-    if check and r.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)}: {r.stderr[-1500:]}")
-    return r
+docker = functools.partial(conftest.docker, timeout=300)
 
 
 @pytest.fixture(scope="module")

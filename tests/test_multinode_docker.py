@@ -18,6 +18,7 @@ Containers, the network and the derived image are removed in finally blocks, on 
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import subprocess
@@ -25,11 +26,11 @@ import time
 
 import pytest
 
-from conftest import run_cli
+import conftest
+from conftest import ci_stack_id, run_cli
 
 pytestmark = pytest.mark.docker
 
-DOCKER = "/usr/bin/docker"
 BASE = "local/debian:bookworm"
 REPO = "envbuild-multinode"
 OPS = "cpu_adam,fused_adam"
@@ -38,18 +39,7 @@ TIMEOUT = 8  # --timeout of the runs that must fail on a missing rank
 RUN_LIMIT = 120  # the most any one run here may take before the test calls it a hang
 
 
-def docker(*args, check=True, timeout=300, **kw):
-    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, **kw)
-    if check and r.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} failed: {r.stderr[-2000:]}")
-    return r
-
-
-def _ci_stack() -> str:
-    from envbuild.ci import real_build_stack
-    from envbuild.matrix import load_matrix
-
-    return real_build_stack(load_matrix()).id
+docker = functools.partial(conftest.docker, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +48,7 @@ def ci_image(tmp_path_factory):
     if docker("info", check=False).returncode != 0:
         pytest.fail("no Docker engine answers; run scripts/host-setup.sh (scripts/test.sh does)")
     out = tmp_path_factory.mktemp("multinode") / "h20"
-    r = run_cli("build", "--gpu", "h20", "--stack", _ci_stack(), "--ds-ops", OPS, "--base-image", BASE,
+    r = run_cli("build", "--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", OPS, "--base-image", BASE,
                 "--image-repo", REPO, "-o", str(out), timeout=3600, production=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     image = f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"

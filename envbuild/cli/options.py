@@ -9,8 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..resolve import DEFAULT_CPU_TARGET
-from ..rules import DEFAULT_OPS
+from ..rules import DEFAULT_CPU_TARGET, DEFAULT_OPS
 from .app import err
 
 

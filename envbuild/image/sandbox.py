@@ -21,15 +21,21 @@ from typing import Callable
 HANG_ENV = "ENVBUILD_SMOKE_TEST_HANG"  # test hook: =no_jit or =collective makes those children sleep
 
 
-def self_command(*args: str) -> list[str]:
-    """argv that runs this package's smoke CLI with `args` in a new Python process."""
+def package_command(module: str, function: str, *args: str, isolated: bool = False) -> list[str]:
+    """argv that runs `function(argv)` of this package's `module` in a new Python process
+    (``-I`` with `isolated`: no user site, no PYTHON* variables); it exits with its result."""
     package = __package__ or "envbuild_image"
     root = os.path.dirname(os.path.abspath(__file__))
     for _ in package.split("."):
         root = os.path.dirname(root)
-    boot = (f"import sys; sys.path.insert(0, {root!r}); from {package}.cli import main; "
-            f"sys.exit(main(sys.argv[1:]))")
-    return [sys.executable, "-u", "-c", boot, *args]
+    boot = (f"import sys; sys.path.insert(0, {root!r}); from {package}.{module} import {function}; "
+            f"sys.exit({function}(sys.argv[1:]))")
+    return [sys.executable, *(["-I"] if isolated else []), "-u", "-c", boot, *args]
+
+
+def self_command(*args: str) -> list[str]:
+    """argv that runs this package's smoke CLI with `args` in a new Python process."""
+    return package_command("cli", "main", *args)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

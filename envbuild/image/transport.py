@@ -420,15 +420,7 @@ def child_main(argv: list[str]) -> int:
 
 def child_command(result: str, timeout: float) -> list[str]:
     """argv of the child: ``python -I`` (no user site, no PYTHON* variables) importing this package."""
-    package = __package__ or "envbuild_image"
-    root = os.path.dirname(os.path.abspath(__file__))
-    for _ in package.split("."):
-        root = os.path.dirname(root)
-    boot = (f"import sys; sys.path.insert(0, {root!r}); from {package}.transport import child_main; "
-            f"sys.exit(child_main(sys.argv[1:]))")
-    import sys
-
-    return [sys.executable, "-I", "-u", "-c", boot, result, str(timeout)]
+    return sandbox.package_command("transport", "child_main", result, str(timeout), isolated=True)
 
 
 def child_env(environ: dict, fabric: dict, debug_file: str, node_has_devices: bool) -> tuple[dict, dict]:

@@ -22,6 +22,23 @@ from . import cli
 COMMAND = "python -m envbuild.reference docs/cli.md"
 
 
+
+def _usage(ctx: click.Context, command: click.Command) -> str:
+    """The usage line, composed here: click's own wording of it moves between releases (8.5
+    writes a group that runs without a subcommand as `[COMMAND]`, 8.4 as `COMMAND`).
+
+    >>> group = click.Group("g", invoke_without_command=True)
+    >>> _usage(click.Context(group, info_name="g"), group)
+    'g [OPTIONS] [COMMAND] [ARGS]...'
+    """
+    pieces = [ctx.command_path, command.options_metavar or "[OPTIONS]"]
+    for param in command.params:
+        if isinstance(param, click.Argument):
+            pieces += param.get_usage_pieces(ctx)
+    if isinstance(command, click.Group):
+        pieces.append("[COMMAND] [ARGS]..." if command.invoke_without_command else "COMMAND [ARGS]...")
+    return " ".join(pieces)
+
 def commands(group: click.Group, ctx: click.Context | None = None):
     """(context, command) for the group and every command under it, depth first, in name order;
     hidden commands included (the reference marks them)."""
@@ -136,7 +153,7 @@ def render(group: click.Group) -> str:
     lines.append("")
     for ctx, command in entries:
         lines += [f"## {ctx.command_path}", ""]
-        usage = " ".join([ctx.command_path, *command.collect_usage_pieces(ctx)])
+        usage = _usage(ctx, command)
         lines += ["```", usage, "```", ""]
         if command.hidden:
             lines += ["Hidden from `envbuild --help`: a maintenance command.", ""]

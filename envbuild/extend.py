@@ -51,6 +51,7 @@ class Project(BaseModel):
     ds_ops: Optional[str] = None
     name: Optional[str] = None
     requirements: list[str] | str = []  # requirement strings, or a requirements file beside envbuild.yaml
+    ext: Optional[str] = None  # CUDA extensions compiled into the stack image (--ext), e.g. flash-attn,causal-conv1d
     image: Optional[str] = None  # the stack image to start from (default: the stack's own reference)
 
 
@@ -112,6 +113,40 @@ def read_requirements(text: str, where: str) -> list[str]:
     if not out:
         raise EnvbuildError(f"{where}: no requirements in it; list the packages to add, one per line.")
     return out
+
+
+def split_cuda_extensions(matrix: Matrix, requirements: list[str], source: str) -> tuple[list[str], list[str]]:
+    """(CUDA extensions envbuild compiles into the stack image, the requirements uv resolves).
+
+    flash-attn from PyPI is an sdist that compiles with nvcc against the installed torch, and the
+    final image has no nvcc: such a requirement is built in the stack image's builder instead
+    (`--ext`), where it is cached, hash-locked and verified. A version it does not build is refused.
+    """
+    compiled, rest = [], []
+    for line in requirements:
+        req = Requirement(line)
+        key = canonicalize_name(req.name)
+        if key not in matrix.extensions:
+            rest.append(line)
+            continue
+        ext = matrix.extensions[key]
+        if req.specifier and not req.specifier.contains(ext.version, prereleases=True):
+            raise EnvbuildError(f"{source}: {line!r}: {ext.name} is a CUDA extension envbuild compiles into the stack "
+                                f"image, and it builds {ext.name} {ext.version} only (extensions.yaml); nearest valid "
+                                f"choice: '{ext.name}=={ext.version}' or plain '{ext.name}'.")
+        if req.extras or req.url:
+            raise EnvbuildError(f"{source}: {line!r}: write plain '{ext.name}' (envbuild compiles {ext.name} "
+                                f"{ext.version} from its PyPI sdist, without extras).")
+        compiled.append(ext.name)
+    return sorted(set(compiled)), rest
+
+
+def with_cuda_extensions(matrix: Matrix, request, requirements: list[str], source: str):
+    """(the request with the requirements' CUDA extensions added to --ext, the rest for uv)."""
+    compiled, rest = split_cuda_extensions(matrix, requirements, source)
+    if compiled:
+        request = replace(request, extensions=tuple(sorted({*request.extensions, *compiled})))
+    return request, rest
 
 
 @dataclass(frozen=True)

@@ -399,7 +399,7 @@ def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str
     toolchain_inputs: tuple[str, ...] = ()
     if toolchain.install is not None:
         install = toolchain.install
-        toolchain_inputs = (f"{install.package}[{','.join(install.extras)}]=={stack.cuda_toolkit}",)
+        toolchain_inputs = (f"{install.package}[{','.join(install.extras_for(stack.cuda_toolkit))}]=={stack.cuda_toolkit}",)
     requires, source = deepspeed_requires or fetch_deepspeed_requires(stack.deepspeed)
     return LockInputs(
         stack=stack.id, arch=arch, python=stack.python, platform=fields["platform"],

@@ -366,6 +366,18 @@ class ToolchainInstall(_Strict):
     package: str
     extras: list[str]
     prefix: str
+    # NVIDIA's cuobjdump for the SASS audit (steps/sass_audit.py): the extra that installs it, and the
+    # first toolkit release whose package offers it.
+    audit_extra: Optional[str] = None
+    audit_since: Optional[str] = None
+    audit_source: Optional[str] = None
+
+    _v = field_validator("audit_since")(lambda v: v if v is None else _version(v))
+
+    def extras_for(self, cuda_toolkit: Optional[str]) -> list[str]:
+        """The extras to install for this toolkit release: the audit's where it exists."""
+        audit = self.audit_extra and cuda_toolkit and Version(cuda_toolkit) >= Version(self.audit_since or "0")
+        return [*self.extras, self.audit_extra] if audit else list(self.extras)
 
 
 class Toolchain(_Strict):
@@ -374,6 +386,13 @@ class Toolchain(_Strict):
     install: Optional[ToolchainInstall] = None
     min_cuda: Optional[str] = None
     source: Optional[str] = None
+
+    def audit_missing(self, cuda_toolkit: Optional[str]) -> Optional[str]:
+        """Why this toolchain has no cuobjdump for the SASS audit (None: it has; a devel image does)."""
+        if self.install is None or self.install.audit_extra in self.install.extras_for(cuda_toolkit):
+            return None
+        return (f"the PyPI toolchain has no cuobjdump before CUDA {self.install.audit_since} "
+                f"({self.install.audit_source}), so the SASS audit cannot run")
 
 
 class BasesFile(_Strict):
@@ -500,6 +519,65 @@ class FabricsFile(_Strict):
     fabrics: list[Fabric]
 
 
+# ---------------------------------------------------------------- extensions.yaml
+
+
+class ExtensionSdist(_Strict):
+    """The sdist the builder compiles: PyPI's file, checked by its sha256 before setup.py runs."""
+
+    filename: str
+    url: str
+    sha256: str
+    size: int
+
+    _sha = field_validator("sha256")(lambda v: _sha256_hex(v))
+
+
+class CudaExtension(_Strict):
+    """A CUDA extension compiled from its sdist in the builder stage, against the image's torch,
+    for the GPU profile's arches only (templates/files/steps/extensions.py), then verified:
+    it imports with no undefined symbol and every shared library carries SASS for the GPU."""
+
+    name: str  # the PyPI distribution name, as users write it in requirements
+    tag: str  # what the image tag says for it, with its version: fa2.8.3
+    description: str
+    version: str
+    sdist: ExtensionSdist
+    packages: list[str]  # the import names of its Python packages
+    modules: list[str]  # its compiled modules (imported by the build check and the smoke test)
+    requires: list[str] = []  # its Requires-Dist names: each must already be in the stack's venv
+    build_only: list[str] = []  # Requires-Dist it needs only to compile (ninja): dropped like DeepSpeed's
+    build_requires: list[str] = []  # what setup.py imports besides torch (in the venv: --no-build-isolation)
+    min_cc: str  # the oldest compute capability its kernels support
+    max_cc: Optional[str] = None  # the newest (None: no ceiling known)
+    torch: str  # the torch releases its source builds against
+    cuda: str  # the CUDA releases its setup.py accepts
+    python: str  # its Requires-Python
+    cpu_arch: list[Literal["x86_64", "aarch64"]] = ["x86_64"]  # architectures it has been built for
+    arch_env: Optional[str] = None  # its own arch variable (None: it follows TORCH_CUDA_ARCH_LIST)
+    build_env: dict[str, str] = {}  # what makes setup.py compile here instead of downloading a wheel
+    memory_per_job_gib: float  # peak memory of one compile job: MAX_JOBS = memory // this
+    nvcc_threads: Optional[int] = None  # NVCC_THREADS: nvcc's own threads per job (memory grows with it)
+    gpu_check: Optional[Literal["attention", "causal-conv1d"]] = None  # the smoke test's GPU check
+    build_time: str  # measured, with the machine
+    sources: dict[str, str]  # fact -> public source (a URL, a file of a named release)
+
+    _v = field_validator("version")(lambda v: _version(v))
+    _c = field_validator("min_cc", "max_cc")(lambda v: v if v is None else _cc(v))
+    _s = field_validator("torch", "cuda", "python")(_specifier)
+
+    @field_validator("name", "tag")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.match(r"^[a-z][a-z0-9-]*[a-z0-9]$", v):
+            raise ValueError(f"expected lower-case letters, digits and '-', got {v!r}")
+        return v
+
+
+class ExtensionsFile(_Strict):
+    extensions: list[CudaExtension] = []
+
+
 # ---------------------------------------------------------------- stacks.yaml
 
 
@@ -534,6 +612,7 @@ class StacksFile(_Strict):
     stacks: list[Stack]
 
 
+EXTENSIONS = "extensions.yaml"  # optional: the CUDA extensions `--ext` can pre-build
 PUBLISH = "publish.yaml"  # optional: what `envbuild ci` publishes, and the repository name it uses
 
 
@@ -557,6 +636,7 @@ _MODELS = {
     "stacks.yaml": StacksFile,
     PUBLISH: PublishFile,
     "fabrics.yaml": FabricsFile,
+    EXTENSIONS: ExtensionsFile,
 }
 
 
@@ -567,7 +647,8 @@ class Matrix:
     """All matrix files, cross-checked, with lookups by name and alias."""
 
     def __init__(self, directory: Path, torch: TorchFile, deepspeed: DeepspeedFile,
-                 gpus: GpusFile, bases: BasesFile, cuda: CudaFile, stacks: StacksFile, fabrics: FabricsFile):
+                 gpus: GpusFile, bases: BasesFile, cuda: CudaFile, stacks: StacksFile, fabrics: FabricsFile,
+                 extensions: Optional[ExtensionsFile] = None):
         self.directory = directory
         self.cuda_file = cuda
         self.torch_file = torch
@@ -579,6 +660,7 @@ class Matrix:
         self._torch = {r.torch: r for r in torch.releases}
         self._ds = {r.deepspeed: r for r in deepspeed.releases}
         self._gpu_names: dict[str, GpuProfile] = {}
+        self.extensions_file = extensions or ExtensionsFile()
         self.base_digests = _base_digests(directory)  # ref -> the digest the publishing CI recorded
 
     # lookups ----------------------------------------------------------
@@ -630,6 +712,21 @@ class Matrix:
         raise EnvbuildError(
             f"--fabric '{name}' is not a known fabric;{did} Known fabrics: {', '.join(names)} (default: "
             f"{self.fabrics_file.default}; `envbuild fabrics` shows what each puts in the image).")
+
+    @property
+    def extensions(self) -> dict[str, CudaExtension]:
+        return {e.name: e for e in self.extensions_file.extensions}
+
+    def extension(self, name: str) -> CudaExtension:
+        """An extension by its PyPI name, in any spelling pip accepts (flash_attn, Flash-Attn)."""
+        wanted = re.sub(r"[-_.]+", "-", name.strip()).lower()
+        if wanted in self.extensions:
+            return self.extensions[wanted]
+        hint = nearest(wanted, self.extensions)
+        did = f" did you mean {', '.join(hint)}?" if hint else ""
+        known = ", ".join(self.extensions) or "none (this matrix has no extensions.yaml)"
+        raise EnvbuildError(f"--ext '{name}' is not a CUDA extension envbuild can pre-build;{did} Known: {known} "
+                            f"(`envbuild extensions` shows which GPUs and stacks each fits).")
 
     def stack(self, stack_id: str) -> Stack:
         for s in self.stacks:
@@ -861,7 +958,8 @@ def _load_cached(directory: str) -> Matrix:
         raise EnvbuildError(f"matrix directory {d} lacks {', '.join(missing)}; it needs {', '.join(FILES)}.")
     loaded = {f: _load_file(d / f) for f in FILES}
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
-               loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"])
+               loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"],
+               _load_file(d / EXTENSIONS) if (d / EXTENSIONS).is_file() else None)
     _check_references(m)
     return m
 

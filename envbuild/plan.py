@@ -23,6 +23,7 @@ RUN bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 from pathlib import Path
@@ -69,6 +70,22 @@ CUDA_LAYERS = tuple(layer for layer, _ in CUDA_LAYER_PACKAGES)
 # The guard (PIP_CONSTRAINT): the distributions pinned as built, an extended regular expression
 # over `pip freeze` lines (deepspeed.sh): what the pre-built ops were compiled against.
 GUARD_PACKAGES = "torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+"
+EXTENSION_SPEC = "extensions.json"  # under envbuild/ in the build directory: what extensions.py builds
+EXTENSION_CACHE_ID = "envbuild-ext"  # the BuildKit cache mount shared by every build of this machine
+# Bumped when extensions.py changes how a wheel is made: every cached wheel is then rebuilt.
+EXTENSION_BUILD_RECIPE = 1
+
+
+def guard_packages(extensions=()) -> str:
+    """The guard's pattern, with the CUDA extensions pinned like torch (any spelling pip freeze uses).
+
+    >>> guard_packages() == GUARD_PACKAGES
+    True
+    >>> class Ext: name = "flash-attn"
+    >>> guard_packages([Ext()]).endswith("|flash[-_.]attn")
+    True
+    """
+    return GUARD_PACKAGES + "".join("|" + "[-_.]".join(e.name.split("-")) for e in extensions)
 
 
 def cuda_layer_args() -> tuple[str, ...]:
@@ -139,10 +156,13 @@ class Step:
     # Docker only, --qemu: build-directory folders bound over system paths for this RUN (the stub
     # CPU sysfs torch needs under qemu-user); nothing of them reaches a layer.
     emulation_binds: tuple[FileCopy, ...] = ()
+    # Docker only: BuildKit cache mounts (id, target) that outlive the layer: the compiled extension
+    # wheels, keyed inside by what determines them (extensions.py). Apptainer builds without them.
+    caches: tuple[tuple[str, str], ...] = ()
 
     @property
     def command(self) -> str:
-        return f"bash {paths.SETUP_DIR}/{self.name}.sh " + shlex.join(self.args)
+        return " ".join([f"bash {paths.SETUP_DIR}/{self.name}.sh", *([shlex.join(self.args)] if self.args else [])])
 
     @property
     def env_words(self) -> list[str]:
@@ -156,7 +176,8 @@ class Step:
         if self.files:
             lines.append(Copy(self.files).docker())
         mounts = [*(f"--mount=type=bind,source={b.source},target={b.target}" for b in self.emulation_binds),
-                  *binds, *(f"--mount=type=secret,id={sid}" for sid in self.secrets)]
+                  *binds, *(f"--mount=type=cache,id={cid},target={target},sharing=locked" for cid, target in self.caches),
+                  *(f"--mount=type=secret,id={sid}" for sid in self.secrets)]
         words = ([" ".join(mounts)] if mounts else []) + self.env_words + [self.command]
         lines.append("RUN " + " \\\n    ".join(words))
         return "\n".join(lines)
@@ -452,7 +473,7 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
             toolchain_install = ("--require-hashes", "--no-deps", "-r", part)
             toolchain_files = (FileCopy(f"envbuild/{LOCK_PARTS['toolchain']}", part),)
         else:
-            toolchain_install = (f"{install.package}[{','.join(install.extras)}]=={stack.cuda_toolkit}",)
+            toolchain_install = (f"{install.package}[{','.join(install.extras_for(stack.cuda_toolkit))}]=={stack.cuda_toolkit}",)
             toolchain_files = ()
         steps.append(Step("cuda-toolkit", (install.prefix, toolchain.cuda_home, *toolchain_install),
                           files=_step_files("cuda-toolkit.sh") + toolchain_files, secrets=PIP_SECRETS,
@@ -465,19 +486,34 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
                ("ENVBUILD_CPU_FLAG", facts.cpu_target.flag), ("ENVBUILD_CPU_SIMD", facts.cpu_target.simd)]
     if toolchain_home:
         ds_env.append(("CUDA_HOME", toolchain_home))
+        no_audit = toolchain.audit_missing(stack.cuda_toolkit)
+        if no_audit:  # said in the build log and the manifest, not skipped in silence
+            ds_env.append(("ENVBUILD_SASS_AUDIT", f"skipped: {no_audit}"))
     if not lock:  # with a lock they are in the venv already, at the locked versions
         ds_env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(facts.ds_build_requires)))
-    if not request.keep_toolchain and ds_build_only:
-        ds_env.append(("ENVBUILD_DS_BUILD_ONLY", " ".join(ds_build_only)))
-    ds_env += [("ENVBUILD_CONSTRAINTS", paths.CONSTRAINTS), ("ENVBUILD_GUARD_PACKAGES", GUARD_PACKAGES)]
     ds_part = f"{paths.SETUP_DIR}/{LOCK_PARTS['deepspeed']}"
     steps.append(Step("deepspeed", (ds_part if lock else f"deepspeed=={stack.deepspeed}", *resolution.ops),
                       env=tuple(ds_env),
-                      files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py", "pip_check.py")
+                      files=_step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py", "sass_audit.py")
                       + ((FileCopy(f"envbuild/{LOCK_PARTS['deepspeed']}", ds_part),) if lock else ()),
                       secrets=PIP_SECRETS,
                       comment="DeepSpeed with its ops pre-built for the target arches; the build "
                               "fails unless DeepSpeed recorded every op for cuda"))
+    extension_spec = _extension_spec(resolution, toolchain_home) if resolution.extensions else None
+    if extension_spec:  # after DeepSpeed: an image without extensions shares every layer before
+        steps.append(Step("extensions", (f"{paths.SETUP_DIR}/{EXTENSION_SPEC}",),
+                          files=_step_files("extensions.sh", "nvcc-arch.sh", "extensions.py", "sass_audit.py")
+                          + (FileCopy(f"envbuild/{EXTENSION_SPEC}", f"{paths.SETUP_DIR}/{EXTENSION_SPEC}"),),
+                          secrets=PIP_SECRETS, caches=((EXTENSION_CACHE_ID, paths.EXTENSION_CACHE),),
+                          comment=f"CUDA extensions {', '.join(e.name for e in resolution.extensions)} compiled "
+                                  f"from their sdists for {resolution.arch_list} only, cached by what determines "
+                                  f"the wheel; the build fails unless each imports and carries SASS for it"))
+    finish_env = [("ENVBUILD_CONSTRAINTS", paths.CONSTRAINTS),
+                  ("ENVBUILD_GUARD_PACKAGES", guard_packages(resolution.extensions))]
+    if not request.keep_toolchain and ds_build_only:
+        finish_env.append(("ENVBUILD_DS_BUILD_ONLY", " ".join(ds_build_only)))
+    steps.append(Step("finish", (), env=tuple(finish_env), files=_step_files("finish.sh", "pip_check.py"),
+                      comment="the guard pins what was compiled against; the build-only packages leave; pip check"))
     steps.append(Step("layers", (paths.VENV, LAYERS_DIR, *cuda_layer_args()), files=_step_files("layers.sh"),
                       comment="the CUDA wheels' libraries out of the venv into layers of their own "
                               "(parallel pulls; shared by stacks with the same CUDA wheels)"))
@@ -492,7 +528,7 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
 
     # The runtime stage, derived from the builder: --keep-toolchain is this one branch.
     if request.keep_toolchain:
-        kept = (LAYERS_DIR, paths.VENV, paths.SETUP_DIR, paths.CONSTRAINTS)
+        kept = (LAYERS_DIR, paths.VENV, paths.SETUP_DIR, paths.CONSTRAINTS, *((paths.BUILT,) if extension_spec else ()))
         if installs_toolchain:
             kept += (toolchain.install.prefix,)
         again = replace(os_step, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
@@ -506,7 +542,8 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
         built = fabric.build if fabric else None
         runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os, *_fabric_steps(resolution)),
                         from_builder=(*(f"{LAYERS_DIR}/{layer}" for layer in CUDA_LAYERS), paths.VENV,
-                                      paths.CONSTRAINTS, *((built.prefix, built.plugin_prefix) if built else ())),
+                                      paths.CONSTRAINTS, *((built.prefix, built.plugin_prefix) if built else ()),
+                                      *((paths.BUILT,) if extension_spec else ())),
                         binds_context=(FileCopy(STEPS_SOURCE, paths.SETUP_DIR),), platform=platform,
                         after_copy=(_fabric_install_step(fabric),) if built else ())
 
@@ -518,6 +555,8 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
                        + tuple(FileCopy(f"envbuild/{f.vendored}", f.path) for f in (fabric.files if fabric else ())))
     package = Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),))
     generated = _lock_files(lock)
+    if extension_spec:
+        generated[f"envbuild/{EXTENSION_SPEC}"] = json.dumps(extension_spec, indent=2, sort_keys=True) + "\n"
     if fabric and fabric.build and fabric.build.headers:
         generated[f"envbuild/{FABRIC_HEADERS}"] = "".join(f"{line}\n" for line in fabric.build.headers)
     plan = BuildPlan(
@@ -533,6 +572,34 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
     )
     object.__setattr__(plan, "manifest", _manifest(plan, resolution))
     return plan
+
+
+def _extension_spec(resolution: Resolution, cuda_home: Optional[str]) -> dict:
+    """What extensions.py builds, and the cache key of each wheel: everything that determines the
+    compiled file (the sdist by hash, torch's exact build, nvcc, Python, CPU architecture, the
+    arch list, the build variables, the recipe), so a second GPU with the same arch list, a
+    rebuild or another stack with the same torch build reuses it, and any change rebuilds it."""
+    stack, lock = resolution.stack, resolution.lock
+    torch_build = (hashlib.sha256(next(p.block for p in lock.sections["venv"] if p.key == "torch").encode()).hexdigest()
+                   if lock else f"torch=={stack.torch}+cu{stack.cuda} from {resolution.torch_index or 'PyPI'}")
+    arches = [a for a in resolution.arch_list.split(";") if a]
+    out = []
+    for ext in resolution.extensions:
+        arch_value = ";".join(a.replace(".", "").replace("+PTX", "") for a in arches) if ext.arch_env else ""
+        build_env = {**ext.build_env, **({ext.arch_env: arch_value} if ext.arch_env else {})}
+        determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
+                      "sdist_sha256": ext.sdist.sha256, "torch": torch_build, "cuda": stack.cuda,
+                      "nvcc": stack.cuda_toolkit or resolution.base_images["builder"], "python": stack.python, "cpu_arch": resolution.arch,
+                      "arch_list": resolution.arch_list, "build_env": build_env}
+        key = hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]
+        out.append({"name": ext.name, "version": ext.version, "sdist": ext.sdist.model_dump(),
+                    "packages": ext.packages, "modules": ext.modules, "requires": ext.requires,
+                    "build_only": ext.build_only, "build_requires": ext.build_requires, "build_env": build_env,
+                    "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads,
+                    "cache_key": key, "determines": determines})
+    return {"arch_list": resolution.arch_list, "cuda_home": cuda_home or "", "cache": paths.EXTENSION_CACHE,
+            "record": paths.EXTENSIONS_RECORD, "lock": paths.EXTENSIONS_LOCK, "locked": lock is not None,
+            "extensions": out}
 
 
 def _image_facts(resolution: Resolution) -> ImageFacts:
@@ -706,7 +773,8 @@ def _labels(resolution: Resolution) -> list[tuple[str, str]]:
         ("org.opencontainers.image.title", f"envbuild {resolution.tag}"),
         ("org.opencontainers.image.description",
          f"torch {stack.torch} (CUDA {stack.cuda}, Python {stack.python}) + DeepSpeed {stack.deepspeed} with pre-built "
-         f"ops for {resolution.gpu.name} ({resolution.gpu.sm})"),
+         f"ops for {resolution.gpu.name} ({resolution.gpu.sm})"
+         + "".join(f" + {e.name} {e.version}" for e in resolution.extensions)),
         ("org.opencontainers.image.version", resolution.tag),
         ("org.opencontainers.image.base.name", resolution.base_images["runtime"]),
         ("io.envbuild.version", __version__),
@@ -723,6 +791,8 @@ def _labels(resolution: Resolution) -> list[tuple[str, str]]:
         ("io.envbuild.min-driver", resolution.driver.min_driver),
         ("io.envbuild.lock", f"sha256:{resolution.lock.sha256}" if resolution.lock else "none"),
         ("io.envbuild.fabric", resolution.fabric.name if resolution.fabric else "none"),
+        *((("io.envbuild.extensions", ",".join(f"{e.name}=={e.version}" for e in resolution.extensions)),)
+          if resolution.extensions else ()),
     ]
 
 
@@ -771,6 +841,12 @@ def _manifest(plan: BuildPlan, resolution: Resolution) -> dict:
                    "forward_compat": resolution.facts.forward_compat, "source": resolution.driver.source},
         "base_images": dict(resolution.base_images),
         "fabric": _fabric_manifest(resolution),
+        "sass_audit": (None if plan.toolchain_home is None else
+                       resolution.facts.toolchain.audit_missing(stack.cuda_toolkit) or "cuobjdump"),
+        "extensions": [{"name": e.name, "version": e.version, "sdist_sha256": e.sdist.sha256,
+                        "packages": e.packages, "modules": e.modules, "arch_list": resolution.arch_list,
+                        "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
+                        "lock": paths.EXTENSIONS_LOCK} for e in resolution.extensions],
     }
 
 

@@ -28,7 +28,8 @@ from .lock import Lock, stack_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
 from .rules import DEFAULT_CPU_TARGET, PLATFORMS
 from .image import paths
-from .matrix import CpuTarget, DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Matrix, Op, Stack, Toolchain
+from .matrix import (CpuTarget, CudaExtension, DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Matrix, Op,
+                     Stack, Toolchain)
 
 OPS_IN_TAG = 40  # a longer op list is named by 8 hex digits of its hash: every readable tag fits the tag rule
 
@@ -53,12 +54,15 @@ class Request:
     qemu: bool = False  # an arm64 image built under qemu-user emulation: bind a stub CPU sysfs (plan.py)
     image_repo: str = "envbuild"
     fabric: Optional[str] = None  # None: fabrics.yaml's default (the verbs user space for InfiniBand/RoCE)
+    extensions: tuple[str, ...] = ()  # CUDA extensions to pre-build (extensions.yaml names)
 
     def describe(self) -> str:
         parts = [f"--gpu {self.gpu}"]
         for flag in ("stack", "python", "cuda", "torch", "deepspeed", "fabric"):
             if getattr(self, flag):
                 parts.append(f"--{flag} {getattr(self, flag)}")
+        if self.extensions:
+            parts.append(f"--ext {','.join(self.extensions)}")
         return " ".join(parts)
 
 
@@ -117,6 +121,7 @@ class Resolution:
     cpu_target: str = DEFAULT_CPU_TARGET  # what the host-compiled ops are built for (gpus.yaml cpu_targets)
     lock: Optional[Lock] = field(default=None, repr=False)  # matrices/locks: None = not hash-locked
     facts: Optional[BuildFacts] = field(default=None, repr=False)
+    extensions: tuple[CudaExtension, ...] = ()  # CUDA extensions compiled in the builder (extensions.yaml)
 
     @property
     def image_ref(self) -> str:
@@ -138,12 +143,14 @@ def _nodot(v: str) -> str:
 
 def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
                  cpu_target: str, keep_toolchain: bool, custom: tuple = (), no_compiler: bool = False,
-                 default_cpu_target: str = DEFAULT_CPU_TARGET, fabric_tag: str = "") -> str:
+                 default_cpu_target: str = DEFAULT_CPU_TARGET, fabric_tag: str = "",
+                 extensions: tuple[CudaExtension, ...] = ()) -> str:
     """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices;
     an op list that would not fit the tag rule is named by 8 hex digits of its hash."""
     head = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
     if fabric_tag:
         head += "-" + fabric_tag
+    head += "".join(f"-{e.tag}{e.version}" for e in extensions)
     tail = ""
     if cpu_target != default_cpu_target:
         tail += "-" + cpu_target.replace("x86-64", "x86_64")
@@ -193,6 +200,7 @@ def _check_request(m: Matrix, req: Request) -> None:
     """Fail early, with the nearest valid choices, on input no stack could ever match."""
     validate.check_request(m, req, paths.RUNTIME_PATH)  # every version flag parses, or it said why
     rules.check_request(m, req)
+    rules.check_extensions(m, m.gpu(req.gpu), req.extensions)
 
 
 def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
@@ -210,8 +218,19 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
         elif arch is not None:
             why = rules.default_cpu_target_rejection(m, s, gpu, arch)
             rej += [why] if why else []
+        for name in req.extensions:
+            rej += rules.extension_rejections(m, s, m.extension(name), arch, _locked_names(m, s, arch))
         out.append(Candidate(s, rej))
     return out
+
+
+def _locked_names(m: Matrix, s: Stack, arch: Optional[str]) -> Optional[set[str]]:
+    """The canonical names a stack's lock holds (None: no lock, or one that would not load)."""
+    try:
+        lock = stack_lock(m, s, arch or "x86_64")
+    except EnvbuildError:
+        return None
+    return set(lock.pins()) if lock else None
 
 
 def _no_stack_error(m: Matrix, req: Request, gpu: GpuProfile, cands: list[Candidate]) -> EnvbuildError:
@@ -222,11 +241,16 @@ def _no_stack_error(m: Matrix, req: Request, gpu: GpuProfile, cands: list[Candid
         for r in c.rejections:
             if r.message not in reasons:
                 reasons.append(r.message)
-    for_gpu = [c.stack for c in candidates(m, Request(gpu=req.gpu), gpu) if not c.rejections]
+    for_gpu = [c.stack for c in candidates(m, Request(gpu=req.gpu, extensions=req.extensions), gpu) if not c.rejections]
     for_gpu.sort(key=lambda s: _distance(s, req))
     choices = ", ".join(f"--torch {s.torch} --cuda {s.cuda} --python {s.python} (stack {s.id})"
                         for s in for_gpu[:3])
     why = "; ".join(reasons[:3]) if reasons else "no stack in the matrix matches those versions"
+    if req.extensions and not for_gpu:
+        return EnvbuildError(
+            f"no stack fits {req.describe()}: {why}. No stack in the matrix can pre-build --ext "
+            f"{','.join(req.extensions)} for {gpu.name}; drop --ext (`envbuild render {req.describe()} --explain` "
+            f"shows every candidate).")
     fabric = m.fabric(req.fabric)
     if fabric.requires and fabric.requires.gpus and gpu.name not in fabric.requires.gpus:
         fits = [f.name for f in m.fabrics if not (f.requires and f.requires.gpus and gpu.name not in f.requires.gpus)]
@@ -273,6 +297,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     default_target = m.cpu_target_for(arch, gpu, m.bases.families[s.os])
     cpu_target = req.cpu_target or default_target
     ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops, arch)
+    extensions = tuple(m.extension(name) for name in req.extensions)
     default_ops, _ = rules.select_ops(m, s, arch_list, rules.DEFAULT_OPS, arch)
     # The matrix's own bases, pinned to the digests the publishing CI recorded (if any).
     published = m.base_digests
@@ -289,15 +314,15 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
         nccl=rel.nccl if s.cuda == rel.default_cuda else None,
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
-        nvcc_reason=rules.nvcc_required(m, s, ops, fabric),
+        nvcc_reason=rules.nvcc_required(m, s, ops, fabric, req.extensions),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),
         driver=m.driver_floor(s.cuda),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
-                         req.no_compiler, default_target, fabric.tag),
-        fabric=fabric, arch=arch, cpu_target=cpu_target,
+                         req.no_compiler, default_target, fabric.tag, extensions),
+        extensions=extensions, fabric=fabric, arch=arch, cpu_target=cpu_target,
         lock=stack_lock(m, s, arch),
         facts=BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
                          ops={o: m.ops[o] for o in ops},

@@ -20,6 +20,11 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``fabric-arch``     the fabric exists for the image's CPU architecture
 - ``fabric-nccl``     the fabric's NCCL plugin (or host NCCL) works with the NCCL torch bundles
 - ``fabric-gpu``      a cloud's fabric profile is for its VM sizes' GPUs only (azure-ndv5: H100)
+- ``ext-gpu``         a CUDA extension's kernels support the GPU's compute capability (flash-attn 2: sm_80+)
+- ``ext-stack``       a CUDA extension's source builds against the stack's torch, CUDA and Python
+- ``ext-arch``        a CUDA extension has been built for the image's CPU architecture
+- ``ext-deps``        a CUDA extension's runtime requirements are in the stack's lock (nothing unlocked sneaks in)
+- ``ext-audit``       the stack's toolchain has NVIDIA's cuobjdump, so the extension's SASS can be audited
 - ``request``         the stack matches the versions the user asked for
 
 Rules that refuse the request itself, before or after a stack is chosen (an error naming the
@@ -289,13 +294,63 @@ def select_ops(m, s, arch_list: str, choice: str,
     return sorted(chosen), []
 
 
-def nvcc_required(m, s, ops: list[str], fabric=None) -> Optional[str]:
+# ---------------------------------------------------------------- CUDA extensions (extensions.yaml)
+
+
+def extension_gpu_rejection(ext, gpu) -> Optional[Rejection]:
+    """Rule ext-gpu: the extension's kernels exist for the GPU's compute capability."""
+    if _cc(gpu.cc) < _cc(ext.min_cc):
+        return Rejection("ext-gpu", f"{ext.name} {ext.version} needs compute capability >= {ext.min_cc} and "
+                                    f"{gpu.name} is {gpu.sm} ({ext.sources.get('min_cc', ext.sources.get('setup.py', ''))})")
+    if ext.max_cc and _cc(gpu.cc) > _cc(ext.max_cc):
+        return Rejection("ext-gpu", f"{ext.name} {ext.version} supports compute capability up to {ext.max_cc} and "
+                                    f"{gpu.name} is {gpu.sm} ({ext.sources.get('max_cc', '')})")
+    return None
+
+
+def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[set[str]]) -> list[Rejection]:
+    """Rules ext-stack, ext-arch and ext-deps for one stack; `locked` holds the canonical names
+    of the stack's lock (None: the stack is not hash-locked, and the build installs them)."""
+    out = []
+    for what, spec, have in (("torch", ext.torch, s.torch), ("CUDA", ext.cuda, s.cuda), ("Python", ext.python, s.python)):
+        if not contains(spec, have):
+            out.append(Rejection("ext-stack", f"{ext.name} {ext.version} builds with {what} {spec}, the stack has "
+                                              f"{have} ({ext.sources.get(what.lower(), ext.sources.get('setup.py', ''))})"))
+    if cpu_arch is not None and cpu_arch not in ext.cpu_arch:
+        out.append(Rejection("ext-arch", f"{ext.name} has been built for {', '.join(ext.cpu_arch)} only, the image is "
+                                         f"{cpu_arch}"))
+    no_audit = m.bases.toolchains[s.toolchain].audit_missing(s.cuda_toolkit)
+    if no_audit:
+        out.append(Rejection("ext-audit", f"{ext.name} must pass the SASS audit and {no_audit}"))
+    if locked is not None:
+        missing = [n for n in (*ext.requires, *ext.build_requires) if re.sub(r"[-_.]+", "-", n).lower() not in locked]
+        if missing:
+            out.append(Rejection("ext-deps", f"{ext.name} needs {', '.join(missing)}, which stack {s.id}'s lock does "
+                                             f"not hold (the image installs nothing unlocked)"))
+    return out
+
+
+def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
+    """Rule ext-gpu for the request as a whole: an extension the GPU cannot run is refused before
+    any stack is looked at, naming the GPUs that fit."""
+    for name in names:
+        ext = m.extension(name)
+        why = extension_gpu_rejection(ext, gpu)
+        if why:
+            fits = [g.name for g in m.gpus if not extension_gpu_rejection(ext, g)]
+            raise EnvbuildError(f"--ext {ext.name}: {why.message} (rule {why.rule}). GPUs it fits: "
+                                f"{', '.join(fits) or 'none'}; drop --ext {ext.name} for {gpu.name}.")
+
+
+def nvcc_required(m, s, ops: list[str], fabric=None, extensions=()) -> Optional[str]:
     """Why the builder needs the CUDA toolchain (None: it does not). DeepSpeed < 0.19.8 runs
     `nvcc -V` in setup.py under DS_ACCELERATOR=cuda even for CPU-only ops; a fabric built from
     source (aws-efa) compiles libfabric and its NCCL plugin against CUDA's headers."""
     cuda_ops = [o for o in ops if m.ops[o].kind == "cuda"]
-    if cuda_ops:
-        return f"CUDA ops {', '.join(cuda_ops)} are compiled with nvcc"
+    compiled = ([f"CUDA ops {', '.join(cuda_ops)}"] if cuda_ops else []) + \
+        ([f"CUDA extensions {', '.join(extensions)}"] if extensions else [])
+    if compiled:
+        return f"{' and '.join(compiled)} are compiled with nvcc"
     if not m.ds_release(s.deepspeed).nvcc_free_install:
         return f"DeepSpeed {s.deepspeed} runs `nvcc -V` at install time with DS_ACCELERATOR=cuda"
     if fabric is not None and fabric.build is not None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from . import rules
 from .errors import EnvbuildError
+from .lock import stack_lock
 from .matrix import Matrix
 
 STACK_HEADERS = ("stack", "python", "cuda", "torch", "torchvision", "deepspeed", "os", "nvcc from",
@@ -170,6 +172,32 @@ def fabric_env_rows(m: Matrix) -> list[tuple[str, ...]]:
 
 def fabric_json(m: Matrix) -> list[dict]:
     return [{**f.model_dump(exclude_none=True), "default": f.name == m.fabrics_file.default} for f in m.fabrics]
+
+
+def extension_fits(m: Matrix, ext) -> tuple[list[str], list[str], dict[str, str]]:
+    """(GPUs whose compute capability it supports, x86_64 stacks it builds on, why each other
+    stack cannot): the ext-* rules, for `envbuild extensions` and the docs."""
+    gpus = [g.name for g in m.gpus if not rules.extension_gpu_rejection(ext, g)]
+    stacks, refused = [], {}
+    for s in m.stacks:
+        try:
+            lock = stack_lock(m, s, "x86_64")
+        except EnvbuildError:
+            lock = None
+        why = rules.extension_rejections(m, s, ext, "x86_64", set(lock.pins()) if lock else None)
+        if why:
+            refused[s.id] = "; ".join(f"[{r.rule}] {r.message}" for r in why)
+        else:
+            stacks.append(s.id)
+    return gpus, stacks, refused
+
+
+def extension_json(m: Matrix) -> list[dict]:
+    out = []
+    for ext in m.extensions.values():
+        gpus, stacks, refused = extension_fits(m, ext)
+        out.append({**ext.model_dump(exclude_none=True), "gpus": gpus, "stacks": stacks, "refused": refused})
+    return out
 
 
 def markdown(headers, rows) -> str:

@@ -249,6 +249,24 @@ def check_ds_ops(m, choice: Optional[str]) -> None:
                 f"{', '.join(presets)}; ops: {', '.join(m.ops)}.")
 
 
+def parse_extensions(m, text: Optional[str]) -> tuple[str, ...]:
+    """--ext a,b: each a known CUDA extension (any spelling pip accepts), canonical, sorted, once.
+
+    >>> from envbuild.matrix import load_matrix
+    >>> parse_extensions(load_matrix(), "Causal_Conv1d,flash-attn,causal-conv1d")
+    ('causal-conv1d', 'flash-attn')
+    """
+    if text is None:
+        return ()
+    names = [n.strip() for n in text.split(",")]
+    if not text.strip() or "" in names:
+        fixed = ",".join(n for n in names if n)
+        raise EnvbuildError(f"--ext '{text}' has an empty item; give CUDA extensions as a comma list"
+                            + (f"; nearest valid choice: --ext {fixed}." if fixed else
+                               f" such as --ext {next(iter(m.extensions), 'flash-attn')}."))
+    return tuple(sorted({m.extension(n).name for n in names}))
+
+
 def check_request(m, req, runtime_path: str) -> None:
     """Every check that needs only the request and the matrix (run before resolving)."""
     if req.keep_toolchain and req.no_compiler:

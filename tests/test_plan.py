@@ -51,6 +51,12 @@ from envbuild.plan import Copy, Environment, FileCopy, Label, stack_plan  # noqa
 from envbuild.resolve import EnvVar  # noqa: E402
 
 DS_REQUIRES = "'einops hjson msgpack ninja numpy packaging>=20.0 pip psutil py-cpuinfo pydantic>=2.0.0 setuptools tqdm'"
+# CUDA 13.0.2's PyPI toolchain has no cuobjdump (bases.yaml audit_since): the ops' SASS audit is
+# skipped, and the step says so in the build log.
+NO_AUDIT = ("the PyPI toolchain has no cuobjdump before CUDA 13.2 (nvidia-cuda-cuobjdump, the wheel "
+            "cuda-toolkit[cuobjdump] installs, has releases from 13.2.51 on "
+            "(https://pypi.org/simple/nvidia-cuda-cuobjdump/); cuda-toolkit 13.0.2 has no cuobjdump extra), so the "
+            "SASS audit cannot run")
 STEPS = {
     "os": (
         "# python3.11 with headers and a host compiler for the DeepSpeed ops\n"
@@ -96,30 +102,40 @@ STEPS = {
         "# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed recorded "
         "every op for cuda\n"
         "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/verify_ops.py "
-        "envbuild/steps/pip_check.py /opt/envbuild-setup/\n"
+        "envbuild/steps/sass_audit.py /opt/envbuild-setup/\n"
         "COPY envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/\n"
         "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
         "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
         "    TORCH_CUDA_ARCH_LIST=9.0 \\\n    ENVBUILD_CPU_TARGET=x86-64-v3 \\\n"
         "    ENVBUILD_CPU_FLAG=-march=x86-64-v3 \\\n    ENVBUILD_CPU_SIMD=-D__AVX256__ \\\n"
         "    CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 \\\n"
-        "    ENVBUILD_DS_BUILD_ONLY=ninja \\\n"
-        "    ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt \\\n"
-        "    ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' \\\n"
+        f"    ENVBUILD_SASS_AUDIT='skipped: {NO_AUDIT}' \\\n"
         "    bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam",
         {"files": ["envbuild/steps/deepspeed.sh /opt/envbuild-setup/deepspeed.sh",
                    "envbuild/steps/cc-wrapper.sh /opt/envbuild-setup/cc-wrapper.sh",
                    "envbuild/steps/verify_ops.py /opt/envbuild-setup/verify_ops.py",
-                   "envbuild/steps/pip_check.py /opt/envbuild-setup/pip_check.py",
+                   "envbuild/steps/sass_audit.py /opt/envbuild-setup/sass_audit.py",
                    "envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/deepspeed.txt"],
          "post": ["# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed "
                   "recorded every op for cuda",
                   "DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 "
                   "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 ENVBUILD_CPU_FLAG=-march=x86-64-v3 "
                   "ENVBUILD_CPU_SIMD=-D__AVX256__ CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
-                  "ENVBUILD_DS_BUILD_ONLY=ninja ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
-                  "ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' "
+                  f"ENVBUILD_SASS_AUDIT='skipped: {NO_AUDIT}' "
                   "bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam"]}),
+    "finish": (
+        "# the guard pins what was compiled against; the build-only packages leave; pip check\n"
+        "COPY envbuild/steps/finish.sh envbuild/steps/pip_check.py /opt/envbuild-setup/\n"
+        "RUN ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt \\\n"
+        "    ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' \\\n"
+        "    ENVBUILD_DS_BUILD_ONLY=ninja \\\n"
+        "    bash /opt/envbuild-setup/finish.sh",
+        {"files": ["envbuild/steps/finish.sh /opt/envbuild-setup/finish.sh",
+                   "envbuild/steps/pip_check.py /opt/envbuild-setup/pip_check.py"],
+         "post": ["# the guard pins what was compiled against; the build-only packages leave; pip check",
+                  "ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
+                  "ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' "
+                  "ENVBUILD_DS_BUILD_ONLY=ninja bash /opt/envbuild-setup/finish.sh"]}),
     "layers": (
         "# the CUDA wheels' libraries out of the venv into layers of their own (parallel pulls; shared by stacks "
         "with the same CUDA wheels)\n"

@@ -32,30 +32,59 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     is built: a conflict is exit 2 with the stacks where they would fit. The layer installs
     from the resulting lock with hash checking, then runs pip check and imports each package."""
     from ..build import build_image
-    from ..digests import pin
-    from ..extend import resolve_extension
-    from ..output import write_build_dir
-    from ..plan import extension_plan
-    from ..render import render
+    from ..extend import resolve_extension, with_cuda_extensions
     from ..resolve import resolve
 
     requirements, source, name, from_image = _packages(requirements_file, project_file, name, from_image, kw)
     _check_inputs(as_of, output, kw)
     m, req = request_from(kw)
+    req, requirements = with_cuda_extensions(m, req, requirements, source)  # flash-attn: built in the stack image
     secrets = secrets_from(kw)
     r = resolve(m, req)
+    if not requirements:  # only CUDA extensions: the stack image with --ext is the whole answer
+        return _stack_image_only(r, source, output, do_build, secrets)
     extension = resolve_extension(m, r, requirements, source, name=name,
                                   exclude_newer=f"{as_of}T00:00:00Z" if as_of else None)
-    base, digest = pin(from_image or r.image_ref)
-    plan = extension_plan(r, extension, base)
-    path = write_build_dir(render(plan), Path(output) if output else Path("build") / plan.tag)
-    _print_extension(r, extension, base, digest, plan.tag, path)
+    plan, path = _write_extension(r, extension, from_image, output)
     ref = f"{r.request.image_repo}:{plan.tag}"
     if do_build:
         print_built(build_image(path, plan.tag, r.request.image_repo, secrets))
         print_next([f"envbuild smoke {ref}", f"envbuild push {ref}"])
     else:
         print_next([f"docker build --network host -t {ref} {path}   # or: envbuild extend ... --build"])
+
+
+def _write_extension(r, extension, from_image, output):
+    """The extension layer's build directory, FROM the stack image by digest where known."""
+    from ..digests import pin
+    from ..output import write_build_dir
+    from ..plan import extension_plan
+    from ..render import render
+
+    base, digest = pin(from_image or r.image_ref)
+    plan = extension_plan(r, extension, base)
+    path = write_build_dir(render(plan), Path(output) if output else Path("build") / plan.tag)
+    _print_extension(r, extension, base, digest, plan.tag, path)
+    return plan, path
+
+
+def _stack_image_only(r, source, output, do_build, secrets) -> None:
+    from ..build import build_image
+    from ..output import write_build_dir
+    from ..plan import stack_plan
+    from ..render import render
+
+    plan = stack_plan(r)
+    compiled = [e.name for e in r.extensions]
+    path = write_build_dir(render(plan), Path(output) if output else Path("build") / plan.tag)
+    out.print(f"{escape(source)} names only CUDA extensions ({', '.join(compiled)}): they are compiled into the stack "
+              f"image (as `envbuild build --ext {','.join(compiled)}`), so there is no layer to add.", soft_wrap=True)
+    for key, value in (("stack", r.stack.id), ("tag", r.tag), ("output", str(path))):
+        out.print(f"[bold]{key:<12}[/bold] {escape(value)}", soft_wrap=True)
+    if do_build:
+        print_built(build_image(path, plan.tag, r.request.image_repo, secrets))
+    else:
+        print_next([f"envbuild build {r.request.describe()} -o {path}"])
 
 
 def _packages(requirements_file, project_file, name, from_image, kw):
@@ -90,6 +119,8 @@ def _print_extension(r, extension, base, digest, tag, path) -> None:
     rows = [("stack", f"{r.stack.id} ({r.tag})"),
             ("from", base + ("" if digest else "  (no digest known here: pinned by tag)")),
             ("adds", f"{len(extension.lock.sections['venv'])} packages for {', '.join(extension.requirements)}"),
+            *((("compiled", f"{', '.join(e.name for e in r.extensions)} in the stack image (build it first: "
+                            f"envbuild build {r.request.describe()})"),) if r.extensions else ()),
             ("lock", f"{Path(path, 'envbuild/extend-lock.txt')} (as of {extension.exclude_newer[:10]})"),
             ("tag", tag), ("output", str(path))]
     for key, value in rows:

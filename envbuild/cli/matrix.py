@@ -104,6 +104,38 @@ def fabrics(as_json, matrix_dir):
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with every fact's source.")
+@matrix_dir_option
+def extensions(as_json, matrix_dir):
+    """List the CUDA extensions `--ext` pre-builds: the GPUs and stacks each fits, and why not the others."""
+    from ..matrix import load_matrix
+    from ..tables import extension_json
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    data = extension_json(m)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    if not data:
+        out.print(f"no CUDA extensions: {m.directory} has no extensions.yaml")
+    for e in data:
+        out.print(f"\n[bold]{escape(e['name'])} {escape(e['version'])}[/bold]  {escape(e['description'])}", soft_wrap=True)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column(overflow="fold")
+        fields = [("import", ", ".join(e["packages"] + e["modules"])),
+                  ("GPUs", f"compute capability >= {e['min_cc']}: {', '.join(e['gpus'])}"),
+                  ("stacks", ", ".join(e["stacks"]) or "none"),
+                  *((f"not {sid}", why) for sid, why in e["refused"].items()),
+                  ("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),
+                  ("build", f"{e['memory_per_job_gib']:g} GiB per compile job; {e['build_time']}"),
+                  *((f"source {k}", v) for k, v in e["sources"].items())]
+        for label, text in fields:
+            grid.add_row(f"  {label}", escape(text))
+        out.print(grid)
+
+
+@main.command()
 @click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Lock this stack (repeatable); default: every stack.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if a lock is missing or resolving again gives another file.")
 @click.option("--upgrade", is_flag=True, help="Resolve as of today instead of the lock's own date (newer packages).")

@@ -33,6 +33,9 @@ def request_options(f=None, gpu_required=True):
         click.option("--ds-ops", default=None,
                      help="Ops to pre-build: training (the default), all, none, or a comma list "
                           "(cpu_adam,fused_adam)."),
+        click.option("--ext", "ext", default=None, metavar="NAME[,NAME]",
+                     help="CUDA extensions to pre-build from source for the GPU's arches, verified like the ops: "
+                          "flash-attn, causal-conv1d (`envbuild extensions` lists them and what each fits)."),
         click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
         click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
         click.option("--cpu-target", default=None,
@@ -79,6 +82,7 @@ def request_from(kw):
     from ..resolve import Request, parse_env_pairs
 
     from ..running import image_repo
+    from ..validate import parse_extensions
 
     m = load_matrix(Path(kw["matrix_dir"]) if kw.get("matrix_dir") else None)
     repo = image_repo(kw.get("image_repo"), kw.get("registry"), m.directory)
@@ -87,7 +91,8 @@ def request_from(kw):
                   base_image=kw["base_image"], builder_image=kw["builder_image"],
                   env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
                   keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo,
-                  qemu=kw.get("qemu", False), fabric=kw.get("fabric"))
+                  qemu=kw.get("qemu", False), fabric=kw.get("fabric"),
+                  extensions=parse_extensions(m, kw.get("ext")))
     return m, req
 
 

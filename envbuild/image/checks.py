@@ -9,6 +9,7 @@ failed check, and this module imports with the standard library alone.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -127,6 +128,8 @@ def run_ops_child(manifest: dict, args, work: str) -> dict:
     env = dict(os.environ, DS_ACCELERATOR=args.accelerator, TORCH_EXTENSIONS_DIR=ext)
     try:
         cmd = sandbox.self_command("--child", "ops", "--result", result_path, "--ops", ",".join(ops))
+        if manifest.get("extensions"):
+            cmd += ["--extensions", json.dumps(manifest["extensions"])]
         if getattr(args, "gpu_numerics", False):
             cmd.append("--gpu-numerics")
         state, rc = sandbox.run_child(cmd, env, args.timeout, log_path)
@@ -168,6 +171,54 @@ def check_fused_adam(res: dict) -> tuple[bool, str, float]:
     return check_cpu_adam(res, "fused_adam", "FusedAdam")
 
 
+# Tolerances of the extensions' GPU checks against plain torch (fp16 attention: flash-attn's own
+# tests compare with a reference at about this size; fp32 causal conv1d with fast math).
+EXTENSION_TOLERANCE = {"attention": 2e-2, "causal-conv1d": 1e-3}
+
+
+def check_extensions(manifest: dict, res: dict, record_path: str | None = None) -> tuple[bool, str]:
+    """Each pre-built CUDA extension imports in the no-JIT child at the version the image was
+    built with (an `undefined symbol` here means torch was swapped under it: the guard was
+    bypassed), the build recorded its wheel's sha256 and SASS audit, and on a GPU one forward
+    (and backward) matches plain torch within tolerance."""
+    wanted = manifest.get("extensions") or []
+    done = res.get("extensions") or {}
+    record = {}
+    with contextlib.suppress(OSError, ValueError):
+        with open(record_path or paths.EXTENSIONS_RECORD) as f:
+            record = {r["name"]: r for r in json.load(f)}
+    ok, parts = True, []
+    for ext in wanted:
+        name = ext["name"]
+        got = done.get(name)
+        if got is None:
+            ok = False
+            parts.append(f"{name}: not checked (child {res.get('state')}, rc={res.get('rc')}: {res.get('log', '')[-200:]})")
+            continue
+        if not got["ok"]:
+            ok = False
+            hint = (" -- compiled against another torch than the one loaded: torch was replaced under it "
+                    "(the guard PIP_CONSTRAINT bypassed?); put back the image's torch or rebuild with --ext"
+                    if "undefined symbol" in got["detail"] else "")
+            parts.append(f"{name}: FAILED {got['detail']}{hint}")
+            continue
+        built = record.get(name)
+        if not built or built.get("version") != ext["version"]:
+            ok = False
+            parts.append(f"{name}: no build record in {record_path or paths.EXTENSIONS_RECORD}")
+            continue
+        part = f"{name} {ext['version']} imports (wheel sha256 {built['sha256'][:12]}, SASS {ext['arch_list']})"
+        gpu = got.get("gpu")
+        if gpu is not None:
+            tol = EXTENSION_TOLERANCE[ext["gpu_check"]]
+            good = gpu["ok"] and gpu["max_abs_diff"] <= tol
+            ok &= good
+            part += (f"; GPU max|diff| vs torch {gpu['max_abs_diff']:.2e} (tol {tol:g})" if gpu["ok"]
+                     else f"; GPU check FAILED {gpu['detail']}")
+        parts.append(part)
+    return ok, "; ".join(parts)
+
+
 # ----------------------------------------------------------------------------- image contents
 def check_compilers(manifest: dict, path: str | None = None) -> tuple[bool, str]:
     """ninja or nvcc in the image is what lets a silent DeepSpeed JIT compile start at all:
@@ -202,8 +253,11 @@ def check_guard(manifest: dict, environ=None) -> tuple[bool, str] | Skipped:
                     for line in handle if "==" in line}
     except OSError as error:
         return False, f"{path} cannot be read ({error.strerror}): nothing stops a pip install from replacing torch"
-    wrong = [f"{name}=={pins.get(name, '(missing)')} (want {manifest.get(name)})" for name in ("torch", "deepspeed")
-             if manifest.get(name) and pins.get(name, "").split("+")[0] != manifest[name]]
+    pins = {_canonical(name): version for name, version in pins.items()}
+    wanted = {name: manifest.get(name) for name in ("torch", "deepspeed")}
+    wanted.update({_canonical(e["name"]): e["version"] for e in manifest.get("extensions") or []})
+    wrong = [f"{name}=={pins.get(name, '(missing)')} (want {want})" for name, want in wanted.items()
+             if want and pins.get(name, "").split("+")[0] != want]
     unread = [var for var in ("PIP_CONSTRAINT", "UV_CONSTRAINT") if environ.get(var) != path]
     problems = wrong + [f"{var} is not {path}" for var in unread]
     if problems:

@@ -4,6 +4,7 @@ here that needs torch and DeepSpeed, imported inside each function."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 
@@ -114,7 +115,70 @@ def child_ops(args) -> int:
     if "fused_adam" in ops and args.gpu_numerics:
         out["fused_adam"] = _numerics(fused_adam_numerics)
         write_json(args.result, out)
+    out["extensions"] = {}
+    for ext in json.loads(getattr(args, "extensions", None) or "[]"):
+        entry = _import_extension(ext)
+        if entry["ok"] and args.gpu_numerics and ext.get("gpu_check") in GPU_CHECKS:
+            entry["gpu"] = _numerics(GPU_CHECKS[ext["gpu_check"]])
+        out["extensions"][ext["name"]] = entry
+        write_json(args.result, out)
     return 0
+
+
+def _import_extension(ext: dict) -> dict:
+    """Import a CUDA extension's packages and compiled modules (with JIT refused): a module built
+    for another torch fails here with `undefined symbol`; its installed version is the manifest's."""
+    import importlib
+    from importlib import metadata
+
+    start = time.monotonic()
+    try:
+        for module in [*ext["modules"], *ext["packages"]]:
+            importlib.import_module(module)
+        version = metadata.version(ext["name"])
+        ok = version == ext["version"]
+        detail = "" if ok else f"installed {ext['name']} {version}, the image was built with {ext['version']}"
+    except Exception as error:  # noqa: BLE001
+        ok, detail = False, f"{type(error).__name__}: {error}"
+    return {"ok": ok, "detail": detail, "seconds": time.monotonic() - start}
+
+
+def attention_numerics() -> dict:
+    """On a GPU, flash-attn's forward and backward (causal, fp16) against torch's
+    scaled_dot_product_attention: the pre-built kernels run on this device and compute attention."""
+    import torch
+    import torch.nn.functional as F
+    from flash_attn import flash_attn_func
+
+    torch.manual_seed(0)
+    shape = (2, 256, 4, 64)  # batch, sequence, heads, head dim (flash-attn's layout)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True).transpose(1, 2)
+    grad = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+    rq, rk, rv = torch.autograd.grad(ref, (q, k, v), grad)
+    torch.cuda.synchronize()
+    return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in ((out, ref), (dq, rq), (dk, rk), (dv, rv)))}
+
+
+def causal_conv1d_numerics() -> dict:
+    """On a GPU, causal_conv1d_fn (with SiLU) against the same causal convolution in plain torch."""
+    import torch
+    import torch.nn.functional as F
+    from causal_conv1d import causal_conv1d_fn
+
+    torch.manual_seed(0)
+    batch, dim, length, width = 2, 64, 128, 4
+    x = torch.randn(batch, dim, length, device="cuda")
+    weight, bias = torch.randn(dim, width, device="cuda"), torch.randn(dim, device="cuda")
+    out = causal_conv1d_fn(x, weight, bias, activation="silu")
+    ref = F.silu(F.conv1d(x, weight.unsqueeze(1), bias, padding=width - 1, groups=dim)[..., :length])
+    torch.cuda.synchronize()
+    return {"max_abs_diff": float((out - ref).abs().max())}
+
+
+GPU_CHECKS = {"attention": attention_numerics, "causal-conv1d": causal_conv1d_numerics}
 
 
 def _inductor_cpu_isa(torch) -> str:

@@ -50,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--ops", default="", help=argparse.SUPPRESS)
     parser.add_argument("--gpu-numerics", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--extensions", default="", help=argparse.SUPPRESS)  # the manifest's, as JSON
     parser.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
     return parser
 
@@ -89,6 +90,8 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
             results.append(run_check("cpu_adam", checks.check_cpu_adam, res))
         if "fused_adam" in ops and gpus:
             results.append(run_check("fused_adam", checks.check_fused_adam, res))
+        if manifest.get("extensions"):
+            results.append(run_check("extensions", checks.check_extensions, manifest, res))
         results.append(run_check("compilers", checks.check_compilers, manifest))
         results.append(run_check("guard", checks.check_guard, manifest))
         results.append(run_check("lock", checks.check_lock, manifest))

@@ -29,6 +29,14 @@ LOCK = HOME + "/lock.txt"
 # An extended image's own packages (envbuild extend), locked against LOCK.
 EXTEND_LOCK = HOME + "/extend-lock.txt"
 
+# What the builder learned while building, copied into the final image: the CUDA extensions'
+# wheels (name, version, sha256, cache key, SASS audit) and their hash-pinned lock lines.
+BUILT = HOME + "/built"
+EXTENSIONS_RECORD = BUILT + "/extensions.json"
+EXTENSIONS_LOCK = BUILT + "/extensions-lock.txt"
+# The builder's wheel cache for the CUDA extensions (a BuildKit cache mount: never in a layer).
+EXTENSION_CACHE = "/var/cache/envbuild-ext"
+
 # Environment variables the image reads.
 MANIFEST_ENV = "ENVBUILD_MANIFEST"
 MIN_DRIVER_ENV = "ENVBUILD_MIN_DRIVER"

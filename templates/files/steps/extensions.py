@@ -1,0 +1,218 @@
+"""Build, cache, install and verify the CUDA extensions of one image (extensions.sh runs this).
+
+SPEC (extensions.json, written by the build plan) names each extension with its sdist (URL and
+sha256), its import names and the cache key of its wheel: a hash of everything that determines
+the compiled file (the sdist, torch's exact build, nvcc, Python, CPU architecture, the arch
+list, the build variables). A wheel already in the cache under that key is reused; otherwise it
+is compiled here with `pip wheel --no-build-isolation` against the venv's torch, for the GPU's
+arches only, with MAX_JOBS from this builder's memory. The wheel is installed by hash, its
+build-only requirements dropped (ninja: nothing may JIT at run time), and the build fails
+unless every compiled module imports against this torch (no `undefined symbol`) and every
+shared library carries SASS for each arch (sass_audit.py, NVIDIA's cuobjdump). What was
+built, with the wheel's sha256, goes to the record and lock files the final image keeps.
+"""
+
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sass_audit  # noqa: E402  (beside this script in the setup directory)
+
+GIB = 1024 ** 3
+
+
+def log(msg: str) -> None:
+    print(f"envbuild: {msg}", file=sys.stderr, flush=True)
+
+
+def fail(msg: str) -> "NoReturn":  # noqa: F821
+    print(f"envbuild: CUDA extension build FAILED: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def memory_bytes() -> int:
+    """What this build may use: the smaller of the available memory and the cgroup's limit."""
+    avail = None
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    limit = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = int(text)
+            break
+    known = [v for v in (avail, limit) if v]
+    return min(known) if known else 8 * GIB
+
+
+def max_jobs(per_job_gib: float) -> int:
+    """Compile jobs that fit in memory (an OOM kill is the usual end of a flash-attn build) and
+    cores: at least one."""
+    by_memory = int(memory_bytes() // (per_job_gib * GIB))
+    return max(1, min(os.cpu_count() or 1, by_memory))
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pip(*args: str, env=None) -> None:
+    cmd = [sys.executable, "-m", "pip", *args]
+    if subprocess.run(cmd, env=env).returncode != 0:
+        fail(f"`pip {' '.join(args[:2])} ...` failed (its output is above)")
+
+
+def cached_wheel(entry: dict, cache: Path):
+    """The wheel built before under this key, if its recorded hash still matches."""
+    where = cache / entry["name"] / entry["cache_key"]
+    for wheel in sorted(where.glob("*.whl")):
+        stamp = wheel.with_suffix(".sha256")
+        if stamp.is_file() and stamp.read_text().strip() == sha256(wheel):
+            return wheel
+    return None
+
+
+def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path) -> tuple[Path, dict]:
+    """Compile the extension's sdist (pip downloads it from the index and checks its sha256 before
+    setup.py runs) into a wheel; (wheel, build facts)."""
+    sdist = entry["sdist"]
+    req = work / "sdist.txt"
+    req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{sdist['sha256']}\n")
+    jobs = max_jobs(entry["memory_per_job_gib"])
+    archs = " ".join(a.replace(".", "") for a in arch_list.split(";") if a)
+    env = dict(os.environ, MAX_JOBS=str(jobs), TORCH_CUDA_ARCH_LIST=arch_list, ENVBUILD_CUDA_ARCHS=archs,
+               **entry["build_env"])
+    if cuda_home:
+        env["CUDA_HOME"] = cuda_home
+    if entry.get("nvcc_threads"):
+        env["NVCC_THREADS"] = str(entry["nvcc_threads"])
+    log(f"{entry['name']} {entry['version']}: compiling for {arch_list} with MAX_JOBS={jobs} "
+        f"({memory_bytes() / GIB:.1f} GiB available, {entry['memory_per_job_gib']} GiB per job)")
+    out = work / "wheel"
+    start = time.monotonic()
+    pip("wheel", "--no-deps", "--no-build-isolation", "--no-binary", entry["name"], "--require-hashes",
+        "-r", str(req), "-w", str(out), env=env)
+    wheels = sorted(out.glob("*.whl"))
+    if len(wheels) != 1:
+        fail(f"{entry['name']}: pip wheel made {len(wheels)} wheels, expected one")
+    facts = {"seconds": round(time.monotonic() - start), "max_jobs": jobs,
+             "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}
+    return wheels[0], facts
+
+
+def store(wheel: Path, entry: dict, cache: Path) -> None:
+    """Into the cache atomically (a killed build leaves a temporary file a later build ignores)."""
+    where = cache / entry["name"] / entry["cache_key"]
+    where.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".envbuild-tmp-", dir=where))
+    try:
+        shutil.copy2(wheel, tmp / wheel.name)
+        (tmp / wheel.with_suffix(".sha256").name).write_text(sha256(wheel) + "\n")
+        os.replace(tmp / wheel.name, where / wheel.name)
+        os.replace(tmp / wheel.with_suffix(".sha256").name, where / wheel.with_suffix(".sha256").name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def install(wheel: Path, entry: dict, work: Path) -> str:
+    """pip install by hash, from the wheel's directory only; then its build-only requirements
+    (ninja) leave its metadata, as DeepSpeed's do, so `pip check` stays true without them."""
+    digest = sha256(wheel)
+    req = work / "install.txt"
+    req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{digest}\n")
+    pip("install", "--no-deps", "--require-hashes", "--no-index", "--find-links", str(wheel.parent), "-r", str(req))
+    dist = metadata.distribution(entry["name"])
+    meta = next(Path(f.locate()) for f in dist.files if f.name == "METADATA" and f.parent.name.endswith(".dist-info"))
+    for name in entry["build_only"]:
+        pattern = re.compile(rf"Requires-Dist: *{re.escape(name)}\b(?![-_.\w])", re.I)
+        meta.write_text("".join(line for line in meta.read_text().splitlines(keepends=True) if not pattern.match(line)))
+    return digest
+
+
+def check_imports(entry: dict) -> None:
+    """Each compiled module imports against the venv's torch, here, without a GPU: a module built
+    for another torch fails with `undefined symbol`, which this names."""
+    for module in [*entry["modules"], *entry["packages"]]:
+        code = f"import torch, importlib; importlib.import_module({module!r})"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+            found = re.search(r"undefined symbol: (\S+)", r.stderr)
+            if found:
+                fail(f"{entry['name']}: `import {module}` finds undefined symbol {found.group(1)}: it was compiled "
+                     f"against another torch than this venv's ({last})")
+            fail(f"{entry['name']}: `import {module}` failed: {last}")
+        log(f"{entry['name']}: import {module} OK")
+
+
+def shared_libraries(name: str) -> list[Path]:
+    dist = metadata.distribution(name)
+    return sorted(Path(f.locate()) for f in dist.files if f.name.endswith(".so") or ".so." in f.name)
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    cache = Path(spec["cache"])
+    cache.mkdir(parents=True, exist_ok=True)
+    records, lock_lines = [], []
+    if not spec["locked"]:  # a stack without a lock: what setup.py and the wheel need, unpinned
+        needed = sorted({n for e in spec["extensions"] for n in (*e["requires"], *e["build_requires"])})
+        if needed:
+            pip("install", *needed)
+    cuobjdump = sass_audit.find_cuobjdump(spec["cuda_home"])
+    for entry in spec["extensions"]:
+        work = Path(tempfile.mkdtemp(prefix=f"ext-{entry['name']}-", dir=os.environ.get("ENVBUILD_TMP")))
+        wheel = cached_wheel(entry, cache)
+        if wheel is not None:
+            log(f"{entry['name']} {entry['version']}: cached wheel {wheel.name} (key {entry['cache_key']}): not compiled again")
+            facts = {"cache": "hit"}
+        else:
+            built, facts = build_wheel(entry, spec["arch_list"], spec["cuda_home"], work)
+            store(built, entry, cache)
+            wheel = cached_wheel(entry, cache) or built
+            facts["cache"] = "miss"
+            log(f"{entry['name']} {entry['version']}: built {wheel.name} in {facts['seconds']} s "
+                f"(largest compile process {facts['peak_rss_mib']} MiB)")
+        digest = install(wheel, entry, work)
+        check_imports(entry)
+        libs = shared_libraries(entry["name"])
+        if not libs:
+            fail(f"{entry['name']}: the wheel has no compiled library: the build compiled nothing")
+        audit = sass_audit.audit(libs, spec["arch_list"], cuobjdump, require_device_code=True)
+        if audit["problems"]:
+            fail(f"{entry['name']}: " + "; ".join(audit["problems"]))
+        log(f"{entry['name']}: SASS for {spec['arch_list']} in every library ({audit['summary']})")
+        records.append({"name": entry["name"], "version": entry["version"], "wheel": wheel.name, "sha256": digest,
+                        "cache_key": entry["cache_key"], "arch_list": spec["arch_list"], "build": facts,
+                        "sass": audit["libraries"], "determines": entry["determines"]})
+        lock_lines.append(f"{entry['name']}=={entry['version']} --hash=sha256:{digest}\n")
+        shutil.rmtree(work, ignore_errors=True)
+    for path, text in ((spec["record"], json.dumps(records, indent=2, sort_keys=True) + "\n"),
+                       (spec["lock"], "# [extensions] built in the builder stage; each wheel's sha256\n"
+                                      + "".join(lock_lines))):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# extensions.sh SPEC: the CUDA extensions SPEC (extensions.json, written by the build plan)
+# names, each compiled from its hash-checked sdist against the venv's torch for the GPU's
+# arches only, cached by what determines the wheel, installed with hash checking and
+# verified (imports with no undefined symbol; SASS for every arch): extensions.py.
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+pip_env
+export ENVBUILD_TMP="$TMP"
+# cpp_extension runs this instead of nvcc (PYTORCH_NVCC): it keeps only the GPU's arches of the
+# -gencode flags an extension's setup.py hard-codes (causal-conv1d lists nine).
+export PYTORCH_NVCC="$STEPS_DIR/nvcc-arch.sh"
+"$(venv_dir)/bin/python" "$STEPS_DIR/extensions.py" "$1"

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_MATRIX = ROOT / "tests" / "fixtures" / "matrix"
-MATRIX_COMMANDS = {"render", "build", "matrix", "gpus", "extend"}  # the commands that resolve stacks
+MATRIX_COMMANDS = {"render", "build", "matrix", "gpus", "extend", "extensions"}  # the commands that resolve stacks
 sys.path.insert(0, str(ROOT))
 
 

@@ -20,6 +20,13 @@ BAD_INPUT = [
     (["--gpu", "h20", "--cpu-target", "native"], ["--cpu-target 'native'", "x86-64-v3"]),
     (["--gpu", "h20", "--env", "NOEQUALS"], ["--env 'NOEQUALS' must be NAME=VALUE"]),
     (["--gpu", "h20", "--ca-cert", "/nonexistent/ca.pem"], ["--ca-cert /nonexistent/ca.pem", "cannot read"]),
+    (["--gpu", "v100", "--ext", "flash-attn"], ["--ext flash-attn", "needs compute capability >= 8.0",
+                                               "v100 is sm_70", "rule ext-gpu", "GPUs it fits: a10, a100",
+                                               "drop --ext flash-attn for v100"]),
+    (["--gpu", "h100", "--ext", "flash-atn"], ["--ext 'flash-atn' is not a CUDA extension", "did you mean flash-attn"]),
+    (["--gpu", "h100", "--ext", "flash-attn,"], ["--ext 'flash-attn,' has an empty item", "--ext flash-attn."]),
+    (["--gpu", "h100", "--stack", "torch2.11-cu130-py3.11-pypi", "--ext", "causal-conv1d"],
+     ["no stack fits", "must pass the SASS audit", "no cuobjdump before CUDA 13.2", "stack torch2.11-cu130-py3.12"]),
 ]
 
 

@@ -1,8 +1,9 @@
 """Real builds on a real Docker engine and registry (scripts/host-setup.sh starts them).
 
-One h20 image of the PyPI-CUDA-13 stack (cpu_adam + fused_adam for sm_90) is built once
-per module, on the debootstrap base, with a throw-away CA and an index URL holding a
-credential passed as secrets. Everything below uses that image; only the h100 variant
+One h20 image of the PyPI-CUDA-13 stack (cpu_adam + fused_adam for sm_90, and the CUDA
+extension causal-conv1d compiled for sm_90: about 8 minutes on 2 cores the first time) is
+built once per module, on the debootstrap base, with a throw-away CA and an index URL
+holding a credential passed as secrets. Everything below uses that image; only the h100 variant
 and the broken build build again (the first from cache).
 """
 
@@ -25,24 +26,21 @@ import pytest
 
 import conftest
 from conftest import DOCKER, ROOT, run_cli
+from envbuild.ci import real_build_stack
+from envbuild.matrix import load_matrix
 
 pytestmark = pytest.mark.docker
 
 BASE = "local/debian:bookworm"
 
 
-def _ci_stack():
-    from envbuild.ci import real_build_stack
-    from envbuild.matrix import load_matrix
-
-    return real_build_stack(load_matrix())
-
-
-CI_STACK = _ci_stack()
+CI_MATRIX = load_matrix()
+CI_STACK = real_build_stack(CI_MATRIX)
 STACK = CI_STACK.id
 REPO = "envbuild-test"
 REGISTRY = "127.0.0.1:5000"
 OPS = "cpu_adam,fused_adam"
+EXT = "causal-conv1d"  # a small real CUDA extension, compiled for sm_90 only (about 8 minutes on 2 cores)
 
 
 docker = conftest.docker
@@ -101,7 +99,7 @@ def credential():
 
 def _build(work, state, gpu, extra=(), name=None, check=True):
     out = work / (name or gpu)
-    r = run_cli("build", "--gpu", gpu, "--stack", STACK, "--ds-ops", OPS, "--base-image", BASE,
+    r = run_cli("build", "--gpu", gpu, "--stack", STACK, "--ds-ops", OPS, "--ext", EXT, "--base-image", BASE,
                 "--image-repo", REPO, "-o", str(out), *extra, env=state, timeout=3600, production=True)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -126,13 +124,14 @@ def h20(engine, work, state, test_ca, credential):
 def test_build_tags_labels_and_env(h20):
     s = CI_STACK
     assert h20["image"] == (f"{REPO}:torch{s.torch}-cu{s.cuda.replace('.', '')}-py{s.python}-ds{s.deepspeed}"
-                            f"-h20-ops-cpu_adam.fused_adam")
+                            f"-h20-ccv1.7.0-ops-cpu_adam.fused_adam")
     assert h20["content_tag"], "no content tag"
     a = json.loads(docker("image", "inspect", h20["image"]).stdout)[0]
     b = json.loads(docker("image", "inspect", h20["content_tag"]).stdout)[0]
     assert a["Id"] == b["Id"]
     labels = a["Config"]["Labels"]
     assert labels["io.envbuild.gpu"] == "h20" and labels["io.envbuild.ds-ops"] == OPS
+    assert labels["io.envbuild.extensions"] == "causal-conv1d==1.7.0"
     assert labels["org.opencontainers.image.version"] == h20["image"].split(":", 1)[1]
     env = dict(e.split("=", 1) for e in a["Config"]["Env"])
     assert env["NCCL_P2P_DISABLE"] == "1" and env["DS_ACCELERATOR"] == "cuda"
@@ -154,7 +153,10 @@ def test_the_image_holds_exactly_its_lock_and_pip_check_passes(h20):
     found = json.loads(docker("run", "--rm", h20["image"], "python", "-c", probe, timeout=300).stdout)
     installed = {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in found.items()}
     lock = parse_lock(docker("run", "--rm", h20["image"], "cat", "/opt/envbuild/lock.txt").stdout)
-    assert installed == {name: v for name, v in lock.pins().items() if name not in lock.build_only}
+    built = docker("run", "--rm", h20["image"], "cat", "/opt/envbuild/built/extensions-lock.txt").stdout
+    assert re.search(r"^causal-conv1d==1\.7\.0 --hash=sha256:[0-9a-f]{64}$", built, re.M), built
+    assert installed == {**{name: v for name, v in lock.pins().items() if name not in lock.build_only},
+                         "causal-conv1d": "1.7.0"}
     assert "ninja" not in installed and "ninja" in lock.pins()
 
 
@@ -170,8 +172,8 @@ def test_smoke_passes_on_cpu(smoked, state):
     rep = json.loads(r.stdout)
     checks = {c["name"]: c for c in rep["checks"]}
     assert rep["ok"] and rep["mode"] == "cpu"
-    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock", "env", "fabric",
-                 "collectives"):
+    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "extensions", "compilers", "guard", "lock", "env",
+                 "fabric", "collectives"):
         assert checks[name]["ok"] and not checks[name].get("skipped"), checks[name]
     assert "fabric ib (NCCL net IB)" in checks["fabric"]["detail"]
     assert "fused_adam" in checks["no_jit"]["detail"]
@@ -256,6 +258,23 @@ def test_cpu_ops_are_portable(h20, work):
     dwarf = subprocess.run(["objdump", "--dwarf=info", str(dest)], capture_output=True, text=True).stdout
     producers = set(re.findall(r"DW_AT_producer\s*:.*?(-march=\S+)", dwarf))
     assert producers == {"-march=x86-64-v3"}, producers
+
+
+def test_the_extension_was_built_for_sm_90_only_hash_pinned_and_guarded(h20):
+    """causal-conv1d was compiled here from its sdist (sha256 from extensions.yaml) for the GPU's
+    arch only: cuobjdump found sm_90 and nothing else in its library (its setup.py asks for nine
+    arches); the wheel's sha256 is in the record and the lock lines; the guard pins it like torch."""
+    record = json.loads(docker("run", "--rm", h20["image"], "cat", "/opt/envbuild/built/extensions.json").stdout)
+    (entry,) = record
+    assert entry["name"] == "causal-conv1d" and entry["version"] == "1.7.0" and entry["arch_list"] == "9.0"
+    assert list(entry["sass"].values()) == [["sm_90"]], entry["sass"]
+    assert entry["determines"]["sdist_sha256"] == CI_MATRIX.extensions["causal-conv1d"].sdist.sha256
+    built = docker("run", "--rm", h20["image"], "cat", "/opt/envbuild/built/extensions-lock.txt").stdout
+    assert f"--hash=sha256:{entry['sha256']}" in built
+    pins = docker("run", "--rm", h20["image"], "cat", "/etc/pip/constraint.txt").stdout
+    assert re.search(r"^causal[-_]conv1d==1\.7\.0$", pins, re.M | re.I), pins
+    log = (h20["out"] / "build.log").read_text()
+    assert "SASS for 9.0 in every library" in log and "SASS for 9.0: " in log  # the extension's and the ops'
 
 
 def test_h100_variant_reuses_every_heavy_layer(h20, work, state):
@@ -357,7 +376,7 @@ def test_extend_adds_one_layer_on_the_stack_image_and_passes_its_smoke_test(h20,
     requirements = work / "lab-requirements.txt"
     requirements.write_text("accelerate\nsafetensors\neinops\n")
     out = work / "extended"
-    r = run_cli("extend", "-r", str(requirements), "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS,
+    r = run_cli("extend", "-r", str(requirements), "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--ext", EXT,
                 "--image-repo", REPO, "--name", "lab", "--ca-cert", str(test_ca["bundle"]), "--build", "-o", str(out),
                 env=state, timeout=1800, production=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -389,7 +408,7 @@ def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engin
     good = re.search(r"^deepspeed==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", text, re.M).group(1)
     path.write_text(text.replace(good, "0" * 64))
     out = work / "tampered"
-    r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--base-image", BASE,
+    r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--ext", EXT, "--base-image", BASE,
                 "--image-repo", REPO, "--matrix-dir", str(matrix_dir), "--ca-cert", str(test_ca["bundle"]),
                 "-o", str(out),
                 env=state, timeout=3600, production=True)

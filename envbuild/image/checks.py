@@ -307,6 +307,12 @@ def check_lock(manifest: dict, installed=None) -> tuple[bool, str] | Skipped:
         return False, f"{lock['path']} cannot be read ({error.strerror})"
     for name in lock.get("dropped", []):
         want.pop(_canonical(name), None)
+    compiled = manifest.get("extensions") or []
+    if compiled:  # the CUDA extensions the builder compiled: their wheels' lock lines
+        try:
+            want.update(lock_pins(compiled[0]["lock"], "extensions"))
+        except OSError as error:
+            return False, f"{compiled[0]['lock']} cannot be read ({error.strerror})"
     extension = (manifest.get("extend") or {}).get("lock")
     if extension:  # envbuild extend: the user's layer, locked against the stack's lock
         try:
@@ -323,6 +329,7 @@ def check_lock(manifest: dict, installed=None) -> tuple[bool, str] | Skipped:
     if problems:
         return False, "; ".join(problems)
     return True, (f"{len(have)} distributions, exactly the lock's (sha256 {lock.get('sha256', '?')[:12]})"
+                  + (f", the compiled {', '.join(e['name'] for e in compiled)}" if compiled else "")
                   + (f" and the extension's ({extension.get('sha256', '?')[:12]})" if extension else ""))
 
 

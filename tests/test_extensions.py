@@ -1,0 +1,305 @@
+"""CUDA extensions (extensions.yaml, --ext): the data, the rules, the plan, the build steps'
+arch filter and SASS audit, and the smoke test's check. The real build is in
+tests/test_docker_e2e.py (causal-conv1d for sm_90 on the CI stack) and the opt-in
+tests/test_flash_attn_build.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from envbuild.errors import EnvbuildError
+from envbuild.extend import split_cuda_extensions
+from envbuild.image import checks
+from envbuild.matrix import load_matrix
+from envbuild.plan import stack_plan
+from envbuild.resolve import Request, explain_rows, resolve
+
+STEPS = ROOT / "templates" / "files" / "steps"
+sys.path.insert(0, str(STEPS))
+import sass_audit  # noqa: E402  (a build step script: stdlib only, run in the builder)
+
+FIXTURES = ROOT / "tests" / "fixtures" / "extensions"
+
+
+# ---------------------------------------------------------------- the data
+
+
+def test_every_extension_fact_names_a_public_source(production_matrix):
+    for ext in production_matrix.extensions.values():
+        assert ext.sdist.url.startswith("https://files.pythonhosted.org/packages/")
+        assert ext.sdist.url.endswith("/" + ext.sdist.filename)
+        assert ext.sdist.filename == f"{ext.name.replace('-', '_')}-{ext.version}.tar.gz"
+        for fact in ("setup.py", "min_cc", "torch", "cuda", "python", "sdist"):
+            source = ext.sources[fact]
+            assert re.search(r"https://\S+|\.tar\.gz (setup\.py|README\.md)", source), (ext.name, fact, source)
+        assert ext.modules and ext.packages and ext.memory_per_job_gib > 0
+    tags = [e.tag for e in production_matrix.extensions.values()]
+    assert len(tags) == len(set(tags))
+
+
+def test_the_fixture_matrix_ships_the_same_extensions():
+    """Behaviour tests resolve against the fixture matrix: its extensions are the shipped ones."""
+    assert (ROOT / "tests/fixtures/matrix/extensions.yaml").read_text() == (ROOT / "matrices/extensions.yaml").read_text()
+
+
+# ---------------------------------------------------------------- rules
+
+
+def test_a_gpu_below_the_extensions_floor_is_refused_naming_the_gpus_that_fit(matrix):
+    with pytest.raises(EnvbuildError) as e:
+        resolve(matrix, Request(gpu="t4", extensions=("flash-attn",)))
+    msg = str(e.value)
+    assert "t4 is sm_75" in msg and "rule ext-gpu" in msg and "a100" in msg and "t4" not in msg.split("fits:")[1].split(";")[0]
+    resolve(matrix, Request(gpu="t4", extensions=("causal-conv1d",)))  # sm_75 is causal-conv1d's floor
+
+
+def test_a_torch_floor_moves_the_choice_to_a_stack_that_fits_or_says_why(matrix_copy):
+    path = matrix_copy / "extensions.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["extensions"][0]["torch"] = ">=2.99"
+    path.write_text(yaml.safe_dump(data))
+    m = load_matrix(matrix_copy)
+    with pytest.raises(EnvbuildError) as e:
+        resolve(m, Request(gpu="h100", extensions=("flash-attn",)))
+    assert "flash-attn 2.8.3.post2 builds with torch >=2.99" in str(e.value) and "drop --ext" in str(e.value)
+    rows = {sid: why for sid, _, why in explain_rows(m, Request(gpu="h100", extensions=("flash-attn",)))}
+    assert all("[ext-stack]" in why for why in rows.values())
+
+
+def test_requirements_missing_from_the_lock_are_refused_on_locked_stacks(matrix_copy):
+    path = matrix_copy / "extensions.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["extensions"][1]["requires"] = ["packaging", "transformers"]
+    path.write_text(yaml.safe_dump(data))
+    m = load_matrix(matrix_copy)
+    with pytest.raises(EnvbuildError) as e:
+        resolve(m, Request(gpu="h100", stack="torch2.11-cu130-py3.12", extensions=("causal-conv1d",)))
+    assert "[" not in str(e.value).split(":")[0] and "needs packaging, transformers" not in str(e.value)
+    assert "needs transformers, which stack torch2.11-cu130-py3.12's lock does not hold" in str(e.value)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@pytest.fixture(scope="module")
+def ext_plan(matrix):
+    return stack_plan(resolve(matrix, Request(gpu="h100", stack="torch2.11-cu130-py3.12", ds_ops="cpu_adam,fused_adam",
+                                              extensions=("causal-conv1d", "flash-attn"))))
+
+
+def test_the_extensions_step_comes_after_deepspeed_and_before_the_guard(ext_plan):
+    names = [s.name for s in ext_plan.builder.steps]
+    assert names.index("deepspeed") < names.index("extensions") < names.index("finish")
+    finish = next(s for s in ext_plan.builder.steps if s.name == "finish")
+    guard = dict(finish.env)["ENVBUILD_GUARD_PACKAGES"]
+    for frozen in ("flash_attn==2.8.3.post2", "causal-conv1d==1.7.0", "torch==2.11.0"):
+        assert re.match(rf"^({guard})==", frozen, re.I), frozen
+    assert not re.match(rf"^({guard})==", "flash-attention==1.0", re.I)
+    step = next(s for s in ext_plan.builder.steps if s.name == "extensions")
+    assert step.caches == (("envbuild-ext", "/var/cache/envbuild-ext"),)
+    assert "--mount=type=cache,id=envbuild-ext,target=/var/cache/envbuild-ext,sharing=locked" in step.render("docker")
+    assert ext_plan.runtime.from_builder[-1] == "/opt/envbuild/built"
+
+
+def test_the_tag_label_and_manifest_name_the_extensions(ext_plan):
+    assert "-h100-ccv1.7.0-fa2.8.3.post2-" in ext_plan.tag
+    labels = dict(ext_plan.labels.pairs)
+    assert labels["io.envbuild.extensions"] == "causal-conv1d==1.7.0,flash-attn==2.8.3.post2"
+    names = [(e["name"], e["version"], e["arch_list"]) for e in ext_plan.manifest["extensions"]]
+    assert names == [("causal-conv1d", "1.7.0", "9.0"), ("flash-attn", "2.8.3.post2", "9.0")]
+
+
+def _spec(matrix, gpu, stack="torch2.11-cu130-py3.12", ext="flash-attn"):
+    plan = stack_plan(resolve(matrix, Request(gpu=gpu, stack=stack, extensions=(ext,))))
+    return json.loads(plan.generated_files["envbuild/extensions.json"])["extensions"][0]
+
+
+def test_the_cache_key_follows_what_determines_the_wheel(matrix):
+    """Same arch list, same stack: one key (a second GPU variant reuses the wheel); another arch,
+    another stack (torch build, Python): another key."""
+    h20, h100, h200 = (_spec(matrix, g)["cache_key"] for g in ("h20", "h100", "h200"))
+    assert h20 == h100 == h200
+    assert _spec(matrix, "a100")["cache_key"] != h100
+    assert _spec(matrix, "h100", stack="torch2.5-cu124-py3.10")["cache_key"] != h100
+    spec = _spec(matrix, "a100")
+    assert spec["build_env"] == {"FLASH_ATTENTION_FORCE_BUILD": "TRUE", "FLASH_ATTN_CUDA_ARCHS": "80"}
+
+
+# ---------------------------------------------------------------- nvcc-arch.sh
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path):
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nvcc").write_text('#!/bin/sh\necho "$@"\n')
+    (home / "bin" / "nvcc").chmod(0o755)
+
+    def run(archs, *args):
+        env = dict(os.environ, CUDA_HOME=str(home), ENVBUILD_CUDA_ARCHS=archs)
+        return subprocess.run(["bash", str(STEPS / "nvcc-arch.sh"), *args], env=env, capture_output=True, text=True)
+    return run
+
+
+CAUSAL_CONV1D_GENCODES = [f"arch=compute_{a},code=sm_{a}" for a in (75, 80, 87, 90, 100, 120, 103, 110, 121)]
+
+
+@pytest.mark.parametrize("archs, kept", [
+    ("90", ["sm_90"]),
+    ("80 90", ["sm_80", "sm_90"]),
+    ("86", ["sm_80"]),  # an sm_80 cubin runs on 8.6; sm_87 does not
+    ("120", ["sm_120"]),
+    ("121", ["sm_120", "sm_121"]),
+])
+def test_nvcc_keeps_only_the_code_the_gpu_runs(fake_nvcc, archs, kept):
+    args = [w for g in CAUSAL_CONV1D_GENCODES for w in ("-gencode", g)]
+    r = fake_nvcc(archs, "-O3", *args, "-c", "x.cu")
+    assert r.returncode == 0, r.stderr
+    assert re.findall(r"code=(sm_\d+)", r.stdout) == kept and r.stdout.startswith("-O3 ") and "x.cu" in r.stdout
+
+
+def test_nvcc_refuses_a_compile_with_no_code_for_the_gpu(fake_nvcc):
+    r = fake_nvcc("70", "-gencode", "arch=compute_80,code=sm_80", "x.cu")
+    assert r.returncode == 1 and "none of them for the GPU arches 70" in r.stderr
+
+
+def test_nvcc_leaves_host_compiles_and_arch_specific_code_alone(fake_nvcc):
+    assert fake_nvcc("90", "-c", "x.cpp").stdout.strip() == "-c x.cpp"
+    r = fake_nvcc("90+PTX", "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=compute_90",
+                  "-gencode=arch=compute_100,code=sm_100")
+    assert r.stdout.split() == ["-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_90,code=compute_90"]
+
+
+# ---------------------------------------------------------------- the SASS audit
+
+
+def test_cuobjdump_listings_are_read_as_cuobjdump_prints_them():
+    """Real output of NVIDIA's cuobjdump 13.2 on the causal_conv1d_cuda library built here for
+    sm_90 (tests/fixtures/extensions/README.md says how it was made)."""
+    elf = (FIXTURES / "causal_conv1d_cuda.list-elf.txt").read_text()
+    ptx = (FIXTURES / "causal_conv1d_cuda.list-ptx.txt").read_text()
+    assert sass_audit.parse_listing(elf) == ["sm_90"]
+    assert sass_audit.parse_listing(ptx) == []
+
+
+@pytest.mark.parametrize("code, arch, runs", [
+    ("sm_80", "8.0", True), ("sm_80", "8.9", True), ("sm_87", "8.6", False), ("sm_90", "10.0", False),
+    ("sm_90a", "9.0", True), ("sm_90a", "9.0+PTX", True), ("sm_100", "10.3", True), ("sm_120", "12.0", True),
+    ("compute_90", "9.0", False), ("compute_90", "10.0+PTX", True), ("compute_100", "9.0+PTX", False),
+])
+def test_which_code_runs_on_which_arch(code, arch, runs):
+    assert sass_audit.runs_on(code, arch) is runs
+
+
+@pytest.fixture
+def fake_cuobjdump(tmp_path):
+    """A stand-in for cuobjdump that prints the real listing recorded for a library's name."""
+    tool = tmp_path / "cuobjdump"
+    tool.write_text("#!/usr/bin/env bash\n"
+                    f'dir={FIXTURES}\n'
+                    'case $(basename "$2") in\n'
+                    '  host*) echo "cuobjdump info    : File \'$2\' does not contain device code" >&2; exit 255;;\n'
+                    '  *) [[ $1 == --list-elf ]] && cat "$dir/causal_conv1d_cuda.list-elf.txt"'
+                    ' || cat "$dir/causal_conv1d_cuda.list-ptx.txt";;\n'
+                    'esac\n')
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_the_audit_passes_sm_90_code_on_hopper_and_names_what_is_missing_elsewhere(fake_cuobjdump, tmp_path):
+    lib, host = tmp_path / "ext.so", tmp_path / "host_only.so"
+    lib.write_bytes(b""), host.write_bytes(b"")
+    ok = sass_audit.audit([lib, host], "9.0", fake_cuobjdump, require_device_code=False)
+    assert ok["problems"] == [] and ok["libraries"] == {"ext.so": ["sm_90"], "host_only.so": []}
+    bad = sass_audit.audit([lib], "8.0;9.0", fake_cuobjdump, require_device_code=True)
+    assert bad["problems"] == ["ext.so has no code that runs on 8.0 (it carries sm_90): it would fail with "
+                               "'no kernel image is available'"]
+    assert sass_audit.audit([host], "9.0", fake_cuobjdump, require_device_code=True)["problems"] == \
+        ["host_only.so carries no device code at all"]
+
+
+# ---------------------------------------------------------------- extend
+
+
+def test_extend_builds_a_cuda_extension_in_the_stack_image_and_refuses_another_version(matrix):
+    compiled, rest = split_cuda_extensions(matrix, ["Flash_Attn", "einops>=0.7", "causal-conv1d==1.7.0"], "req.txt")
+    assert compiled == ["causal-conv1d", "flash-attn"] and rest == ["einops>=0.7"]
+    with pytest.raises(EnvbuildError) as e:
+        split_cuda_extensions(matrix, ["flash-attn<2.8"], "req.txt")
+    assert "builds flash-attn 2.8.3.post2 only" in str(e.value) and "'flash-attn==2.8.3.post2'" in str(e.value)
+
+
+def test_extend_with_only_an_extension_renders_the_stack_image_with_it(cli, tmp_path):
+    req = tmp_path / "req.txt"
+    req.write_text("flash-attn\n")
+    out = tmp_path / "out"
+    r = cli("extend", "-r", str(req), "--gpu", "h100", "--stack", "torch2.11-cu130-py3.12", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [e["name"] for e in manifest["extensions"]] == ["flash-attn"] and "extend" not in manifest
+    assert "there is no layer to add" in " ".join(r.stdout.split())
+
+
+# ---------------------------------------------------------------- the smoke test's check
+
+
+MANIFEST = {"extensions": [{"name": "flash-attn", "version": "2.8.3.post2", "arch_list": "9.0",
+                            "gpu_check": "attention", "modules": ["flash_attn_2_cuda"], "packages": ["flash_attn"]}]}
+
+
+def _record(tmp_path) -> str:
+    path = tmp_path / "extensions.json"
+    path.write_text(json.dumps([{"name": "flash-attn", "version": "2.8.3.post2", "sha256": "ab" * 32}]))
+    return str(path)
+
+
+def test_the_smoke_check_passes_an_imported_extension_and_its_gpu_numerics(tmp_path):
+    res = {"extensions": {"flash-attn": {"ok": True, "detail": "", "gpu": {"ok": True, "max_abs_diff": 3e-3}}}}
+    ok, detail = checks.check_extensions(MANIFEST, res, _record(tmp_path))
+    assert ok and "flash-attn 2.8.3.post2 imports (wheel sha256 abababababab, SASS 9.0)" in detail
+    res["extensions"]["flash-attn"]["gpu"]["max_abs_diff"] = 0.5
+    assert not checks.check_extensions(MANIFEST, res, _record(tmp_path))[0]
+
+
+def test_an_undefined_symbol_is_reported_as_a_torch_swap(tmp_path):
+    """The text of flash-attention#1691's traceback, as the child would record it."""
+    detail = ("ImportError: /opt/venv/lib/python3.11/site-packages/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: "
+              "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE")
+    ok, msg = checks.check_extensions(MANIFEST, {"extensions": {"flash-attn": {"ok": False, "detail": detail}}},
+                                      _record(tmp_path))
+    assert not ok and "torch was replaced under it" in msg and "undefined symbol" in msg
+
+
+def test_no_build_record_fails_the_check(tmp_path):
+    ok, msg = checks.check_extensions(MANIFEST, {"extensions": {"flash-attn": {"ok": True, "detail": ""}}},
+                                      str(tmp_path / "none.json"))
+    assert not ok and "no build record" in msg
+
+
+def test_the_guard_check_wants_the_extension_pinned(tmp_path):
+    path = tmp_path / "constraint.txt"
+    path.write_text("deepspeed==0.19.8\nflash_attn==2.8.3.post2\ntorch==2.15.0\n")
+    manifest = {**MANIFEST, "constraints": str(path), "torch": "2.15.0", "deepspeed": "0.19.8"}
+    env = {"PIP_CONSTRAINT": str(path), "UV_CONSTRAINT": str(path)}
+    assert checks.check_guard(manifest, env)[0]
+    path.write_text("deepspeed==0.19.8\ntorch==2.15.0\n")
+    ok, msg = checks.check_guard(manifest, env)
+    assert not ok and "flash-attn==(missing) (want 2.8.3.post2)" in msg
+
+
+def test_the_lock_check_counts_the_compiled_extension(tmp_path):
+    lock, built = tmp_path / "lock.txt", tmp_path / "extensions-lock.txt"
+    lock.write_text("# [venv]\ntorch==2.15.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    built.write_text("# [extensions] built in the builder stage\ncausal-conv1d==1.7.0 --hash=sha256:" + "1" * 64 + "\n")
+    manifest = {"lock": {"path": str(lock), "sha256": "f" * 64}, "extensions": [{"name": "causal-conv1d", "lock": str(built)}]}
+    ok, msg = checks.check_lock(manifest, {"torch": "2.15.0", "causal-conv1d": "1.7.0"})
+    assert ok and "the compiled causal-conv1d" in msg
+    assert not checks.check_lock({**manifest, "extensions": []}, {"torch": "2.15.0", "causal-conv1d": "1.7.0"})[0]

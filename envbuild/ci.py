@@ -22,23 +22,26 @@ def real_build_stack(m: Matrix):
 
 
 def publish_jobs(m: Matrix, gpus: list[str], runners: dict[str, str] | None = None,
-                 fabrics: dict[str, list[str]] | None = None) -> list[dict]:
-    """Every (stack, GPU, fabric) the rules allow, in matrix order, with the image's CPU
-    architecture, its readable tag and the runner that builds it natively: each GPU with the
-    default fabric, and the GPUs `fabrics` names (fabric -> GPUs) with that fabric too.
-    `variant` (GPU:fabric) is what the build loop of the workflow reads."""
+                 fabrics: dict[str, list[str]] | None = None,
+                 extensions: dict[str, list[str]] | None = None) -> list[dict]:
+    """Every (stack, GPU, fabric, CUDA extension) the rules allow, in matrix order, with the
+    image's CPU architecture, its readable tag and the runner that builds it natively: each GPU
+    with the default fabric, the GPUs `fabrics` names (fabric -> GPUs) with that fabric too, and
+    the GPUs `extensions` names (extension -> GPUs) with that extension compiled in.
+    `variant` (GPU:fabric:extension) is what the build loop of the workflow reads."""
     runners = runners or DEFAULT_RUNNERS
-    wanted = [(g, None) for g in gpus] + [(g, f) for f, names in (fabrics or {}).items() for g in names]
+    wanted = ([(g, None, ()) for g in gpus] + [(g, f, ()) for f, names in (fabrics or {}).items() for g in names]
+              + [(g, None, (e,)) for e, names in (extensions or {}).items() for g in names])
     jobs = []
     for s in m.stacks:
-        for g, f in wanted:
+        for g, f, ext in wanted:
             try:
-                r = resolve(m, Request(gpu=g, stack=s.id, fabric=f))
+                r = resolve(m, Request(gpu=g, stack=s.id, fabric=f, extensions=ext))
             except EnvbuildError:
                 continue
             jobs.append({"stack": s.id, "gpu": r.gpu.name, "fabric": r.fabric.name, "arch": r.arch,
                          "platform": r.platform, "tag": r.tag, "runner": runners[r.arch],
-                         "variant": f"{r.gpu.name}:{r.fabric.name}"})
+                         "extensions": ",".join(ext), "variant": f"{r.gpu.name}:{r.fabric.name}:{','.join(ext)}"})
     return jobs
 
 
@@ -61,11 +64,11 @@ def merge_jobs(m: Matrix, jobs: list[dict], multiarch: dict[str, str]) -> list[d
         if a.cc != b.cc or [e.model_dump() for e in a.env] != [e.model_dump() for e in b.env]:
             raise EnvbuildError(f"publish.yaml multiarch {x86}: {grace}: their compute capabilities ({a.cc}, {b.cc}) "
                                 f"or baked GPU defaults differ, so one tag cannot serve both.")
-    by_pair = {(j["stack"], j["gpu"], j["fabric"]): j for j in jobs}
+    by_pair = {(j["stack"], j["gpu"], j["fabric"], j.get("extensions", "")): j for j in jobs}
     merges = []
     for j in jobs:
         sources = [j]
-        sibling = by_pair.get((j["stack"], multiarch.get(j["gpu"], ""), j["fabric"]))
+        sibling = by_pair.get((j["stack"], multiarch.get(j["gpu"], ""), j["fabric"], j.get("extensions", "")))
         if sibling and sibling["arch"] != j["arch"]:
             sources.append(sibling)
         merges.append({"tag": j["tag"], "stack": j["stack"], "gpu": j["gpu"],
@@ -98,11 +101,14 @@ def render_workflow(m: Matrix) -> str:
                             f"generate without them.")
     gpus, registry, multiarch, fabrics = cfg.gpus, cfg.registry, cfg.multiarch, cfg.fabrics
     runners = {**DEFAULT_RUNNERS, **cfg.runners}
-    for g in [*gpus, *multiarch, *multiarch.values(), *(g for names in fabrics.values() for g in names)]:
+    for g in [*gpus, *multiarch, *multiarch.values(), *(g for names in fabrics.values() for g in names),
+              *(g for names in cfg.extensions.values() for g in names)]:
         m.gpu(g)
     for f in fabrics:
         m.fabric(f)
-    jobs = publish_jobs(m, gpus, runners, fabrics)
+    for e in cfg.extensions:
+        m.extension(e)
+    jobs = publish_jobs(m, gpus, runners, fabrics, cfg.extensions)
     return environment().get_template("ci/publish.yml.j2").render(
         images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
         image_repo=cfg.image_repo, python=CI_PYTHON)

@@ -625,6 +625,7 @@ class PublishFile(_Strict):
     gpus: list[str] = []
     multiarch: dict[str, str] = {}  # x86 GPU -> its Grace sibling, merged into one tag
     fabrics: dict[str, list[str]] = {}  # fabric -> the GPUs it is published for
+    extensions: dict[str, list[str]] = {}  # CUDA extension -> the GPUs it is published for (compiled in)
 
 
 _MODELS = {

@@ -58,8 +58,8 @@ def test_one_job_per_stack_and_architecture_builds_its_variants_in_sequence(matr
 
     jobs = stack_jobs(publish_jobs(matrix, ["h100", "h20", "gh200", "gb200"]))
     by_key = {(j["stack"], j["platform"]): j for j in jobs}
-    assert by_key[("torch2.11-cu130-py3.12", "linux/amd64")]["gpus"] == "h100:ib h20:ib"
-    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["gpus"] == "gh200:ib gb200:ib"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/amd64")]["gpus"] == "h100:ib: h20:ib:"
+    assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["gpus"] == "gh200:ib: gb200:ib:"
     assert by_key[("torch2.11-cu130-py3.12", "linux/arm64")]["runner"] == "ubuntu-24.04-arm"
     assert ("torch2.10-cu128-py3.12", "linux/arm64") not in by_key
     assert len(jobs) == len(by_key)
@@ -74,14 +74,29 @@ def test_fabric_variants_are_published_beside_the_default_under_their_own_tag(ma
     jobs = publish_jobs(matrix, ["h100", "gh200"], fabrics={"aws-efa": ["h100"]})
     stack = "torch2.11-cu130-py3.12"
     mine = [j for j in jobs if j["stack"] == stack]
-    assert [j["variant"] for j in mine] == ["h100:ib", "gh200:ib", "h100:aws-efa"]
+    assert [j["variant"] for j in mine] == ["h100:ib:", "gh200:ib:", "h100:aws-efa:"]
     efa = mine[2]
     assert efa["tag"].endswith("-h100-efa") and efa["fabric"] == "aws-efa"
     grouped = {(j["stack"], j["platform"]): j["gpus"] for j in stack_jobs(jobs)}
-    assert grouped[(stack, "linux/amd64")] == "h100:ib h100:aws-efa"
+    assert grouped[(stack, "linux/amd64")] == "h100:ib: h100:aws-efa:"
     merges = {m["tag"]: m for m in merge_jobs(matrix, jobs, {"h100": "gh200"})}
     assert merges[mine[0]["tag"]]["platforms"] == "linux/amd64 linux/arm64"
     assert merges[efa["tag"]]["platforms"] == "linux/amd64"  # no aws-efa Grace image: the tag serves x86 only
+
+
+def test_extension_variants_are_built_in_the_stacks_job_under_their_own_tag(matrix):
+    """publish.yaml `extensions`: a variant with the extension compiled in, in the same job as the
+    stack's other variants (one wheel per arch list and runner), only on the stacks its rules
+    allow, merged under its own tag."""
+    from envbuild.ci import merge_jobs, publish_jobs, stack_jobs
+
+    jobs = publish_jobs(matrix, ["h100"], extensions={"flash-attn": ["h100", "v100"]})
+    ext = [j for j in jobs if j["extensions"]]
+    assert ext and all(j["variant"] == "h100:ib:flash-attn" and "-h100-fa2.8.3.post2" in j["tag"] for j in ext)
+    assert "torch2.11-cu130-py3.11-pypi" not in {j["stack"] for j in ext}  # rule ext-audit: no cuobjdump on PyPI 13.0
+    grouped = {(j["stack"], j["platform"]): j["gpus"] for j in stack_jobs(jobs)}
+    assert grouped[("torch2.11-cu130-py3.12", "linux/amd64")] == "h100:ib: h100:ib:flash-attn"
+    assert len({m["tag"] for m in merge_jobs(matrix, jobs, {})}) == len(jobs)
 
 
 def test_the_published_workflow_builds_aws_efa_from_the_real_urls():

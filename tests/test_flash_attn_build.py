@@ -1,0 +1,44 @@
+"""Opt-in (ENVBUILD_FLASH_ATTN=1; hours on 2 cores, see bench/RESULTS.md): flash-attn 2 compiled
+for real by `envbuild build --ext flash-attn` for one arch (h100, sm_90) on the CI stack, then
+audited and smoke-tested. No GPU here: the import in the no-JIT sandbox and the SASS audit run;
+the forward/backward check against scaled_dot_product_attention needs a GPU node.
+
+The build's own record says how long it took, with how many jobs and how much memory:
+the test prints it for bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import docker, run_cli
+from envbuild.ci import real_build_stack
+from envbuild.matrix import load_matrix
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(os.environ.get("ENVBUILD_FLASH_ATTN") != "1",
+                       reason="opt-in: compiles flash-attn (72 kernel files for sm_90); set ENVBUILD_FLASH_ATTN=1"),
+]
+
+STACK = real_build_stack(load_matrix()).id
+REPO = "envbuild-fa-test"
+CA = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def test_flash_attn_builds_for_sm_90_only_imports_and_passes_the_smoke_test(tmp_path):
+    out = tmp_path / "fa"
+    r = run_cli("build", "--gpu", "h100", "--stack", STACK, "--ds-ops", "cpu_adam", "--ext", "flash-attn",
+                "--base-image", "local/debian:bookworm", "--ca-cert", CA, "--image-repo", REPO, "-o", str(out),
+                timeout=6 * 3600, production=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    image = f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"
+    (record,) = json.loads(docker("run", "--rm", image, "cat", "/opt/envbuild/built/extensions.json").stdout)
+    print("flash-attn build record:", json.dumps(record["build"]), record["wheel"])
+    assert record["version"] == "2.8.3.post2" and list(record["sass"].values()) == [["sm_90"]], record["sass"]
+    smoke = run_cli("smoke", image, "--json", timeout=1800, env={"ENVBUILD_STATE_DIR": str(tmp_path / "state")})
+    checks = {c["name"]: c for c in json.loads(smoke.stdout)["checks"]}
+    assert smoke.returncode == 0 and checks["extensions"]["ok"], checks.get("extensions", smoke.stderr[-2000:])

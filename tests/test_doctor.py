@@ -48,7 +48,8 @@ def verdict(found) -> str:
     return ", ".join(f"`{i}`" for i in sorted(found)) or "nothing"
 
 
-SETS = (("fit", None), ("held-out", "held-out"), ("held-out (issue 16)", "held-out-16"))
+SETS = (("fit", None), ("held-out", "held-out"), ("held-out (issue 16)", "held-out-16"),
+        ("held-out (issue 18: CUDA extensions)", "held-out-18"))
 
 
 def said_now(entry) -> list[str]:

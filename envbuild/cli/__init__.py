@@ -4,6 +4,8 @@ grouped by what they act on: a stack image (stack.py), an extension (extension.p
 image (image.py), the matrix (matrix.py)."""
 
 from . import extension, image, matrix, stack  # noqa: F401  (each registers its commands on `main`)
-from .app import main, run
+from .app import main, refuse_repeated_options, run
+
+refuse_repeated_options(main)
 
 __all__ = ["main", "run"]

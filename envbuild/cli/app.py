@@ -26,6 +26,39 @@ def main():
     DeepSpeed ops, per-GPU NCCL defaults and a built-in smoke test."""
 
 
+class OnceOption(click.Option):
+    """An option that takes one value refuses to be given twice: click keeps the last
+    silently, so `--gpu h100 --gpu h20` would render h20 without a word."""
+
+    def add_to_parser(self, parser, ctx) -> None:
+        self.multiple = True  # collect every occurrence; consume_value checks there is one
+        try:
+            super().add_to_parser(parser, ctx)
+        finally:
+            self.multiple = False
+
+    def consume_value(self, ctx, opts):
+        given = opts.get(self.name)
+        if isinstance(given, list):
+            if len(given) > 1:
+                flag = max(self.opts, key=len)
+                raise EnvbuildError(f"{flag} is given {len(given)} times ({', '.join(map(str, given))}); give it "
+                                    f"once: a second value would silently replace the first. Run one command per "
+                                    f"value.")
+            opts = {**opts, self.name: given[0]}
+        return super().consume_value(ctx, opts)
+
+
+def refuse_repeated_options(group: click.Group) -> None:
+    """Make every single-value option of every command a :class:`OnceOption`."""
+    for command in [group, *group.commands.values()]:
+        if isinstance(command, click.Group) and command is not group:
+            refuse_repeated_options(command)
+        for p in command.params:
+            if type(p) is click.Option and not (p.multiple or p.is_flag or p.count):
+                p.__class__ = OnceOption
+
+
 def table(title, headers, rows, ids=(), **table_options) -> Table:
     """A rich table; the columns in `ids` hold names to copy (stack ids, GPU names, tags) and
     are never wrapped or folded, whatever the terminal width."""
@@ -33,11 +66,22 @@ def table(title, headers, rows, ids=(), **table_options) -> Table:
     for i, h in enumerate(headers):
         if i in ids:
             t.add_column(h, no_wrap=True, min_width=max([len(str(r[i])) for r in rows] + [len(h)]))
-        else:
-            t.add_column(h, overflow="fold")
+        else:  # wraps between words; never narrower than its longest word (up to 20 characters)
+            words = [len(w) for r in rows for w in str(r[i]).split()] + [len(w) for w in h.split()]
+            t.add_column(h, overflow="fold", min_width=min(max(words, default=1), 20))
     for r in rows:
         t.add_row(*[escape(str(c)) for c in r])
     return t
+
+
+def print_table(t: Table) -> None:
+    """A table at least as wide as its columns' minimum, even where the terminal (or a pipe's
+    default 80 columns) is narrower: the terminal wraps a line rather than rich cutting
+    every column down to two characters."""
+    from rich.measure import Measurement
+
+    need = Measurement.get(out, out.options, t).minimum
+    out.print(t, width=max(out.width, need))
 
 
 def command_line(ctx: click.Context, skip=()) -> str:
@@ -110,8 +154,8 @@ def run():
     except EnvbuildError as e:
         err.print(f"envbuild: error: {e.message}", markup=False)
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        err.print("envbuild: aborted", markup=False)
+    except click.exceptions.Abort:  # click's name for a Ctrl-C inside a command
+        err.print("envbuild: interrupted", markup=False)
         sys.exit(130)
     except click.ClickException as e:
         e.show()
@@ -122,6 +166,11 @@ def run():
     except Exception as e:  # a bug: say so plainly; ENVBUILD_DEBUG=1 shows the traceback
         if os.environ.get("ENVBUILD_DEBUG"):
             raise
+        if isinstance(e, OSError) and e.filename:  # a path the user gave or the machine's state (full disk, ...)
+            err.print(f"envbuild: error: {e.filename}: {e.strerror or e}; check the path, its permissions and the "
+                      f"free space, then run the command again (set ENVBUILD_DEBUG=1 for a traceback).",
+                      markup=False)
+            sys.exit(2)
         err.print(f"envbuild: internal error: {type(e).__name__}: {e} (set ENVBUILD_DEBUG=1 for a traceback)",
                   markup=False)
         sys.exit(70)

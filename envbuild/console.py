@@ -1,0 +1,17 @@
+"""The `envbuild` command's entry point, kept free of imports: a Ctrl-C at any moment, even
+while the CLI is still being imported, ends with one line and exit 130, never a traceback."""
+
+import signal
+import sys
+
+
+def main() -> None:
+    try:
+        from .cli import run  # noqa: PLC0415  (inside the try: importing the CLI takes a while)
+
+        run()
+    except KeyboardInterrupt:
+        sys.stderr.write("envbuild: interrupted\n")
+        sys.exit(130)
+    finally:  # the work is done (or undone); a Ctrl-C while the interpreter exits changes nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

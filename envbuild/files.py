@@ -1,0 +1,240 @@
+"""Every file a user names is read here, with a size bound; every file envbuild writes goes
+through the same three primitives: a lock on the directory written into, temporary names a
+later run recognises, and an atomic move into place.
+
+Why each exists:
+
+- A bound: ``--ca-cert /dev/zero`` or ``-r /dev/zero`` must be refused in a moment, not
+  after the machine's memory is gone. The limits are far above any real file of the kind.
+- A lock: two runs writing into one directory at once must not interleave (one would
+  record the other's half-written files as its own). ``flock`` on the directory itself
+  leaves no lock file behind to go into a Docker build context; it is released by the
+  kernel when the process dies, so a killed run never leaves a stale lock.
+- Temporary names ``.<name>.envbuild-tmp-<8 hex>`` and ``.<name>.envbuild-old-<8 hex>``:
+  only envbuild makes them (``O_EXCL``), so a run holding the lock removes any it finds:
+  what a Ctrl-C or a kill left behind is cleaned by the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from .errors import EnvbuildError
+
+MIB = 1 << 20
+# How large a file of each kind can reasonably be (the largest real one, times 10 or more).
+LIMITS = {
+    "ca": 8 * MIB,            # Debian's ca-certificates.crt: 0.2 MiB
+    "requirements": 2 * MIB,  # a pip-compile'd lock of 500 packages with hashes: 0.3 MiB
+    "project": 1 * MIB,       # envbuild.yaml
+    "matrix": 16 * MIB,       # the matrix YAML files and locks: 0.5 MiB at most today
+    "markdown": 8 * MIB,      # README.md / docs pages with generated blocks
+    "record": 16 * MIB,       # an image's build record / a render's file record
+}
+LOCK_WAIT_S = 120  # how long a run waits for another one writing into the same directory
+
+_TEMP = re.compile(r"^\..+\.envbuild-(?:tmp|old)-[0-9a-f]{8}$")
+
+
+def _size_text(n: int) -> str:
+    return f"{n / MIB:.0f} MiB" if n >= MIB else f"{n} bytes"
+
+
+def read_bytes(path: Path | str, what: str, kind: str) -> bytes:
+    """The bytes of a file the user named, refused (exit 2) when it is larger than
+    ``LIMITS[kind]`` or cannot be read; devices and pipes are read up to the bound too.
+
+    >>> read_bytes("/dev/zero", "--ca-cert", "ca")
+    Traceback (most recent call last):
+    ...
+    envbuild.errors.EnvbuildError: --ca-cert /dev/zero is larger than 8 MiB (read 8 MiB and more), which no CA bundle is; give the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt.
+    """
+    limit = LIMITS[kind]
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise EnvbuildError(f"{what} {path}: cannot read it ({e.strerror or e}); check the path and its "
+                            f"permissions.") from None
+    if len(data) > limit:
+        example = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt",
+                   "requirements": "a requirements file of the packages to add (one per line)",
+                   "project": "an envbuild.yaml of a few lines",
+                   "matrix": "a matrix directory of YAML files such as the shipped matrices/",
+                   "markdown": "a Markdown file with envbuild's generated blocks",
+                   "record": "the file envbuild wrote"}[kind]
+        noun = {"ca": "CA bundle", "requirements": "requirements file", "project": "project file",
+                "matrix": "matrix file", "markdown": "Markdown page", "record": "record"}[kind]
+        raise EnvbuildError(f"{what} {path} is larger than {_size_text(limit)} (read {_size_text(limit)} and more), "
+                            f"which no {noun} is; give {example}.")
+    return data
+
+
+def read_text(path: Path | str, what: str, kind: str, encoding: str = "utf-8") -> str:
+    """:func:`read_bytes`, decoded; a file in another encoding (UTF-16, binary) is refused with
+    the byte where decoding failed. A UTF-8 byte-order mark is dropped (editors on Windows
+    write one)."""
+    data = read_bytes(path, what, kind)
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as e:
+        utf16 = " (it looks like UTF-16: save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise EnvbuildError(f"{what} {path} is not {encoding.upper()} text: byte {e.start} cannot be decoded{utf16}; "
+                            f"give a text file in {encoding.upper()}.") from None
+    return text.removeprefix("\ufeff")
+
+
+# ---------------------------------------------------------------- the lock and temporary names
+
+
+@contextlib.contextmanager
+def locked(directory: Path, what: str = "writing into", wait: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on `directory` (which must exist) for the block; a second
+    run waits for it (saying so once), and after `wait` seconds is refused with a clear
+    message. Where the filesystem has no flock (some NFS mounts) the run goes on unlocked
+    and says so."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise EnvbuildError(f"{directory} cannot be opened ({e.strerror or e}); choose a directory you can write "
+                            f"into.") from None
+    try:
+        deadline, said = time.monotonic() + wait, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise EnvbuildError(f"another envbuild has been {what} {directory} for over {wait:.0f} s "
+                                        f"(it holds the directory's lock); nothing was written. Wait for it to "
+                                        f"finish, or choose another directory.") from None
+                if not said:
+                    print(f"envbuild: waiting for another envbuild {what} {directory}", file=sys.stderr)
+                    said = True
+                time.sleep(0.05)
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EBADF, errno.EINVAL):
+                    raise
+                print(f"envbuild: warning: {directory} cannot be locked here ({e.strerror}); two envbuild runs "
+                      f"writing into it at once could interleave", file=sys.stderr)
+                break
+        yield
+    finally:
+        os.close(fd)
+
+
+def temp_path(dest: Path, kind: str = "tmp") -> Path:
+    """A new name beside `dest` that only envbuild makes (see :func:`is_temp_name`)."""
+    return dest.parent / f".{dest.name}.envbuild-{kind}-{secrets.token_hex(4)}"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether `name` is one of envbuild's temporary names.
+
+    >>> is_temp_name(".Dockerfile.envbuild-tmp-0a1b2c3d"), is_temp_name(".Dockerfile.swp")
+    (True, False)
+    """
+    return bool(_TEMP.match(name))
+
+
+def remove_stale_temps(directory: Path, recursive: bool = True) -> list[Path]:
+    """Remove what an interrupted run left: files with envbuild's temporary names. Call it
+    only while holding :func:`locked` on `directory` (no other run is writing there).
+    Symlinks are not followed; only regular files are removed."""
+    removed = []
+    for root, dirs, names in os.walk(directory) if recursive else [(str(directory), [], os.listdir(directory))]:
+        for name in names:
+            path = Path(root) / name
+            if is_temp_name(name) and path.is_file() and not path.is_symlink():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed.append(path)
+    return removed
+
+
+def write_temp(dest: Path, data: bytes, mode: int = 0o644) -> Path:
+    """`data` in a new temporary file beside `dest` (not yet in place)."""
+    for _ in range(100):
+        tmp = temp_path(dest)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(dest.parent))
+
+
+def check_owned(path: Path, ours: Callable[[bytes], bool], refusal: str) -> Optional[bytes]:
+    """The bytes of the file at `path` if envbuild may replace it (None: no file there);
+    refused (exit 2, `refusal` says what to do) when it is not a regular file envbuild wrote."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_file():
+        raise EnvbuildError(f"{path} is not a regular file envbuild wrote (a symlink, directory or special file); "
+                            f"nothing was written. {refusal}")
+    old = read_bytes(path, "existing file", "record")
+    if not ours(old):
+        raise EnvbuildError(f"{path} exists and envbuild did not write it; refusing to replace it, and nothing was "
+                            f"written. {refusal}")
+    return old
+
+
+def write_owned(path: Path, data: bytes, ours: Callable[[bytes], bool], refusal: str,
+                mode: int = 0o644) -> bool:
+    """Write one generated file atomically, under its directory's lock: only where no file
+    is, or where the file there is one envbuild wrote (``ours(old_bytes)``); otherwise
+    refuse with `refusal` (a sentence saying what to do), writing nothing. Returns whether
+    the file changed."""
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise EnvbuildError(f"'{path}' names a directory, not a file; give a file name.")
+    parent = path.parent
+    made = []
+    try:
+        probe = parent
+        while not os.path.lexists(probe):
+            made.append(probe)
+            probe = probe.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise EnvbuildError(f"{path} is a directory; give a file name inside it.")
+        with locked(parent):
+            remove_stale_temps(parent, recursive=False)
+            old = check_owned(path, ours, refusal)
+            if old == data:
+                return False
+            tmp = write_temp(path, data, mode)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            return True
+    except OSError as e:
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise EnvbuildError(f"{path} cannot be written: {e.strerror or e} ({e.filename or path}); nothing was "
+                            f"changed; choose a writable path.") from None
+    except BaseException:
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise

@@ -31,6 +31,7 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import EnvbuildError
+from .files import read_text
 from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
 from .matrix import Matrix
 from .resolve import Resolution, resolve
@@ -58,9 +59,7 @@ class Project(BaseModel):
 def load_project(path: Path) -> tuple[Project, list[str], str]:
     """(project, its requirements, where they came from)."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as e:
-        raise EnvbuildError(f"-f {path}: cannot read it ({e.strerror}).") from None
+        data = yaml.safe_load(read_text(path, "-f", "project")) or {}
     except yaml.YAMLError as e:
         raise EnvbuildError(f"-f {path}: not valid YAML ({str(e).splitlines()[0]}). A project file looks like:\n"
                             f"  gpu: h100\n  requirements: [accelerate, einops]") from None
@@ -77,25 +76,53 @@ def load_project(path: Path) -> tuple[Project, list[str], str]:
     return project, read_requirements("\n".join(project.requirements), str(path)), str(path)
 
 
-def read_requirements_file(path: Path) -> list[str]:
-    try:
-        return read_requirements(path.read_text(), str(path))
-    except OSError as e:
-        raise EnvbuildError(f"-r {path}: cannot read it ({e.strerror}).") from None
-    except UnicodeDecodeError:
-        raise EnvbuildError(f"-r {path}: not a text file; a requirements file has one requirement per line.") from None
+def read_requirements_file(path: Path) -> "Requirements":
+    return read_requirements(read_text(path, "-r", "requirements"), str(path))
+
+
+class Requirements(list):
+    """Requirement strings, and the ``--hash`` values a hash-pinned file gave for each
+    package (canonical name -> sha256s): the resolved files must be among them."""
+
+    def __init__(self, items=(), hashes=None):
+        super().__init__(items)
+        self.hashes: dict[str, set[str]] = dict(hashes or {})
+
+
+_HASH = re.compile(r"\s+--hash[=\s]\s*sha256:([0-9a-f]{64})\b", re.I)
+
+
+def _logical_lines(text: str):
+    """(first line number, text) with comments dropped and ``\\`` continuations joined, as pip
+    reads a requirements file (the format pip-compile and uv pip compile write)."""
+    start, parts = None, []
+    for number, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+        line = "" if raw.lstrip().startswith("#") else raw.split(" #", 1)[0]
+        start = start or number
+        if line.rstrip().endswith("\\"):
+            parts.append(line.rstrip()[:-1])
+            continue
+        parts.append(line)
+        yield start, " ".join(p.strip() for p in parts).strip()
+        start, parts = None, []
+    if parts:
+        yield start, " ".join(p.strip() for p in parts).strip()
 
 
 _UNHASHABLE = re.compile(r"^(-e\b|--editable\b|\.{0,2}/|~|file:|[a-z+]+://|git\+|hg\+|svn\+|bzr\+)", re.I)
 
 
-def read_requirements(text: str, where: str) -> list[str]:
-    """The requirement strings of a requirements file; what cannot be hash-locked is refused."""
-    out = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+def read_requirements(text: str, where: str) -> Requirements:
+    """The requirement strings of a requirements file; what cannot be hash-locked is refused.
+    pip's format as pip-compile writes it is read: continuations, ``--hash`` per requirement
+    (kept, and checked against what uv resolves), a byte-order mark."""
+    out = Requirements()
+    for number, line in _logical_lines(text):
         if not line:
             continue
+        hashes = {h.lower() for h in _HASH.findall(" " + line)}
+        if hashes:
+            line = _HASH.sub("", " " + line).strip()
         if _UNHASHABLE.match(line) or " @ " in line or line.startswith("@"):
             raise EnvbuildError(f"{where}:{number}: {line!r} is a VCS URL or a path. envbuild extend installs from "
                                 f"an index with hashes only, so a source it cannot hash is refused: publish the "
@@ -104,11 +131,16 @@ def read_requirements(text: str, where: str) -> list[str]:
         if line.startswith("-"):
             raise EnvbuildError(f"{where}:{number}: {line!r}: pip options are not taken here; index mirrors are "
                                 f"--pip-index-url (a build secret), constraints come from the stack's lock.")
+        if " --" in line or " -" in line.split(";")[0]:
+            raise EnvbuildError(f"{where}:{number}: {line!r}: the only per-requirement option taken is "
+                                f"--hash=sha256:...; drop the others (index mirrors are --pip-index-url).")
         try:
-            Requirement(line)
+            req = Requirement(line)
         except InvalidRequirement as e:
             raise EnvbuildError(f"{where}:{number}: {line!r} is not a requirement ({e}). Write one per line, e.g. "
                                 f"'accelerate>=1.0' or 'einops'.") from None
+        if hashes:
+            out.hashes.setdefault(canonicalize_name(req.name), set()).update(hashes)
         out.append(line)
     if not out:
         raise EnvbuildError(f"{where}: no requirements in it; list the packages to add, one per line.")
@@ -144,6 +176,8 @@ def split_cuda_extensions(matrix: Matrix, requirements: list[str], source: str) 
 def with_cuda_extensions(matrix: Matrix, request, requirements: list[str], source: str):
     """(the request with the requirements' CUDA extensions added to --ext, the rest for uv)."""
     compiled, rest = split_cuda_extensions(matrix, requirements, source)
+    rest = Requirements(rest, {k: v for k, v in getattr(requirements, "hashes", {}).items()
+                               if k not in matrix.extensions})
     if compiled:
         request = replace(request, extensions=tuple(sorted({*request.extensions, *compiled})))
     return request, rest
@@ -247,10 +281,13 @@ def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list
     """Resolve the user's requirements against the stack's lock, before anything is built."""
     stack = resolution.stack
     if resolution.lock is None:
-        raise EnvbuildError(f"envbuild extend: stack {stack.id} has no lock (matrices/locks), so there is nothing "
+        raise EnvbuildError(f"envbuild extend: stack {stack.id} has no lock (in {matrix.directory / 'locks'}), so there is nothing "
                             f"to hold its packages in place while yours resolve. Lock it first with `envbuild lock "
                             f"--stack {stack.id}`, or pick a locked stack (`envbuild matrix`).")
     date = exclude_newer or today()
+    hashes = getattr(requirements, "hashes", {})
+    _check_markers(resolution, requirements, source)
+    _check_hashes(hashes, resolution.lock.sections["venv"], "the stack pins", source)
     requirements = tuple(requirements)
     try:
         text = _compile_extension(resolution, requirements, date)
@@ -263,6 +300,7 @@ def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list
     if moved:  # the constraints make this impossible; refuse rather than trust it
         raise EnvbuildError(f"envbuild extend: uv moved stack packages: {', '.join(moved)}.")
     new = [p for p in resolved.sections["venv"] if p.key not in stack_pins]
+    _check_hashes(hashes, new, "uv resolved", source)
     label = _name(name or Path(source).stem)
     header = [
         f"# envbuild extension lock: the packages {source} adds to stack {stack.id}, each == with its sha256",
@@ -278,6 +316,50 @@ def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list
     lock_text = "\n".join(header) + "\n\n# [venv]\n" + "".join(p.block for p in new)
     return Extension(requirements=requirements, source=source, lock=parse_lock(lock_text, EXTEND_LOCK_SOURCE),
                      exclude_newer=date, name=label)
+
+
+def _check_markers(resolution: Resolution, requirements, source: str) -> None:
+    """A requirement whose environment marker excludes the image would add nothing, and its
+    import check would then fail in the image: refuse it here, saying why."""
+    python = resolution.lock.header.get("python", resolution.stack.python)
+    env = {"python_version": ".".join(python.split(".")[:2]), "python_full_version": python,
+           "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+           "platform_machine": getattr(resolution, "arch", "x86_64"), "implementation_name": "cpython",
+           "platform_python_implementation": "CPython"}
+    for line in requirements:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate(env):
+            raise EnvbuildError(f"{source}: {line!r}: its marker '{req.marker}' is false in this image (Python "
+                                f"{env['python_version']}, Linux {env['platform_machine']}), so it would add "
+                                f"nothing; drop the marker, or the line.")
+
+
+def _check_hashes(hashes: dict[str, set[str]], packages, whose: str, source: str) -> None:
+    """The files uv resolved (or the stack pins) must be among the --hash values the user gave."""
+    for p in packages:
+        wanted = hashes.get(p.key)
+        if wanted and not wanted & set(re.findall(r"sha256:([0-9a-f]{64})", p.block)):
+            raise EnvbuildError(f"{source}: {p.name}: none of its --hash values matches a file of {p.name}=={p.version}, "
+                                f"the version {whose}; pin "
+                                f"'{p.name}=={p.version}' with that version's hashes, or drop the --hash lines.")
+
+
+def check_stack_image(ref: str, labels: dict[str, str], resolution: Resolution) -> None:
+    """--from must be the resolved stack's own image (its io.envbuild labels say what it was built
+    as): another image, or one of another torch, would take a lock made for this stack."""
+    stack = resolution.stack
+    if "io.envbuild.stack" not in labels:
+        raise EnvbuildError(f"--from {ref} is not an envbuild stack image (it has no io.envbuild.stack label); an "
+                            f"extension is a layer on the stack image it was resolved for. Build that first "
+                            f"(`envbuild build {resolution.request.describe()}`) or leave --from out.")
+    want = {"io.envbuild.stack": stack.id, "io.envbuild.torch": stack.torch, "io.envbuild.cuda": stack.cuda,
+            "io.envbuild.python": stack.python}
+    wrong = [f"{k.split('.')[-1]} {labels.get(k)} (expected {v})" for k, v in want.items()
+             if k in labels and labels[k] != v]
+    if wrong:
+        raise EnvbuildError(f"--from {ref} was built as {', '.join(wrong)}, not as stack {stack.id}, which these "
+                            f"requirements were resolved against; give that stack's image, or --stack "
+                            f"{labels['io.envbuild.stack']} to extend the image you named.")
 
 
 def _name(text: str) -> str:

@@ -58,6 +58,8 @@ except ImportError:  # pragma: no cover - uv is a dependency
     find_uv_bin = None
 
 from .errors import EnvbuildError, nearest
+from .files import read_text, write_owned
+from .resources import is_installed_copy
 from .refresh.pypi import PyPI, default_cache_dir
 
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -169,7 +171,7 @@ def load_lock(matrix_dir: Path, stack_id: str, arch: str) -> Optional[Lock]:
     path = lock_path(matrix_dir, stack_id, arch)
     if not path.is_file():
         return None
-    return parse_lock(path.read_text(), str(path))
+    return parse_lock(read_text(path, "lock file", "matrix"), str(path))
 
 
 def disagreements(lock: Lock, expected: dict[str, str]) -> list[str]:
@@ -444,6 +446,11 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
     A lock keeps its date (uv's --exclude-newer) while it agrees with its row, so re-running
     gives the same file; `upgrade`, or a row that moved, resolves as of today.
     """
+    if not check and is_installed_copy(matrix.directory):
+        raise EnvbuildError(f"envbuild lock writes into the matrix it reads, and that is the copy installed with "
+                            f"envbuild ({matrix.directory}), which the next `pip install` replaces. Copy it to a "
+                            f"directory you own and lock there: cp -r {matrix.directory} ./matrix && envbuild lock "
+                            f"--matrix-dir ./matrix (then set ENVBUILD_MATRIX_DIR=./matrix for every command).")
     known = [s.id for s in matrix.stacks]
     for stack_id in stack_ids:
         if stack_id not in known:
@@ -474,9 +481,7 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
                                                          "resolving again gives another file")))
             continue
         if not same:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
+            write_owned(path, text.encode(), lambda old: old.startswith(b"# envbuild lock"),
+                        "Move it away first: `envbuild lock` writes only the files it wrote.")
         outcomes.append(LockOutcome(stack.id, arch, path, "unchanged" if same else "written"))
     return outcomes

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from . import rules
 from .errors import EnvbuildError, nearest
+from .files import read_text
 from .resources import matrices_dir
 from .validate import gpu_spellings, unknown_gpu
 
@@ -198,6 +199,16 @@ def _env_name(v: str) -> str:
     return v
 
 
+def _env_value(v: str) -> str:
+    """A value written into a Dockerfile ENV line and Apptainer's %environment: one line of
+    printable text (a newline would end the line and start a Dockerfile instruction of its own)."""
+    bad = sorted({c for c in v if ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(f"holds the control character(s) {' '.join(repr(c) for c in bad)}; an environment value is "
+                         f"one line of text")
+    return v
+
+
 class EnvDefault(_Strict):
     """A default the image sets: what it is for (reason, source) and what it costs."""
 
@@ -210,6 +221,7 @@ class EnvDefault(_Strict):
     node: Optional[NodeCondition] = None
 
     _n = field_validator("name")(lambda v: _env_name(v))
+    _v = field_validator("value")(lambda v: _env_value(v))
 
     @field_validator("when")
     @classmethod
@@ -237,6 +249,7 @@ class ImageEnv(_Strict):
     @field_validator("value", "reason", "source")
     @classmethod
     def _fields(cls, v: str) -> str:
+        _env_value(v)
         unknown = sorted(set(re.findall(r"\{(\w+)\}", v)) - set(IMAGE_ENV_FIELDS))
         if unknown:
             raise ValueError(f"names {', '.join('{' + u + '}' for u in unknown)}; an image_env text may name "
@@ -695,7 +708,7 @@ class Matrix:
         for key in spellings:
             if key in names:
                 return names[key]
-        raise unknown_gpu(name, spellings, [p.name for p in self.gpus])
+        raise unknown_gpu(name, spellings, [p.name for p in self.gpus], str(self.directory / "gpus.yaml"))
 
     @property
     def fabrics(self) -> list[Fabric]:
@@ -807,10 +820,7 @@ def _locate(loc: tuple, data) -> str:
 
 
 def _load_yaml(path: Path):
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise EnvbuildError(f"matrix file {path} cannot be read: {e.strerror}.") from None
+    text = read_text(path, "matrix file", "matrix")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -855,12 +865,16 @@ def _check_references(m: Matrix) -> None:
         for op in ops:
             if op not in m.ops:
                 problems.append(f"{d/'deepspeed.yaml'}: presets.{preset} names unknown op '{op}'")
-    seen: dict[str, str] = {}
-    for p in m.gpus:
-        for n in [p.name, *p.aliases]:
-            if n.lower() in seen and seen[n.lower()] != p.name:
-                problems.append(f"{d/'gpus.yaml'}: alias '{n}' is used by both {seen[n.lower()]} and {p.name}")
-            seen[n.lower()] = p.name
+    seen: dict[str, tuple[int, str]] = {}
+    for i, p in enumerate(m.gpus_file.profiles):
+        for n in dict.fromkeys(x.lower() for x in [p.name, *p.aliases]):
+            if n in seen:
+                other = seen[n][1]
+                problems.append(f"{d/'gpus.yaml'}: two profiles are named '{n}' (they would get one image tag)"
+                                if other == p.name else
+                                f"{d/'gpus.yaml'}: {'name' if n == p.name.lower() else 'alias'} '{n}' is used by "
+                                f"both {other} and {p.name}")
+            seen[n] = (i, p.name)
     known_targets = m.gpus_file.cpu_targets
     for arch, names in m.gpus_file.default_cpu_targets.items():
         for name in names:

@@ -24,6 +24,7 @@ from packaging.version import Version
 
 from . import rules, validate
 from .errors import EnvbuildError
+from .files import read_bytes
 from .lock import Lock, stack_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
 from .rules import DEFAULT_CPU_TARGET, PLATFORMS
@@ -294,6 +295,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     rel = m.torch_release(s.torch)
     arch_list = gpu.cc
     arch = rules.image_arch(m, s, gpu)
+    rules.check_emulation(m, req, gpu, arch)
     default_target = m.cpu_target_for(arch, gpu, m.bases.families[s.os])
     cpu_target = req.cpu_target or default_target
     ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops, arch)
@@ -364,11 +366,7 @@ def ca_file(path: Optional[str]) -> Optional[Path]:
     if not path:
         return None
     p = Path(path)
-    try:
-        text = p.read_text(encoding="ascii", errors="replace")
-    except OSError as e:
-        raise EnvbuildError(f"--ca-cert {path}: cannot read it ({e.strerror}); give a PEM file such as "
-                            f"/etc/ssl/certs/ca-certificates.crt.") from None
+    text = read_bytes(p, "--ca-cert", "ca").decode("ascii", errors="replace")
     if "-----BEGIN CERTIFICATE-----" not in text:
         raise EnvbuildError(f"--ca-cert {path} holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' line).")
     return p

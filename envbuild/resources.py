@@ -20,5 +20,11 @@ def matrices_dir() -> Path:
     return _find("matrices")
 
 
+def is_installed_copy(directory: Path) -> bool:
+    """Whether `directory` is the matrix shipped inside the installed package (site-packages):
+    envbuild reads it, but a lab's edits and locks belong in a matrix directory it owns."""
+    return Path(directory).resolve() == (_PKG / "matrices").resolve()
+
+
 def templates_dir() -> Path:
     return _find("templates")

@@ -31,7 +31,8 @@ Rules that refuse the request itself, before or after a stack is chosen (an erro
 rule, not a Rejection): ``torch-python`` and ``os-python`` for a --python no stack could have,
 ``cpu-target`` for a target the matrix does not know, ``base-os`` (a --base-image or
 --builder-image must be the stack's distro release) and ``base-cuda`` (a named CUDA image must be
-the stack's CUDA, and a devel one where the builder needs nvcc).
+the stack's CUDA, and a devel one where the builder needs nvcc), ``qemu`` (--qemu only for an
+arm64 image, where it does something).
 """
 
 from __future__ import annotations
@@ -183,6 +184,16 @@ def image_arch(m, s, gpu) -> Optional[str]:
     GPU's nodes that PyPI has CUDA torch wheels for (None: there is none)."""
     arches = m.stack_arches(s)
     return next((a for a in gpu.host_arch if a in arches), None)
+
+
+def check_emulation(m, req, gpu, arch: Optional[str]) -> None:
+    """Rule qemu: --qemu changes an arm64 build only; on an x86_64 image it would do nothing,
+    which the user should hear rather than find out."""
+    if req.qemu and arch == "x86_64":
+        arm = sorted(g.name for g in m.gpus if "aarch64" in g.host_arch)
+        raise EnvbuildError(f"--qemu builds an arm64 image under qemu-user emulation, but {gpu.name}'s image is "
+                            f"x86_64, where it would do nothing (rule qemu). Drop --qemu, or pick a GPU whose nodes "
+                            f"are arm64: {', '.join(arm)}.")
 
 
 def _no_cuda_wheels(m, s, arch: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import rules
 from .errors import EnvbuildError
+from .files import read_text, write_owned
 from .lock import stack_lock
 from .matrix import Matrix
 
@@ -261,12 +262,13 @@ def update_generated(text: str, m: Matrix) -> str:
 def refresh_generated(path: Path, m: Matrix, check: bool) -> bool:
     """Rewrite the generated blocks in the Markdown file `path`; with check, only report whether
     they are current (True: nothing to change)."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "Markdown file", "markdown")
     new = update_generated(text, m)
     if new == text:
         return True
-    if not check:
-        path.write_text(new, encoding="utf-8")
+    if not check:  # atomically, and only over the text just read (not over an edit made meanwhile)
+        write_owned(path, new.encode(), lambda old: old.decode("utf-8", "replace").removeprefix("\ufeff") == text,
+                    "It changed while the tables were being generated; run the command again.")
     return False
 
 

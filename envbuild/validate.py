@@ -133,6 +133,25 @@ def env_warnings(resolution) -> list[str]:
         elif name == "TORCH_CUDA_ARCH_LIST" and value != resolution.arch_list:
             out.append(f"--env TORCH_CUDA_ARCH_LIST={value}: the ops were pre-built for {resolution.arch_list} "
                        f"({resolution.gpu.name}); another list only matters to run-time JIT compiles.")
+        elif name in ("PIP_CONSTRAINT", "UV_CONSTRAINT"):
+            tool = "pip install" if name == "PIP_CONSTRAINT" else "uv pip install"
+            out.append(f"--env {name}={value} replaces the guard (the constraints file that pins torch, the CUDA "
+                       f"wheels and DeepSpeed as built): a later `{tool}` can then replace torch under the "
+                       f"pre-built ops and extensions (undefined symbols at import). Bypass it per command "
+                       f"instead: {name}= {tool} ...")
+        elif name == "ENVBUILD_MIN_DRIVER":
+            out.append(f"--env ENVBUILD_MIN_DRIVER={value} changes the driver floor the entrypoint and the smoke test "
+                       f"check (the stack's CUDA needs its own); {'empty, it silences the check' if not value.strip() else 'a wrong floor lets an old driver through to CUDA error 803 at the first kernel'}.")
+        elif name == "NVIDIA_VISIBLE_DEVICES":
+            out.append(f"--env NVIDIA_VISIBLE_DEVICES={value} bakes which GPUs the NVIDIA runtime and enroot's hook "
+                       f"hand in ('all' by default); "
+                       + ("with none/void/empty every container of the image starts without GPUs or driver "
+                          "libraries." if value.strip().lower() in ("", "none", "void") else
+                          "a fixed list is wrong on every node whose GPUs differ; choose GPUs per job "
+                          "(--gpus, CUDA_VISIBLE_DEVICES) instead."))
+        elif name == "NVIDIA_DRIVER_CAPABILITIES" and not {"compute", "all"} & set(value.replace(" ", "").split(",")):
+            out.append(f"--env NVIDIA_DRIVER_CAPABILITIES={value} leaves out 'compute': the container gets no "
+                       f"libcuda.so, and CUDA cannot start.")
         elif name == "LD_LIBRARY_PATH":
             out.append("--env LD_LIBRARY_PATH replaces the base image's value in Docker (nvidia/cuda sets "
                        "/usr/local/nvidia/lib:/usr/local/nvidia/lib64 for the driver libraries), while in Apptainer "
@@ -313,10 +332,12 @@ def gpu_spellings(name: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def unknown_gpu(name: str, spellings: list[str], profiles: list[str]) -> EnvbuildError:
+def unknown_gpu(name: str, spellings: list[str], profiles: list[str], gpus_file: str = "matrices/gpus.yaml"
+                ) -> EnvbuildError:
     read = f" (read as '{spellings[-1]}')" if spellings[-1] != spellings[0] else ""
     hint = nearest(spellings[-1], profiles)
     did = f" did you mean {', '.join(hint)}?" if hint else ""
     return EnvbuildError(
         f"unknown GPU '{name}'{read};{did} Known GPUs: {', '.join(profiles)} (`envbuild gpus` lists them with "
-        f"aliases; a GPU not in the matrix needs a profile in matrices/gpus.yaml, see docs/matrix.md 'Adding a GPU'.")
+        f"aliases; a GPU not in the matrix needs a profile in {gpus_file} (the file this run read; --matrix-dir or "
+        f"ENVBUILD_MATRIX_DIR names a matrix directory of your own), see docs/matrix.md 'Adding a GPU'.")

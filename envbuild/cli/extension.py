@@ -35,12 +35,13 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     from ..extend import resolve_extension, with_cuda_extensions
     from ..resolve import resolve
 
+    _check_as_of(as_of)
     requirements, source, name, from_image = _packages(requirements_file, project_file, name, from_image, kw)
-    _check_inputs(as_of, output, kw)
+    _check_inputs(output, from_image, kw)
     m, req = request_from(kw)
     req, requirements = with_cuda_extensions(m, req, requirements, source)  # flash-attn: built in the stack image
     secrets = secrets_from(kw)
-    r = resolve(m, req)
+    r = _check_from(from_image, resolve(m, req))
     if not requirements:  # only CUDA extensions: the stack image with --ext is the whole answer
         return _stack_image_only(r, source, output, do_build, secrets)
     extension = resolve_extension(m, r, requirements, source, name=name,
@@ -66,6 +67,21 @@ def _write_extension(r, extension, from_image, output):
     path = write_build_dir(render(plan), Path(output) if output else Path("build") / plan.tag)
     _print_extension(r, extension, base, digest, plan.tag, path)
     return plan, path
+
+
+def _check_from(from_image, r):
+    """The image named by --from, where this machine's engine has it, must be the stack's image;
+    returns the resolution."""
+    from ..engine import get_engine
+    from ..extend import check_stack_image
+
+    if from_image:
+        try:
+            info = get_engine().inspect(from_image)
+        except EnvbuildError:  # no engine here, or the image is only in a registry: the build checks it
+            return r
+        check_stack_image(from_image, dict(info.labels), r)
+    return r
 
 
 def _stack_image_only(r, source, output, do_build, secrets) -> None:
@@ -105,14 +121,34 @@ def _packages(requirements_file, project_file, name, from_image, kw):
     return requirements, source, name or project.name, from_image or project.image
 
 
-def _check_inputs(as_of, output, kw) -> None:
+def _check_inputs(output, from_image, kw) -> None:
+    from ..registry import check_image_reference
+
+    check_image_reference("--from", from_image)
     if not kw.get("gpu"):
         raise EnvbuildError("envbuild extend: no GPU: give --gpu (e.g. --gpu h100), or `gpu:` in the project file; "
                             "`envbuild gpus` lists them.")
-    if as_of and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", as_of):
-        raise EnvbuildError(f"--as-of {as_of}: not a date; write it as YYYY-MM-DD (e.g. 2026-11-22).")
     if output is not None and not output.strip():
         raise EnvbuildError("-o/--output is empty; give a directory, or leave it out for ./build/<tag>.")
+
+
+def _check_as_of(as_of) -> None:
+    """A calendar date, not after today (a lock as of a future day cannot be reproduced)."""
+    if as_of is not None:
+        import datetime
+
+        today = datetime.datetime.now(datetime.timezone.utc).date()
+        try:
+            day = datetime.date.fromisoformat(as_of) if re.fullmatch(r"\d{4}-\d{2}-\d{2}", as_of) else None
+        except ValueError:
+            day = None
+        if day is None:
+            raise EnvbuildError(f"--as-of '{as_of}' is not a calendar date; write it as YYYY-MM-DD, e.g. --as-of "
+                                f"{today.isoformat()}.")
+        if day > today:
+            raise EnvbuildError(f"--as-of {as_of} is in the future (today is {today.isoformat()} UTC): a lock "
+                                f"resolved as of a day that has not come cannot be reproduced; nearest valid "
+                                f"choice: --as-of {today.isoformat()}, or leave it out.")
 
 
 def _print_extension(r, extension, base, digest, tag, path) -> None:

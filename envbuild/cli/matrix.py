@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..errors import EnvbuildError
 from ..refresh import refresh_command
-from .app import blocks, err, main, markers_note, notes, out, table
+from .app import blocks, err, main, markers_note, notes, out, print_table, table
 from .options import matrix_dir_option
 
 
@@ -39,7 +39,7 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
                                for s in m.stacks], indent=2))
         return
     headers = STACK_HEADERS if wide else STACK_NARROW
-    out.print(table("envbuild stacks" + ("" if wide else " (--wide: every column)"), headers,
+    print_table(table("envbuild stacks" + ("" if wide else " (--wide: every column)"), headers,
                      narrow(STACK_HEADERS, headers, stack_rows(m)), ids=(0,),
                      **({} if wide else {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True})))
     notes("notes:", stack_notes(m))
@@ -64,9 +64,9 @@ def gpus(as_json, wide, matrix_dir):
         return
     env_title = "environment defaults baked into the images (override: docker run -e, apptainer --env, render --env)"
     if wide:
-        out.print(table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m), ids=(0,)))
-        out.print(table(env_title, ENV_HEADERS, env_rows(m), ids=(1,)))
-        out.print(table("considered and not baked", NOT_BAKED_HEADERS, not_baked_rows(m), ids=(1,)))
+        print_table(table("envbuild GPU profiles", GPU_HEADERS, gpu_rows(m), ids=(0,)))
+        print_table(table(env_title, ENV_HEADERS, env_rows(m), ids=(1,)))
+        print_table(table("considered and not baked", NOT_BAKED_HEADERS, not_baked_rows(m), ids=(1,)))
     else:
         out.print(table("envbuild GPU profiles (--wide: aliases and defaults as tables)", GPU_NARROW,
                          narrow(GPU_HEADERS, GPU_NARROW, gpu_rows(m)), ids=(0,), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True))
@@ -177,24 +177,24 @@ def lock(stack_ids, check, upgrade, bases, matrix_dir):
 def ci(output, check, matrix_dir):
     """Generate the GitHub Actions workflows: the one that builds, smoke-tests and publishes
     the matrix, and beside it the weekly one that refreshes the matrix from PyPI."""
-    from ..ci import render_refresh_workflow, render_workflow
+    from ..ci import workflows_for, write_workflows
+    from ..files import read_bytes
     from ..matrix import load_matrix
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
-    workflows = {Path(output): render_workflow(m),
-                 Path(output).parent / "matrix-refresh.yml": render_refresh_workflow()}
+    workflows = workflows_for(m, output)
     if check:
-        stale = [str(p) for p, text in workflows.items() if not p.is_file() or p.read_text() != text]
+        stale = [str(p) for p, text in workflows.items()
+                 if not p.is_file() or read_bytes(p, "workflow", "markdown") != text.encode()]
         if stale:
             missing = [s for s in stale if not Path(s).is_file()]
             what = f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} " + ("missing" if missing else "stale")
             raise EnvbuildError(f"{what}; run `envbuild ci -o {output}`.", 1)
         out.print(f"{', '.join(map(str, workflows))} are current")
         return
-    for path, text in workflows.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        out.print(f"wrote {path}")
+    changed = write_workflows(workflows)
+    for path in workflows:
+        out.print(f"{'wrote' if path in changed else 'unchanged'} {path}")
 
 
 @main.command()

@@ -64,6 +64,7 @@ class ImageInfo:
     tags: list[str]
     platform: str = "linux/amd64"  # OS/architecture of the image config (linux/arm64 for Grace images)
     repo_digests: tuple[str, ...] = ()  # 'repo@sha256:...' of each registry it was pushed to or pulled from
+    labels: tuple[tuple[str, str], ...] = ()  # the image config's labels (io.envbuild.*: what it was built as)
 
 
 @dataclass

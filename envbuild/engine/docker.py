@@ -145,7 +145,8 @@ class DockerEngine:
         image = self._get(ref)
         attrs = getattr(image, "attrs", None) or {}
         platform = f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or 'amd64'}"
-        return ImageInfo(image.id, list(image.tags), platform, tuple(attrs.get("RepoDigests") or ()))
+        labels = tuple(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
+        return ImageInfo(image.id, list(image.tags), platform, tuple(attrs.get("RepoDigests") or ()), labels)
 
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,

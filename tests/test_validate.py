@@ -120,7 +120,7 @@ REFUSED = [
                                             "--cuda 12.8, --cuda '>=12.6'"]),
     # a GPU not in the matrix, as nvidia-smi prints it (NVIDIA/nccl#606: "NVIDIA RTX A6000")
     (["--gpu", "NVIDIA RTX A6000"], ["unknown GPU 'NVIDIA RTX A6000' (read as 'rtxa6000')", "did you mean",
-                                     "matrices/gpus.yaml"]),
+                                     "gpus.yaml (the file this run read"]),
 ]
 
 

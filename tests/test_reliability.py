@@ -1,0 +1,264 @@
+"""envbuild's own reliability, as an adversarial user meets it: every command's bad input is
+exit 2 with one paragraph and nothing written; runs at once into one directory never
+interleave; an interrupted or killed run leaves nothing a later run does not clean; the
+output-directory rules hold for any sequence of renders and user edits (hypothesis).
+
+The disk-full (tmpfs), permission-error and Ctrl-C-inside-a-write cases of the writer are in
+test_output.py; the build path's faults (engine, registry, smoke) in test_docker_e2e.py."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FIXTURE_MATRIX, ROOT, run_cli
+
+BIG = "big.txt"  # 30 MB of zeros, made in the test's directory (a file no command should slurp)
+
+# (command and arguments, words the one-paragraph message must hold). Run in an empty directory
+# (plus BIG, req.txt and mine.yml where named): afterwards it holds nothing new.
+BAD_INPUT = [
+    # endless or huge files a user names: refused at a bound, not after the memory is gone
+    (["render", "--gpu", "h20", "--ca-cert", "/dev/zero"], ["--ca-cert /dev/zero is larger than 8 MiB"]),
+    (["render", "--gpu", "h20", "--ca-cert", BIG], ["--ca-cert big.txt is larger than"]),
+    (["extend", "--gpu", "h100", "-r", "/dev/zero"], ["-r /dev/zero is larger than 2 MiB"]),
+    (["extend", "--gpu", "h100", "-f", "/dev/zero"], ["-f /dev/zero is larger than 1 MiB"]),
+    (["readme-tables", "--check", "/dev/zero"], ["/dev/zero is larger than 8 MiB"]),
+    # names the operating system refuses: exit 2, not "internal error"
+    (["render", "--gpu", "h20", "-o", "x" * 300], ["cannot be written", "File name too long"]),
+    (["ci", "-o", ""], ["-o/--output '' names no file"]),
+    (["ci", "-o", "out/"], ["names no file"]),
+    (["ci", "-o", "/proc/ci.yml"], ["/proc/ci.yml cannot be written"]),
+    (["ci", "-o", "matrix-refresh.yml"], ["the refresh workflow"]),
+    # a file envbuild did not write is never replaced
+    (["ci", "-o", "mine.yml"], ["mine.yml exists and envbuild did not write it", "nothing was written"]),
+    # a second value would silently win
+    (["render", "--gpu", "h100", "--gpu", "h20"], ["--gpu is given 2 times (h100, h20)"]),
+    (["render", "--gpu", "h20", "--stack", "a", "--stack", "b"], ["--stack is given 2 times"]),
+    (["extend", "--gpu", "h100", "--gpu", "h20", "-r", "req.txt"], ["--gpu is given 2 times"]),
+    # an option that would do nothing
+    (["render", "--gpu", "h100", "--qemu"], ["--qemu builds an arm64 image", "rule qemu", "gh200"]),
+    # dates: not a date, or a day that has not come
+    (["extend", "--gpu", "h100", "-r", "req.txt", "--as-of", "2026-13-01"], ["--as-of '2026-13-01' is not a calendar date"]),
+    (["extend", "--gpu", "h100", "-r", "req.txt", "--as-of", "2099-01-01"], ["--as-of 2099-01-01 is in the future"]),
+    # --from: an image reference, checked before Docker or uv is asked anything
+    (["extend", "--gpu", "h100", "-r", "req.txt", "--from", "not a ref!"], ["--from 'not a ref!' is not a valid image"]),
+]
+
+
+def _bad_input_dir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    with open(work / BIG, "wb") as f:
+        f.truncate(30 * 1024 * 1024)
+    (work / "req.txt").write_text("einops\n")
+    (work / "mine.yml").write_text("on: push\n")
+    return work
+
+
+def _listing(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(directory.rglob("*"))}
+
+
+def assert_clean_failure(r, words):
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+    both = r.stderr + r.stdout
+    assert "Traceback" not in both and "internal error" not in both
+    msg = r.stderr.strip()
+    assert msg.startswith("envbuild: error:"), msg
+    assert "\n\n" not in msg
+    for w in words:
+        assert w in " ".join(msg.split()), (w, msg)
+
+
+@pytest.mark.parametrize("args, words", BAD_INPUT, ids=[" ".join(a)[:60] for a, _ in BAD_INPUT])
+def test_bad_input_is_exit_2_one_paragraph_nothing_written(tmp_path, args, words):
+    work = _bad_input_dir(tmp_path)
+    before = _listing(work)
+    r = run_cli(*args, cwd=work, timeout=60)
+    assert_clean_failure(r, words)
+    assert _listing(work) == before
+
+
+def test_a_utf16_or_binary_matrix_file_is_refused(cli, matrix_copy, tmp_path):
+    for data, words in [("stacks: []".encode("utf-16"), ["is not UTF-8 text", "UTF-16"]),
+                        (bytes(range(256)), ["is not UTF-8 text"])]:
+        (matrix_copy / "stacks.yaml").write_bytes(data)
+        r = cli("render", "--gpu", "h20", "--matrix-dir", str(matrix_copy), "-o", str(tmp_path / "o"))
+        assert_clean_failure(r, [str(matrix_copy / "stacks.yaml"), *words])
+        assert not (tmp_path / "o").exists()
+
+
+def test_a_newline_in_a_matrix_env_value_is_refused_not_rendered_as_an_instruction(cli, matrix_copy, tmp_path):
+    p = matrix_copy / "gpus.yaml"
+    text = p.read_text()
+    i = text.index("common_env:")
+    j = text.index("value: ", i)
+    end = text.index("\n", j)
+    p.write_text(text[:j] + 'value: "1\\nRUN echo injected"' + text[end:])
+    r = cli("render", "--gpu", "h20", "--matrix-dir", str(matrix_copy), "-o", str(tmp_path / "o"))
+    assert_clean_failure(r, ["common_env[0]", "control character", "one line of text"])
+
+
+def test_two_gpu_profiles_with_one_name_are_refused(cli, matrix_copy, tmp_path):
+    p = matrix_copy / "gpus.yaml"
+    text = p.read_text()
+    assert "  - {name: h100, aliases: [" in text
+    p.write_text(text.replace("  - {name: h100, aliases: [", "  - {name: h20, aliases: [h100-x, ", 1))
+    r = cli("render", "--gpu", "h20", "--matrix-dir", str(matrix_copy), "-o", str(tmp_path / "o"))
+    assert r.returncode == 2 and "two profiles are named 'h20'" in r.stderr, r.stderr
+
+
+def test_overrides_that_undo_a_protection_warn(cli, tmp_path):
+    r = cli("render", "--gpu", "h20", "-o", str(tmp_path / "o"), "--env", "PIP_CONSTRAINT=", "--env",
+            "UV_CONSTRAINT=/dev/null", "--env", "ENVBUILD_MIN_DRIVER=1", "--env", "NVIDIA_VISIBLE_DEVICES=none")
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    for words in ["--env PIP_CONSTRAINT= replaces the guard", "--env UV_CONSTRAINT=/dev/null replaces the guard",
+                  "--env ENVBUILD_MIN_DRIVER=1 changes the driver floor",
+                  "--env NVIDIA_VISIBLE_DEVICES=none bakes which GPUs", "without GPUs"]:
+        assert words in said, (words, said)
+
+
+def test_ci_replaces_only_the_workflows_it_wrote(cli, tmp_path):
+    wf = tmp_path / "wf"
+    assert cli("ci", "-o", str(wf / "publish.yml")).returncode == 0
+    assert cli("ci", "-o", str(wf / "publish.yml")).stdout.count("unchanged") == 2
+    (wf / "matrix-refresh.yml").write_text("on: push  # mine\n")
+    before = _listing(wf)
+    r = cli("ci", "-o", str(wf / "publish.yml"))
+    assert_clean_failure(r, ["matrix-refresh.yml exists and envbuild did not write it"])
+    assert _listing(wf) == before  # checked before anything is written: publish.yml untouched too
+
+
+def test_matrix_wide_is_readable_in_80_columns_and_in_a_pipe(cli):
+    for env in ({"COLUMNS": "80"}, {}):
+        r = run_cli("matrix", "--wide", env=env)
+        assert r.returncode == 0
+        header = next(line for line in r.stdout.splitlines() if "stack" in line and "python" in line)
+        assert "torchvision" in header and "deepspeed" in header, header
+
+
+def test_unknown_gpu_names_the_matrix_file_read(cli, matrix_copy, tmp_path):
+    r = cli("render", "--gpu", "zz9000", "--matrix-dir", str(matrix_copy), "-o", str(tmp_path / "o"))
+    assert_clean_failure(r, [f"a profile in {matrix_copy / 'gpus.yaml'}"])
+
+
+def test_lock_refuses_to_write_into_the_installed_copy_of_the_matrix(tmp_path, monkeypatch):
+    from envbuild import resources
+
+    assert not resources.is_installed_copy(FIXTURE_MATRIX)
+    monkeypatch.setattr(resources, "_PKG", tmp_path / "site-packages" / "envbuild")
+    (tmp_path / "site-packages" / "envbuild" / "matrices").mkdir(parents=True)
+    assert resources.is_installed_copy(tmp_path / "site-packages" / "envbuild" / "matrices")
+
+
+# ---------------------------------------------------------------- runs at once, interrupted runs
+
+def _render_proc(out: Path, gpu: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ENVBUILD_MATRIX_DIR": str(FIXTURE_MATRIX)}
+    env.pop("ENVBUILD_DEBUG", None)
+    return subprocess.Popen([sys.executable, "-m", "envbuild", "render", "--gpu", gpu, "-o", str(out)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _verifies(out: Path) -> bool:
+    return subprocess.run(["sha256sum", "-c", "--quiet", ".envbuild-files"], cwd=out,
+                          capture_output=True).returncode == 0
+
+
+def _temporaries(out: Path) -> list[str]:
+    return [str(p) for p in out.rglob("*") if ".envbuild-tmp-" in p.name or ".envbuild-old-" in p.name]
+
+
+def test_eight_renders_into_one_directory_all_succeed_and_the_tree_verifies(tmp_path):
+    out = tmp_path / "d"
+    procs = [_render_proc(out, gpu) for gpu in ["h20", "h100", "v100", "a100"] * 2]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    assert [rc for rc, _ in results] == [0] * 8, results
+    assert _verifies(out) and _temporaries(out) == []
+    again = run_cli("render", "--gpu", "h20", "-o", str(out))
+    assert again.returncode == 0, again.stderr  # not refused as "edited"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_interrupted_renders_leave_nothing_a_later_render_does_not_clean(tmp_path, sig):
+    out = tmp_path / "d"
+    assert run_cli("render", "--gpu", "h20", "-o", str(out)).returncode == 0
+    (out / "build.log").write_text("mine\n")
+    codes = {}
+    for i in range(12):  # from start-up through writing (a render takes about a second here)
+        p = _render_proc(out, "h100" if i % 2 else "h20")
+        time.sleep(0.25 + i * 0.1)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+        if p.returncode == 1 and "<frozen site>" in err:
+            continue  # Python itself was still starting (its site import): before any envbuild code
+        codes[p.returncode] = err[-1500:]
+        if sig == signal.SIGINT and p.returncode == 130:
+            assert "Traceback" not in err and err.strip().endswith("envbuild: interrupted"), err
+    last = run_cli("render", "--gpu", "h20", "-o", str(out))
+    assert last.returncode == 0, last.stderr
+    assert _verifies(out) and _temporaries(out) == []
+    assert (out / "build.log").read_text() == "mine\n"
+    assert set(codes) <= {0, 130, -9}, codes  # nothing but done, interrupted or killed
+
+
+# ---------------------------------------------------------------- the output-directory rules, as a property
+
+FILES = st.dictionaries(st.sampled_from(["Dockerfile", "a/b.sh", "a/c.txt", "d/e/f", "manifest.json"]),
+                        st.binary(max_size=8), min_size=1)
+ACTIONS = st.lists(st.one_of(
+    st.tuples(st.just("render"), FILES),
+    st.tuples(st.just("edit"), st.sampled_from(["Dockerfile", "a/b.sh", "d/e/f"])),
+    st.tuples(st.just("user"), st.sampled_from(["build.log", "a/mine.txt", "x.sif"])),
+    st.tuples(st.just("stale"), st.sampled_from(["Dockerfile", "a/b.sh"])),
+), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=ACTIONS)
+def test_output_directory_rules_hold_for_any_sequence(tmp_path_factory, actions):
+    """Whatever renders, user edits, user files and left-over temporaries come in whatever order:
+    a user's file is never changed or removed; a render either succeeds (then the tree is
+    exactly its files plus the user's, and the record verifies) or refuses with exit 2 and
+    changes nothing."""
+    from envbuild.errors import EnvbuildError
+    from envbuild.output import recorded_files, write_build_dir
+
+    out = tmp_path_factory.mktemp("prop") / "out"
+    user: dict[str, bytes] = {}
+    for kind, arg in actions:
+        if kind == "render":
+            before = _listing(out) if out.exists() else None
+            try:
+                write_build_dir(arg, out)
+            except EnvbuildError:
+                assert (_listing(out) if out.exists() else None) == before
+                continue
+            assert _verifies(out) and _temporaries(out) == []
+            for rel, data in arg.items():
+                assert (out / rel).read_bytes() == data
+        elif kind == "edit" and (out / arg).is_file():
+            (out / arg).write_bytes((out / arg).read_bytes() + b"edited")
+            user[arg] = (out / arg).read_bytes()
+        elif kind == "user" and out.is_dir() and not os.path.lexists(out / arg):
+            (out / arg).parent.mkdir(parents=True, exist_ok=True)
+            if not (out / arg).parent.is_dir():
+                continue
+            (out / arg).write_bytes(b"user")
+            user[arg] = b"user"
+        elif kind == "stale" and arg in recorded_files(out) and (out / arg).parent.is_dir():
+            (out / arg).parent.joinpath(f".{Path(arg).name}.envbuild-tmp-0123abcd").write_bytes(b"left by a kill")
+        for rel, data in user.items():
+            assert (out / rel).read_bytes() == data, rel
+    # what a killed run left is gone once a render succeeds in that directory
+

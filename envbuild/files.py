@@ -196,6 +196,17 @@ def check_owned(path: Path, ours: Callable[[bytes], bool], refusal: str) -> Opti
     return old
 
 
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` by `data` in one step: a reader (or a run killed half-way) sees the old
+    file or the new one, never a truncated one."""
+    tmp = write_temp(Path(path), data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_owned(path: Path, data: bytes, ours: Callable[[bytes], bool], refusal: str,
                 mode: int = 0o644) -> bool:
     """Write one generated file atomically, under its directory's lock: only where no file

@@ -351,7 +351,9 @@ STACK_LAYOUTS = (("Dockerfile", "docker/Dockerfile.j2"), ("Singularity.def", "si
 EXTENSION_LAYOUTS = (("Dockerfile", "docker/Dockerfile.extend.j2"),
                      ("Singularity.def", "singularity/Singularity.extend.def.j2"))
 MANIFEST_NAME = "manifest.json"  # the build directory's copy of the plan's manifest
-DOCKERIGNORE = "build.log\n*.sif\n"  # what a build writes beside the rendered files stays out of the context
+# What a build writes beside the rendered files stays out of the context, and so do the temporary
+# files of a render killed half-way (envbuild/files.py names them; the next render removes them).
+DOCKERIGNORE = "build.log\n*.sif\n**/.*.envbuild-tmp-*\n**/.*.envbuild-old-*\n"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Optional
 
 from .engine import Engine, get_engine
 from .errors import EnvbuildError
+from .files import read_bytes, write_atomic
 from .image import paths as image_paths
 from .image.report import status_word
 from .emulation import QEMU_CPU, QEMU_CPU_SYSFS, qemu_cpu_stub
@@ -101,11 +102,11 @@ def run_smoke(image: str, gpus: Optional[str] = None, timeout: int = 900,
     if record:
         p = record_path(info.id)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps({"image": image, "image_id": info.id, "platform": info.platform,
+        write_atomic(p, json.dumps({"image": image, "image_id": info.id, "platform": info.platform,
                                  **({"emulated": "qemu-user", "qemu_cpu": QEMU_CPU} if qemu else {}),
                                  "ok": rep.ok, "mode": rep.mode,
                                  "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                 "checks": rep.checks}, indent=2))
+                                 "checks": rep.checks}, indent=2).encode())
     return rep
 
 
@@ -140,7 +141,13 @@ def require_passed(image_id: str, image: str, platform: Optional[str] = None) ->
     if not p.is_file():
         raise EnvbuildError(f"refusing to push {image}: no smoke test has been recorded for image "
                             f"{image_id[:19]}; run `envbuild smoke {image}` first.", exit_code=1)
-    rec = json.loads(p.read_text())
+    try:
+        rec = json.loads(read_bytes(p, "smoke record", "record"))
+        if not isinstance(rec, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        raise EnvbuildError(f"refusing to push {image}: its smoke record {p} is damaged (not the JSON envbuild "
+                            f"writes); run `envbuild smoke {image}` again.", exit_code=1) from None
     if not rec.get("ok"):
         failed = [c["name"] for c in rec.get("checks", []) if not c.get("ok")]
         raise EnvbuildError(f"refusing to push {image}: its smoke test failed ({', '.join(failed) or 'see record'}; "

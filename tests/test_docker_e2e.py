@@ -17,6 +17,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 import urllib.request
@@ -540,3 +541,138 @@ def test_registry_refusing_authentication_is_a_clear_error(h20, smoked, state, w
     finally:
         reg.terminate()
         reg.wait(timeout=10)
+
+
+def _own_registry(work, name):
+    """A second real registry (docker-registry from Debian) on a free port, empty."""
+    port = _free_port()
+    d = work / name
+    d.mkdir()
+    (d / "config.yml").write_text("version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: " + str(d / "data") +
+                                  f"\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    reg = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    for _ in range(50):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    return reg, port
+
+
+def _tags_in(port) -> list[str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/{REPO}/tags/list", timeout=10) as f:
+            return json.load(f).get("tags") or []
+    except urllib.error.HTTPError as e:
+        assert e.code == 404
+        return []
+
+
+def test_a_registry_failing_or_dropping_the_connection_mid_push_publishes_nothing_then_a_rerun_succeeds(
+        h20, smoked, state, work):
+    """A TCP proxy in front of a real registry: every manifest upload answered 500 -> push fails
+    after its retries with the registry's words, exit 1, no tag in the registry or left locally;
+    then the connection dropped on the first blob upload and the first two manifest uploads ->
+    the same command succeeds (Docker's and envbuild's retries), and the digest pulls back."""
+    sys.path.insert(0, str(Path(__file__).parent / "tools"))
+    from faulty_proxy import FaultyProxy
+
+    reg, port = _own_registry(work, "faultreg")
+    try:
+        with FaultyProxy(("127.0.0.1", port), r"^PUT /v2/.*/manifests/", "500") as proxy:
+            r = run_cli("push", h20["image"], "--registry", f"127.0.0.1:{proxy.port}", env=state, timeout=900)
+            assert r.returncode == 1, r.stdout + r.stderr
+            assert "failed after 4 attempt(s)" in r.stderr and "500" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr and len(proxy.failed) >= 4
+            local = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
+            assert not [t for t in local if t.startswith(f"127.0.0.1:{proxy.port}/")], local
+        assert _tags_in(port) == []
+        with FaultyProxy(("127.0.0.1", port), r"^(PATCH|PUT) /v2/.*/blobs/uploads/", "drop", times=1) as blobs, \
+                FaultyProxy(("127.0.0.1", blobs.port), r"^PUT /v2/.*/manifests/", "drop", times=2) as proxy:
+            r = run_cli("push", h20["image"], "--registry", f"127.0.0.1:{proxy.port}", env=state, timeout=900)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert len(proxy.failed) == 2 and len(blobs.failed) == 1, (proxy.failed, blobs.failed)
+            digest = re.search(r"digest (sha256:[0-9a-f]{64})", r.stdout).group(1)
+        assert sorted(_tags_in(port)) == sorted(t.split(":", 1)[1] for t in
+                                                       [h20["image"], h20["content_tag"]] if t), _tags_in(port)
+        assert docker("pull", f"127.0.0.1:{port}/{REPO}@{digest}").returncode == 0
+    finally:
+        reg.terminate()
+        reg.wait(timeout=10)
+        refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
+        stale = [t for t in refs if t.startswith("127.0.0.1:") and not t.startswith(REGISTRY)]
+        if stale:
+            docker("rmi", *stale, check=False)
+
+
+def _owned_containers() -> list[str]:
+    return docker("ps", "-aq", "--filter", "label=io.envbuild.owner", check=False).stdout.split()
+
+
+def _wait_for_container(proc, seconds=120) -> str:
+    for _ in range(seconds * 5):
+        ids = _owned_containers()
+        if ids:
+            return ids[0]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError("the smoke container never started")
+
+
+def _smoke_proc(image, state_env):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **state_env}
+    return subprocess.Popen([sys.executable, "-m", "envbuild", "smoke", image], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_a_smoke_test_killed_mid_run_records_no_pass_and_a_killed_envbuild_leaves_no_container(h20, work):
+    """The smoke container killed mid-run: exit 1 naming it, no record, push refuses. envbuild itself
+    killed mid-run (its container orphaned): the next smoke run removes the orphan and passes."""
+    state = {"ENVBUILD_STATE_DIR": str(work / "state-killed")}
+    assert _owned_containers() == []
+    proc = _smoke_proc(h20["image"], state)
+    docker("kill", _wait_for_container(proc))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "printed no result (exit 137)" in err and "Traceback" not in err, err
+    assert not list((work / "state-killed").rglob("*.json"))
+    r = run_cli("push", h20["image"], "--registry", REGISTRY, env=state)
+    assert r.returncode == 1 and "no smoke test has been recorded" in r.stderr, r.stderr
+    proc = _smoke_proc(h20["image"], state)
+    orphan = _wait_for_container(proc)
+    proc.kill()
+    proc.wait()
+    assert orphan in _owned_containers()  # left running by the killed process
+    r = run_cli("smoke", h20["image"], env=state, timeout=1200)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert orphan not in _owned_containers() and _owned_containers() == []
+
+
+def test_the_engine_going_away_mid_build_fails_clearly_tags_nothing_and_a_rerun_succeeds(h20, work, state, test_ca,
+                                                                                          credential):
+    """The Docker socket cut a few seconds into a build (a proxy in front of it: the real daemon
+    keeps serving the other tests): exit 1, no traceback, nothing tagged; the same build on the
+    real socket then succeeds."""
+    sys.path.insert(0, str(Path(__file__).parent / "tools"))
+    from faulty_proxy import SocketCutter
+
+    extra = ("--ca-cert", str(test_ca["bundle"]), *credential["args"],  # as the h20 image: its cache serves
+             "--env", f"ENVBUILD_FAULT_TEST={secrets.token_hex(4)}")
+    with SocketCutter("/var/run/docker.sock", work / "cut.sock") as cutter:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **state, "DOCKER_HOST": f"unix://{work / 'cut.sock'}"}
+        out = work / "cut-build"
+        proc = subprocess.Popen([sys.executable, "-m", "envbuild", "build", "--gpu", "h20", "--stack", STACK,
+                                 "--ds-ops", OPS, "--ext", EXT, "--base-image", BASE, "--image-repo", REPO,
+                                 "-o", str(out), *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        time.sleep(4)
+        cutter.cut()
+        stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, (proc.returncode, stdout[-2000:], stderr[-3000:])
+    assert "Traceback" not in stderr and "internal error" not in stderr and stderr.startswith("envbuild:"), stderr
+    tag = json.loads((out / "manifest.json").read_text())["tag"]
+    assert docker("image", "inspect", f"{REPO}:{tag}", check=False).returncode != 0
+    r, _ = _build(work, state, "h20", extra, name="cut-build")
+    assert r.returncode == 0
+    assert docker("image", "inspect", f"{REPO}:{tag}", check=False).returncode == 0

@@ -12,6 +12,8 @@ the same code). Here:
 
 from __future__ import annotations
 
+import socket
+import os
 import json
 import sys
 from pathlib import Path
@@ -471,6 +473,9 @@ class FakeClient:
                 return FakeImage()
 
         class Containers:
+            def list(self, **kwargs):  # no orphaned envbuild containers
+                return []
+
             def run(self, image, argv, **kwargs):
                 client.run_kwargs = dict(kwargs, image=image, argv=argv)
                 return client.container
@@ -485,7 +490,9 @@ def test_docker_run_options_and_gpus():
     assert res == RunResult(0, '{"ok": true}\n', "warning: chatter\n")
     assert client.run_kwargs == {"image": IMAGE_ID, "argv": ["python", "x"], "network_mode": "none", "shm_size": "1g",
                                  "detach": True, "environment": {"A": "1"},
-                                 "entrypoint": ["/opt/envbuild/entrypoint.sh"]}
+                                 "entrypoint": ["/opt/envbuild/entrypoint.sh"],
+                                 # who owns it: the next run removes it if this process was killed
+                                 "labels": {"io.envbuild.owner": f"{socket.gethostname()}:{os.getpid()}"}}
     assert client.container.events == [("wait", 30), ("remove", True)]
     for gpus, count in (("all", -1), ("2", 2)):
         DockerEngine(client=client).run(IMAGE_ID, ["x"], timeout=1, gpus=gpus)
@@ -583,6 +590,9 @@ class _RecordingClient:
                 pass
 
         class Containers:
+            def list(self, **kwargs):  # no orphaned envbuild containers
+                return []
+
             def run(self, image, argv, **kwargs):
                 outer.kwargs = kwargs
                 return Container()

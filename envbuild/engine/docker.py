@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 from dataclasses import fields
@@ -64,6 +65,10 @@ def secret_args(secrets: BuildSecrets, tmp: Path) -> list[str]:
 
 _STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
 _DONE = re.compile(r"^#(\d+) (DONE|CACHED|ERROR)(?: ([\d.]+)s)?")
+
+
+# The label on every container envbuild runs: which host and process own it (orphans are removed).
+OWNER_LABEL = "io.envbuild.owner"
 
 
 class BuildkitProgress:
@@ -166,7 +171,9 @@ class DockerEngine:
         if gpus:
             count = -1 if gpus == "all" else int(gpus)
             kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
-        container = self.client.containers.run(image, list(argv), **kwargs)
+        self._remove_orphans()
+        owner = {OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
+        container = self.client.containers.run(image, list(argv), labels=owner, **kwargs)
         try:
             try:
                 status = container.wait(timeout=timeout)
@@ -178,6 +185,22 @@ class DockerEngine:
         finally:
             container.remove(force=True)
         return RunResult(status.get("StatusCode"), stdout, stderr)
+
+    def _remove_orphans(self) -> None:
+        """Containers an envbuild on this host started and could not remove (it was killed):
+        their owner process is gone, so remove them now."""
+        host = socket.gethostname()
+        try:
+            owned = self.client.containers.list(all=True, filters={"label": OWNER_LABEL})
+        except DockerException:
+            return  # the run below reports an engine that does not answer
+        for c in owned:
+            owner_host, _, pid = (c.labels.get(OWNER_LABEL) or "").rpartition(":")
+            if owner_host == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    c.remove(force=True)
+                except DockerException:
+                    pass  # removed meanwhile by another run
 
     def tag(self, image: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":")

@@ -47,6 +47,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -352,7 +353,7 @@ def deepspeed_install_requires(files: dict[str, bytes], where: str) -> list[str]
 
 def fetch_deepspeed_requires(version: str, progress: Callable[[str], None] = lambda _: None) -> tuple[list[str], str]:
     """DeepSpeed `version`'s requirements read from its PyPI sdist, and where they came from."""
-    index = PyPI(default_cache_dir())
+    index = PyPI(default_cache_dir(), unreachable_hint="")
     sdists = [f for f in index.files("deepspeed") if f.filename.endswith(".tar.gz") and f.version == Version(version)]
     if not sdists:
         raise EnvbuildError(f"DeepSpeed {version} has no sdist on PyPI; the lock reads its requirements from it.")
@@ -435,8 +436,63 @@ class LockOutcome:
     stack: str
     arch: str
     path: Path
-    state: str  # "written", "unchanged", "current", "stale", "failed"
+    state: str  # "written", "unchanged", "current", "stale", "unreachable", "failed"
     detail: str = ""
+
+
+# uv's and urllib's words for an index this machine cannot reach (DNS, refused, timed out, proxy):
+# a lock that cannot be resolved from here is "cannot be checked here", not "stale".
+_UNREACHABLE = re.compile(r"failed to fetch|error sending request|dns error|failed to lookup|name or service not "
+                          r"known|temporary failure in name resolution|connection (?:refused|reset)|timed out|"
+                          r"network is unreachable|tcp connect error|urlopen error|cannot be reached|"
+                          r"could not connect", re.I)
+
+
+def unreachable(message: str) -> bool:
+    """Whether a resolution failed because an index could not be reached (not for want of a solution).
+
+    >>> unreachable("error: Failed to fetch: `https://download.pytorch.org/whl/cu126/torch/`"), unreachable(
+    ...     "No solution found when resolving dependencies")
+    (True, False)
+    """
+    return bool(_UNREACHABLE.search(message))
+
+
+def unlocked_reason(stack_id: str, torch_index: Optional[str]) -> str:
+    """Why a stack has no lock, and what would make one, honestly for this stack."""
+    if torch_index:
+        host = urlsplit(torch_index).hostname or torch_index
+        return (f"none: its torch comes from {host} (PyTorch's CUDA-variant index), which `envbuild lock --stack "
+                f"{stack_id}` must reach; it cannot be locked from a machine without it, so packages below "
+                f"torch/DeepSpeed float")
+    return f"none yet: packages below torch/DeepSpeed float; `envbuild lock --stack {stack_id}` makes one"
+
+
+def lock_summary(outcomes: list[LockOutcome], check: bool) -> list[str]:
+    """What did not pass, one sentence per kind: stale locks (and the command that refreshes
+    them), locks that cannot be checked from this machine (an index it cannot reach: not stale),
+    failures. Empty: all current (or written)."""
+    total, out = len(outcomes), []
+    stale = [o for o in outcomes if o.state == "stale"]
+    if stale:
+        out.append(f"{len(stale)} of {total} locks are stale (resolving again gives another file, or there is none "
+                   f"yet); refresh with: envbuild lock {' '.join(dict.fromkeys('--stack ' + o.stack for o in stale))}")
+    far = [o for o in outcomes if o.state == "unreachable"]
+    if far:
+        out.append(f"{len(far)} of {total} locks cannot be {'checked' if check else 'made'} from here (an index "
+                   f"they resolve from cannot be reached; this says nothing about whether they are current): "
+                   f"{', '.join(dict.fromkeys(o.stack for o in far))}. Run it where PyPI"
+                   f"{' and download.pytorch.org are' if any('pytorch.org' in o.detail for o in far) else ' is'} "
+                   f"reachable (the publish CI).")
+    failed = [o for o in outcomes if o.state == "failed"]
+    if failed:
+        out.append(f"{len(failed)} of {total} locks failed: {', '.join(dict.fromkeys(o.stack for o in failed))} "
+                   f"(the reasons are above)")
+    return out
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:200]
 
 
 def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, upgrade: bool = False,
@@ -472,7 +528,10 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
             progress(f"resolving {stack.id} ({arch}) as of {date}")
             text = write_lock(lock_inputs(matrix, stack, requires_cache[stack.deepspeed], arch), date)
         except EnvbuildError as e:
-            outcomes.append(LockOutcome(stack.id, arch, path, "failed", str(e)))
+            state = "unreachable" if unreachable(str(e)) else "failed"
+            detail = (f"cannot be checked from here: an index it resolves from cannot be reached "
+                      f"({_first_line(str(e))})" if state == "unreachable" else str(e))
+            outcomes.append(LockOutcome(stack.id, arch, path, state, detail))
             continue
         same = existing is not None and normalized(existing.text) == normalized(text)
         if check:

@@ -284,6 +284,7 @@ class GpuProfile(_Strict):
     name: str
     aliases: list[str] = []
     cc: str
+    memory_gb: list[int]  # per variant (H100: 80 SXM/PCIe, 94 NVL)
     cc_inferred: bool = False
     generation: str  # the chip generation: Volta, Ampere, Hopper, Blackwell ...
     host_arch: list[Literal["x86_64", "aarch64"]] = ["x86_64"]  # the CPUs of the nodes it comes in
@@ -322,6 +323,16 @@ class CpuTarget(_Strict):
         return v
 
 
+class OutOfScope(_Strict):
+    """GPUs envbuild does not build for, named so that `--gpu mi300x` says so instead of
+    suggesting a similar-looking NVIDIA name."""
+
+    vendor: str
+    names: list[str]  # spellings as gpu_spellings() reads them: mi300x, instinct-mi300x ...
+    prefixes: list[str] = []
+    why: str
+
+
 class GpusFile(_Strict):
     sources: dict[str, str]
     image_env: list[ImageEnv]
@@ -330,6 +341,7 @@ class GpusFile(_Strict):
     default_cpu_targets: dict[Literal["x86_64", "aarch64"], list[str]]  # preference, first the OS's GCC knows
     profiles: list[GpuProfile]
     not_baked: list[NotBaked] = []
+    out_of_scope: list[OutOfScope] = []
 
 
 # ---------------------------------------------------------------- cuda.yaml
@@ -346,9 +358,21 @@ class DriverFloor(_Strict):
     _v = field_validator("min_driver")(lambda v: _driver(v))
 
 
+class GenerationDriverFloor(_Strict):
+    """The oldest driver branch that knows a GPU generation: whatever the stack's CUDA, a GPU of
+    it needs at least this driver (Blackwell on a CUDA 12.x stack: R570, not 12.x's R525)."""
+
+    min_driver: str
+    branch: str
+    source: str
+
+    _v = field_validator("min_driver")(lambda v: _driver(v))
+
+
 class CudaFile(_Strict):
     sources: dict[str, str]
     driver_floors: list[DriverFloor]
+    generation_driver_floors: dict[str, GenerationDriverFloor] = {}
     forward_compat: str
 
 
@@ -708,6 +732,9 @@ class Matrix:
         for key in spellings:
             if key in names:
                 return names[key]
+        for scope in self.gpus_file.out_of_scope:
+            if any(s in scope.names or s.startswith(tuple(scope.prefixes or [s + "?"])) for s in spellings):
+                raise EnvbuildError(f"--gpu {name}: {scope.vendor} GPUs are out of scope: {scope.why}")
         raise unknown_gpu(name, spellings, [p.name for p in self.gpus], str(self.directory / "gpus.yaml"))
 
     @property
@@ -783,13 +810,18 @@ class Matrix:
                 return name
         raise KeyError(f"no CPU target for {arch} that GCC {family.gcc} knows")
 
-    def driver_floor(self, cuda: str) -> DriverFloor:
-        """The oldest driver that runs CUDA `cuda` ('13.0' -> the CUDA 13 floor)."""
+    def driver_floor(self, cuda: str, gpu: Optional[GpuProfile] = None) -> DriverFloor:
+        """The oldest driver that runs CUDA `cuda` ('13.0' -> the CUDA 13 floor), and, with `gpu`,
+        knows that GPU: the larger of the stack's floor and the GPU generation's."""
         major = cuda.split(".")[0]
-        for floor in self.cuda_file.driver_floors:
-            if floor.cuda == major:
-                return floor
-        raise KeyError(cuda)
+        floor = next((f for f in self.cuda_file.driver_floors if f.cuda == major), None)
+        if floor is None:
+            raise KeyError(cuda)
+        own = self.cuda_file.generation_driver_floors.get(gpu.generation) if gpu else None
+        if own and Version(own.min_driver) > Version(floor.min_driver):
+            return DriverFloor(cuda=major, min_driver=own.min_driver, branch=own.branch,
+                               source=f"{gpu.generation} GPUs ({gpu.name}): {own.source}")
+        return floor
 
     def torch_index(self, release: TorchRelease, cuda: str) -> Optional[str]:
         """PyTorch's own index for a non-default CUDA variant; None means plain PyPI."""
@@ -906,6 +938,11 @@ def _check_references(m: Matrix) -> None:
         problems.append(f"{d/'fabrics.yaml'}: default '{m.fabrics_file.default}' is not a fabric "
                         f"(known: {', '.join(f.name for f in m.fabrics)})")
     majors = {f.cuda for f in m.cuda_file.driver_floors}
+    generations = {p.generation for p in m.gpus}
+    for gen in m.cuda_file.generation_driver_floors:
+        if gen not in generations:
+            problems.append(f"{d/'cuda.yaml'}: generation_driver_floors names '{gen}', a generation no gpus.yaml "
+                            f"profile has (known: {', '.join(sorted(generations))})")
     for rel in m.torch_file.releases:
         if "aarch64" in rel.cuda_platforms and not rel.aarch64_arches:
             problems.append(f"{d/'torch.yaml'}: torch {rel.torch} has aarch64 in cuda_platforms but no aarch64_arches")

@@ -319,7 +319,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         nvcc_reason=rules.nvcc_required(m, s, ops, fabric, req.extensions),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),
-        driver=m.driver_floor(s.cuda),
+        driver=m.driver_floor(s.cuda, gpu),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),

@@ -17,6 +17,7 @@ from typing import Optional
 
 
 from .errors import EnvbuildError
+from .lock import unlocked_reason
 from .matrix import load_publish
 from .registry import LOCAL_REPO, check_image_repo, local_only, registry_host
 from .image import paths
@@ -98,5 +99,7 @@ def resolution_dict(r: Resolution) -> dict:
             "fabric")
     out = {key: manifest[key] for key in keys}
     out["sm"] = r.gpu.sm
+    out["lock"] = ({"locked": True, **manifest["lock"]} if manifest["lock"] else
+                   {"locked": False, "why": unlocked_reason(r.stack.id, r.torch_index)})
     out["singularity_from"] = {"image": r.image_ref, "registry": registry_host(r.request.image_repo)}
     return out

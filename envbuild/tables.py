@@ -9,17 +9,19 @@ the docs are current (`envbuild readme-tables FILE` rewrites a file's blocks).
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 from pathlib import Path
 
 from . import rules
 from .errors import EnvbuildError
 from .files import read_text, write_owned
-from .lock import stack_lock
+from .lock import lock_path, stack_lock
 from .matrix import Matrix
 
 STACK_HEADERS = ("stack", "python", "cuda", "torch", "torchvision", "deepspeed", "os", "nvcc from",
-                 "min driver", "builder base", "runtime base")
-GPU_HEADERS = ("gpu", "aliases", "cc", "generation", "interconnect", "torch/CUDA floor", "baked env defaults")
+                 "min driver", "lock", "builder base", "runtime base")
+GPU_HEADERS = ("gpu", "aliases", "cc", "memory (GB)", "generation", "interconnect", "torch/CUDA floor",
+               "baked env defaults")
 # What `envbuild matrix` / `envbuild gpus` show by default: fits 80 columns; --wide shows all.
 STACK_NARROW = ("stack", "python", "cuda", "torch", "deepspeed", "min driver")
 GPU_NARROW = ("gpu", "cc", "generation", "interconnect", "torch/CUDA floor")
@@ -61,9 +63,13 @@ def stack_rows(m: Matrix) -> list[tuple[str, ...]]:
     for s in m.stacks:
         rel = m.torch_release(s.torch)
         install = m.bases.toolchains[s.toolchain].install
+        locked = [arch for arch in m.stack_arches(s) if lock_path(m.directory, s.id, arch).is_file()]
+        index = m.torch_index(rel, s.cuda)
+        lock = (", ".join(locked) if locked else
+                f"none (torch from {urlsplit(index).hostname})" if index else "none yet")
         rows.append((s.id, s.python, s.cuda, s.torch, rel.torchvision, s.deepspeed, s.os,
                      f"PyPI {install.package} {s.cuda_toolkit}" if install else "NVIDIA devel image",
-                     m.driver_floor(s.cuda).min_driver, s.base_images.builder, s.base_images.runtime))
+                     m.driver_floor(s.cuda).min_driver, lock, s.base_images.builder, s.base_images.runtime))
     return rows
 
 
@@ -74,8 +80,8 @@ def gpu_rows(m: Matrix) -> list[tuple[str, ...]]:
         if p.requires:
             floor = ", ".join(f"{k} {v}" for k, v in (("torch", p.requires.torch), ("CUDA", p.requires.cuda)) if v)
         env = ", ".join(f"{e.name}={e.value}" + (f" ({condition(e)})" if e.node else "") for e in p.env)
-        rows.append((p.name, ", ".join(p.aliases), p.cc + (" (arch)" if p.cc_inferred else ""), p.generation,
-                     p.interconnect, floor, env))
+        rows.append((p.name, ", ".join(p.aliases), p.cc + (" (arch)" if p.cc_inferred else ""),
+                     " or ".join(map(str, p.memory_gb)), p.generation, p.interconnect, floor, env))
     return rows
 
 
@@ -223,7 +229,9 @@ def generated_blocks(m: Matrix) -> dict[str, str]:
                         + f": {e.reason}. Cost: {e.cost}. Source: {e.source}."
                         for p in m.gpus for e in p.env)
     floors = markdown(("CUDA", "min driver (Linux)", "branch", "source"),
-                      [(f"{f.cuda}.x", f.min_driver, f.branch, f.source) for f in m.cuda_file.driver_floors])
+                      [(f"{f.cuda}.x", f.min_driver, f.branch, f.source) for f in m.cuda_file.driver_floors]
+                      + [(f"any, on {gen} GPUs", f.min_driver, f.branch, f.source)
+                         for gen, f in m.cuda_file.generation_driver_floors.items()])
     notes = "\n".join(f"- `{sid}`: {note}" for sid, note in stack_notes(m))
     return {
         "stacks": markdown(STACK_HEADERS, stack_rows(m)) + (f"\n\nNotes:\n\n{notes}" if notes else "")

@@ -129,7 +129,7 @@ def test_gpu_arch_rule_reads_the_aarch64_wheels_arch_list(matrix_copy):
     rejected by gpu-arch, naming the aarch64 wheel's list."""
     path = matrix_copy / "gpus.yaml"
     data = yaml.safe_load(path.read_text())
-    data["profiles"].append({"name": "t4g", "cc": "7.5", "generation": "Turing", "host_arch": ["aarch64"],
+    data["profiles"].append({"name": "t4g", "cc": "7.5", "memory_gb": [16], "generation": "Turing", "host_arch": ["aarch64"],
                              "interconnect": "PCIe only"})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     m = load_matrix(matrix_copy)

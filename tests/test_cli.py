@@ -57,7 +57,8 @@ def test_no_stack_left_after_filtering(cli, tmp_path):
 
 def test_malformed_matrix_file(cli, matrix_copy, tmp_path):
     p = matrix_copy / "gpus.yaml"
-    p.write_text(p.read_text().replace('cc: "7.5", generation: Turing', 'cc: 7.5.1, generation: Turing'))
+    p.write_text(p.read_text().replace('cc: "7.5", memory_gb: [16], generation: Turing',
+                                       'cc: 7.5.1, memory_gb: [16], generation: Turing'))
     r = cli("render", "--gpu", "h20", "--matrix-dir", str(matrix_copy), "-o", str(tmp_path / "o"))
     _assert_clean_failure(r, [str(p), "profiles[1] (t4).cc", "expected a compute capability like '9.0'"])
     assert not (tmp_path / "o").exists()

@@ -111,7 +111,9 @@ def test_the_lock_render_summary_and_the_manifest_agree(matrix, tmp_path):
     assert f"sha256 {lock.sha256[:12]}" in result.stdout
     assert (out / "envbuild" / "lock.txt").read_text() == lock.text
     result = run_cli("render", "--gpu", "v100", "--stack", "torch2.11-cu126-py3.12", "-o", str(tmp_path / "c"))
-    assert result.returncode == 0 and "lock         none: packages below torch/DeepSpeed float" in result.stdout
+    said = " ".join(result.stdout.split())
+    assert result.returncode == 0 and "lock none: its torch comes from download.pytorch.org" in said
+    assert "cannot be locked from a machine without it" in said
 
 
 def test_lock_refuses_an_unknown_stack_and_writes_nothing(matrix_copy):
@@ -159,3 +161,49 @@ def test_expected_fields_follow_the_row(matrix):
         "stack": CI_STACK, "arch": "x86_64", "python": "3.11", "platform": "x86_64-manylinux_2_36",
         "torch": "2.11.0", "torchvision": "0.26.0", "deepspeed": "0.19.8"}
     assert Path(load_lock(matrix.directory, CI_STACK, "x86_64").path).name == f"{CI_STACK}.x86_64.txt"
+
+
+def test_a_lock_that_cannot_be_checked_from_here_is_not_called_stale(matrix_copy):
+    """No index reachable (a proxy that refuses every connection): `lock --check` says the locks
+    cannot be checked from here, not that they are stale, suggests no refresh, and points to no
+    option `lock` does not have."""
+    dead = "http://127.0.0.1:9"
+    env = {"HTTPS_PROXY": dead, "https_proxy": dead, "HTTP_PROXY": dead, "http_proxy": dead,
+           "XDG_CACHE_HOME": str(matrix_copy.parent / "xdg")}  # no cached index pages either
+    result = run_cli("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_copy), env=env, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith("unreachable") and "stale" not in result.stdout, result.stdout
+    said = " ".join(result.stderr.split())
+    assert "2 of 2 locks cannot be checked from here" in said and "says nothing about whether they are current" in said
+    assert "--offline" not in result.stdout + result.stderr and "Refresh with" not in said
+
+
+def test_unreachable_is_told_from_no_solution():
+    from envbuild.lock import LockOutcome, lock_summary, unreachable
+
+    assert unreachable("error: Request failed after 3 retries\n  Caused by: error sending request for url "
+                       "(https://download.pytorch.org/whl/cu126/torch/)\n  Caused by: tcp connect error")
+    assert not unreachable("× No solution found when resolving dependencies:\n  ╰─▶ Because torch==2.6.0 ...")
+    outcomes = [LockOutcome("a", "x86_64", Path("a"), "stale"), LockOutcome("b", "x86_64", Path("b"), "unreachable",
+                                                                           "download.pytorch.org refused"),
+                LockOutcome("c", "x86_64", Path("c"), "current")]
+    said = lock_summary(outcomes, check=True)
+    assert said[0].startswith("1 of 3 locks are stale") and "envbuild lock --stack a" in said[0]
+    assert said[1].startswith("1 of 3 locks cannot be checked from here") and "download.pytorch.org" in said[1]
+    assert lock_summary([outcomes[2]], check=True) == []
+
+
+def test_render_and_matrix_say_honestly_whether_a_stack_is_locked(tmp_path):
+    import json
+
+    unlocked = json.loads(run_cli("render", "--gpu", "v100", "--stack", "torch2.6-cu126-py3.12", "--json", "-o",
+                                  str(tmp_path / "a")).stdout)["lock"]
+    assert unlocked["locked"] is False and "download.pytorch.org" in unlocked["why"]
+    locked = json.loads(run_cli("render", "--gpu", "h20", "--stack", CI_STACK, "--json", "-o",
+                                str(tmp_path / "b")).stdout)["lock"]
+    assert locked["locked"] is True and len(locked["sha256"]) == 64
+    wide = run_cli("matrix", "--wide", env={"COLUMNS": "400"}).stdout
+    row = next(line for line in wide.splitlines() if f" {CI_STACK} " in line)
+    assert "x86_64, aarch64" in row
+    assert "none (torch from download.pytorch.org)" in " ".join(
+        line for line in wide.splitlines() if " torch2.6-cu126-py3.12 " in line)

@@ -13,11 +13,34 @@ EXPECTED_GPUS = {"v100": "7.0", "t4": "7.5", "a10": "8.6", "a100": "8.0", "a800"
                      "l40": "8.9", "l40s": "8.9", "l20": "8.9", "rtx3090": "8.6", "rtx4090": "8.9",
                      "h100": "9.0", "h200": "9.0", "gh200": "9.0", "h800": "9.0", "h20": "9.0",
                      "b200": "10.0", "gb200": "10.0", "b300": "10.3", "gb300": "10.3", "rtx5090": "12.0",
-                     "gb10": "12.1"}
+                     "gb10": "12.1", "a30": "8.0", "a40": "8.6", "rtx-a6000": "8.6", "rtx6000-ada": "8.9",
+                     "rtx-pro-6000": "12.0"}
+# Memory per variant (GB), as NVIDIA's datasheets and product pages state it.
+EXPECTED_MEMORY = {"a30": [24], "a40": [48], "rtx-a6000": [48], "rtx6000-ada": [48], "rtx-pro-6000": [96],
+                   "h100": [80, 94], "h20": [96, 141], "b200": [180], "rtx5090": [32], "gb10": [128]}
 
 
 def test_every_target_gpu_has_its_compute_capability(production_matrix):
     assert {p.name: p.cc for p in production_matrix.gpus} == EXPECTED_GPUS
+
+
+def test_every_profile_records_its_memory(production_matrix):
+    memory = {p.name: p.memory_gb for p in production_matrix.gpus}
+    assert all(memory.values()) and all(gb > 0 for sizes in memory.values() for gb in sizes)
+    assert {name: memory[name] for name in EXPECTED_MEMORY} == EXPECTED_MEMORY
+
+
+@pytest.mark.parametrize("printed", ["NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX 6000 Ada Generation",
+                                     "NVIDIA RTX A6000", "NVIDIA A40", "NVIDIA A30"])
+def test_the_new_profiles_are_found_by_the_name_nvidia_smi_prints(production_matrix, printed):
+    assert production_matrix.gpu(printed).name in {"rtx-pro-6000", "rtx6000-ada", "rtx-a6000", "a40", "a30"}
+
+
+@pytest.mark.parametrize("name", ["mi300x", "MI250X", "AMD Instinct MI300X", "instinct-mi355x", "Radeon RX 7900 XTX"])
+def test_amd_gpus_are_out_of_scope_not_a_typo(production_matrix, name):
+    with pytest.raises(EnvbuildError, match="AMD GPUs are out of scope: .*ROCm") as e:
+        production_matrix.gpu(name)
+    assert "did you mean" not in e.value.message
 
 
 @pytest.mark.parametrize("spelling", ["h20", "H20", "nvidia-h20", "NVIDIA-H20", "h20-96gb", "nvidia_h20"])
@@ -95,7 +118,7 @@ def _break(matrix_copy, name, old, new):
 @pytest.mark.parametrize("name, old, new, expected", [
     ("stacks.yaml", 'torch: "2.5.1"', 'torch: "two.five"', r"stacks\[1\] \(torch2.5-cu124-py3.10\)\.torch: expected a version"),
     ("stacks.yaml", "    toolchain: pypi\n", "    toolchain: pypi\n    colour: blue\n", r"stacks\[9\].*colour: Extra inputs are not permitted"),
-    ("gpus.yaml", 'cc: "9.0", cc_inferred: true, generation: Hopper, interconnect: "HGX', 'cc: "nine", cc_inferred: true, generation: Hopper, interconnect: "HGX', r"profiles\[15\] \(h20\)\.cc: expected a compute capability"),
+    ("gpus.yaml", 'cc: "9.0", memory_gb: [96, 141], cc_inferred: true, generation: Hopper, interconnect: "HGX', 'cc: "nine", memory_gb: [96, 141], cc_inferred: true, generation: Hopper, interconnect: "HGX', r"profiles\[19\] \(h20\)\.cc: expected a compute capability"),
     ("torch.yaml", 'python: ">=3.9,<3.13"', 'python: "~=>3.9"', r"releases\[1\]\.python: expected a PEP 440 specifier"),
     ("cuda.yaml", 'min_driver: "580.65.06"', 'min_driver: "r580"', r"driver_floors\[2\]\.min_driver: expected an NVIDIA driver version"),
     ("deepspeed.yaml", "kind: cpu, since", "kind: gpu, since", r"ops\.cpu_adam\.kind: Input should be 'cpu' or 'cuda'"),

@@ -84,9 +84,10 @@ def test_node_dependent_defaults_are_not_baked(matrix):
     condition, never as a baked ENV."""
     r = resolve(matrix, Request(gpu="rtx4090"))
     assert not {"NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"} & {e.name for e in r.env}
-    node = {d.name: d.node for d in r.node_env}
-    assert node["NCCL_P2P_DISABLE"].driver_below == "550.40.07"
-    assert node["NCCL_IB_DISABLE"].infiniband == "absent"
+    node = {(d.name, d.value): d.node for d in r.node_env}
+    assert node["NCCL_P2P_DISABLE", "1"].driver_below == "550.40.07"
+    # accelerate wants the name set: 1 where the node has no InfiniBand, 0 (IB kept) where it has
+    assert node["NCCL_IB_DISABLE", "1"].infiniband == "absent" and node["NCCL_IB_DISABLE", "0"].infiniband == "present"
     # A user's --env bakes their value and drops the node condition for that variable.
     r = resolve(matrix, Request(gpu="rtx4090", env=(("NCCL_IB_DISABLE", "0"),)))
     assert "NCCL_IB_DISABLE" not in {d.name for d in r.node_env}
@@ -97,6 +98,18 @@ def test_driver_floor_follows_the_cuda_major(matrix):
     r = resolve(matrix, Request(gpu="h100", cuda="13.0"))
     assert r.driver.min_driver == "580.65.06"
     assert {e.name: e.value for e in stack_plan(r).image_env}["ENVBUILD_MIN_DRIVER"] == "580.65.06"
+
+
+def test_driver_floor_is_the_larger_of_the_stacks_and_the_gpu_generations(matrix):
+    """Blackwell on a CUDA 12.8 stack needs R570 (12.x alone would say R525); on CUDA 13 the
+    stack's R580 is already higher; a Hopper GPU keeps the stack's floor."""
+    r = resolve(matrix, Request(gpu="b200", cuda="12.8"))
+    assert (r.driver.min_driver, r.driver.branch) == ("570.26", "R570") and "Blackwell" in r.driver.source
+    plan = stack_plan(r)
+    assert {e.name: e.value for e in plan.image_env}["ENVBUILD_MIN_DRIVER"] == "570.26"
+    assert dict(plan.labels.pairs)["io.envbuild.min-driver"] == "570.26"
+    assert resolve(matrix, Request(gpu="b200", cuda="13.0")).driver.min_driver == "580.65.06"
+    assert resolve(matrix, Request(gpu="h100", cuda="12.8")).driver.min_driver == "525.60.13"
 
 
 def test_non_default_choices_change_the_tag(matrix):

@@ -336,7 +336,8 @@ def test_readme_fast_test_command_needs_only_the_test_extras():
     declared = {re.split(r"[<>=!;\[ ]", r, 1)[0].lower().replace("_", "-") for r in _pyproject_requirements()}
     providers = metadata.packages_distributions()
     local = ({p.stem for p in (ROOT / "tests").glob("*.py")} | {"envbuild", "conftest"}
-             | {p.stem for p in (ROOT / "templates" / "files").rglob("*.py")})  # in-image scripts, stdlib only
+             | {p.stem for p in (ROOT / "templates" / "files").rglob("*.py")}  # in-image scripts, stdlib only
+             | {p.stem for p in (ROOT / "tests" / "tools").glob("*.py")})
     for path in (ROOT / "tests").glob("test_*.py"):
         for node in ast.walk(ast.parse(path.read_text())):  # code only: not scripts held in strings
             if isinstance(node, ast.Import):

@@ -149,7 +149,7 @@ def lock(stack_ids, check, upgrade, bases, matrix_dir):
 
     A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
     this again gives the same file; --upgrade moves the date to today."""
-    from ..lock import lock_stacks
+    from ..lock import lock_stacks, lock_summary
     from ..matrix import load_matrix
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
@@ -160,12 +160,9 @@ def lock(stack_ids, check, upgrade, bases, matrix_dir):
     for o in outcomes:
         line = f"{o.state:<9} {o.stack}  {o.path}" + (f"\n          {o.detail}" if o.detail else "")
         out.print(line, markup=False, soft_wrap=True)
-    bad = [o for o in outcomes if o.state in ("failed", "stale")]
-    if bad:
-        hint = ("" if not check else
-                f"\nRefresh with: envbuild lock {' '.join('--stack ' + o.stack for o in bad)}")
-        err.print(f"envbuild: {len(bad)} of {len(outcomes)} locks {'failed' if not check else 'are not current'}."
-                  + hint, markup=False)
+    problems = lock_summary(outcomes, check)
+    if problems:
+        err.print("\n".join(f"envbuild: {p}" for p in problems), markup=False, soft_wrap=True)
         sys.exit(1)
 
 

@@ -113,16 +113,19 @@ def render_to(kw, output, show=True):
 
 
 def print_resolution(r, path=None):
+    from ..lock import unlocked_reason
+
     s = r.stack
     rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
             ("deepspeed", s.deepspeed), ("gpu", f"{r.gpu.name} ({r.gpu.sm})"),
             ("platform", f"{r.platform} ({r.arch}), CPU code built for {r.cpu_target}"),
             ("fabric", fabric_line(r)), ("ds ops", ", ".join(r.ops) or "none"),
-            ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"),
+            ("driver", f">= {r.driver.min_driver} ({r.driver.branch}+) on the nodes, for CUDA {s.cuda}"
+                       + (f" and {r.gpu.generation} ({r.gpu.name})" if r.gpu.generation in r.driver.source else "")),
             ("tag", r.tag), ("image", r.image_ref)]
     rows.insert(-2, ("lock", f"{Path(r.lock.path).name} ({len(r.lock.sections['venv'])} packages, sha256 "
                              f"{r.lock.sha256[:12]}, as of {r.lock.header.get('exclude-newer', '?')[:10]})" if r.lock
-                     else f"none: packages below torch/DeepSpeed float; `envbuild lock --stack {s.id}` makes one"))
+                     else unlocked_reason(s.id, r.torch_index)))
     if r.dropped_ops:
         after_ops = [key for key, _ in rows].index("ds ops") + 1
         rows.insert(after_ops, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each names its op
@@ -149,7 +152,8 @@ def explain_candidates(m, req) -> list[dict]:
 
     rows = explain_rows(m, req)  # validates the request first
     rejections = {c.stack.id: c.rejections for c in candidates(m, req, m.gpu(req.gpu))}
-    return [{"stack": stack_id, "verdict": verdict, "min_driver": m.driver_floor(m.stack(stack_id).cuda).min_driver,
+    gpu = m.gpu(req.gpu)
+    return [{"stack": stack_id, "verdict": verdict, "min_driver": m.driver_floor(m.stack(stack_id).cuda, gpu).min_driver,
              "why": why, "rejections": [{"rule": x.rule, "message": x.message} for x in rejections[stack_id]]}
             for stack_id, verdict, why in rows]
 

@@ -192,7 +192,9 @@ def sdist_text_files(data: bytes) -> dict[str, bytes]:
 class PyPI:
     """PyPI's simple JSON API plus range reads into files.pythonhosted.org, cached on disk."""
 
-    def __init__(self, cache_dir: Path, simple_url: str = SIMPLE_URL, retries: int = 3):
+    def __init__(self, cache_dir: Path, simple_url: str = SIMPLE_URL, retries: int = 3,
+                 unreachable_hint: str = " (or use --offline FIXTURE_DIR)"):
+        self.unreachable_hint = unreachable_hint  # what the command reading PyPI can do instead
         self.cache = Path(cache_dir)
         self.simple_url = simple_url
         self.retries = retries
@@ -218,8 +220,8 @@ class PyPI:
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
                 if attempt == self.retries - 1:
                     reason = getattr(e, "reason", e)
-                    raise EnvbuildError(f"GET {url} failed: {reason}. PyPI must be reachable "
-                                        f"(or use --offline FIXTURE_DIR).") from None
+                    raise EnvbuildError(f"GET {url} failed: {reason}. PyPI must be reachable"
+                                        f"{self.unreachable_hint}.") from None
             time.sleep(2 ** attempt)
         raise AssertionError("unreachable")
 

@@ -420,6 +420,8 @@ class ToolchainInstall(_Strict):
 class Toolchain(_Strict):
     description: str
     cuda_home: str
+    provides: list[str] = []  # CUDA libraries an op may link (curand): headers and libraries in the builder
+    lacks: dict[str, str] = {}  # capability it does not provide -> why (said when an op is refused for it)
     install: Optional[ToolchainInstall] = None
     min_cuda: Optional[str] = None
     source: Optional[str] = None

@@ -429,9 +429,9 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
     runtime_pkgs = [p.replace("{python}", python_pkg) for p in os_release.runtime_packages]
     if not request.no_compiler:  # torch.compile compiles C at run time; DeepSpeed still cannot (no ninja/nvcc)
         runtime_pkgs += [p.replace("{python}", python_pkg) for p in os_release.compiler_packages]
-    for need in needs:
-        builder_pkgs += os_release.capabilities[need].get("builder", [])
-        runtime_pkgs += os_release.capabilities[need].get("runtime", [])
+    for need in needs:  # the OS's packages; a need the toolchain provides (curand) brings none
+        builder_pkgs += os_release.capabilities.get(need, {}).get("builder", [])
+        runtime_pkgs += os_release.capabilities.get(need, {}).get("runtime", [])
     fabric = resolution.fabric
     for need in (fabric.needs if fabric and fabric.build else ()):  # a fabric built from source
         builder_pkgs += [p for p in os_release.capabilities[need].get("builder", []) if p not in builder_pkgs]

@@ -239,8 +239,9 @@ def gpu_rejections(m, s, gpu) -> list[Rejection]:
 
 
 def capabilities(m, s) -> set[str]:
-    """What the stack's build can provide to ops that need something (`needs:`)."""
-    return set(m.bases.families[s.os].capabilities)
+    """What the stack's build can provide to ops that need something (`needs:`): the OS
+    family's packages and the toolchain's CUDA libraries."""
+    return set(m.bases.families[s.os].capabilities) | set(m.bases.toolchains[s.toolchain].provides)
 
 
 def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64") -> Optional[Rejection]:
@@ -259,8 +260,11 @@ def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64") -
         return Rejection("ds-op", f"{op_name}: {op.reason or f'needs torch {op.torch}'}")
     missing = [n for n in op.needs if n not in capabilities(m, s)]
     if missing:
-        return Rejection("ds-op", f"{op_name}: {op.reason or 'needs ' + ', '.join(missing)} "
-                                  f"(not provided by envbuild's {s.os} base)")
+        known = m.bases.toolchains[s.toolchain].lacks  # the needs the toolchain says why it lacks
+        own = op.reason if op.reason and any(n not in known for n in missing) else ""  # a curated need's reason
+        lacks = "; ".join(known[n] for n in missing if n in known)
+        return Rejection("ds-op", f"{op_name}: {own or 'needs ' + ', '.join(missing)} (not provided by envbuild's "
+                                  f"{s.os} base or its {s.toolchain} toolchain" + (f": {lacks}" if lacks else "") + ")")
     if op.min_cc:
         lowest = min(_cc(a.removesuffix("+PTX")) for a in arch_list.split(";") if a)
         if lowest < _cc(op.min_cc):

@@ -153,3 +153,54 @@ def test_unknown_reference_is_a_matrix_error(matrix_copy):
     with pytest.raises(EnvbuildError) as e:
         load_matrix(matrix_copy)
     assert "0.15.9 is not a release in deepspeed.yaml" in e.value.message
+
+
+# A source users can follow: a URL, an upstream repository's issue or pull request (owner/repo#N,
+# repo#N, PR #N), a file of a named release (a wheel, an sdist, a repository file), or the
+# project's own file (docs/, matrices/). "field report N" is defined in docs/matrix.md, so it
+# must say so; no internal document of ours is ever named.
+PUBLIC_SOURCE = re.compile(
+    r"https?://|\b[\w.-]+\.(?:com|org|io|dev|net|ai)/|[\w.-]+/[\w.-]+#\d+|[\w.-]+#\d+|\bPR #\d+|\.whl\b|\.tar\.gz\b"
+    r"|\bsdists?\b|\bwheels?\b|\bdocs/[\w./-]+|\bmatrices/[\w./-]+|\benvbuild\b|\bMETADATA\b|\bsetup\.py\b"
+    r"|release notes|\b[\w.-]+/[\w*./-]*\.(?:py|sh|h|hpp|cc|cpp|cu|txt|md)\b|^\{driver_source\}$")
+
+
+def _sources(node, where=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("source", "sources") and isinstance(value, str):
+                yield f"{where}.{key}", value
+            elif key == "sources" and isinstance(value, dict):
+                yield from ((f"{where}.sources.{k}", v) for k, v in value.items() if isinstance(v, str))
+            else:
+                yield from _sources(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _sources(value, f"{where}[{i}]")
+
+
+@pytest.mark.parametrize("directory", ["matrices", "tests/fixtures/matrix"])
+def test_every_source_is_public_or_the_projects_own(directory):
+    import yaml
+
+    from conftest import ROOT
+
+    bad = [(f"{path.name}{where}", text[:100]) for path in sorted((ROOT / directory).glob("*.yaml"))
+           for where, text in _sources(yaml.safe_load(path.read_text()))
+           if not PUBLIC_SOURCE.search(text) or ("field report" in text and "docs/matrix.md" not in text)]
+    assert bad == []
+
+
+def test_no_internal_document_is_named_in_the_matrix_templates_or_messages():
+    from conftest import ROOT
+
+    named = [str(p.relative_to(ROOT)) for top in ("matrices", "templates", "envbuild", "docs") for p in
+             (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".yaml", ".py", ".j2", ".sh", ".md", ".txt")
+             and re.search(r"domain-facts|field-reports\.md|build-notes\.md", p.read_text(errors="replace"))]
+    assert named == []
+
+
+def test_the_source_rule_refuses_what_users_cannot_follow():
+    assert not PUBLIC_SOURCE.search("field report 5; the upstream issue link is [U]")
+    assert not PUBLIC_SOURCE.search("NCCL docs")
+    assert PUBLIC_SOURCE.search("https://docs.nvidia.com/deploy/cuda-compatibility/") and PUBLIC_SOURCE.search("nccl#451")

@@ -752,3 +752,43 @@ def test_node_main_prints_container_warnings_without_a_gpu(tmp_path, monkeypatch
     assert node.main(["--driver", ""]) == 0
     out, err = capsys.readouterr()
     assert out == "" and err.count("envbuild: warning:") == 2 and "/dev/shm" in err and "8 NVIDIA GPUs" in err
+
+
+# --------------------------------------------------------------------------- the flight recorder's dump
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_flight_recorder_dumps_into_the_documented_per_job_directory(tmp_path, shell):
+    """Under Slurm, rank 0 and every other rank point torch's dump variable at
+    $HOME/envbuild-dumps/flight_recorder-<SLURM_JOB_ID>/rank_ (created), and rank 0 says so with
+    the command that reads the dumps; a value the user set wins; ENVBUILD_DUMP_DIR moves it."""
+    env_sh, root, home = EnvSh(tmp_path), make_root(tmp_path, None), tmp_path / "home"
+    home.mkdir()
+    baked = {"ENVBUILD_FR_DUMP_VAR": "TORCH_FR_DUMP_TEMP_FILE", "ENVBUILD_FR_READER": "torchfrtrace",
+             "HOME": str(home), "SLURM_JOB_ID": "4242"}
+    environ, err = env_sh.run(shell, root, {**baked, "SLURM_PROCID": "0"})
+    job_dir = home / "envbuild-dumps" / "flight_recorder-4242"
+    assert environ["TORCH_FR_DUMP_TEMP_FILE"] == f"{job_dir}/rank_" and job_dir.is_dir()
+    assert f"flight-recorder dumps (one per rank, on a collective timeout) go to {job_dir}" in err
+    assert f"read them with: torchfrtrace {job_dir} -p rank_" in err
+    environ, err = env_sh.run(shell, root, {**baked, "SLURM_PROCID": "3"})
+    assert environ["TORCH_FR_DUMP_TEMP_FILE"] == f"{job_dir}/rank_" and "flight-recorder" not in err
+    environ, _ = env_sh.run(shell, root, {**baked, "TORCH_FR_DUMP_TEMP_FILE": "/mine/fr_"})
+    assert environ["TORCH_FR_DUMP_TEMP_FILE"] == "/mine/fr_"
+    environ, _ = env_sh.run(shell, root, {**baked, "ENVBUILD_DUMP_DIR": str(tmp_path / "shared")})
+    assert environ["TORCH_FR_DUMP_TEMP_FILE"] == f"{tmp_path}/shared/flight_recorder-4242/rank_"
+    older = {**baked, "ENVBUILD_FR_DUMP_VAR": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+    environ, _ = env_sh.run(shell, root, older)
+    assert environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{job_dir}/rank_" and "TORCH_FR_DUMP_TEMP_FILE" not in environ
+    (tmp_path / "ro").write_text("a file, not a directory")
+    environ, err = env_sh.run(shell, root, {**baked, "ENVBUILD_DUMP_DIR": str(tmp_path / "ro")})
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in environ and "cannot create" in err and "ENVBUILD_DUMP_DIR" in err
+
+
+def test_each_torch_gets_the_dump_variable_it_reads(matrix):
+    from envbuild.resolve import Request, resolve
+
+    def baked(torch):
+        return {e.name: e.value for e in resolve(matrix, Request(gpu="h100", torch=torch)).env}
+    assert baked("2.6")["ENVBUILD_FR_DUMP_VAR"] == "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+    assert baked("2.6")["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "torchfrtrace" not in baked("2.6")["ENVBUILD_FR_READER"]
+    assert baked("2.11")["ENVBUILD_FR_DUMP_VAR"] == "TORCH_FR_DUMP_TEMP_FILE"
+    assert baked("2.11")["ENVBUILD_FR_READER"] == "torchfrtrace" and "TORCH_NCCL_DUMP_ON_TIMEOUT" not in baked("2.11")

@@ -313,7 +313,7 @@ def test_merge_keeps_curated_and_replaces_derived(index, small_matrix):
     ops = ds_data["ops"]
     assert ops["async_io"]["kind"] == "cuda" and ops["async_io"]["reason"] == before_ds["ops"]["async_io"]["reason"]
     assert ops["fp_quantizer"]["triton"] == before_ds["ops"]["fp_quantizer"]["triton"]
-    assert ops["evoformer_attn"]["needs"] == ["cutlass"] and ops["gds"]["needs"] == ["libaio", "cufile"]
+    assert ops["evoformer_attn"]["needs"] == ["curand", "cutlass"] and ops["gds"]["needs"] == ["libaio", "cufile"]
     assert ds_data["build_requires"] == before_ds["build_requires"]
     assert [r["deepspeed"] for r in ds_data["releases"]] == FIXTURE_DS
     assert "torch 2.14.0 -> 2.14.1" in facts and "torch 2.15.0: new release" in facts

@@ -148,3 +148,24 @@ def test_the_documented_rules_are_the_rules_that_exist():
         if path.name != "rules.py" and "image" not in path.parts:
             text = path.read_text()
             assert not re.search(r'Rejection\(\s*"', text) and not re.search(r"\(rule [a-z]", text), path
+
+
+@pytest.mark.parametrize("op", ["transformer", "stochastic_transformer", "transformer_inference", "random_ltd",
+                                "fp_quantizer"])
+def test_ops_that_link_curand_need_a_toolchain_that_has_it(matrix, op):
+    """They link -lcurand (their op_builder's extra_ldflags, derived by `matrix refresh`): the PyPI
+    toolchain has no cuRAND, so they are refused before the build, saying why; the NVIDIA devel
+    image has it."""
+    assert "curand" in matrix.ops[op].needs
+    why = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), op, "9.0")
+    assert why and why.rule == "ds-op" and f"{op}: needs curand" in why.message
+    assert "pypi toolchain: cuda-toolkit[nvcc,nvvm,crt,cccl,cudart] has no cuRAND" in why.message
+    devel = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.12"), op, "9.0")
+    assert devel is None or "curand" not in devel.message
+
+
+def test_all_leaves_out_every_op_the_ci_stack_cannot_build_with_its_reason(matrix):
+    ops, dropped = rules.select_ops(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), "9.0", "all")
+    left_out = dict(dropped)
+    assert {"transformer", "stochastic_transformer", "transformer_inference", "random_ltd", "fp_quantizer"} <= set(left_out)
+    assert not {"transformer", "random_ltd"} & set(ops) and {"cpu_adam", "fused_adam"} <= set(ops)

@@ -34,6 +34,9 @@ ABSTRACT = {"OpBuilder", "CUDAOpBuilder", "TorchCPUOpBuilder", "CPUOpBuilder"}
 # setup.py runs with DS_ACCELERATOR=cuda and a CUDA (not ROCm) torch installed.
 SETUP_ASSUMPTIONS = {"torch_available": True, "is_rocm_pytorch": False}
 LIBRARY_NEEDS = {"aio": "libaio", "cufile": "cufile"}  # -l<name> of a link test -> bases.yaml capability
+# CUDA libraries an op links (-l<name> in its builder's extra_ldflags) beyond what torch's
+# cpp_extension adds (cudart, c10, torch): a capability of the toolchain (bases.yaml `provides`).
+CUDA_LIBRARY_NEEDS = {"curand": "curand"}
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,14 @@ def _needs(lineage: list[_Class]) -> tuple[str, ...]:
                 for lib in getattr(libs, "elts", []):
                     if isinstance(lib, ast.Constant) and isinstance(lib.value, str):
                         needs.add(LIBRARY_NEEDS.get(lib.value, "lib" + lib.value))
+    # extra_ldflags returning '-lcurand' (its non-ROCm branch): the nearest definition counts,
+    # as Python's method resolution picks it (StochasticTransformer inherits Transformer's).
+    ldflags = next((fn for cls in lineage for fn in cls.node.body
+                    if isinstance(fn, ast.FunctionDef) and fn.name == "extra_ldflags"), None)
+    for node in ast.walk(ldflags) if ldflags else ():
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("-l")
+                and node.value[2:] in CUDA_LIBRARY_NEEDS):
+            needs.add(CUDA_LIBRARY_NEEDS[node.value[2:]])
     return tuple(sorted(needs))
 
 

@@ -29,7 +29,7 @@ DS_DERIVED = ("deepspeed", "torch", "gpu_free_install", "nvcc_free_install")
 DS_TOP_ORDER = ("sources", "releases", "build_requires", "build_only", "ops", "presets", "aarch64")
 OP_DERIVED = ("env", "kind", "since", "until", "cuda_extension_until")
 OP_ORDER = OP_DERIVED + ("needs", "min_cc", "torch", "triton", "reason", "note")
-DERIVABLE_NEEDS = {"libaio", "cufile"}
+DERIVABLE_NEEDS = {"libaio", "cufile", "curand"}
 
 TORCH_SOURCES = {
     "releases": "newest patch of every torch minor >= 2.4 that has a manylinux x86_64 wheel on PyPI [V]",
@@ -62,15 +62,17 @@ DS_SOURCES = {
     "nvcc_free_install": "static analysis of the sdist: setup.py, run with DS_ACCELERATOR=cuda, calls no op_builder "
                          "function that runs nvcc outside a try that catches MissingCUDAException [V]",
     "ops": "op_builder/*.py builder classes DeepSpeed's CUDA accelerator collects (NAME, BUILD_VAR -> env) [V]",
-    "kind": "cpu: an OpBuilder, TorchCPUOpBuilder or CPUOpBuilder (host compiler); cuda: any other CUDAOpBuilder; "
-            "as of the newest release that has the op [V]",
+    "kind": "the sdist's op_builder/*.py: cpu: an OpBuilder, TorchCPUOpBuilder or CPUOpBuilder (host compiler); "
+            "cuda: any other CUDAOpBuilder; as of the newest release that has the op [V]",
     "since_until": "first PyPI release (final, with an sdist) that has / no longer has the op, bisected from the "
                    "tracked releases [V]",
-    "cuda_extension_until": "first release whose builder of a cpu op is no longer a CUDAOpBuilder; before it, a "
-                            "CUDA toolkit present at build time makes it a CUDA extension linking cudart [V]",
-    "needs": "libaio and cufile from the has_function() link tests of the builder and its op_builder bases [V]; "
-             "other needs curated",
-    "curated": "min_cc, triton, torch, reason, note and the needs above are kept as written",
+    "cuda_extension_until": "first release whose sdist's builder of a cpu op is no longer a CUDAOpBuilder; before "
+                            "it, a CUDA toolkit present at build time makes it a CUDA extension linking cudart [V]",
+    "needs": "libaio and cufile from the has_function() link tests of the sdist's builder and its op_builder "
+             "bases, curand from '-lcurand' in their extra_ldflags() [V]; other needs curated (each op's reason "
+             "names its source)",
+    "curated": "min_cc, triton, torch, reason, note and the needs above are kept as written; each names its "
+               "source in the sdist (op_builder/*.py) or a public thread",
 }
 DS_SUPERSEDED = {"torch_floor", "no_gpu_build"}
 

@@ -32,6 +32,30 @@ for _envbuild_cache in TORCH_EXTENSIONS_DIR:torch_extensions TRITON_CACHE_DIR:tr
 done
 unset _envbuild_cache _envbuild_var _envbuild_have
 
+# 1b. The NCCL flight recorder's dump (written by each rank when a collective times out: the
+#    record of which rank and op stopped, field report 4) goes to a per-job directory on a path
+#    the user keeps, not torch's default inside the container (gone with `docker run --rm` or
+#    the end of a Slurm job): ${ENVBUILD_DUMP_DIR:-$HOME/envbuild-dumps}/flight_recorder-<job>/
+#    rank_<N>, named by the per-job rule above. ENVBUILD_FR_DUMP_VAR (baked) is the variable this
+#    torch reads; a value the user set wins. Rank 0 of a job says where, and the command that
+#    reads the dumps (ENVBUILD_FR_READER).
+case ${ENVBUILD_FR_DUMP_VAR:-} in
+    TORCH_FR_DUMP_TEMP_FILE|TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
+        eval "_envbuild_have=\${${ENVBUILD_FR_DUMP_VAR}:-}"
+        if [ -z "$_envbuild_have" ]; then
+            _envbuild_fr="${ENVBUILD_DUMP_DIR:-${HOME:-/tmp}/envbuild-dumps}/flight_recorder-$_envbuild_job"
+            if [ -d "$_envbuild_fr" ] || mkdir -p "$_envbuild_fr" 2>/dev/null; then
+                eval "${ENVBUILD_FR_DUMP_VAR}=\"\$_envbuild_fr/rank_\"; export ${ENVBUILD_FR_DUMP_VAR}"
+                if [ "${SLURM_PROCID:-0}" = 0 ] && [ -n "${SLURM_JOB_ID:-}${WORLD_SIZE:-}" ]; then
+                    echo "envbuild: flight-recorder dumps (one per rank, on a collective timeout) go to $_envbuild_fr; read them with: ${ENVBUILD_FR_READER:-torchfrtrace} $_envbuild_fr -p rank_" >&2
+                fi
+            else
+                echo "envbuild: warning: cannot create $_envbuild_fr for flight-recorder dumps; set ENVBUILD_DUMP_DIR to a writable directory you keep after the job (they stay inside the container otherwise)" >&2
+            fi
+        fi
+        unset _envbuild_have _envbuild_fr ;;
+esac
+
 # 2. Node checks, with shell builtins only: on a node with nothing to say no process starts.
 #    The image's Python (-I -S, stdlib only: envbuild_image/node.py, which makes the same tests
 #    and words the warnings) runs only when one of them finds something; it prints each warning

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import fcntl
 import os
 import re
@@ -43,6 +44,15 @@ LIMITS = {
 LOCK_WAIT_S = 120  # how long a run waits for another one writing into the same directory
 
 _TEMP = re.compile(r"^\..+\.envbuild-(?:tmp|old)-[0-9a-f]{8}$")
+
+
+def sha256_file(path: Path | str) -> str:
+    """The sha256 of a file, read in blocks (a .sqsh is gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _size_text(n: int) -> str:

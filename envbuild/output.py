@@ -37,7 +37,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from .errors import EnvbuildError
-from .files import is_temp_name, locked, remove_stale_temps, temp_path, write_temp
+from .files import is_temp_name, locked, remove_stale_temps, sha256_file, temp_path, write_temp
 
 RECORD = ".envbuild-files"
 _RECORD_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
@@ -47,12 +47,7 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 16), b""):
-            h.update(block)
-    return h.hexdigest()
+_file_sha = sha256_file
 
 
 def _safe_relative(rel: str) -> bool:

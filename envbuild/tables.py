@@ -15,6 +15,7 @@ from pathlib import Path
 from . import rules
 from .errors import EnvbuildError
 from .files import read_text, write_owned
+from .jobs import Job, job_script
 from .lock import lock_path, stack_lock
 from .matrix import Matrix
 
@@ -233,7 +234,11 @@ def generated_blocks(m: Matrix) -> dict[str, str]:
                       + [(f"any, on {gen} GPUs", f.min_driver, f.branch, f.source)
                          for gen, f in m.cuda_file.generation_driver_floors.items()])
     notes = "\n".join(f"- `{sid}`: {note}" for sid, note in stack_notes(m))
+    example = "torch2.15.0-cu132-py3.12-ds0.19.8-h20"
+    jobs = {"job_apptainer": job_script(Job(f"/shared/images/{example}.sif", "apptainer")),
+            "job_pyxis": job_script(Job(f"ghcr.io#acme/envbuild:{example}", "pyxis"))}
     return {
+        **{name: f"```bash\n{text}```" for name, text in jobs.items()},
         "stacks": markdown(STACK_HEADERS, stack_rows(m)) + (f"\n\nNotes:\n\n{notes}" if notes else "")
                   + "\n\nDriver floors (`matrices/cuda.yaml`): "
                   + m.cuda_file.forward_compat + "\n\n" + floors,

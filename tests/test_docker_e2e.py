@@ -589,6 +589,9 @@ def test_a_registry_failing_or_dropping_the_connection_mid_push_publishes_nothin
             local = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
             assert not [t for t in local if t.startswith(f"127.0.0.1:{proxy.port}/")], local
         assert _tags_in(port) == []
+        reg.terminate()  # a registry the failed push left blobs in would need no blob upload: a new one
+        reg.wait(timeout=10)
+        reg, port = _own_registry(work, "faultreg2")
         with FaultyProxy(("127.0.0.1", port), r"^(PATCH|PUT) /v2/.*/blobs/uploads/", "drop", times=1) as blobs, \
                 FaultyProxy(("127.0.0.1", blobs.port), r"^PUT /v2/.*/manifests/", "drop", times=2) as proxy:
             r = run_cli("push", h20["image"], "--registry", f"127.0.0.1:{proxy.port}", env=state, timeout=900)

@@ -70,7 +70,8 @@ def test_every_generated_block_is_in_the_docs_once():
     found = [(name, path.relative_to(ROOT).as_posix()) for path in DOCS
              for name in re.findall(r"^<!-- generated:(\w+) -->$", path.read_text(), re.M)]
     assert sorted(name for name, _ in found) == sorted(generated_blocks(load_matrix())), found
-    assert {"stacks": "docs/matrix.md", "gpus": "docs/matrix.md", "fabrics": "docs/running.md"} == dict(found)
+    assert {"stacks": "docs/matrix.md", "gpus": "docs/matrix.md", "fabrics": "docs/running.md",
+            "job_apptainer": "docs/running.md", "job_pyxis": "docs/running.md"} == dict(found)
 
 
 def test_readme_tables_command_checks_and_writes_a_docs_page(cli, tmp_path):

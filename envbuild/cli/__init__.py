@@ -3,7 +3,7 @@ the module that owns it (resolve, plan, render, build, verdict, publish, ...). C
 grouped by what they act on: a stack image (stack.py), an extension (extension.py), a built
 image (image.py), the matrix (matrix.py)."""
 
-from . import extension, image, matrix, stack  # noqa: F401  (each registers its commands on `main`)
+from . import cluster, extension, image, matrix, stack  # noqa: F401  (each registers its commands on `main`)
 from .app import main, refuse_repeated_options, run
 
 refuse_repeated_options(main)

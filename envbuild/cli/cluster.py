@@ -1,0 +1,100 @@
+"""`export` and `stage`: an image as the enroot squashfs a Slurm cluster starts without importing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import EnvbuildError
+from .app import err, main, out
+
+COMPRESSION = click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default="zstd",
+                           show_default=True, help="squashfs compression (enroot and squashfuse read all three).")
+
+
+@main.command("export")
+@click.argument("image")
+@click.option("--enroot", "as_enroot", is_flag=True, required=True,
+              help="Write the enroot squashfs (.sqsh) that `enroot import dockerd://IMAGE` would, reproducibly.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="File to write (default ./envbuild-<id>.sqsh).")
+@COMPRESSION
+def export_cmd(image, as_enroot, output, compression):
+    """Write IMAGE (a local Docker image) as an enroot squashfs: its environment, entrypoint and
+    volumes wired as `enroot import` does; the same image gives the same bytes (sha256)."""
+    from ..enroot import export_sqsh, staged_name
+
+    target = Path(output) if output else Path(staged_name(_image_id(image)))
+    sqsh = export_sqsh(image, target, compression, progress=lambda t: err.print(f"envbuild: {t}", markup=False))
+    out.print(f"wrote {sqsh.path} ({sqsh.size / 2**20:.1f} MiB, sha256 {sqsh.sha256})", markup=False)
+    out.print(f"next: envbuild stage {sqsh.path} --to /shared/containers   # then srun --container-image=<staged>",
+              markup=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("source")
+@click.option("--to", "directory", required=True, type=click.Path(file_okay=False),
+              help="Shared directory the compute nodes mount (e.g. /shared/containers).")
+@COMPRESSION
+def stage(source, directory, compression):
+    """Put an image's .sqsh on shared storage once: SOURCE is a local image (exported as by `export
+    --enroot`) or a .sqsh file. Named by the image ID, locked so two jobs staging at once export
+    once, checked for free space first and by sha256 after; a partial or corrupt file there is
+    refused."""
+    from ..enroot import SUFFIX, copy_producer, export_sqsh, stage as stage_file, staged_name
+
+    say = lambda t: err.print(f"envbuild: {t}", markup=False)  # noqa: E731
+    if source.endswith(SUFFIX) and Path(source).is_file():
+        size, name, produce = Path(source).stat().st_size, Path(source).name, copy_producer(Path(source))
+    else:
+        image_id, size = _image_id(source), _image_size(source)
+        name = staged_name(image_id)
+        produce = lambda dest: export_sqsh(source, dest, compression, progress=say).sha256  # noqa: E731
+    staged = stage_file(Path(directory), name, size, produce, progress=say)
+    out.print(f"{'staged' if staged.copied else 'already staged'} {staged.path} (sha256 {staged.sha256})", markup=False)
+    out.print(f"next: srun --container-image={staged.path} python /opt/envbuild/smoke.py", markup=False, soft_wrap=True)
+
+
+def _inspect(image: str) -> dict:
+    import json
+    import shutil
+    import subprocess
+
+    cli = shutil.which("docker") or "/usr/bin/docker"
+    r = subprocess.run([cli, "image", "inspect", image], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise EnvbuildError(f"{image}: no such local image ({(r.stderr or r.stdout).strip()[:200]}); build it "
+                            f"(envbuild build) or pull it first, or give a .sqsh file.")
+    return json.loads(r.stdout)[0]
+
+
+def _image_id(image: str) -> str:
+    return _inspect(image)["Id"]
+
+
+def _image_size(image: str) -> int:
+    return int(_inspect(image).get("Size") or 0)
+
+
+@main.command()
+@click.option("--image", required=True,
+              help="pyxis: a staged .sqsh, an enroot URI (ghcr.io#acme/envbuild:TAG) or dockerd://REF; apptainer: a .sif.")
+@click.option("--runtime", type=click.Choice(["pyxis", "apptainer"]), default="pyxis", show_default=True,
+              help="How the nodes start the image: pyxis/enroot (srun --container-image) or Apptainer.")
+@click.option("--nodes", type=click.IntRange(1), default=2, show_default=True, help="#SBATCH --nodes.")
+@click.option("--gpus-per-node", type=click.IntRange(0), default=8, show_default=True,
+              help="0: a CPU job (the smoke test and torchrun with gloo).")
+@click.option("--tasks-per-node", type=click.IntRange(0), default=0,
+              help="Smoke-test ranks per node (default: the GPUs, or 2 on CPU).")
+@click.option("--time", "time_limit", default="24:00:00", show_default=True, help="#SBATCH --time.")
+@click.option("--train", default="train.py", show_default=True, help="The script torchrun starts.")
+def job(image, runtime, nodes, gpus_per_node, tasks_per_node, time_limit, train):
+    """Print the Slurm job script for an image: the multi-node smoke test as the first step, then
+    one torchrun per node (c10d rendezvous on the first node), the image's environment in every
+    step, for pyxis/enroot or Apptainer. The README's Slurm sections are this command's output."""
+    from ..jobs import Job, job_script
+
+    if not image.strip():
+        raise EnvbuildError("--image is empty; give a staged .sqsh (envbuild stage), an enroot URI such as "
+                            "ghcr.io#acme/envbuild:TAG, or a .sif for --runtime apptainer.")
+    click.echo(job_script(Job(image, runtime, nodes, gpus_per_node, tasks_per_node, time_limit, train)), nl=False)

@@ -1,0 +1,306 @@
+"""The enroot artifact of an image: a squashfs file that `srun --container-image=/shared/x.sqsh`
+(pyxis) or `enroot create` starts without importing, made once and staged on shared storage.
+
+`export_sqsh` does what `enroot import dockerd://IMAGE` does (enroot v4.1.2, src/docker.sh:
+`docker create` + `docker export` into a rootfs without /dev/* and /.dockerenv, permissions
+fixed as `common::fixperms` does, then `docker::configure` writes /etc/environment from the
+image's Env, /etc/fstab from its Volumes, /etc/rc from its labels, WorkingDir, Entrypoint and
+Cmd, an empty /etc/rc.local; `mksquashfs -all-root`), with what makes it reproducible: the same
+image gives the same bytes (fixed superblock time, fixed times on the files envbuild writes,
+no time-dependent compression), so the file's sha256 identifies the image.
+
+`stage` puts such a file on a cluster's shared storage once, keyed by the image ID: a lock so
+two jobs staging at once import once, a free-space check before writing, a copy under a
+temporary name verified against its checksum before it takes the final name, and a refusal,
+with the checksum, of a partial or corrupt file found there.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from .errors import EnvbuildError
+from .files import sha256_file, temp_path
+
+COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
+                "none": ["-noI", "-noD", "-noF", "-noX"]}  # enroot/squashfuse read all three
+FIXED_TIME = 0  # the superblock's time and the files envbuild writes: the same bytes every time
+SUFFIX = ".sqsh"
+# What `docker create` adds to a container's filesystem, with the time it ran: the mount points of
+# the files it injects (and their directories). Their times are fixed so an export is reproducible.
+DOCKER_MADE = ("", "etc", "etc/hosts", "etc/hostname", "etc/resolv.conf", "etc/mtab", "dev", "proc", "sys")
+CHECKSUM_SUFFIX = ".sqsh.sha256"
+
+
+@dataclass(frozen=True)
+class Sqsh:
+    path: Path
+    sha256: str
+    size: int
+
+
+# ---------------------------------------------------------------- what enroot writes into the rootfs
+
+
+def _quote(word: str) -> str:
+    """bash's ${word@Q} for printable text: 'word', with ' written as '\\''."""
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def enroot_files(config: dict) -> dict[str, bytes]:
+    """/etc/environment, /etc/fstab, /etc/rc and /etc/rc.local as enroot v4.1.2's
+    docker::configure writes them from an image config (the `Config` object: Env, Volumes,
+    Labels, WorkingDir, Entrypoint, Cmd).
+
+    >>> files = enroot_files({"Env": ["PATH=/usr/bin"], "Entrypoint": ["/e.sh"], "Cmd": ["/bin/bash"],
+    ...                       "Labels": {"a": "b"}})
+    >>> print(files["etc/rc"].decode())
+    # a b
+    <BLANKLINE>
+    mkdir -p "/" 2> /dev/null
+    cd "/" && unset OLDPWD || exit 1
+    <BLANKLINE>
+    if [ -s /etc/rc.local ]; then
+        . /etc/rc.local
+    fi
+    <BLANKLINE>
+    if [ $# -gt 0 ]; then
+        exec '/e.sh' "$@"
+    else
+        exec '/e.sh' '/bin/bash'
+    fi
+    <BLANKLINE>
+    """
+    env = "".join(f"{line}\n" for line in config.get("Env") or [])
+    fstab = "".join(f"${{ENROOT_ROOTFS}}{v} {v} none x-create=dir,bind,rw,nosuid,nodev\n"
+                    for v in sorted(config.get("Volumes") or {}))
+    labels = "".join(f"# {k} {str(v).replace(chr(10), ' ')}\n" for k, v in (config.get("Labels") or {}).items())
+    entrypoint = [_quote(w) for w in config.get("Entrypoint") or []]
+    cmd = [_quote(w) for w in config.get("Cmd") or []]
+    if not entrypoint and not cmd:
+        cmd = [_quote("/bin/sh")]
+    workdir = config.get("WorkingDir") or "/"
+    ep = " ".join(entrypoint)
+    rc = (labels + ("\n" if labels else "")
+          + f'mkdir -p "{workdir}" 2> /dev/null\n'
+          + f'cd "{workdir}" && unset OLDPWD || exit 1\n\n'
+          + "if [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n\n"
+          + "if [ $# -gt 0 ]; then\n"
+          + f'    exec {ep} "$@"\n'
+          + "else\n"
+          + f"    exec {' '.join([*entrypoint, *cmd])}\n"
+          + "fi\n")
+    rclocal = ("# This file is sourced by /etc/rc when the container starts.\n"
+               "# It can be used to manipulate the entrypoint or the command of the container.\n")
+    return {"etc/environment": env.encode(), "etc/fstab": fstab.encode(), "etc/rc": rc.encode(),
+            "etc/rc.local": rclocal.encode()}
+
+
+# ---------------------------------------------------------------- export
+
+
+def _mksquashfs() -> str:
+    found = shutil.which("mksquashfs")
+    if not found:
+        raise EnvbuildError("envbuild export --enroot needs mksquashfs (Debian and Ubuntu: apt-get install "
+                            "squashfs-tools; it is what enroot itself uses).")
+    return found
+
+
+def _docker(cli: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([cli, *args], capture_output=True, **kw)
+
+
+def export_sqsh(image: str, out: Path, compression: str = "zstd", docker_cli: Optional[str] = None,
+                progress: Callable[[str], None] = lambda _: None) -> Sqsh:
+    """Write `image`'s enroot squashfs to `out` (refused if `out` exists: a file is never replaced).
+
+    Run as root (as `enroot import` needs to be for images with root-owned files it must read);
+    the rootfs is extracted into a temporary directory beside nothing of the user's and removed.
+    """
+    if compression not in COMPRESSIONS:
+        raise EnvbuildError(f"--compression {compression}: not one enroot reads; choose {', '.join(COMPRESSIONS)}.")
+    out = Path(out)
+    if os.path.lexists(out):
+        raise EnvbuildError(f"{out} exists; envbuild export never replaces a file. Remove it, or choose another "
+                            f"-o/--output.")
+    mksquashfs = _mksquashfs()
+    cli = docker_cli or shutil.which("docker") or "/usr/bin/docker"
+    inspect = _docker(cli, "image", "inspect", image, text=True)
+    if inspect.returncode != 0:
+        raise EnvbuildError(f"envbuild export: the Docker engine has no image {image} "
+                            f"({inspect.stderr.strip()[:200]}); build or pull it first.")
+    attrs = json.loads(inspect.stdout)[0]
+    config = attrs.get("Config") or {}
+    work = Path(tempfile.mkdtemp(prefix="envbuild-export-"))
+    container = f"envbuild-export-{os.getpid()}-{int(time.time())}"
+    try:
+        created = _docker(cli, "create", "--name", container, attrs["Id"], text=True)
+        if created.returncode != 0:
+            raise EnvbuildError(f"envbuild export: cannot create a container of {image}: {created.stderr.strip()[:300]}")
+        rootfs = work / "rootfs"
+        rootfs.mkdir()
+        progress(f"extracting {image}")
+        exporter = subprocess.Popen([cli, "export", container], stdout=subprocess.PIPE)
+        tar = subprocess.run(["tar", "-C", str(rootfs), "--warning=no-timestamp", "--anchored", "--exclude=dev/*",
+                              "--exclude=.dockerenv", "-px"], stdin=exporter.stdout, capture_output=True)
+        exporter.stdout.close()
+        if exporter.wait() != 0 or tar.returncode != 0:
+            raise EnvbuildError(f"envbuild export: extracting {image} failed: {tar.stderr.decode()[-300:]}")
+        # enroot's common::fixperms: every file readable (and directories writable) by the owner
+        subprocess.run(["chmod", "-f", "-R", "u+rX", str(rootfs)], check=False)
+        subprocess.run(["find", str(rootfs), "-maxdepth", "15", "-type", "d", "!", "-perm", "-u=w", "-exec",
+                        "chmod", "-f", "u+w", "{}", "+"], check=False)
+        (rootfs / "etc").mkdir(exist_ok=True)
+        for rel, data in enroot_files(config).items():
+            path = rootfs / rel
+            if path.is_symlink() or path.exists():
+                path.unlink()
+            path.write_bytes(data)
+            os.chmod(path, 0o644)
+            os.utime(path, (FIXED_TIME, FIXED_TIME))
+        for rel in DOCKER_MADE:  # what `docker create` made, and its directories, stamped with its own time
+            if os.path.lexists(rootfs / rel):
+                os.utime(rootfs / rel, (FIXED_TIME, FIXED_TIME), follow_symlinks=False)
+        tmp = temp_path(out)
+        progress(f"writing {out} ({compression})")
+        squash = subprocess.run([mksquashfs, str(rootfs), str(tmp), "-all-root", "-noappend", "-no-progress",
+                                 "-mkfs-time", str(FIXED_TIME), "-no-xattrs", *COMPRESSIONS[compression]],
+                                capture_output=True, text=True)
+        if squash.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise EnvbuildError(f"envbuild export: mksquashfs failed: {squash.stderr.strip()[-400:]}")
+        os.replace(tmp, out)
+    finally:
+        _docker(cli, "rm", "-f", container)
+        shutil.rmtree(work, ignore_errors=True)
+    return Sqsh(out, sha256_file(out), out.stat().st_size)
+
+
+# ---------------------------------------------------------------- stage
+
+
+def staged_name(image_id: str) -> str:
+    """The name a staged file has: the image ID (the sha256 of its config), so one image is
+    staged once whatever its tags.
+
+    >>> staged_name("sha256:" + "ab" * 32)
+    'envbuild-abababababab.sqsh'
+    """
+    return f"envbuild-{image_id.split(':', 1)[-1][:12]}{SUFFIX}"
+
+
+@dataclass(frozen=True)
+class Staged:
+    path: Path
+    sha256: str
+    copied: bool  # False: it was there already (verified), nothing was exported or copied
+
+
+def _verify(path: Path, expected: str) -> None:
+    got = sha256_file(path)
+    if got != expected:
+        raise EnvbuildError(f"{path} is partial or corrupt: its sha256 is {got[:16]}..., its checksum file "
+                            f"({path.name.removesuffix(SUFFIX)}{CHECKSUM_SUFFIX}) says {expected[:16]}.... Remove both "
+                            f"and stage again.")
+
+
+def _lock(fd: int, directory: Path, wait: float, progress) -> None:
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            if time.monotonic() > deadline:
+                raise EnvbuildError(f"another envbuild has been staging into {directory} for over {wait:.0f} s; "
+                                    f"nothing was written.") from None
+            if not said:
+                progress(f"waiting for another envbuild staging into {directory}")
+                said = True
+            time.sleep(0.2)
+
+
+def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path], str], wait: float = 3600,
+          progress: Callable[[str], None] = lambda _: None) -> Staged:
+    """Put a file at `directory/name` once: `produce(path)` writes it there under a temporary name
+    and returns the sha256 it must have (an export: the file's own; a copy: its source's).
+
+    Two runs at once: the second waits for the first's lock (a POSIX lock on
+    `directory/.envbuild-stage.lock`, which NFS honours) and then finds the file there, verified,
+    without producing it again. Before producing: `need_bytes` free (plus 5 %). The new file is
+    fsynced and checked against the sha256 before it takes its name; the sha256 goes beside it
+    (`NAME.sha256`, `sha256sum -c` format). A file found there whose sha256 is not its checksum
+    file's (a partial copy, a corrupt disk) is refused, not used."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise EnvbuildError(f"stage directory {directory} does not exist; create it on the shared filesystem the "
+                            f"compute nodes mount (e.g. /shared/containers), or choose another --to.")
+    final, checksum = directory / name, directory / (name.removesuffix(SUFFIX) + CHECKSUM_SUFFIX)
+    try:
+        fd = os.open(directory / ".envbuild-stage.lock", os.O_RDWR | os.O_CREAT, 0o664)
+    except OSError as e:
+        raise EnvbuildError(f"cannot write in {directory} ({e.strerror}); choose a --to you can write to.") from None
+    try:
+        _lock(fd, directory, wait, progress)
+        for leftover in directory.glob(f".{name}.envbuild-tmp-*"):  # what a killed stage left
+            leftover.unlink(missing_ok=True)
+        if final.exists():
+            if not checksum.exists():
+                raise EnvbuildError(f"{final} exists without its checksum file {checksum.name}: envbuild did not "
+                                    f"finish staging it (or another tool wrote it); remove it and stage again.")
+            expected = checksum.read_text().split()[0]
+            _verify(final, expected)
+            return Staged(final, expected, copied=False)
+        free = shutil.disk_usage(directory).free
+        if free < need_bytes * 1.05:
+            raise EnvbuildError(f"{directory} has {free / 2**30:.2f} GiB free; staging {name} needs "
+                                f"{need_bytes * 1.05 / 2**30:.2f} GiB. Nothing was written.")
+        tmp = temp_path(final)
+        try:
+            expected = produce(tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            got = sha256_file(tmp)
+            if got != expected:
+                raise EnvbuildError(f"the file written at {tmp} does not match (sha256 {got[:16]}... against "
+                                    f"{expected[:16]}...): the filesystem lost data; nothing was staged.")
+            os.chmod(tmp, 0o644)
+            checksum_tmp = temp_path(checksum)
+            checksum_tmp.write_text(f"{expected}  {final.name}\n")
+            os.replace(tmp, final)
+            os.replace(checksum_tmp, checksum)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return Staged(final, expected, copied=True)
+    finally:
+        os.close(fd)
+
+
+def copy_producer(source: Path) -> Callable[[Path], str]:
+    """Stage an existing .sqsh: copy it (its own sha256 is what the copy must have)."""
+    want = sha256_file(source)
+
+    def produce(dest: Path) -> str:
+        with open(source, "rb") as src, open(dest, "xb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+        return want
+    return produce
+
+
+def srun_line(path: Path, command: str = "python /opt/envbuild/smoke.py") -> str:
+    return f"srun --container-image={shlex.quote(str(path))} {command}"

@@ -1,0 +1,122 @@
+"""The enroot artifact: `envbuild export --enroot` (reproducible, wired as `enroot import` wires
+it, started by the real enroot where scripts/slurm-setup.sh installed it) and `envbuild stage`
+(once per image, locked, checked for space and by sha256). The export tests need Docker
+(docker-marked); staging is plain files."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DOCKER, ROOT, run_cli
+from envbuild.enroot import enroot_files, sha256_file, stage
+
+BASE = "local/debian:bookworm"
+
+
+def _sqsh(path, size=3 * 2**20):
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+def test_staging_twice_at_once_copies_once_and_both_find_the_same_verified_file(tmp_path):
+    source, shared = _sqsh(tmp_path / "img.sqsh"), tmp_path / "shared"
+    shared.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-m", "envbuild", "stage", str(source), "--to", str(shared)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outs
+    said = [out.split()[0] + (" " + out.split()[1] if out.startswith("already") else "") for out, _ in outs]
+    assert sorted(said) == ["already staged"] * 3 + ["staged"], said
+    staged = shared / "img.sqsh"
+    assert sha256_file(staged) == sha256_file(source)
+    assert subprocess.run(["sha256sum", "-c", "img.sqsh.sha256"], cwd=shared, capture_output=True).returncode == 0
+    assert sorted(p.name for p in shared.iterdir()) == [".envbuild-stage.lock", "img.sqsh", "img.sqsh.sha256"]
+
+
+def test_a_truncated_staged_file_is_refused_with_its_checksum(tmp_path):
+    source, shared = _sqsh(tmp_path / "img.sqsh"), tmp_path / "shared"
+    shared.mkdir()
+    assert run_cli("stage", str(source), "--to", str(shared)).returncode == 0
+    with open(shared / "img.sqsh", "r+b") as f:
+        f.truncate(1000)  # a copy cut short (a full disk, a killed rsync)
+    r = run_cli("stage", str(source), "--to", str(shared))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    said = " ".join(r.stderr.split())
+    assert f"{shared / 'img.sqsh'} is partial or corrupt" in said and "Remove both and stage again" in said
+
+
+def test_no_space_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from envbuild import enroot
+    from envbuild.errors import EnvbuildError
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr(enroot.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10, 10, 2**20))
+    with pytest.raises(EnvbuildError, match=r"has 0.00 GiB free; staging x.sqsh needs"):
+        stage(shared, "x.sqsh", 5 * 2**20, lambda dest: pytest.fail("nothing may be written"))
+    assert sorted(p.name for p in shared.iterdir()) == [".envbuild-stage.lock"]
+
+
+def test_a_killed_stage_leaves_a_partial_copy_the_next_stage_removes(tmp_path):
+    source, shared = _sqsh(tmp_path / "img.sqsh"), tmp_path / "shared"
+    shared.mkdir()
+    (shared / ".img.sqsh.envbuild-tmp-0123abcd").write_bytes(b"half")
+    assert run_cli("stage", str(source), "--to", str(shared)).returncode == 0
+    assert not list(shared.glob(".img.sqsh.envbuild-tmp-*"))
+
+
+def test_stage_refuses_a_missing_directory_and_an_unknown_image(tmp_path):
+    r = run_cli("stage", str(_sqsh(tmp_path / "a.sqsh", 10)), "--to", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run_cli("stage", "no-such-image:1", "--to", str(tmp_path))
+    assert r.returncode == 2 and "no such local image" in r.stderr
+
+
+def test_enroot_files_match_enroots_own_configure():
+    """Volumes, Env, labels, WorkingDir, Entrypoint and Cmd as enroot v4.1.2's docker::configure
+    writes them (src/docker.sh), quoting included."""
+    files = enroot_files({"Env": ["A=1", "B=two words"], "Volumes": {"/data": {}}, "WorkingDir": "/work",
+                          "Entrypoint": ["/opt/envbuild/entrypoint.sh"], "Cmd": ["it's"], "Labels": {"x": "a\nb"}})
+    assert files["etc/environment"] == b"A=1\nB=two words\n"
+    assert files["etc/fstab"] == b"${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
+    rc = files["etc/rc"].decode()
+    assert rc.startswith("# x a b\n\nmkdir -p \"/work\" 2> /dev/null\ncd \"/work\" && unset OLDPWD || exit 1\n")
+    assert "    exec '/opt/envbuild/entrypoint.sh' \"$@\"\n" in rc
+    assert "    exec '/opt/envbuild/entrypoint.sh' 'it'\\''s'\n" in rc
+    assert enroot_files({})["etc/rc"].decode().endswith("else\n    exec '/bin/sh'\nfi\n")
+
+
+@pytest.mark.docker
+def test_export_is_reproducible_and_enroot_starts_it(tmp_path):
+    if subprocess.run([DOCKER, "image", "inspect", BASE], capture_output=True).returncode != 0:
+        pytest.fail(f"{BASE} missing; run scripts/host-setup.sh")
+    if not shutil.which("mksquashfs"):
+        pytest.fail("mksquashfs missing (squashfs-tools); scripts/test.sh installs it")
+    hashes = []
+    for name in ("a.sqsh", "b.sqsh"):
+        r = run_cli("export", BASE, "--enroot", "-o", str(tmp_path / name), timeout=600)
+        assert r.returncode == 0, r.stderr
+        hashes.append(hashlib.sha256((tmp_path / name).read_bytes()).hexdigest())
+    assert hashes[0] == hashes[1]
+    r = run_cli("export", BASE, "--enroot", "-o", str(tmp_path / "a.sqsh"))
+    assert r.returncode == 2 and "never replaces a file" in r.stderr
+    listing = subprocess.run(["unsquashfs", "-l", str(tmp_path / "a.sqsh")], capture_output=True, text=True).stdout
+    assert "squashfs-root/etc/rc" in listing and "squashfs-root/.dockerenv" not in listing
+    assert "squashfs-root/dev/" not in listing.replace("squashfs-root/dev\n", "")
+    if not shutil.which("enroot"):
+        pytest.skip("enroot is not installed here (scripts/slurm-setup.sh builds it); the file was checked above")
+    name = f"envbuild-test-{os.getpid()}"
+    subprocess.run(["enroot", "create", "-n", name, str(tmp_path / "a.sqsh")], check=True, capture_output=True)
+    try:
+        r = subprocess.run(["enroot", "start", name, "sh", "-c", ". /etc/os-release; echo $ID; test ! -e /.dockerenv"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "debian", r.stderr
+    finally:
+        subprocess.run(["enroot", "remove", "-f", name], capture_output=True)

@@ -1,0 +1,105 @@
+"""The Slurm path for real: a one-node Slurm 22.05 cluster with pyxis and enroot built from their
+pinned sources (scripts/slurm-setup.sh, about 40 s), the CI stack's image exported as a .sqsh,
+staged, started by `srun --container-image` with the smoke test inside, and `envbuild job`'s
+script (one node, CPU, gloo) submitted with sbatch and run to completion.
+
+Opt-in (ENVBUILD_SLURM=1), after `bash scripts/host-setup.sh && bash scripts/slurm-setup.sh`:
+about 20 minutes on 2 cores, most of it mksquashfs of the multi-GB image and enroot's start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import DOCKER, run_cli
+from envbuild.ci import real_build_stack
+from envbuild.matrix import load_matrix
+
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(os.environ.get("ENVBUILD_SLURM") != "1",
+                                                     reason="opt-in: set ENVBUILD_SLURM=1 after scripts/slurm-setup.sh")]
+BASE = "local/debian:bookworm"
+REPO = "envbuild-slurm"
+
+
+def _sh(*args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not shutil.which("srun") or "idle" not in _sh("sinfo", "-h", "-o", "%T").stdout:
+        pytest.fail("no idle Slurm node: run `bash scripts/slurm-setup.sh` first")
+    version = _sh("srun", "--help").stdout
+    assert "--container-image" in version, "pyxis is not loaded (plugstack.conf.d/pyxis.conf)"
+
+
+@pytest.fixture(scope="module")
+def staged(cluster, tmp_path_factory):
+    """The CI stack's image (CPU ops only: the builder's cache from the e2e tests serves most of it),
+    exported and staged on a 'shared' directory."""
+    work = tmp_path_factory.mktemp("slurm")
+    stack = real_build_stack(load_matrix()).id
+    r = run_cli("build", "--gpu", "h20", "--stack", stack, "--ds-ops", "cpu_adam", "--base-image", BASE,
+                "--image-repo", REPO, "--ca-cert", "/etc/ssl/certs/ca-certificates.crt", "-o", str(work / "b"),
+                env={"ENVBUILD_STATE_DIR": str(work / "state")}, timeout=5400, production=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    image = f"{REPO}:{json.loads((work / 'b' / 'manifest.json').read_text())['tag']}"
+    shared = work / "shared"
+    shared.mkdir()
+    started = time.monotonic()
+    r = run_cli("stage", image, "--to", str(shared), timeout=3600)
+    assert r.returncode == 0, r.stderr
+    sqsh = next(shared.glob("*.sqsh"))
+    yield {"image": image, "sqsh": sqsh, "work": work, "export_s": time.monotonic() - started}
+    _sh(DOCKER, "rmi", image)
+
+
+def test_srun_container_image_runs_the_smoke_test_inside(staged):
+    r = _sh("srun", f"--container-image={staged['sqsh']}", "bash", "-c",
+            ". /opt/envbuild/env.sh && exec python /opt/envbuild/smoke.py --json", timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(r.stdout[r.stdout.index("{"):])
+    assert result["ok"], [c for c in result["checks"] if not c.get("ok")]
+
+
+def test_the_job_sees_the_images_environment_without_the_entrypoint(staged):
+    """pyxis runs the command, not the image's entrypoint: the baked environment (the guard) comes
+    through enroot's /etc/environment, the per-job caches and the dump directory from env.sh."""
+    r = _sh("srun", f"--container-image={staged['sqsh']}", "bash", "-c",
+            ". /opt/envbuild/env.sh && env", timeout=600)
+    assert r.returncode == 0, r.stderr
+    env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    job = env["SLURM_JOB_ID"]
+    assert env["PIP_CONSTRAINT"] == "/etc/pip/constraint.txt"  # the guard (envbuild/image/paths.py)
+    assert env["TORCH_EXTENSIONS_DIR"].endswith(f"torch_extensions-{job}")
+    assert env["TORCH_FR_DUMP_TEMP_FILE"].endswith(f"envbuild-dumps/flight_recorder-{job}/rank_")
+
+
+def test_sbatch_of_the_generated_job_script_runs_to_completion(staged):
+    work = staged["work"]
+    (work / "train.py").write_text(
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "import torch\n"
+        "t = torch.ones(1)\n"
+        "dist.all_reduce(t)\n"
+        "print('trained', dist.get_rank(), int(t.item()), flush=True)\n")
+    script = run_cli("job", "--image", str(staged["sqsh"]), "--nodes", "1", "--gpus-per-node", "0",
+                     "--time", "00:30:00").stdout
+    (work / "job.sbatch").write_text(script)
+    r = _sh("sbatch", "--parsable", "-o", str(work / "job-%j.out"), str(work / "job.sbatch"), cwd=work)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 1800
+    while _sh("squeue", "-h", "-j", job_id).stdout.strip() and time.monotonic() < deadline:
+        time.sleep(5)
+    state = _sh("scontrol", "show", "job", job_id).stdout
+    log = (work / f"job-{job_id}.out").read_text()
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + log[-3000:]
+    assert "trained 0 2" in log and "trained 1 2" in log, log[-3000:]

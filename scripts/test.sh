@@ -14,7 +14,8 @@ python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 # and runs Grace's NEON code paths with them; with ENVBUILD_CROSS_TOOLS=1 a missing tool fails
 # those tests instead of skipping them.
 cross=()
-for pkg in qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross; do
+# squashfs-tools: tests/test_enroot.py exports an image as enroot's squashfs (mksquashfs, unsquashfs).
+for pkg in qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross squashfs-tools; do
     dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null | grep -qx installed || cross+=("$pkg")
 done
 if ((${#cross[@]})); then

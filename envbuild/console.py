@@ -5,7 +5,12 @@ import signal
 import sys
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)  # `kill` or a scheduler's SIGTERM: unwind, so cleanups run
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         from .cli import run  # noqa: PLC0415  (inside the try: importing the CLI takes a while)
 

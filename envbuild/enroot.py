@@ -122,6 +122,21 @@ def _docker(cli: str, *args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([cli, *args], capture_output=True, **kw)
 
 
+def _remove_stale_exports(cli: str) -> None:
+    """What an export killed with SIGKILL left: its container and its (gigabytes of) rootfs,
+    both named with the dead process's ID."""
+    def dead(pid: str) -> bool:
+        return pid.isdigit() and not os.path.exists(f"/proc/{pid}")
+
+    for path in Path(tempfile.gettempdir()).glob("envbuild-export-*-*"):
+        if path.is_dir() and dead(path.name.split("-")[2]):
+            shutil.rmtree(path, ignore_errors=True)
+    names = _docker(cli, "ps", "-a", "--filter", "name=envbuild-export-", "--format", "{{.Names}}", text=True)
+    for name in names.stdout.split():
+        if dead(name.split("-")[2]):
+            _docker(cli, "rm", "-f", name)
+
+
 def export_sqsh(image: str, out: Path, compression: str = "zstd", docker_cli: Optional[str] = None,
                 progress: Callable[[str], None] = lambda _: None) -> Sqsh:
     """Write `image`'s enroot squashfs to `out` (refused if `out` exists: a file is never replaced).
@@ -143,7 +158,8 @@ def export_sqsh(image: str, out: Path, compression: str = "zstd", docker_cli: Op
                             f"({inspect.stderr.strip()[:200]}); build or pull it first.")
     attrs = json.loads(inspect.stdout)[0]
     config = attrs.get("Config") or {}
-    work = Path(tempfile.mkdtemp(prefix="envbuild-export-"))
+    _remove_stale_exports(cli)
+    work = Path(tempfile.mkdtemp(prefix=f"envbuild-export-{os.getpid()}-"))
     container = f"envbuild-export-{os.getpid()}-{int(time.time())}"
     try:
         created = _docker(cli, "create", "--name", container, attrs["Id"], text=True)

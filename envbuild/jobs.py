@@ -49,12 +49,16 @@ def job_script(job: Job) -> str:
                 f'--rdzv_backend c10d --rdzv_endpoint "$HEAD_NODE:29500" --rdzv_id "$SLURM_JOB_ID" '
                 f'{shlex.quote(job.train)}')
     if job.runtime == "pyxis":
+        # A CPU job says so: the image asks for every GPU (NVIDIA_VISIBLE_DEVICES=all), and enroot's
+        # nvidia hook fails on a node without libnvidia-container; the image's value wins unless named.
+        cpu = " --container-env=NVIDIA_VISIBLE_DEVICES" if not job.gpus_per_node else ""
         lines += ["export MELLANOX_VISIBLE_DEVICES=all  # enroot's hook mounts the RDMA devices",
+                  *(["export NVIDIA_VISIBLE_DEVICES=void  # a CPU job: no GPU hook"] if cpu else []),
                   f"image={shlex.quote(job.image)}",
                   "# first step: every rank of every node runs the same image, and collectives really cross the nodes",
-                  f'srun --ntasks-per-node={ranks} --container-image="$image" --container-name=envbuild \\',
+                  f'srun --ntasks-per-node={ranks} --container-image="$image" --container-name=envbuild{cpu} \\',
                   "  bash -c '. /opt/envbuild/env.sh && exec python /opt/envbuild/smoke.py --multinode'",
-                  'srun --ntasks-per-node=1 --container-image="$image" --container-name=envbuild \\',
+                  f'srun --ntasks-per-node=1 --container-image="$image" --container-name=envbuild{cpu} \\',
                   '     --container-mounts="$PWD:/work" --container-workdir=/work \\',
                   f"  bash -c '. /opt/envbuild/env.sh && exec {torchrun}'"]
     elif job.runtime == "apptainer":

@@ -218,7 +218,7 @@ class EnvSh:
 
     def __init__(self, tmp_path: Path, python_body: str | None = None):
         text = (ROOT / "templates" / "files" / "env.sh").read_text()
-        for path in (paths.VENV_PYTHON, f'"{paths.LIB}"', paths.MANIFEST):
+        for path in (paths.VENV_PYTHON, f'"{paths.LIB}"', paths.MANIFEST, f"{paths.VENV}/bin"):
             assert path in text, f"env.sh no longer names {path} (envbuild/image/paths.py)"
         lib = tmp_path / "lib"
         shutil.copytree(ROOT / "envbuild" / "image", lib / paths.PACKAGE,
@@ -792,3 +792,14 @@ def test_each_torch_gets_the_dump_variable_it_reads(matrix):
     assert baked("2.6")["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "torchfrtrace" not in baked("2.6")["ENVBUILD_FR_READER"]
     assert baked("2.11")["ENVBUILD_FR_DUMP_VAR"] == "TORCH_FR_DUMP_TEMP_FILE"
     assert baked("2.11")["ENVBUILD_FR_READER"] == "torchfrtrace" and "TORCH_NCCL_DUMP_ON_TIMEOUT" not in baked("2.11")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_env_sh_puts_the_venv_first_on_a_path_that_lacks_it(tmp_path, shell):
+    """pyxis and Apptainer start a step with the job's PATH: env.sh puts the image's venv first,
+    once, and leaves a PATH that has it alone."""
+    env_sh, root = EnvSh(tmp_path), make_root(tmp_path, None)
+    environ, _ = env_sh.run(shell, root, path="/usr/bin:/bin")
+    assert environ["PATH"] == f"{paths.VENV}/bin:/usr/bin:/bin"
+    environ, _ = env_sh.run(shell, root, path=f"/usr/bin:{paths.VENV}/bin:/bin")
+    assert environ["PATH"] == f"/usr/bin:{paths.VENV}/bin:/bin"

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.skipif(os.environ.get("ENVBUILD_SL
                                                      reason="opt-in: set ENVBUILD_SLURM=1 after scripts/slurm-setup.sh")]
 BASE = "local/debian:bookworm"
 REPO = "envbuild-slurm"
+# A CPU node: no libnvidia-container, so the job says it wants no GPU (the image asks for all,
+# and under pyxis the image's value wins unless the job names it), as `envbuild job` does.
+CPU = ("--container-env=NVIDIA_VISIBLE_DEVICES",)
+CPU_ENV = {**os.environ, "NVIDIA_VISIBLE_DEVICES": "void"}
+# pyxis starts the container read-only and mounts the home only of non-root users: the dumps go
+# to a directory the job mounts, named by ENVBUILD_DUMP_DIR (the image does not bake it).
+DUMPS = Path("/var/tmp/envbuild-slurm-dumps")
 
 
 def _sh(*args, **kw):
@@ -60,9 +68,15 @@ def staged(cluster, tmp_path_factory):
     _sh(DOCKER, "rmi", image)
 
 
+def _dumps():
+    DUMPS.mkdir(exist_ok=True)
+    return (f"--container-mounts={DUMPS}:{DUMPS}",)
+
+
 def test_srun_container_image_runs_the_smoke_test_inside(staged):
-    r = _sh("srun", f"--container-image={staged['sqsh']}", "bash", "-c",
-            ". /opt/envbuild/env.sh && exec python /opt/envbuild/smoke.py --json", timeout=1800)
+    r = _sh("srun", f"--container-image={staged['sqsh']}", *CPU, *_dumps(), "bash", "-c",
+            ". /opt/envbuild/env.sh && exec python /opt/envbuild/smoke.py --json", timeout=1800,
+            env={**CPU_ENV, "ENVBUILD_DUMP_DIR": str(DUMPS)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(r.stdout[r.stdout.index("{"):])
     assert result["ok"], [c for c in result["checks"] if not c.get("ok")]
@@ -71,14 +85,16 @@ def test_srun_container_image_runs_the_smoke_test_inside(staged):
 def test_the_job_sees_the_images_environment_without_the_entrypoint(staged):
     """pyxis runs the command, not the image's entrypoint: the baked environment (the guard) comes
     through enroot's /etc/environment, the per-job caches and the dump directory from env.sh."""
-    r = _sh("srun", f"--container-image={staged['sqsh']}", "bash", "-c",
-            ". /opt/envbuild/env.sh && env", timeout=600)
+    r = _sh("srun", f"--container-image={staged['sqsh']}", *CPU, *_dumps(), "bash", "-c",
+            ". /opt/envbuild/env.sh && env", timeout=600, env={**CPU_ENV, "ENVBUILD_DUMP_DIR": str(DUMPS)})
     assert r.returncode == 0, r.stderr
     env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
     job = env["SLURM_JOB_ID"]
     assert env["PIP_CONSTRAINT"] == "/etc/pip/constraint.txt"  # the guard (envbuild/image/paths.py)
     assert env["TORCH_EXTENSIONS_DIR"].endswith(f"torch_extensions-{job}")
-    assert env["TORCH_FR_DUMP_TEMP_FILE"].endswith(f"envbuild-dumps/flight_recorder-{job}/rank_")
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{DUMPS}/flight_recorder-{job}/rank_"
+    assert (DUMPS / f"flight_recorder-{job}").is_dir()  # on the host, after the step: the user keeps it
+    assert env["PATH"].startswith("/opt/venv/bin:")
 
 
 def test_sbatch_of_the_generated_job_script_runs_to_completion(staged):

@@ -15,6 +15,13 @@
 #    VLLM_CACHE_ROOT            vLLM's torch.compile and kernel caches (~/.cache/vllm)
 #    FLASHINFER_WORKSPACE_BASE  FlashInfer's JIT-built kernels (under ~/.cache)
 #    HF_MODULES_CACHE           transformers' trust_remote_code modules (~/.cache/huggingface)
+# 0. The image's venv first on PATH: pyxis/enroot and Apptainer start a step with the job's PATH,
+#    where `python` is the host's or none (seen under pyxis 0.24: "exec: python: not found").
+case ":${PATH:-}:" in
+    *":/opt/venv/bin:"*) ;;
+    *) PATH="/opt/venv/bin${PATH:+:$PATH}"; export PATH ;;
+esac
+
 _envbuild_job=${SLURM_JOB_ID:-}
 if [ -z "$_envbuild_job" ]; then
     _envbuild_job="$(id -un 2>/dev/null || id -u)-$$"

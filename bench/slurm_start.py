@@ -10,6 +10,7 @@ registry, medians of the runs, measured in the same run of this script.
 """
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -24,7 +25,8 @@ REGISTRY = "127.0.0.1:5000"
 
 def timed(*args) -> float:
     start = time.monotonic()
-    r = subprocess.run(args, capture_output=True, text=True)
+    env = {**os.environ, "NVIDIA_VISIBLE_DEVICES": "void"}  # a CPU node: no GPU hook
+    r = subprocess.run(args, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"{' '.join(args)} failed: {r.stderr[-1500:]}")
     return time.monotonic() - start
@@ -34,19 +36,24 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("image")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--sqsh", help="an already staged .sqsh of IMAGE (skips staging)")
     args = parser.parse_args()
     name = args.image.rsplit("/", 1)[-1]
     remote = f"{REGISTRY}/{name}"
     docker("tag", args.image, remote)
     push_s = timed("/usr/bin/docker", "push", remote)
-    shared = Path(tempfile.mkdtemp(prefix="envbuild-bench-stage-"))
-    stage_s = timed(sys.executable, "-m", "envbuild", "stage", args.image, "--to", str(shared))
-    sqsh = next(shared.glob("*.sqsh"))
+    if args.sqsh:
+        sqsh, stage_s = Path(args.sqsh), 0.0
+    else:
+        shared = Path(tempfile.mkdtemp(prefix="envbuild-bench-stage-"))
+        stage_s = timed(sys.executable, "-m", "envbuild", "stage", args.image, "--to", str(shared))
+        sqsh = next(shared.glob("*.sqsh"))
     uri = f"{REGISTRY}#{name}"
     rows, medians = [], {}
     for what, image in (("--container-image from the local registry (import per job)", uri),
                         ("--container-image=<staged .sqsh> (envbuild stage)", str(sqsh))):
-        runs = [timed("srun", f"--container-image={image}", "true") for _ in range(args.runs)]
+        runs = [timed("srun", f"--container-image={image}", "--container-env=NVIDIA_VISIBLE_DEVICES", "true")
+                for _ in range(args.runs)]
         medians[what] = statistics.median(runs)
         rows.append([what, " ".join(f"{r:.1f}" for r in runs), f"{medians[what]:.1f}"])
     registry, staged = medians.values()

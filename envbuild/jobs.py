@@ -52,7 +52,8 @@ def job_script(job: Job) -> str:
         # A CPU job says so: the image asks for every GPU (NVIDIA_VISIBLE_DEVICES=all), and enroot's
         # nvidia hook fails on a node without libnvidia-container; the image's value wins unless named.
         cpu = " --container-env=NVIDIA_VISIBLE_DEVICES" if not job.gpus_per_node else ""
-        lines += ["export MELLANOX_VISIBLE_DEVICES=all  # enroot's hook mounts the RDMA devices",
+        lines += ["# enroot's hook mounts the RDMA devices (and fails on a node that has none)",
+                  "if [ -d /sys/class/infiniband ]; then export MELLANOX_VISIBLE_DEVICES=all; fi",
                   *(["export NVIDIA_VISIBLE_DEVICES=void  # a CPU job: no GPU hook"] if cpu else []),
                   f"image={shlex.quote(job.image)}",
                   "# first step: every rank of every node runs the same image, and collectives really cross the nodes",

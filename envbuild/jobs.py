@@ -59,7 +59,8 @@ def job_script(job: Job) -> str:
                   "# first step: every rank of every node runs the same image, and collectives really cross the nodes",
                   f'srun --ntasks-per-node={ranks} --container-image="$image" --container-name=envbuild{cpu} \\',
                   "  bash -c '. /opt/envbuild/env.sh && exec python /opt/envbuild/smoke.py --multinode'",
-                  f'srun --ntasks-per-node=1 --container-image="$image" --container-name=envbuild{cpu} \\',
+                  f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --container-image="$image" '
+                  f'--container-name=envbuild{cpu} \\',
                   '     --container-mounts="$PWD:/work" --container-workdir=/work \\',
                   f"  bash -c '. /opt/envbuild/env.sh && exec {torchrun}'"]
     elif job.runtime == "apptainer":
@@ -67,7 +68,7 @@ def job_script(job: Job) -> str:
         lines += [f"sif={shlex.quote(job.image)}",
                   "# first step: every rank of every node runs the same image, and collectives really cross the nodes",
                   f'srun --ntasks-per-node={ranks} apptainer exec {nv}"$sif" python /opt/envbuild/smoke.py --multinode',
-                  f'srun --ntasks-per-node=1 apptainer exec {nv}"$sif" \\', f"  {torchrun}"]
+                  f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 apptainer exec {nv}"$sif" \\', f"  {torchrun}"]
     else:
         raise ValueError(job.runtime)
     return "\n".join(lines) + "\n"

@@ -255,9 +255,9 @@ def test_running_doc_has_docker_apptainer_and_both_slurm_ways():
     assert len(blocks) == 4
     assert "docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in blocks[0]
     assert "apptainer test --nv" in blocks[1] and "apptainer exec --nv" in blocks[1]
-    assert blocks[2].startswith("#!/bin/bash\n#SBATCH") and "srun --ntasks-per-node=1 apptainer exec --nv" in blocks[2]
+    assert blocks[2].startswith("#!/bin/bash\n#SBATCH") and 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 apptainer exec --nv' in blocks[2]
     assert "image='ghcr.io#acme/envbuild:" in blocks[3] and ". /opt/envbuild/env.sh" in blocks[3]
-    assert 'srun --ntasks-per-node=1 --container-image="$image" --container-name=envbuild' in blocks[3]
+    assert 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --container-image="$image" --container-name=envbuild' in blocks[3]
     from envbuild.jobs import Job, job_script  # the Slurm examples are `envbuild job`'s output
     assert blocks[3] == job_script(Job("ghcr.io#acme/envbuild:torch2.15.0-cu132-py3.12-ds0.19.8-h20"))
     for block in blocks[2:]:  # the multi-node smoke test is each job's first step, one rank per GPU

@@ -56,7 +56,7 @@ case ${ENVBUILD_FR_DUMP_VAR:-} in
                 if [ "${SLURM_PROCID:-0}" = 0 ] && [ -n "${SLURM_JOB_ID:-}${WORLD_SIZE:-}" ]; then
                     echo "envbuild: flight-recorder dumps (one per rank, on a collective timeout) go to $_envbuild_fr; read them with: ${ENVBUILD_FR_READER:-torchfrtrace} $_envbuild_fr -p rank_" >&2
                 fi
-            else
+            elif [ "${SLURM_PROCID:-0}" = 0 ]; then
                 echo "envbuild: warning: cannot create $_envbuild_fr for flight-recorder dumps; set ENVBUILD_DUMP_DIR to a writable directory you keep after the job (they stay inside the container otherwise)" >&2
             fi
         fi

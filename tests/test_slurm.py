@@ -65,7 +65,8 @@ def staged(cluster, tmp_path_factory):
     assert r.returncode == 0, r.stderr
     sqsh = next(shared.glob("*.sqsh"))
     yield {"image": image, "sqsh": sqsh, "work": work, "export_s": time.monotonic() - started}
-    _sh(DOCKER, "rmi", image)
+    image_id = _sh(DOCKER, "image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+    _sh(DOCKER, "rmi", "-f", image_id)  # every tag the build gave it (readable and content)
 
 
 def _dumps():

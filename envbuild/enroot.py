@@ -21,7 +21,6 @@ import errno
 import fcntl
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import EnvbuildError
-from .files import sha256_file, temp_path
+from .files import remove_stale_temps, sha256_file, temp_path, write_atomic
 
 COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
                 "none": ["-noI", "-noD", "-noF", "-noX"]}  # enroot/squashfuse read all three
@@ -122,6 +121,15 @@ def _docker(cli: str, *args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([cli, *args], capture_output=True, **kw)
 
 
+def local_image(image: str, cli: Optional[str] = None) -> dict:
+    """`docker image inspect IMAGE` (Id, Size, Config), or a refusal naming what to do."""
+    r = _docker(cli or shutil.which("docker") or "/usr/bin/docker", "image", "inspect", image, text=True)
+    if r.returncode != 0:
+        raise EnvbuildError(f"{image}: no such local image ({(r.stderr or r.stdout).strip()[:200]}); build it "
+                            f"(envbuild build) or pull it first, or give a .sqsh file.")
+    return json.loads(r.stdout)[0]
+
+
 def _remove_stale_exports(cli: str) -> None:
     """What an export killed with SIGKILL left: its container and its (gigabytes of) rootfs,
     both named with the dead process's ID."""
@@ -152,11 +160,7 @@ def export_sqsh(image: str, out: Path, compression: str = "zstd", docker_cli: Op
                             f"-o/--output.")
     mksquashfs = _mksquashfs()
     cli = docker_cli or shutil.which("docker") or "/usr/bin/docker"
-    inspect = _docker(cli, "image", "inspect", image, text=True)
-    if inspect.returncode != 0:
-        raise EnvbuildError(f"envbuild export: the Docker engine has no image {image} "
-                            f"({inspect.stderr.strip()[:200]}); build or pull it first.")
-    attrs = json.loads(inspect.stdout)[0]
+    attrs = local_image(image, cli)
     config = attrs.get("Config") or {}
     _remove_stale_exports(cli)
     work = Path(tempfile.mkdtemp(prefix=f"envbuild-export-{os.getpid()}-"))
@@ -272,8 +276,7 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
         raise EnvbuildError(f"cannot write in {directory} ({e.strerror}); choose a --to you can write to.") from None
     try:
         _lock(fd, directory, wait, progress)
-        for leftover in directory.glob(f".{name}.envbuild-tmp-*"):  # what a killed stage left
-            leftover.unlink(missing_ok=True)
+        remove_stale_temps(directory, recursive=False)  # what a killed stage left (we hold the lock)
         if final.exists():
             if not checksum.exists():
                 raise EnvbuildError(f"{final} exists without its checksum file {checksum.name}: envbuild did not "
@@ -295,10 +298,8 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
                 raise EnvbuildError(f"the file written at {tmp} does not match (sha256 {got[:16]}... against "
                                     f"{expected[:16]}...): the filesystem lost data; nothing was staged.")
             os.chmod(tmp, 0o644)
-            checksum_tmp = temp_path(checksum)
-            checksum_tmp.write_text(f"{expected}  {final.name}\n")
             os.replace(tmp, final)
-            os.replace(checksum_tmp, checksum)
+            write_atomic(checksum, f"{expected}  {final.name}\n".encode())
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -316,7 +317,3 @@ def copy_producer(source: Path) -> Callable[[Path], str]:
             shutil.copyfileobj(src, dst, 1 << 22)
         return want
     return produce
-
-
-def srun_line(path: Path, command: str = "python /opt/envbuild/smoke.py") -> str:
-    return f"srun --container-image={shlex.quote(str(path))} {command}"

@@ -735,7 +735,7 @@ class Matrix:
             if key in names:
                 return names[key]
         for scope in self.gpus_file.out_of_scope:
-            if any(s in scope.names or s.startswith(tuple(scope.prefixes or [s + "?"])) for s in spellings):
+            if any(s in scope.names or any(s.startswith(p) for p in scope.prefixes) for s in spellings):
                 raise EnvbuildError(f"--gpu {name}: {scope.vendor} GPUs are out of scope: {scope.why}")
         raise unknown_gpu(name, spellings, [p.name for p in self.gpus], str(self.directory / "gpus.yaml"))
 

@@ -47,9 +47,6 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-_file_sha = sha256_file
-
-
 def _safe_relative(rel: str) -> bool:
     """A plain relative POSIX path inside the directory: no '..', no absolute, no '.'."""
     p = PurePosixPath(rel)
@@ -158,7 +155,7 @@ def _check_ownership(out: Path, old: dict[str, set[str]], files: dict[str, bytes
                 continue
             if rel not in old:
                 foreign.append(rel)
-            elif path.is_symlink() or not path.is_file() or _file_sha(path) not in old[rel]:
+            elif path.is_symlink() or not path.is_file() or sha256_file(path) not in old[rel]:
                 edited.append(rel)
     if edited:
         raise EnvbuildError(

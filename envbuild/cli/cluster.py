@@ -55,25 +55,16 @@ def stage(source, directory, compression):
     out.print(f"next: srun --container-image={staged.path} python /opt/envbuild/smoke.py", markup=False, soft_wrap=True)
 
 
-def _inspect(image: str) -> dict:
-    import json
-    import shutil
-    import subprocess
-
-    cli = shutil.which("docker") or "/usr/bin/docker"
-    r = subprocess.run([cli, "image", "inspect", image], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise EnvbuildError(f"{image}: no such local image ({(r.stderr or r.stdout).strip()[:200]}); build it "
-                            f"(envbuild build) or pull it first, or give a .sqsh file.")
-    return json.loads(r.stdout)[0]
-
-
 def _image_id(image: str) -> str:
-    return _inspect(image)["Id"]
+    from ..enroot import local_image
+
+    return local_image(image)["Id"]
 
 
 def _image_size(image: str) -> int:
-    return int(_inspect(image).get("Size") or 0)
+    from ..enroot import local_image
+
+    return int(local_image(image).get("Size") or 0)
 
 
 @main.command()

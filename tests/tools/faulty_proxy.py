@@ -18,6 +18,21 @@ import threading
 from typing import Optional
 
 
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy one direction until either side closes, then shut both down."""
+    try:
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class FaultyProxy:
     def __init__(self, upstream: tuple[str, int], pattern: str, fault: str, times: Optional[int] = None):
         assert fault in ("500", "drop")
@@ -62,23 +77,7 @@ class FaultyProxy:
         except OSError:
             client.close()
             return
-        done = threading.Event()
-
-        def pump_back():
-            try:
-                while chunk := upstream.recv(65536):
-                    client.sendall(chunk)
-            except OSError:
-                pass
-            finally:
-                done.set()
-                for s in (client, upstream):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-        threading.Thread(target=pump_back, daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
         try:
             while chunk := client.recv(65536):
                 first = chunk.split(b"\r\n", 1)[0]
@@ -150,18 +149,5 @@ class SocketCutter:
             with self._lock:
                 self._live += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(src, dst):
-        try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass

@@ -103,18 +103,31 @@ class SocketCutter:
     connection at once: to the client, the engine went away mid-operation (a daemon restart, a
     node reboot), without stopping the real daemon that other tests use.
 
-        with SocketCutter("/var/run/docker.sock", tmp / "d.sock") as cutter:
-            env DOCKER_HOST=unix://<tmp>/d.sock ...; cutter.cut()
+        with SocketCutter("/var/run/docker.sock", tmp / "d.sock", at_build=True) as cutter:
+            env DOCKER_HOST=unix://<tmp>/d.sock ...; cutter.wait_cut(600)
+
+    `at_build`: cut while the engine is building, whatever the build's speed. A BuildKit build
+    reads its Dockerfile and context from the client through the client's /session connection,
+    and only after the engine has the /build request. So when a /build request goes by, the
+    proxy first stops passing session traffic, then lets the request through and cuts a moment
+    later: the engine has the build and cannot finish it (a fully cached build otherwise ends
+    in well under a second on a fast machine, before any timed cut).
     """
 
-    def __init__(self, upstream: str, path):
-        self.upstream, self.path = upstream, str(path)
+    SESSION = re.compile(rb"^POST /(v[0-9.]+/)?session[ ?]")
+    BUILD = re.compile(rb"^POST /(v[0-9.]+/)?build[ ?]")
+
+    def __init__(self, upstream: str, path, at_build: bool = False):
+        self.upstream, self.path, self.at_build = upstream, str(path), at_build
         self._server = socket.socket(socket.AF_UNIX)
         self._server.bind(self.path)
         self._server.listen(64)
         self._live: list[socket.socket] = []
         self._lock = threading.Lock()
         self.closed = False
+        self.build_requests: list[str] = []  # the /build request lines that went by
+        self._sessions_held = threading.Event()
+        self._cut = threading.Event()
 
     def __enter__(self):
         threading.Thread(target=self._accept, daemon=True).start()
@@ -126,6 +139,7 @@ class SocketCutter:
 
     def cut(self):
         self.closed = True
+        self._cut.set()
         with self._lock:
             for s in self._live:
                 try:
@@ -134,6 +148,9 @@ class SocketCutter:
                 except OSError:
                     pass
             self._live.clear()
+
+    def wait_cut(self, timeout: float) -> bool:
+        return self._cut.wait(timeout)
 
     def _accept(self):
         while True:
@@ -148,6 +165,40 @@ class SocketCutter:
             upstream.connect(self.upstream)
             with self._lock:
                 self._live += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+            if not self.at_build:
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=pump, args=(a, b), daemon=True).start()
+                continue
+            conn = {"session": False}
+            threading.Thread(target=self._requests, args=(client, upstream, conn), daemon=True).start()
+            threading.Thread(target=self._replies, args=(upstream, client, conn), daemon=True).start()
 
+    def _hold(self, conn) -> None:
+        """A session connection passes nothing once a build has gone by, until the cut."""
+        if conn["session"] and self._sessions_held.is_set():
+            self._cut.wait()
+
+    def _requests(self, src: socket.socket, dst: socket.socket, conn) -> None:
+        try:
+            while chunk := src.recv(65536):
+                first = chunk.split(b"\r\n", 1)[0]
+                if self.SESSION.match(first):
+                    conn["session"] = True
+                if self.BUILD.match(first):
+                    self.build_requests.append(first.decode(errors="replace"))
+                    self._sessions_held.set()
+                    dst.sendall(chunk)
+                    threading.Timer(2.0, self.cut).start()  # the engine holds the build by then
+                    continue
+                self._hold(conn)
+                dst.sendall(chunk)
+        except OSError:
+            pass
+
+    def _replies(self, src: socket.socket, dst: socket.socket, conn) -> None:
+        try:
+            while chunk := src.recv(65536):
+                self._hold(conn)
+                dst.sendall(chunk)
+        except OSError:
+            pass

@@ -261,10 +261,11 @@ def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64") -
     missing = [n for n in op.needs if n not in capabilities(m, s)]
     if missing:
         known = m.bases.toolchains[s.toolchain].lacks  # the needs the toolchain says why it lacks
-        own = op.reason if op.reason and any(n not in known for n in missing) else ""  # a curated need's reason
-        lacks = "; ".join(known[n] for n in missing if n in known)
-        return Rejection("ds-op", f"{op_name}: {own or 'needs ' + ', '.join(missing)} (not provided by envbuild's "
-                                  f"{s.os} base or its {s.toolchain} toolchain" + (f": {lacks}" if lacks else "") + ")")
+        why = [known[n] for n in missing if n in known]  # each missing need with its own reason
+        if op.reason and any(n not in known for n in missing):
+            why.insert(0, op.reason)  # the op's curated reason covers the needs no toolchain explains
+        return Rejection("ds-op", f"{op_name}: needs {', '.join(missing)}, which envbuild's {s.os} base and its "
+                                  f"{s.toolchain} toolchain do not provide" + (f": {'; '.join(why)}" if why else ""))
     if op.min_cc:
         lowest = min(_cc(a.removesuffix("+PTX")) for a in arch_list.split(";") if a)
         if lowest < _cc(op.min_cc):

@@ -159,9 +159,18 @@ def test_ops_that_link_curand_need_a_toolchain_that_has_it(matrix, op):
     assert "curand" in matrix.ops[op].needs
     why = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), op, "9.0")
     assert why and why.rule == "ds-op" and f"{op}: needs curand" in why.message
-    assert "pypi toolchain: cuda-toolkit[nvcc,nvvm,crt,cccl,cudart] has no cuRAND" in why.message
+    assert "pypi toolchain do not provide: cuda-toolkit[nvcc,nvvm,crt,cccl,cudart] has no cuRAND" in why.message
     devel = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.12"), op, "9.0")
     assert devel is None or "curand" not in devel.message
+
+
+def test_an_op_missing_two_needs_names_both_each_with_its_own_reason(matrix):
+    """evoformer_attn needs cuRAND (the toolchain says why it lacks it) and CUTLASS (the op's own
+    reason): the message names both, and does not give the cuRAND reason as CUTLASS's."""
+    why = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), "evoformer_attn", "9.0")
+    assert why and why.message.startswith("evoformer_attn: needs curand, cutlass, which "), why.message
+    own, lacks = why.message.split(": ", 2)[2].split("; ", 1)
+    assert "CUTLASS" in own and "cuRAND" not in own and "cuRAND" in lacks
 
 
 def test_all_leaves_out_every_op_the_ci_stack_cannot_build_with_its_reason(matrix):

@@ -458,14 +458,22 @@ def unreachable(message: str) -> bool:
     return bool(_UNREACHABLE.search(message))
 
 
-def unlocked_reason(stack_id: str, torch_index: Optional[str]) -> str:
-    """Why a stack has no lock, and what would make one, honestly for this stack."""
+def unlocked_reason(stack_id: str, torch_index: Optional[str], alternative: Optional[str] = None) -> str:
+    """Why a stack has no lock, and what would make one, honestly for this stack; with the newest
+    locked stack the rules also allow for the same request, when there is one.
+
+    >>> unlocked_reason("torch2.14-cu126-py3.12", "https://download.pytorch.org/whl/cu126",
+    ...                 "torch2.10-cu128-py3.12").split("; ")[-1]
+    'a locked stack for this GPU: --stack torch2.10-cu128-py3.12 (older torch)'
+    """
     if torch_index:
         host = urlsplit(torch_index).hostname or torch_index
-        return (f"none: its torch comes from {host} (PyTorch's CUDA-variant index), which `envbuild lock --stack "
-                f"{stack_id}` must reach; it cannot be locked from a machine without it, so packages below "
-                f"torch/DeepSpeed float")
-    return f"none yet: packages below torch/DeepSpeed float; `envbuild lock --stack {stack_id}` makes one"
+        why = (f"none: its torch comes from {host} (PyTorch's CUDA-variant index), which `envbuild lock --stack "
+               f"{stack_id}` must reach; it cannot be locked from a machine without it, so packages below "
+               f"torch/DeepSpeed float")
+    else:
+        why = f"none yet: packages below torch/DeepSpeed float; `envbuild lock --stack {stack_id}` makes one"
+    return why + (f"; a locked stack for this GPU: --stack {alternative} (older torch)" if alternative else "")
 
 
 def lock_summary(outcomes: list[LockOutcome], check: bool) -> list[str]:

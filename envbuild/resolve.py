@@ -123,6 +123,7 @@ class Resolution:
     lock: Optional[Lock] = field(default=None, repr=False)  # matrices/locks: None = not hash-locked
     facts: Optional[BuildFacts] = field(default=None, repr=False)
     extensions: tuple[CudaExtension, ...] = ()  # CUDA extensions compiled in the builder (extensions.yaml)
+    locked_alternative: Optional[str] = None  # no lock: the newest other stack the rules allow that has one
 
     @property
     def image_ref(self) -> str:
@@ -325,7 +326,8 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
                          req.no_compiler, default_target, fabric.tag, extensions),
         extensions=extensions, fabric=fabric, arch=arch, cpu_target=cpu_target,
-        lock=stack_lock(m, s, arch),
+        lock=(lock := stack_lock(m, s, arch)),
+        locked_alternative=None if lock else _newest_locked(m, [c.stack for c in valid[1:]], gpu),
         facts=BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
                          ops={o: m.ops[o] for o in ops},
                          ds_build_requires=tuple(m.deepspeed_file.build_requires),
@@ -333,6 +335,19 @@ def resolve(m: Matrix, req: Request) -> Resolution:
                          forward_compat=m.cuda_file.forward_compat, image_env=tuple(m.gpus_file.image_env),
                          cpu_target=m.gpus_file.cpu_targets[cpu_target]),
     )
+
+
+def _newest_locked(m: Matrix, stacks: list[Stack], gpu) -> Optional[str]:
+    """The first (newest) of `stacks` with a current lock for the GPU's CPU architecture: what
+    to offer when the chosen stack cannot be locked (its torch is on an index this machine cannot
+    reach), so a user who needs hash-locked packages has a real choice, not just a warning."""
+    for stack in stacks:
+        try:
+            if stack_lock(m, stack, rules.image_arch(m, stack, gpu)):
+                return stack.id
+        except EnvbuildError:  # a stale lock is no alternative
+            continue
+    return None
 
 
 def explain_rows(m: Matrix, req: Request) -> list[tuple[str, str, str]]:

@@ -100,6 +100,7 @@ def resolution_dict(r: Resolution) -> dict:
     out = {key: manifest[key] for key in keys}
     out["sm"] = r.gpu.sm
     out["lock"] = ({"locked": True, **manifest["lock"]} if manifest["lock"] else
-                   {"locked": False, "why": unlocked_reason(r.stack.id, r.torch_index)})
+                   {"locked": False, "why": unlocked_reason(r.stack.id, r.torch_index, r.locked_alternative),
+                    "locked_alternative": r.locked_alternative})
     out["singularity_from"] = {"image": r.image_ref, "registry": registry_host(r.request.image_repo)}
     return out

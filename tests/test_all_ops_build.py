@@ -28,7 +28,7 @@ CA = "/etc/ssl/certs/ca-certificates.crt"
 def test_every_op_all_selects_builds_and_loads_without_jit(tmp_path):
     out = tmp_path / "all"
     args = ("--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", "all", "--base-image", BASE)
-    plan = run_cli("render", *args, "--json", "-o", str(tmp_path / "plan"))
+    plan = run_cli("render", *args, "--json", "-o", str(tmp_path / "plan"), production=True)
     assert plan.returncode == 0, plan.stderr
     selected = json.loads(plan.stdout)
     ops = selected["ds_ops"]
@@ -39,7 +39,8 @@ def test_every_op_all_selects_builds_and_loads_without_jit(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["ds_ops"]) == sorted(ops)
     image = f"{REPO}:{manifest['tag']}"
-    smoke = run_cli("smoke", image, "--json", timeout=1800, env={"ENVBUILD_STATE_DIR": str(tmp_path / "state")})
+    smoke = run_cli("smoke", image, "--json", timeout=1800, env={"ENVBUILD_STATE_DIR": str(tmp_path / "state")},
+                    production=True)
     checks = {c["name"]: c for c in json.loads(smoke.stdout)["checks"]}
     print("no_jit:", checks["no_jit"]["detail"])
     assert smoke.returncode == 0 and checks["no_jit"]["ok"] and checks["ds_record"]["ok"], checks

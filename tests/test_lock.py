@@ -207,3 +207,26 @@ def test_render_and_matrix_say_honestly_whether_a_stack_is_locked(tmp_path):
     assert "x86_64, aarch64" in row
     assert "none (torch from download.pytorch.org)" in " ".join(
         line for line in wide.splitlines() if " torch2.6-cu126-py3.12 " in line)
+
+
+def test_an_unlocked_default_offers_the_newest_locked_stack_the_rules_allow(tmp_path):
+    """V100's newest stack takes its torch from download.pytorch.org (sm_70 left PyPI's default
+    wheels at torch 2.11), so it cannot be locked here: render names the newest stack for V100
+    that is locked, and that stack renders locked. A GPU whose default is locked is offered none."""
+    import json
+
+    v100 = json.loads(run_cli("render", "--gpu", "v100", "--json", "-o", str(tmp_path / "a"), production=True).stdout)
+    alternative = v100["lock"]["locked_alternative"]
+    assert v100["lock"]["locked"] is False and f"--stack {alternative}" in v100["lock"]["why"]
+    chosen = json.loads(run_cli("render", "--gpu", "v100", "--stack", alternative, "--json", "-o",
+                                str(tmp_path / "b"), production=True).stdout)
+    assert chosen["lock"]["locked"] is True and "7.0" in chosen["torch_cuda_arch_list"]
+    from envbuild.matrix import load_matrix
+    from envbuild.resolve import explain_rows
+
+    production = load_matrix()
+    allowed = [sid for sid, verdict, _ in explain_rows(production, Request(gpu="v100")) if verdict != "rejected"]
+    newer = allowed[:allowed.index(alternative)]
+    assert newer and not any(load_lock(production.directory, sid, "x86_64") for sid in newer)
+    h20 = json.loads(run_cli("render", "--gpu", "h20", "--json", "-o", str(tmp_path / "c"), production=True).stdout)["lock"]
+    assert h20["locked"] is True and "locked_alternative" not in h20

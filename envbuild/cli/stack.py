@@ -125,7 +125,7 @@ def print_resolution(r, path=None):
             ("tag", r.tag), ("image", r.image_ref)]
     rows.insert(-2, ("lock", f"{Path(r.lock.path).name} ({len(r.lock.sections['venv'])} packages, sha256 "
                              f"{r.lock.sha256[:12]}, as of {r.lock.header.get('exclude-newer', '?')[:10]})" if r.lock
-                     else unlocked_reason(s.id, r.torch_index)))
+                     else unlocked_reason(s.id, r.torch_index, r.locked_alternative)))
     if r.dropped_ops:
         after_ops = [key for key, _ in rows].index("ds ops") + 1
         rows.insert(after_ops, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each names its op

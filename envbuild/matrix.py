@@ -572,6 +572,28 @@ class ExtensionSdist(_Strict):
     _sha = field_validator("sha256")(lambda v: _sha256_hex(v))
 
 
+class SourcePatch(_Strict):
+    """One exact text replacement in an unpacked sdist, applied before setup.py runs, for the
+    torch releases `torch` names: upstream's own fix, merged after the sdist was released (its
+    `source`). The build fails unless `old` occurs exactly once in `file`, so a patch never
+    silently does nothing."""
+
+    file: str  # relative to the sdist's top directory
+    torch: str  # the torch releases that need it
+    old: str
+    new: str
+    source: str  # the upstream change it reproduces (a public URL)
+
+    _s = field_validator("torch")(_specifier)
+
+    @field_validator("file")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        if v.startswith("/") or ".." in v.split("/"):
+            raise ValueError(f"expected a path inside the sdist, got {v!r}")
+        return v
+
+
 class CudaExtension(_Strict):
     """A CUDA extension compiled from its sdist in the builder stage, against the image's torch,
     for the GPU profile's arches only (templates/files/steps/extensions.py), then verified:
@@ -595,6 +617,7 @@ class CudaExtension(_Strict):
     cpu_arch: list[Literal["x86_64", "aarch64"]] = ["x86_64"]  # architectures it has been built for
     arch_env: Optional[str] = None  # its own arch variable (None: it follows TORCH_CUDA_ARCH_LIST)
     build_env: dict[str, str] = {}  # what makes setup.py compile here instead of downloading a wheel
+    patches: list[SourcePatch] = []  # upstream fixes newer than the sdist, for the torch that needs them
     memory_per_job_gib: float  # peak memory of one compile job: MAX_JOBS = memory // this
     nvcc_threads: Optional[int] = None  # NVCC_THREADS: nvcc's own threads per job (memory grows with it)
     gpu_check: Optional[Literal["attention", "causal-conv1d"]] = None  # the smoke test's GPU check

@@ -33,6 +33,7 @@ from typing import Optional
 
 from . import __version__
 from . import image as image_package
+from . import rules
 from .emulation import PLATFORM_MACHINES, QEMU_CPU_SYSFS, qemu_cpu_stub
 from .image import paths
 from .resources import templates_dir
@@ -73,7 +74,7 @@ GUARD_PACKAGES = "torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a
 EXTENSION_SPEC = "extensions.json"  # under envbuild/ in the build directory: what extensions.py builds
 EXTENSION_CACHE_ID = "envbuild-ext"  # the BuildKit cache mount shared by every build of this machine
 # Bumped when extensions.py changes how a wheel is made: every cached wheel is then rebuilt.
-EXTENSION_BUILD_RECIPE = 1
+EXTENSION_BUILD_RECIPE = 2
 
 
 def guard_packages(extensions=()) -> str:
@@ -589,16 +590,19 @@ def _extension_spec(resolution: Resolution, cuda_home: Optional[str]) -> dict:
     for ext in resolution.extensions:
         arch_value = ";".join(a.replace(".", "").replace("+PTX", "") for a in arches) if ext.arch_env else ""
         build_env = {**ext.build_env, **({ext.arch_env: arch_value} if ext.arch_env else {})}
+        patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source}
+                   for p in rules.extension_patches(ext, stack)]
         determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
                       "sdist_sha256": ext.sdist.sha256, "torch": torch_build, "cuda": stack.cuda,
                       "nvcc": stack.cuda_toolkit or resolution.base_images["builder"], "python": stack.python, "cpu_arch": resolution.arch,
-                      "arch_list": resolution.arch_list, "build_env": build_env}
+                      "arch_list": resolution.arch_list, "build_env": build_env,
+                      **({"patches": patches} if patches else {})}
         key = hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]
         out.append({"name": ext.name, "version": ext.version, "sdist": ext.sdist.model_dump(),
                     "packages": ext.packages, "modules": ext.modules, "requires": ext.requires,
                     "build_only": ext.build_only, "build_requires": ext.build_requires, "build_env": build_env,
                     "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads,
-                    "cache_key": key, "determines": determines})
+                    "patches": patches, "cache_key": key, "determines": determines})
     return {"arch_list": resolution.arch_list, "cuda_home": cuda_home or "", "cache": paths.EXTENSION_CACHE,
             "record": paths.EXTENSIONS_RECORD, "lock": paths.EXTENSIONS_LOCK, "locked": lock is not None,
             "extensions": out}

@@ -346,6 +346,12 @@ def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[se
     return out
 
 
+def extension_patches(ext, s) -> list:
+    """The source patches the stack's torch needs (an upstream fix newer than the sdist: e.g.
+    C++20 for torch >= 2.13), in the order the matrix lists them."""
+    return [p for p in ext.patches if contains(p.torch, s.torch)]
+
+
 def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
     """Rule ext-gpu for the request as a whole: an extension the GPU cannot run is refused before
     any stack is looked at, naming the GPUs that fit."""

@@ -133,6 +133,87 @@ def test_the_cache_key_follows_what_determines_the_wheel(matrix):
     assert spec["build_env"] == {"FLASH_ATTENTION_FORCE_BUILD": "TRUE", "FLASH_ATTN_CUDA_ARCHS": "80"}
 
 
+# ---------------------------------------------------------------- source patches
+
+
+UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
+
+
+def _step():
+    """The build step extensions.py (stdlib only, run in the builder), as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("envbuild_extensions_step", STEPS / "extensions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_source_patch_matches_its_real_upstream_file_exactly_once(production_matrix):
+    """A patch is checked against the real file of the sdist it names (saved verbatim, with its
+    URL and sha256): the build would otherwise fail on it, or compile the source unpatched."""
+    patched = [ext for ext in production_matrix.extensions.values() if ext.patches]
+    assert [ext.name for ext in patched] == ["flash-attn"]
+    for ext in patched:
+        saved = UPSTREAM / ext.sdist.filename
+        assert ext.sdist.sha256 in (saved / "SOURCE.txt").read_text()
+        for patch in ext.patches:
+            text = (saved / patch.file).read_text()
+            assert text.count(patch.old) == 1 and patch.new not in text, patch
+            assert patch.source.startswith("https://github.com/Dao-AILab/flash-attention/pull/")
+
+
+def test_flash_attn_on_torch_2_15_is_built_with_upstreams_cxx20_fix_and_not_on_2_12(production_matrix):
+    """torch >= 2.13 needs C++20 (flash-attention#2863): the CI stack's spec carries the two
+    patches and its cache key covers them; torch 2.12 builds the sdist as released."""
+    new = _spec(production_matrix, "h100", stack="torch2.15-cu132-py3.11-pypi")
+    old = _spec(production_matrix, "h100", stack="torch2.12-cu130-py3.12")
+    assert [p["new"].strip() for p in new["patches"]] == ['"-O3",\n    "-std=c++20",', 'compiler_c17_flag=["-O3", "-std=c++20"]']
+    assert new["determines"]["patches"] == new["patches"] and old["patches"] == [] and "patches" not in old["determines"]
+
+
+def _sdist(tmp_path, setup_text: str, extra=None):
+    import io
+    import tarfile
+
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in {"pkg-1.0/setup.py": setup_text, **(extra or {})}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def test_the_build_step_unpacks_the_sdist_and_applies_each_patch(production_matrix, tmp_path):
+    step = _step()
+    setup = (UPSTREAM / "flash_attn-2.8.3.post2.tar.gz" / "setup.py").read_text()
+    tree = step.unpack(_sdist(tmp_path, setup), tmp_path / "src")
+    step.apply_patches(tree, _spec(production_matrix, "h100", stack="torch2.15-cu132-py3.11-pypi")["patches"],
+                       "flash-attn")
+    text = (tree / "setup.py").read_text()
+    assert text.count("c++20") == 2 and text.count('"-std=c++17"') == setup.count('"-std=c++17"') - 2
+
+
+def test_a_patch_that_does_not_match_fails_the_build_naming_it(tmp_path, capsys):
+    step = _step()
+    tree = step.unpack(_sdist(tmp_path, "flags = ['-std=c++17']\n"), tmp_path / "src")
+    with pytest.raises(SystemExit) as exit_:
+        step.apply_patches(tree, [{"file": "setup.py", "old": '"-std=c++17"', "new": '"-std=c++20"',
+                                   "source": "https://example.org/pr/1"}], "pkg")
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "the patch for setup.py (https://example.org/pr/1)" in err and "found it 0 times" in err
+
+
+def test_an_sdist_member_outside_its_directory_is_refused(tmp_path):
+    step = _step()
+    with pytest.raises(SystemExit):
+        step.unpack(_sdist(tmp_path, "x = 1\n", {"../evil.py": "boom\n"}), tmp_path / "src")
+    assert not (tmp_path / "evil.py").exists()
+
+
 # ---------------------------------------------------------------- nvcc-arch.sh
 
 

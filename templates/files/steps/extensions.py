@@ -20,6 +20,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from importlib import metadata
@@ -91,9 +92,46 @@ def cached_wheel(entry: dict, cache: Path):
     return None
 
 
+def unpack(archive: Path, into: Path) -> Path:
+    """The sdist's top directory, unpacked with tarfile's `data` filter where this Python has it
+    (no absolute paths, no `..`, no links out), else with the same checks by hand."""
+    into.mkdir()
+    try:
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(into, filter="data")
+            else:  # Python < 3.10.12 / 3.11.4
+                for member in tar.getmembers():
+                    parts = Path(member.name).parts
+                    if member.name.startswith("/") or ".." in parts or member.issym() or member.islnk():
+                        fail(f"{archive.name}: refusing the archive member {member.name!r}")
+                tar.extractall(into)
+    except (tarfile.TarError, OSError) as e:
+        fail(f"{archive.name}: cannot unpack it: {e}")
+    tops = [d for d in into.iterdir() if d.is_dir()]
+    if len(tops) != 1 or not (tops[0] / "setup.py").is_file():
+        fail(f"{archive.name}: expected one top directory with a setup.py, found {[d.name for d in tops]}")
+    return tops[0]
+
+
+def apply_patches(tree: Path, patches: list, name: str) -> None:
+    """Each patch replaces text that occurs exactly once: a patch that matches nothing (or twice)
+    fails the build, naming it, rather than compiling an unpatched source."""
+    for patch in patches:
+        path = tree / patch["file"]
+        text = path.read_text()
+        found = text.count(patch["old"])
+        if found != 1:
+            fail(f"{name}: the patch for {patch['file']} ({patch['source']}) expects {patch['old']!r} once, "
+                 f"found it {found} times: the sdist is not the one the patch was written for")
+        path.write_text(text.replace(patch["old"], patch["new"]))
+        log(f"{name}: patched {patch['file']}: {patch['old'].strip()} -> {patch['new'].strip()} ({patch['source']})")
+
+
 def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path) -> tuple[Path, dict]:
-    """Compile the extension's sdist (pip downloads it from the index and checks its sha256 before
-    setup.py runs) into a wheel; (wheel, build facts)."""
+    """Compile the extension's sdist into a wheel; (wheel, build facts). pip downloads the sdist
+    from the index (a mirror, if the build names one) and checks its sha256; the source is then
+    unpacked here, patched where the matrix says so, and built by pip from that directory."""
     sdist = entry["sdist"]
     req = work / "sdist.txt"
     req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{sdist['sha256']}\n")
@@ -109,8 +147,13 @@ def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path) -> tupl
         f"({memory_bytes() / GIB:.1f} GiB available, {entry['memory_per_job_gib']} GiB per job)")
     out = work / "wheel"
     start = time.monotonic()
-    pip("wheel", "--no-deps", "--no-build-isolation", "--no-binary", entry["name"], "--require-hashes",
-        "-r", str(req), "-w", str(out), env=env)
+    pip("download", "--no-deps", "--no-build-isolation", "--no-binary", entry["name"], "--require-hashes",
+        "-r", str(req), "-d", str(work / "sdist"), env=env)
+    if not (work / "sdist" / sdist["filename"]).is_file():
+        fail(f"{entry['name']}: pip did not download {sdist['filename']}")
+    tree = unpack(work / "sdist" / sdist["filename"], work / "src")
+    apply_patches(tree, entry.get("patches", []), entry["name"])
+    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree), env=env)
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         fail(f"{entry['name']}: pip wheel made {len(wheels)} wheels, expected one")

@@ -384,3 +384,11 @@ def test_the_lock_check_counts_the_compiled_extension(tmp_path):
     ok, msg = checks.check_lock(manifest, {"torch": "2.15.0", "causal-conv1d": "1.7.0"})
     assert ok and "the compiled causal-conv1d" in msg
     assert not checks.check_lock({**manifest, "extensions": []}, {"torch": "2.15.0", "causal-conv1d": "1.7.0"})[0]
+
+
+def test_the_extensions_listing_shows_each_patch_with_its_source(cli):
+    r = cli("extensions", env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.strip().startswith("patch setup.py")]
+    assert len(lines) == 2 and all("for torch >=2.13" in line and "-std=c++20" in line for line in lines), lines
+    assert "flash-attention/pull/2899" in r.stdout

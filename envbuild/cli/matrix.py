@@ -129,6 +129,8 @@ def extensions(as_json, matrix_dir):
                   *((f"not {sid}", why) for sid, why in e["refused"].items()),
                   ("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),
                   ("build", f"{e['memory_per_job_gib']:g} GiB per compile job; {e['build_time']}"),
+                  *((f"patch {p['file']}", f"for torch {p['torch']}: {' '.join(p['old'].split())} -> {' '.join(p['new'].split())} "
+                                           f"({p['source']})") for p in e.get("patches", [])),
                   *((f"source {k}", v) for k, v in e["sources"].items())]
         for label, text in fields:
             grid.add_row(f"  {label}", escape(text))

@@ -24,13 +24,16 @@ def real_build_stack(m: Matrix):
 
 def publish_jobs(m: Matrix, gpus: list[str], runners: dict[str, str] | None = None,
                  fabrics: dict[str, list[str]] | None = None,
-                 extensions: dict[str, list[str]] | None = None) -> list[dict]:
+                 extensions: dict[str, list[str]] | None = None,
+                 extension_runners: dict[str, str] | None = None) -> list[dict]:
     """Every (stack, GPU, fabric, CUDA extension) the rules allow, in matrix order, with the
     image's CPU architecture, its readable tag and the runner that builds it natively: each GPU
     with the default fabric, the GPUs `fabrics` names (fabric -> GPUs) with that fabric too, and
-    the GPUs `extensions` names (extension -> GPUs) with that extension compiled in.
+    the GPUs `extensions` names (extension -> GPUs) with that extension compiled in, on the x86_64
+    runner `extension_runners` names for it, if any.
     `variant` (GPU:fabric:extension) is what the build loop of the workflow reads."""
     runners = runners or DEFAULT_RUNNERS
+    extension_runners = extension_runners or {}
     wanted = ([(g, None, ()) for g in gpus] + [(g, f, ()) for f, names in (fabrics or {}).items() for g in names]
               + [(g, None, (e,)) for e, names in (extensions or {}).items() for g in names])
     jobs = []
@@ -40,8 +43,9 @@ def publish_jobs(m: Matrix, gpus: list[str], runners: dict[str, str] | None = No
                 r = resolve(m, Request(gpu=g, stack=s.id, fabric=f, extensions=ext))
             except EnvbuildError:
                 continue
+            runner = extension_runners.get(ext[0], runners[r.arch]) if ext and r.arch == "x86_64" else runners[r.arch]
             jobs.append({"stack": s.id, "gpu": r.gpu.name, "fabric": r.fabric.name, "arch": r.arch,
-                         "platform": r.platform, "tag": r.tag, "runner": runners[r.arch],
+                         "platform": r.platform, "tag": r.tag, "runner": runner,
                          "extensions": ",".join(ext), "variant": f"{r.gpu.name}:{r.fabric.name}:{','.join(ext)}"})
     return jobs
 
@@ -81,12 +85,17 @@ def merge_jobs(m: Matrix, jobs: list[dict], multiarch: dict[str, str]) -> list[d
 def stack_jobs(jobs: list[dict]) -> list[dict]:
     """One CI job per (stack, CPU architecture): its GPU variants in sequence on one runner, so
     the stack's heavy layers (the OS packages, torch and its CUDA wheels) are built once and
-    reused from the runner's build cache, not rebuilt by one job per GPU."""
-    grouped: dict[tuple[str, str], dict] = {}
+    reused from the runner's build cache, not rebuilt by one job per GPU. A CUDA extension's
+    variants get a job of their own per stack: a compile of hours (flash-attn) then neither
+    delays the stack's other images nor takes them down with it at the job's time limit.
+    `id` names the job's artifacts, unique per job."""
+    grouped: dict[tuple[str, str, str], dict] = {}
     for j in jobs:
-        key = (j["stack"], j["platform"])
+        key = (j["stack"], j["platform"], j.get("extensions", ""))
         if key not in grouped:
-            grouped[key] = {"stack": j["stack"], "platform": j["platform"], "runner": j["runner"], "gpus": []}
+            suffix = f"-{key[2].replace(',', '-')}" if key[2] else ""
+            grouped[key] = {"id": f"{j['stack']}-{j['platform'].split('/')[1]}{suffix}", "stack": j["stack"],
+                            "platform": j["platform"], "runner": j["runner"], "extensions": key[2], "gpus": []}
         grouped[key]["gpus"].append(j["variant"])
     out = list(grouped.values())
     for g in out:
@@ -109,7 +118,11 @@ def render_workflow(m: Matrix) -> str:
         m.fabric(f)
     for e in cfg.extensions:
         m.extension(e)
-    jobs = publish_jobs(m, gpus, runners, fabrics, cfg.extensions)
+    for e in cfg.extension_runners:
+        if e not in cfg.extensions:
+            raise EnvbuildError(f"{m.directory / PUBLISH} extension_runners names {e}, which `extensions` does not "
+                                f"publish ({', '.join(cfg.extensions) or 'none'}).")
+    jobs = publish_jobs(m, gpus, runners, fabrics, cfg.extensions, cfg.extension_runners)
     return environment().get_template("ci/publish.yml.j2").render(
         images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
         image_repo=cfg.image_repo, python=CI_PYTHON)

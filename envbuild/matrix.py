@@ -688,6 +688,7 @@ class PublishFile(_Strict):
     multiarch: dict[str, str] = {}  # x86 GPU -> its Grace sibling, merged into one tag
     fabrics: dict[str, list[str]] = {}  # fabric -> the GPUs it is published for
     extensions: dict[str, list[str]] = {}  # CUDA extension -> the GPUs it is published for (compiled in)
+    extension_runners: dict[str, str] = {}  # CUDA extension -> the x86_64 runner of its jobs (a larger one)
 
 
 _MODELS = {

@@ -84,19 +84,34 @@ def test_fabric_variants_are_published_beside_the_default_under_their_own_tag(ma
     assert merges[efa["tag"]]["platforms"] == "linux/amd64"  # no aws-efa Grace image: the tag serves x86 only
 
 
-def test_extension_variants_are_built_in_the_stacks_job_under_their_own_tag(matrix):
-    """publish.yaml `extensions`: a variant with the extension compiled in, in the same job as the
-    stack's other variants (one wheel per arch list and runner), only on the stacks its rules
-    allow, merged under its own tag."""
+def test_extension_variants_get_a_job_of_their_own_per_stack_under_their_own_tag(matrix):
+    """publish.yaml `extensions`: a variant with the extension compiled in, only on the stacks its
+    rules allow, merged under its own tag, in a job of its own per stack (a compile of hours must
+    not hold back or time out the stack's other images), on the runner `extension_runners` names;
+    every job's artifacts have a name of their own."""
     from envbuild.ci import merge_jobs, publish_jobs, stack_jobs
 
-    jobs = publish_jobs(matrix, ["h100"], extensions={"flash-attn": ["h100", "v100"]})
+    jobs = publish_jobs(matrix, ["h100"], extensions={"flash-attn": ["h100", "v100"]},
+                        extension_runners={"flash-attn": "big-x86"})
     ext = [j for j in jobs if j["extensions"]]
     assert ext and all(j["variant"] == "h100:ib:flash-attn" and "-h100-fa2.8.3.post2" in j["tag"] for j in ext)
     assert "torch2.11-cu130-py3.11-pypi" not in {j["stack"] for j in ext}  # rule ext-audit: no cuobjdump on PyPI 13.0
-    grouped = {(j["stack"], j["platform"]): j["gpus"] for j in stack_jobs(jobs)}
-    assert grouped[("torch2.11-cu130-py3.12", "linux/amd64")] == "h100:ib: h100:ib:flash-attn"
+    grouped = {(j["stack"], j["platform"], j["extensions"]): j for j in stack_jobs(jobs)}
+    plain, fa = grouped[("torch2.11-cu130-py3.12", "linux/amd64", "")], grouped[("torch2.11-cu130-py3.12", "linux/amd64", "flash-attn")]
+    assert plain["gpus"] == "h100:ib:" and plain["runner"] == "ubuntu-latest"
+    assert fa["gpus"] == "h100:ib:flash-attn" and fa["runner"] == "big-x86"
+    ids = [j["id"] for j in stack_jobs(jobs)]
+    assert len(ids) == len(set(ids)) and fa["id"] == "torch2.11-cu130-py3.12-amd64-flash-attn"
     assert len({m["tag"] for m in merge_jobs(matrix, jobs, {})}) == len(jobs)
+
+
+def test_an_extension_runner_for_an_extension_not_published_is_refused(cli, matrix_copy, tmp_path):
+    (matrix_copy / "publish.yaml").write_text('registry: "ghcr.io/$OWNER"\ngpus: [h100]\n'
+                                              "extensions: {flash-attn: [h100]}\n"
+                                              "extension_runners: {causal-conv1d: big-x86}\n")
+    r = cli("ci", "--matrix-dir", str(matrix_copy), "-o", str(tmp_path / "wf" / "publish.yml"))
+    assert r.returncode == 2 and "extension_runners names causal-conv1d" in r.stderr, r.stderr
+    assert not (tmp_path / "wf").exists()
 
 
 def test_the_published_workflow_builds_aws_efa_from_the_real_urls():

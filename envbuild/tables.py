@@ -208,6 +208,19 @@ def extension_json(m: Matrix) -> list[dict]:
     return out
 
 
+def extension_fields(e: dict) -> list[tuple[str, str]]:
+    """`envbuild extensions`' rows for one entry of extension_json: label, text."""
+    return [("import", ", ".join(e["packages"] + e["modules"])),
+            ("GPUs", f"compute capability >= {e['min_cc']}: {', '.join(e['gpus'])}"),
+            ("stacks", ", ".join(e["stacks"]) or "none"),
+            *((f"not {sid}", why) for sid, why in e["refused"].items()),
+            ("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),
+            ("build", f"{e['memory_per_job_gib']:g} GiB per compile job; {e['build_time']}"),
+            *((f"patch {p['file']}", f"for torch {p['torch']}: {' '.join(p['old'].split())} -> "
+                                     f"{' '.join(p['new'].split())} ({p['source']})") for p in e.get("patches", [])),
+            *((f"source {k}", v) for k, v in e["sources"].items())]
+
+
 def markdown(headers, rows) -> str:
     esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

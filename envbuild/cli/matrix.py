@@ -109,7 +109,7 @@ def fabrics(as_json, matrix_dir):
 def extensions(as_json, matrix_dir):
     """List the CUDA extensions `--ext` pre-builds: the GPUs and stacks each fits, and why not the others."""
     from ..matrix import load_matrix
-    from ..tables import extension_json
+    from ..tables import extension_fields, extension_json
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     data = extension_json(m)
@@ -123,16 +123,7 @@ def extensions(as_json, matrix_dir):
         grid = Table.grid(padding=(0, 1))
         grid.add_column(no_wrap=True, style="dim")
         grid.add_column(overflow="fold")
-        fields = [("import", ", ".join(e["packages"] + e["modules"])),
-                  ("GPUs", f"compute capability >= {e['min_cc']}: {', '.join(e['gpus'])}"),
-                  ("stacks", ", ".join(e["stacks"]) or "none"),
-                  *((f"not {sid}", why) for sid, why in e["refused"].items()),
-                  ("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),
-                  ("build", f"{e['memory_per_job_gib']:g} GiB per compile job; {e['build_time']}"),
-                  *((f"patch {p['file']}", f"for torch {p['torch']}: {' '.join(p['old'].split())} -> {' '.join(p['new'].split())} "
-                                           f"({p['source']})") for p in e.get("patches", [])),
-                  *((f"source {k}", v) for k, v in e["sources"].items())]
-        for label, text in fields:
+        for label, text in extension_fields(e):
             grid.add_row(f"  {label}", escape(text))
         out.print(grid)
 

@@ -302,9 +302,13 @@ def select_ops(m, s, arch_list: str, choice: str,
         why = op_rejection(m, s, n, arch_list, cpu_arch)
         if why:
             ok = [o for o in m.ops if not op_rejection(m, s, o, arch_list, cpu_arch)]
+            builds = [t.id for t in reversed(m.stacks)  # newest last in the matrix: the nearest first
+                      if t.id != s.id and not op_rejection(m, t, n, arch_list, cpu_arch)][:3]
             raise EnvbuildError(
                 f"--ds-ops: op '{n}' cannot be pre-built for stack {s.id} ({cpu_arch}): {why.message}. "
-                f"Ops this stack can pre-build: {', '.join(ok)}.")
+                f"Ops this stack can pre-build: {', '.join(ok)}."
+                + (f" Stacks that can pre-build {n}: {', '.join(builds)} (--stack ID; `envbuild render --explain` "
+                   f"says whether the GPU allows each)." if builds else ""))
         if n not in chosen:
             chosen.append(n)
     return sorted(chosen), []

@@ -245,8 +245,10 @@ def test_ops_of_one_sdist(ds_sdists):
     new = deepspeed_facts.ops(ds_sdists["0.19.8"], "0.19.8")
     assert old["cpu_adam"].kind == "cpu" and old["cpu_adam"].cuda_extension  # TorchCPUOpBuilder(CUDAOpBuilder)
     assert new["cpu_adam"].path == "op_builder/cpu/cpu_adam.py" and not new["cpu_adam"].cuda_extension
-    assert new["async_io"].kind == "cuda" and new["async_io"].needs == ("libaio",)
-    assert new["gds"].needs == ("cufile", "libaio")  # its own cufile test plus async_io's
+    # libcuda: '-lcuda' in async_io's extra_ldflags(); gds extends it through super().extra_ldflags()
+    assert new["async_io"].kind == "cuda" and new["async_io"].needs == ("libaio", "libcuda")
+    assert new["gds"].needs == ("cufile", "libaio", "libcuda")  # its own cufile test plus async_io's
+    assert not {"libcuda", "curand"} & set(new["cpu_adam"].needs + new["fused_adam"].needs)
     assert new["pin_memory"].kind == "cpu" and "sparse_attn" not in new and "sparse_attn" in old
     assert {o.env for o in new.values()} >= {"CPU_ADAM", "DEEP_COMPILE", "AIO", "RAGGED_OPS"}
 
@@ -313,7 +315,8 @@ def test_merge_keeps_curated_and_replaces_derived(index, small_matrix):
     ops = ds_data["ops"]
     assert ops["async_io"]["kind"] == "cuda" and ops["async_io"]["reason"] == before_ds["ops"]["async_io"]["reason"]
     assert ops["fp_quantizer"]["triton"] == before_ds["ops"]["fp_quantizer"]["triton"]
-    assert ops["evoformer_attn"]["needs"] == ["curand", "cutlass"] and ops["gds"]["needs"] == ["libaio", "cufile"]
+    assert ops["evoformer_attn"]["needs"] == ["curand", "cutlass"]  # the same set: the curated order stays
+    assert ops["gds"]["needs"] == ["cufile", "libaio", "libcuda"] and ops["async_io"]["needs"] == ["libaio", "libcuda"]
     assert ds_data["build_requires"] == before_ds["build_requires"]
     assert [r["deepspeed"] for r in ds_data["releases"]] == FIXTURE_DS
     assert "torch 2.14.0 -> 2.14.1" in facts and "torch 2.15.0: new release" in facts

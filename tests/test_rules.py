@@ -178,3 +178,20 @@ def test_all_leaves_out_every_op_the_ci_stack_cannot_build_with_its_reason(matri
     left_out = dict(dropped)
     assert {"transformer", "stochastic_transformer", "transformer_inference", "random_ltd", "fp_quantizer"} <= set(left_out)
     assert not {"transformer", "random_ltd"} & set(ops) and {"cpu_adam", "fused_adam"} <= set(ops)
+
+
+def test_async_io_needs_the_drivers_link_stub_which_only_the_devel_images_have(production_matrix):
+    """async_io links -lcuda (its op_builder's extra_ldflags, derived by `matrix refresh`). Building
+    `--ds-ops all` of the CI stack stopped there: `ld: cannot find -lcuda`, as no PyPI CUDA wheel
+    holds the stub. It is refused before the build on the PyPI toolchain, saying why; the NVIDIA
+    devel images have the stub."""
+    m = production_matrix
+    assert m.ops["async_io"].needs == ["libaio", "libcuda"]
+    why = rules.op_rejection(m, _stack(m, "torch2.15-cu132-py3.11-pypi"), "async_io", "9.0")
+    assert why and why.message.startswith("async_io: needs libcuda, which envbuild's debian12 base and its pypi "
+                                          "toolchain do not provide: no PyPI CUDA wheel holds"), why
+    assert "cannot find -lcuda" in why.message and "DeepSpeed/issues/6567" in why.message
+    assert rules.op_rejection(m, _stack(m, "torch2.14-cu126-py3.12"), "async_io", "9.0") is None  # nvidia-devel
+    with pytest.raises(EnvbuildError) as named:
+        rules.select_ops(m, _stack(m, "torch2.15-cu132-py3.12"), "9.0", "async_io")
+    assert "Stacks that can pre-build async_io: torch2.14-cu130-py3.12, " in str(named.value)  # the newest first

@@ -36,7 +36,8 @@ SETUP_ASSUMPTIONS = {"torch_available": True, "is_rocm_pytorch": False}
 LIBRARY_NEEDS = {"aio": "libaio", "cufile": "cufile"}  # -l<name> of a link test -> bases.yaml capability
 # CUDA libraries an op links (-l<name> in its builder's extra_ldflags) beyond what torch's
 # cpp_extension adds (cudart, c10, torch): a capability of the toolchain (bases.yaml `provides`).
-CUDA_LIBRARY_NEEDS = {"curand": "curand"}
+# -lcuda is the driver's library: linked through the toolkit's stub, loaded from the driver.
+CUDA_LIBRARY_NEEDS = {"curand": "curand", "cuda": "libcuda"}
 
 
 @dataclass(frozen=True)
@@ -132,14 +133,20 @@ def _needs(lineage: list[_Class]) -> tuple[str, ...]:
                 for lib in getattr(libs, "elts", []):
                     if isinstance(lib, ast.Constant) and isinstance(lib.value, str):
                         needs.add(LIBRARY_NEEDS.get(lib.value, "lib" + lib.value))
-    # extra_ldflags returning '-lcurand' (its non-ROCm branch): the nearest definition counts,
-    # as Python's method resolution picks it (StochasticTransformer inherits Transformer's).
-    ldflags = next((fn for cls in lineage for fn in cls.node.body
-                    if isinstance(fn, ast.FunctionDef) and fn.name == "extra_ldflags"), None)
-    for node in ast.walk(ldflags) if ldflags else ():
-        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("-l")
-                and node.value[2:] in CUDA_LIBRARY_NEEDS):
-            needs.add(CUDA_LIBRARY_NEEDS[node.value[2:]])
+    # extra_ldflags returning '-lcurand' or '-lcuda' (its non-ROCm branch): the nearest definition
+    # counts, as Python's method resolution picks it (StochasticTransformer inherits Transformer's),
+    # and the next one up too where it calls super().extra_ldflags() (GDS extends async_io's).
+    definitions = [fn for cls in lineage for fn in cls.node.body
+                   if isinstance(fn, ast.FunctionDef) and fn.name == "extra_ldflags"]
+    for ldflags in definitions:
+        for node in ast.walk(ldflags):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("-l")
+                    and node.value[2:] in CUDA_LIBRARY_NEEDS):
+                needs.add(CUDA_LIBRARY_NEEDS[node.value[2:]])
+        if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "extra_ldflags"
+                   and isinstance(n.func.value, ast.Call) and call_name(n.func.value) == "super"
+                   for n in ast.walk(ldflags)):
+            break
     return tuple(sorted(needs))
 
 

@@ -29,7 +29,7 @@ DS_DERIVED = ("deepspeed", "torch", "gpu_free_install", "nvcc_free_install")
 DS_TOP_ORDER = ("sources", "releases", "build_requires", "build_only", "ops", "presets", "aarch64")
 OP_DERIVED = ("env", "kind", "since", "until", "cuda_extension_until")
 OP_ORDER = OP_DERIVED + ("needs", "min_cc", "torch", "triton", "reason", "note")
-DERIVABLE_NEEDS = {"libaio", "cufile", "curand"}
+DERIVABLE_NEEDS = {"libaio", "cufile", "curand", "libcuda"}
 
 TORCH_SOURCES = {
     "releases": "newest patch of every torch minor >= 2.4 that has a manylinux x86_64 wheel on PyPI [V]",
@@ -69,8 +69,8 @@ DS_SOURCES = {
     "cuda_extension_until": "first release whose sdist's builder of a cpu op is no longer a CUDAOpBuilder; before "
                             "it, a CUDA toolkit present at build time makes it a CUDA extension linking cudart [V]",
     "needs": "libaio and cufile from the has_function() link tests of the sdist's builder and its op_builder "
-             "bases, curand from '-lcurand' in their extra_ldflags() [V]; other needs curated (each op's reason "
-             "names its source)",
+             "bases, curand and libcuda from '-lcurand' and '-lcuda' in their extra_ldflags() [V]; other needs curated "
+             "(each op's reason names its source)",
     "curated": "min_cc, triton, torch, reason, note and the needs above are kept as written; each names its "
                "source in the sdist (op_builder/*.py) or a public thread",
 }

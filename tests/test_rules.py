@@ -180,18 +180,27 @@ def test_all_leaves_out_every_op_the_ci_stack_cannot_build_with_its_reason(matri
     assert not {"transformer", "random_ltd"} & set(ops) and {"cpu_adam", "fused_adam"} <= set(ops)
 
 
-def test_async_io_needs_the_drivers_link_stub_which_only_the_devel_images_have(production_matrix):
+def test_async_io_links_the_drivers_stub_which_the_pypi_toolchain_makes(production_matrix, tmp_path):
     """async_io links -lcuda (its op_builder's extra_ldflags, derived by `matrix refresh`). Building
-    `--ds-ops all` of the CI stack stopped there: `ld: cannot find -lcuda`, as no PyPI CUDA wheel
-    holds the stub. It is refused before the build on the PyPI toolchain, saying why; the NVIDIA
-    devel images have the stub."""
+    `--ds-ops all` of the CI stack stopped there once: `ld: cannot find -lcuda`, as no PyPI CUDA
+    wheel holds the driver's stub. The PyPI toolchain now makes one (cuda-toolkit.sh), so the rule
+    allows async_io there; a toolchain that provides no stub gets it refused before the build,
+    naming the newest stacks that can pre-build it."""
+    import shutil
+
+    from envbuild.matrix import load_matrix
+
     m = production_matrix
-    assert m.ops["async_io"].needs == ["libaio", "libcuda"]
-    why = rules.op_rejection(m, _stack(m, "torch2.15-cu132-py3.11-pypi"), "async_io", "9.0")
-    assert why and why.message.startswith("async_io: needs libcuda, which envbuild's debian12 base and its pypi "
-                                          "toolchain do not provide: no PyPI CUDA wheel holds"), why
-    assert "cannot find -lcuda" in why.message and "DeepSpeed/issues/6567" in why.message
-    assert rules.op_rejection(m, _stack(m, "torch2.14-cu126-py3.12"), "async_io", "9.0") is None  # nvidia-devel
+    assert m.ops["async_io"].needs == ["libaio", "libcuda"] and "libcuda" in m.bases.toolchains["pypi"].provides
+    for stack in ("torch2.15-cu132-py3.11-pypi", "torch2.15-cu132-py3.12", "torch2.14-cu126-py3.12"):
+        assert rules.op_rejection(m, _stack(m, stack), "async_io", "9.0") is None, stack
+    shutil.copytree(m.directory, tmp_path / "m")
+    bases = tmp_path / "m" / "bases.yaml"
+    bases.write_text(bases.read_text().replace("    provides: [libcuda]\n", ""))
+    without = load_matrix(tmp_path / "m")
+    why = rules.op_rejection(without, _stack(without, "torch2.15-cu132-py3.12"), "async_io", "9.0")
+    assert why and why.message == ("async_io: needs libcuda, which envbuild's ubuntu24.04 base and its pypi "
+                                   "toolchain do not provide: " + without.ops["async_io"].reason)
     with pytest.raises(EnvbuildError) as named:
-        rules.select_ops(m, _stack(m, "torch2.15-cu132-py3.12"), "9.0", "async_io")
+        rules.select_ops(without, _stack(without, "torch2.15-cu132-py3.12"), "9.0", "async_io")
     assert "Stacks that can pre-build async_io: torch2.14-cu130-py3.12, " in str(named.value)  # the newest first

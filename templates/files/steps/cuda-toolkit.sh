@@ -23,4 +23,10 @@ wheel_include=$site/nvidia/$(basename "$home")/include
 if [[ -d $wheel_include ]]; then
     cp -rsn "$wheel_include/." "$home/include/"
 fi
+# The driver's link stub, as NVIDIA's toolkit has it in lib64/stubs and no PyPI wheel does: ops
+# that link -lcuda (DeepSpeed's async_io) find it through LIBRARY_PATH (lib.sh cuda_link_stubs).
+# Empty, with the driver's soname: the op records libcuda.so.1, which the loader then takes from
+# the driver on a GPU node; a shared object may leave its driver symbols undefined until then.
+mkdir -p "$home/lib/stubs"
+gcc -shared -nostdlib -Wl,-soname,libcuda.so.1 -o "$home/lib/stubs/libcuda.so" -x c /dev/null
 "$home/bin/nvcc" --version | tail -n 2

@@ -9,6 +9,7 @@
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 pip_env
+cuda_link_stubs
 spec=$1; shift
 venv=$(venv_dir)
 

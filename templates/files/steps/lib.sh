@@ -54,3 +54,11 @@ lock_failed() {
     done
     return 1
 }
+
+# cuda_link_stubs: the toolkit's link stubs (libcuda.so: the driver's, absent at build time) on
+# the linker's search path, as NVIDIA's devel images set LIBRARY_PATH; nothing if there are none.
+cuda_link_stubs() {
+    if [[ -n ${CUDA_HOME:-} && -d $CUDA_HOME/lib64/stubs ]]; then
+        export LIBRARY_PATH="$CUDA_HOME/lib64/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    fi
+}

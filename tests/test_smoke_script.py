@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -409,6 +410,64 @@ def test_no_jit_failed_op_is_reported():
     ok, detail = checks.check_no_jit(fake_child(ops={"cpu_adam": OK_OP, "fused_lamb": bad}),
                                      ["cpu_adam", "fused_lamb"], 120)
     assert ok is False and "fused_lamb FAILED" in detail and "JIT compile attempted" in detail
+
+
+def test_no_jit_says_why_an_op_was_not_loaded_on_a_host_without_the_driver():
+    deferred = {"ok": True, "detail": "not loaded here: it links the GPU driver's libcuda.so.1", "seconds": 0.1}
+    ok, detail = checks.check_no_jit(fake_child(ops={"cpu_adam": OK_OP, "async_io": deferred}),
+                                     ["cpu_adam", "async_io"], 120)
+    assert ok is True and "async_io ok 0.100s (not loaded here: it links the GPU driver's libcuda.so.1)" in detail
+
+
+@pytest.fixture
+def driver_linked_op(tmp_path):
+    """A real shared object linked as async_io is: -lcuda against an empty stub with the driver's
+    soname (what cuda-toolkit.sh makes), plus a second library when asked."""
+    from envbuild.image import children
+
+    def build(also: str = ""):
+        stubs = tmp_path / "stubs"
+        stubs.mkdir(exist_ok=True)
+        for soname in ("libcuda.so.1", *([also] if also else [])):
+            name = soname.split(".so")[0] + ".so"
+            subprocess.run(["gcc", "-shared", "-nostdlib", f"-Wl,-soname,{soname}", "-o", str(stubs / name),
+                            "-x", "c", "/dev/null"], check=True)
+        op = tmp_path / "op.so"
+        (tmp_path / "op.c").write_text("int op(void) { return 1; }\n")
+        libs = ["-lcuda"] + ([f"-l{also.split('.so')[0][3:]}"] if also else [])
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--no-as-needed", "-o", str(op), str(tmp_path / "op.c"),
+                        f"-L{stubs}", *libs], check=True)
+        return str(op)
+    return children, build
+
+
+def test_ldd_names_the_driver_as_the_only_missing_library(driver_linked_op):
+    """No driver here: the op's only missing library is libcuda.so.1, so the smoke test may defer
+    its load to a GPU node; a second missing library is the op's own fault and is named."""
+    children, build = driver_linked_op
+    if os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1") or not shutil.which("gcc"):
+        pytest.skip("this host has the NVIDIA driver's libcuda.so.1, or no gcc")
+    assert children.missing_libraries(build()) == {"libcuda.so.1"}
+    assert children.missing_libraries(build("libmissing.so.7")) == {"libcuda.so.1", "libmissing.so.7"}
+    assert children.missing_libraries("/nonexistent.so") == set()
+
+
+def test_an_op_is_deferred_only_when_the_driver_is_all_it_misses(driver_linked_op, tmp_path, monkeypatch):
+    """driver_only_failure finds the op's module file as Python would (no import), asks ldd, and
+    defers only a libcuda.so.1 error whose library misses nothing else."""
+    children, build = driver_linked_op
+    if os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1") or not shutil.which("gcc"):
+        pytest.skip("this host has the NVIDIA driver's libcuda.so.1, or no gcc")
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    monkeypatch.syspath_prepend(str(mods))
+    monkeypatch.setattr(children, "find_builder", lambda op: SimpleNamespace(absolute_name=lambda: f"{op}_mod"))
+    error = ImportError("libcuda.so.1: cannot open shared object file: No such file or directory")
+    os.replace(build(), mods / "clean_mod.so")
+    assert "only missing library" in children.driver_only_failure("clean", error)
+    os.replace(build("libmissing.so.7"), mods / "broken_mod.so")
+    assert children.driver_only_failure("broken", error) == ""  # libmissing.so.7 is the op's own fault
+    assert children.driver_only_failure("clean", OSError("libaio.so.1: cannot open shared object file")) == ""
 
 
 def test_no_jit_timeout_names_field_report_and_stuck_op():

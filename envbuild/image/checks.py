@@ -144,7 +144,7 @@ def run_ops_child(manifest: dict, args, work: str) -> dict:
 def check_no_jit(res: dict, ops: list[str], timeout: float) -> tuple[bool, str]:
     done = res.get("ops") or {}
     parts = [f"{op} {'ok' if done[op]['ok'] else 'FAILED'} {done[op]['seconds']:.3f}s"
-             + ("" if done[op]["ok"] else f" ({done[op]['detail']})") for op in ops if op in done]
+             + (f" ({done[op]['detail']})" if done[op]["detail"] else "") for op in ops if op in done]
     if res["state"] == "timeout":
         waiting = [op for op in ops if op not in done]
         stuck = waiting[0] if waiting else "cpu_adam numerics"

@@ -267,3 +267,16 @@ def test_output_directory_rules_hold_for_any_sequence(tmp_path_factory, actions)
             assert (out / rel).read_bytes() == data, rel
     # what a killed run left is gone once a render succeeds in that directory
 
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_a_full_disk_under_a_write_with_no_path_is_exit_2_not_an_internal_error():
+    """ENOSPC on an open stream has no file name (a full disk under a build's log, a pipe to a
+    full file); /dev/full gives the real error. It is the machine's state, not a bug: exit 2,
+    one paragraph saying where to free space."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "envbuild", "matrix", "--json"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("envbuild: error: No space left on device while writing: free space")
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr

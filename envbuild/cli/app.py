@@ -3,9 +3,11 @@ user's mistake into one paragraph and exit 2, never a traceback."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import sys
+import tempfile
 
 import click
 from rich.console import Console
@@ -169,6 +171,12 @@ def run():
         if isinstance(e, OSError) and e.filename:  # a path the user gave or the machine's state (full disk, ...)
             err.print(f"envbuild: error: {e.filename}: {e.strerror or e}; check the path, its permissions and the "
                       f"free space, then run the command again (set ENVBUILD_DEBUG=1 for a traceback).",
+                      markup=False)
+            sys.exit(2)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a write on an open file or pipe
+            err.print(f"envbuild: error: {e.strerror or e} while writing: free space (or quota) where envbuild "
+                      f"writes (the output directory, {tempfile.gettempdir()}, Docker's data root: `docker "
+                      f"system df`), then run the command again; what this run left is cleaned by the next.",
                       markup=False)
             sys.exit(2)
         err.print(f"envbuild: internal error: {type(e).__name__}: {e} (set ENVBUILD_DEBUG=1 for a traceback)",

@@ -16,13 +16,15 @@ for lib in "$home"/lib/lib*.so.*; do
     plain=${lib%%.so.*}.so
     [[ -e $plain ]] || ln -s "$(basename "$lib")" "$plain"
 done
-# torch's headers include cublas/cusparse/cusolver headers, which the wheels torch itself
-# depends on carry (in the venv) but the nvcc extras do not: link them in.
+# torch's headers include cublas/cusparse/cusolver headers, and c10d's NCCLUtils.hpp nccl.h
+# (DeepSpeed's dc op includes it), which the wheels torch itself depends on carry (in the venv)
+# but the nvcc extras do not: link them in.
 site=$("$(venv_dir)/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-wheel_include=$site/nvidia/$(basename "$home")/include
-if [[ -d $wheel_include ]]; then
-    cp -rsn "$wheel_include/." "$home/include/"
-fi
+for wheel_include in "$site/nvidia/$(basename "$home")/include" "$site/nvidia/nccl/include"; do
+    if [[ -d $wheel_include ]]; then
+        cp -rsn "$wheel_include/." "$home/include/"
+    fi
+done
 # The driver's link stub, as NVIDIA's toolkit has it in lib64/stubs and no PyPI wheel does: ops
 # that link -lcuda (DeepSpeed's async_io) find it through LIBRARY_PATH (lib.sh cuda_link_stubs).
 # Empty, with the driver's soname: the op records libcuda.so.1, which the loader then takes from

@@ -9,7 +9,7 @@ import os
 import subprocess
 import time
 
-from .sandbox import HANG_ENV, write_json
+from .sandbox import HANG_ENV, unresolved_libraries, write_json
 
 JIT_ENTRY_POINTS = ("load", "load_inline", "_jit_compile")
 # The GPU driver's library: on a GPU node the NVIDIA Container Toolkit (or --nv) mounts it; an op
@@ -18,13 +18,11 @@ DRIVER_LIBRARY = "libcuda.so.1"
 
 
 def missing_libraries(path: str) -> set[str]:
-    """The shared libraries `path` needs that the loader cannot find here (ldd's `not found`);
-    empty if ldd cannot tell."""
+    """The shared libraries `path` needs that the loader cannot find here; empty if ldd cannot tell."""
     try:
-        r = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=60)
+        return set(unresolved_libraries(path)[0])
     except (OSError, subprocess.SubprocessError):
         return set()
-    return {line.split("=>")[0].strip() for line in r.stdout.splitlines() if "=> not found" in line}
 
 
 def driver_only_failure(op: str, error: Exception) -> str:

@@ -20,11 +20,11 @@ import shutil
 import subprocess
 
 from .report import Skipped
+from .sandbox import unresolved_libraries
 
 DRIVER_DIR = "/etc/libibverbs.d"  # rdma-core: one `driver NAME` file per provider
 PROVIDER_GLOBS = ("/usr/lib/*/libibverbs/lib{name}-rdmav*.so", "/usr/lib64/libibverbs/lib{name}-rdmav*.so",
                   "/usr/lib/libibverbs/lib{name}-rdmav*.so")
-LDD_TIMEOUT = 30.0
 
 
 def load_library(name: str) -> str | None:
@@ -108,14 +108,12 @@ def plugin_problem(path: str, environ=None) -> str | None:
     if not os.path.isfile(path):
         return f"net plugin {path} is missing"
     try:
-        done = subprocess.run(["ldd", path], capture_output=True, text=True, errors="replace", timeout=LDD_TIMEOUT,
-                              env=dict(os.environ if environ is None else environ))
-    except (OSError, subprocess.TimeoutExpired) as error:
+        missing, returncode = unresolved_libraries(path, environ)
+    except (OSError, subprocess.SubprocessError) as error:
         return f"net plugin {path}: ldd failed ({error})"
-    missing = [line.split("=>")[0].strip() for line in done.stdout.splitlines() if "not found" in line]
     if missing:
         return f"net plugin {path} needs {', '.join(missing)}, which the image lacks"
-    return None if done.returncode == 0 else f"net plugin {path}: ldd exited {done.returncode}"
+    return None if returncode == 0 else f"net plugin {path}: ldd exited {returncode}"
 
 
 def env_problems(fabric: dict, environ) -> list[str]:

@@ -100,6 +100,17 @@ def run_ranks(argv_for_rank: Callable[[int], list[str]], nproc: int, env: dict, 
                 kill_group(proc)
 
 
+LDD_TIMEOUT = 30.0
+
+
+def unresolved_libraries(path: str, environ=None) -> tuple[list[str], int]:
+    """(the shared libraries `path` needs that the loader cannot find here, in ldd's order; ldd's
+    exit status). Raises OSError or subprocess.SubprocessError when ldd cannot run."""
+    done = subprocess.run(["ldd", path], capture_output=True, text=True, errors="replace", timeout=LDD_TIMEOUT,
+                          env=None if environ is None else dict(environ))
+    return [line.split("=>")[0].strip() for line in done.stdout.splitlines() if "=> not found" in line], done.returncode
+
+
 def tail(path: str, limit: int = 600) -> str:
     """The end of a log, on one line."""
     try:

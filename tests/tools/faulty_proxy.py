@@ -12,16 +12,20 @@ previous response (Docker's registry client sends one request at a time per conn
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import threading
 from typing import Optional
 
 
-def pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy one direction until either side closes, then shut both down."""
+def pump(src: socket.socket, dst: socket.socket, before_send=None) -> None:
+    """Copy one direction until either side closes, then shut both down; `before_send(chunk)`, if
+    given, sees each chunk first (and may hold it)."""
     try:
         while chunk := src.recv(65536):
+            if before_send:
+                before_send(chunk)
             dst.sendall(chunk)
     except OSError:
         pass
@@ -165,40 +169,26 @@ class SocketCutter:
             upstream.connect(self.upstream)
             with self._lock:
                 self._live += [client, upstream]
-            if not self.at_build:
-                for a, b in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=pump, args=(a, b), daemon=True).start()
-                continue
-            conn = {"session": False}
-            threading.Thread(target=self._requests, args=(client, upstream, conn), daemon=True).start()
-            threading.Thread(target=self._replies, args=(upstream, client, conn), daemon=True).start()
+            conn = {"session": False}  # each connection's own: bound into its hooks below
+            requests, replies = ((functools.partial(self._request, conn=conn), lambda _, conn=conn: self._hold(conn))
+                                 if self.at_build else (None, None))
+            threading.Thread(target=pump, args=(client, upstream, requests), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, client, replies), daemon=True).start()
 
     def _hold(self, conn) -> None:
         """A session connection passes nothing once a build has gone by, until the cut."""
         if conn["session"] and self._sessions_held.is_set():
             self._cut.wait()
 
-    def _requests(self, src: socket.socket, dst: socket.socket, conn) -> None:
-        try:
-            while chunk := src.recv(65536):
-                first = chunk.split(b"\r\n", 1)[0]
-                if self.SESSION.match(first):
-                    conn["session"] = True
-                if self.BUILD.match(first):
-                    self.build_requests.append(first.decode(errors="replace"))
-                    self._sessions_held.set()
-                    dst.sendall(chunk)
-                    threading.Timer(2.0, self.cut).start()  # the engine holds the build by then
-                    continue
-                self._hold(conn)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-
-    def _replies(self, src: socket.socket, dst: socket.socket, conn) -> None:
-        try:
-            while chunk := src.recv(65536):
-                self._hold(conn)
-                dst.sendall(chunk)
-        except OSError:
-            pass
+    def _request(self, chunk: bytes, conn) -> None:
+        """Marks the session connection; a /build request goes through, the sessions are held from
+        then on, and the cut follows."""
+        first = chunk.split(b"\r\n", 1)[0]
+        if self.SESSION.match(first):
+            conn["session"] = True
+        if self.BUILD.match(first):
+            self.build_requests.append(first.decode(errors="replace"))
+            self._sessions_held.set()
+            threading.Timer(2.0, self.cut).start()  # the engine holds the build by then
+            return
+        self._hold(conn)

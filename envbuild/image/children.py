@@ -13,7 +13,8 @@ from .sandbox import HANG_ENV, unresolved_libraries, write_json
 
 JIT_ENTRY_POINTS = ("load", "load_inline", "_jit_compile")
 # The GPU driver's library: on a GPU node the NVIDIA Container Toolkit (or --nv) mounts it; an op
-# linked with -lcuda (DeepSpeed's async_io) cannot load on a host without it.
+# that records it (linked with -lcuda against a stub with the driver's symbols, as NVIDIA's devel
+# images have) cannot load on a host without it.
 DRIVER_LIBRARY = "libcuda.so.1"
 
 

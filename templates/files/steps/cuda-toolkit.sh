@@ -27,8 +27,9 @@ for wheel_include in "$site/nvidia/$(basename "$home")/include" "$site/nvidia/nc
 done
 # The driver's link stub, as NVIDIA's toolkit has it in lib64/stubs and no PyPI wheel does: ops
 # that link -lcuda (DeepSpeed's async_io) find it through LIBRARY_PATH (lib.sh cuda_link_stubs).
-# Empty, with the driver's soname: the op records libcuda.so.1, which the loader then takes from
-# the driver on a GPU node; a shared object may leave its driver symbols undefined until then.
+# Empty, with the driver's soname: an op that uses no driver symbol (async_io) records no
+# libcuda at all (ldd of the CI stack's image); one that does would record libcuda.so.1 and take
+# it from the driver on a GPU node, as a shared object may leave those symbols undefined.
 mkdir -p "$home/lib/stubs"
 gcc -shared -nostdlib -Wl,-soname,libcuda.so.1 -o "$home/lib/stubs/libcuda.so" -x c /dev/null
 "$home/bin/nvcc" --version | tail -n 2

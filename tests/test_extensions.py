@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -212,6 +215,119 @@ def test_an_sdist_member_outside_its_directory_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         step.unpack(_sdist(tmp_path, "x = 1\n", {"../evil.py": "boom\n"}), tmp_path / "src")
     assert not (tmp_path / "evil.py").exists()
+
+
+# ---------------------------------------------------------------- resuming an interrupted compile
+
+
+def _entry(archive):
+    return {"name": "pkg", "version": "1.0", "cache_key": "k1", "patches": [],
+            "sdist": {"filename": archive.name, "sha256": "ab" * 32}}
+
+
+@pytest.fixture
+def offline_step(tmp_path, monkeypatch):
+    """The build step with `pip download` answered from a local sdist (no index here); the
+    calls are counted."""
+    step = _step()
+    archive = _sdist(tmp_path, "x = 1\n")
+    calls = []
+
+    def pip(*args, env=None):
+        calls.append(args[0])
+        if args[0] == "download":
+            dest = Path(args[args.index("-d") + 1])
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / archive.name).write_bytes(archive.read_bytes())
+    monkeypatch.setattr(step, "pip", pip)
+    return step, archive, calls
+
+
+def test_the_source_tree_is_kept_under_the_cache_key_and_reused_by_the_next_build(offline_step, tmp_path):
+    """The compile's tree lies at a path set by the cache key alone (ninja's build.ninja holds
+    absolute paths): a second build finds it, objects and all, and downloads nothing."""
+    step, archive, calls = offline_step
+    cache = tmp_path / "cache"
+    tree = step.source_tree(_entry(archive), cache)
+    assert tree == cache / "pkg" / "k1" / step.PARTIAL / "src" / "pkg-1.0" and (tree / "setup.py").is_file()
+    (tree / "build").mkdir()
+    (tree / "build" / "flash_fwd.o").write_text("object")
+    assert step.source_tree(_entry(archive), cache) == tree and (tree / "build" / "flash_fwd.o").is_file()
+    assert calls == ["download"]
+
+
+def test_an_unpack_that_was_cut_off_is_made_again(offline_step, tmp_path):
+    step, archive, calls = offline_step
+    cache = tmp_path / "cache"
+    tree = step.source_tree(_entry(archive), cache)
+    (tree.parent.parent / ".envbuild-unpacked").unlink()  # killed between the unpack and its stamp
+    (tree / "half-written").write_text("")
+    tree = step.source_tree(_entry(archive), cache)
+    assert not (tree / "half-written").exists() and calls == ["download", "download"]
+
+
+NINJA_FILE = """rule compile
+  command = sh -c 'echo partial > $out; if [ -e $in.hang ]; then sleep 60; fi; echo done >> $out'
+build a.o: compile a.cu
+build b.o: compile b.cu
+build c.o: compile c.cu
+"""
+NINJA = (sys.executable, "-m", "ninja")  # PyPI's ninja, a test dependency: what the builder's torch uses
+
+
+def test_ninja_compiles_again_only_what_a_kill_cut_off(tmp_path):
+    """The premise of resuming, on the real ninja: an object whose command was killed half-way
+    (its file written, not finished) is compiled again; finished ones are not. torch's
+    BuildExtension compiles every extension through ninja."""
+    step = _step()
+    build = tmp_path / "tree" / "build" / "temp.linux-x86_64-cpython-311"
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text(NINJA_FILE)
+    for name in ("a", "b", "c"):
+        (build / f"{name}.cu").write_text(name)
+    (build / "c.cu.hang").write_text("")
+    first = subprocess.Popen([*NINJA, "-j", "3"], cwd=build, stdout=subprocess.PIPE, start_new_session=True)
+    for _ in range(200):
+        if len(step.finished_objects(tmp_path / "tree")) == 2:
+            break
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # what a cancelled docker build does to the RUN step
+    first.wait()
+    assert (build / "c.o").read_text() == "partial\n"
+    assert sorted(step.finished_objects(tmp_path / "tree")) == ["a.o", "b.o"]
+    (build / "c.cu.hang").unlink()
+    second = subprocess.run([*NINJA, "-j", "3", "-d", "explain"], cwd=build, capture_output=True, text=True)
+    assert second.returncode == 0 and "[1/1]" in second.stdout and "a.o" not in second.stdout
+    assert (build / "c.o").read_text() == "partial\ndone\n"
+    assert sorted(step.finished_objects(tmp_path / "tree")) == ["a.o", "b.o", "c.o"]
+
+
+def test_each_attempt_leaves_its_time_and_the_one_that_finishes_counts_them_all(tmp_path):
+    step = _step()
+    tree = tmp_path / "partial" / "src" / "pkg-1.0"
+    tree.mkdir(parents=True)
+    (tmp_path / "partial" / "attempts.json").write_text(
+        json.dumps([{"objects_reused": 0, "seconds": 3600, "peak_memory_mib": 11000}]))
+    with step.Attempts(tree, reused=30) as attempts:
+        pass
+    facts = attempts.facts()
+    assert facts["attempts"] == 2 and facts["objects_reused"] == 30 and facts["seconds_all_attempts"] >= 3600
+    assert facts["peak_memory_mib"] >= 11000
+    assert len(json.loads((tmp_path / "partial" / "attempts.json").read_text())) == 2
+
+
+def test_a_compile_never_resumed_is_removed_after_its_days_and_nothing_else(tmp_path):
+    step = _step()
+    old, fresh = (tmp_path / "pkg" / key / step.PARTIAL for key in ("old", "fresh"))
+    for partial in (old, fresh):
+        partial.mkdir(parents=True)
+        (partial / "attempts.json").write_text("[]")
+    (tmp_path / "pkg" / "old" / "pkg-1.0-cp311-linux_x86_64.whl").write_text("wheel")
+    long_ago = time.time() - (step.STALE_DAYS + 1) * 86400
+    for path in (old, old / "attempts.json"):
+        os.utime(path, (long_ago, long_ago))
+    step.remove_stale_trees(tmp_path)
+    assert not old.exists() and fresh.exists() and (tmp_path / "pkg" / "old" / "pkg-1.0-cp311-linux_x86_64.whl").exists()
 
 
 # ---------------------------------------------------------------- nvcc-arch.sh

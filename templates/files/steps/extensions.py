@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_audit  # noqa: E402  (beside this script in the setup directory)
 
 GIB = 1024 ** 3
+PARTIAL = "partial"  # <cache>/<name>/<key>/partial: the tree of a compile not finished yet
+HEARTBEAT_SECONDS = 15
+STALE_DAYS = 14  # a compile not resumed for this long is given up: its tree is removed
 
 
 def log(msg: str) -> None:
@@ -128,13 +132,115 @@ def apply_patches(tree: Path, patches: list, name: str) -> None:
         log(f"{name}: patched {patch['file']}: {patch['old'].strip()} -> {patch['new'].strip()} ({patch['source']})")
 
 
-def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path) -> tuple[Path, dict]:
+def source_tree(entry: dict, cache: Path) -> Path:
+    """The unpacked, patched sdist to compile in, at a path that depends only on the wheel's cache
+    key, kept in the cache until the wheel is stored: a build cut off (Ctrl-C, a killed CI job, a
+    job time limit) resumes there. torch's BuildExtension compiles through ninja, which skips each
+    object its log records as finished with the same command line and compiles again any object
+    whose command did not finish. A tree without the stamp of a finished unpack is made again."""
+    partial = cache / entry["name"] / entry["cache_key"] / PARTIAL
+    stamp = partial / ".envbuild-unpacked"
+    sdist = entry["sdist"]
+    if stamp.is_file() and stamp.read_text().strip() == sdist["sha256"]:
+        tops = [d for d in (partial / "src").iterdir() if d.is_dir()]
+        if len(tops) == 1:
+            return tops[0]
+    shutil.rmtree(partial, ignore_errors=True)  # a cut-off unpack: only envbuild writes here
+    partial.mkdir(parents=True)
+    download = partial / "sdist"
+    req = partial / "sdist.txt"
+    req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{sdist['sha256']}\n")
+    pip("download", "--no-deps", "--no-build-isolation", "--no-binary", entry["name"], "--require-hashes",
+        "-r", str(req), "-d", str(download))
+    if not (download / sdist["filename"]).is_file():
+        fail(f"{entry['name']}: pip did not download {sdist['filename']}")
+    tree = unpack(download / sdist["filename"], partial / "src")
+    apply_patches(tree, entry.get("patches", []), entry["name"])
+    shutil.rmtree(download)
+    stamp.write_text(sdist["sha256"] + "\n")
+    return tree
+
+
+def finished_objects(tree: Path) -> dict[str, float]:
+    """Object file -> seconds its compile took, for each compile ninja's log records as finished
+    in this tree (every attempt's; ninja keeps the newest entry of each output)."""
+    done: dict[str, float] = {}
+    for log_file in tree.glob("build/temp.*/.ninja_log"):
+        for line in log_file.read_text(errors="replace").splitlines()[1:]:
+            fields = line.split("\t")
+            if len(fields) == 5 and fields[3].endswith(".o") and fields[0].isdigit() and fields[1].isdigit():
+                done[fields[3]] = (int(fields[1]) - int(fields[0])) / 1000
+    return done
+
+
+class Attempts:
+    """Each compile attempt in this tree, rewritten every few seconds while it runs: how long it
+    has run and the peak anonymous memory of every compile process together (this build's cgroup,
+    sampled). A build that is killed leaves its line, so the attempt that finishes can report the
+    whole compile: every attempt's time and the largest peak."""
+
+    def __init__(self, tree: Path, reused: int):
+        self.path = tree.parent.parent / "attempts.json"
+        try:
+            self.earlier = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.earlier = []
+        self.now = {"objects_reused": reused, "seconds": 0, "peak_memory_mib": None}
+        self.start = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> "Attempts":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._write()
+
+    def _beat(self) -> None:
+        last_write = 0.0
+        while not self.stop.wait(2):
+            anon = build_memory_bytes()
+            if anon is not None:
+                self.now["peak_memory_mib"] = max(self.now["peak_memory_mib"] or 0, anon // 2 ** 20)
+            if time.monotonic() - last_write >= HEARTBEAT_SECONDS:
+                self._write()
+                last_write = time.monotonic()
+
+    def _write(self) -> None:
+        self.now["seconds"] = round(time.monotonic() - self.start)
+        tmp = self.path.with_name(self.path.name + ".envbuild-tmp")
+        tmp.write_text(json.dumps([*self.earlier, self.now]) + "\n")
+        os.replace(tmp, self.path)
+
+    def facts(self) -> dict:
+        every = [*self.earlier, self.now]
+        peaks = [a["peak_memory_mib"] for a in every if a.get("peak_memory_mib") is not None]
+        return {"attempts": len(every), "seconds_all_attempts": sum(a["seconds"] for a in every),
+                "objects_reused": self.now["objects_reused"], "peak_memory_mib": max(peaks) if peaks else None}
+
+
+def build_memory_bytes():
+    """Anonymous memory of this build's cgroup now (every compile process together; page cache
+    left out): cgroup v2's memory.stat `anon`, v1's `total_rss`; None where neither is readable."""
+    for path, key in (("/sys/fs/cgroup/memory.stat", "anon"), ("/sys/fs/cgroup/memory/memory.stat", "total_rss")):
+        try:
+            for line in Path(path).read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: Path) -> tuple[Path, dict]:
     """Compile the extension's sdist into a wheel; (wheel, build facts). pip downloads the sdist
     from the index (a mirror, if the build names one) and checks its sha256; the source is then
-    unpacked here, patched where the matrix says so, and built by pip from that directory."""
-    sdist = entry["sdist"]
-    req = work / "sdist.txt"
-    req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{sdist['sha256']}\n")
+    unpacked in the cache (source_tree: an interrupted compile resumes), patched where the matrix
+    says so, and built by pip in that tree."""
     jobs = max_jobs(entry["memory_per_job_gib"])
     archs = " ".join(a.replace(".", "") for a in arch_list.split(";") if a)
     env = dict(os.environ, MAX_JOBS=str(jobs), TORCH_CUDA_ARCH_LIST=arch_list, ENVBUILD_CUDA_ARCHS=archs,
@@ -143,22 +249,27 @@ def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path) -> tupl
         env["CUDA_HOME"] = cuda_home
     if entry.get("nvcc_threads"):
         env["NVCC_THREADS"] = str(entry["nvcc_threads"])
+    tree = source_tree(entry, cache)
+    reused = finished_objects(tree)
+    if reused:
+        log(f"{entry['name']} {entry['version']}: resuming an interrupted compile: {len(reused)} objects "
+            f"finished before ({sum(reused.values()) / 60:.0f} min of compile jobs) are kept")
     log(f"{entry['name']} {entry['version']}: compiling for {arch_list} with MAX_JOBS={jobs} "
         f"({memory_bytes() / GIB:.1f} GiB available, {entry['memory_per_job_gib']} GiB per job)")
     out = work / "wheel"
     start = time.monotonic()
-    pip("download", "--no-deps", "--no-build-isolation", "--no-binary", entry["name"], "--require-hashes",
-        "-r", str(req), "-d", str(work / "sdist"), env=env)
-    if not (work / "sdist" / sdist["filename"]).is_file():
-        fail(f"{entry['name']}: pip did not download {sdist['filename']}")
-    tree = unpack(work / "sdist" / sdist["filename"], work / "src")
-    apply_patches(tree, entry.get("patches", []), entry["name"])
-    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree), env=env)
+    with Attempts(tree, len(reused)) as attempts:
+        pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree), env=env)
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         fail(f"{entry['name']}: pip wheel made {len(wheels)} wheels, expected one")
+    compiled = finished_objects(tree)
     facts = {"seconds": round(time.monotonic() - start), "max_jobs": jobs,
-             "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}
+             "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
+             "objects": len(compiled), "compile_job_seconds": round(sum(compiled.values())),
+             "slowest_objects": dict(sorted(((Path(o).name, round(s)) for o, s in compiled.items()),
+                                            key=lambda item: -item[1])[:3]),
+             **attempts.facts()}
     return wheels[0], facts
 
 
@@ -213,10 +324,21 @@ def shared_libraries(name: str) -> list[Path]:
     return sorted(Path(f.locate()) for f in dist.files if f.name.endswith(".so") or ".so." in f.name)
 
 
+def remove_stale_trees(cache: Path) -> None:
+    """An interrupted compile that no build has resumed for STALE_DAYS (its extension version or
+    stack changed since) would hold its objects in the cache forever (flash-attn's: GBs)."""
+    for partial in cache.glob(f"*/*/{PARTIAL}"):
+        newest = max((p.stat().st_mtime for p in (partial, *partial.iterdir())), default=0)
+        if time.time() - newest > STALE_DAYS * 86400:
+            log(f"removing a compile interrupted {STALE_DAYS}+ days ago and never resumed: {partial}")
+            shutil.rmtree(partial, ignore_errors=True)
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     cache = Path(spec["cache"])
     cache.mkdir(parents=True, exist_ok=True)
+    remove_stale_trees(cache)
     records, lock_lines = [], []
     if not spec["locked"]:  # a stack without a lock: what setup.py and the wheel need, unpinned
         needed = sorted({n for e in spec["extensions"] for n in (*e["requires"], *e["build_requires"])})
@@ -230,8 +352,9 @@ def main(spec_path: str) -> None:
             log(f"{entry['name']} {entry['version']}: cached wheel {wheel.name} (key {entry['cache_key']}): not compiled again")
             facts = {"cache": "hit"}
         else:
-            built, facts = build_wheel(entry, spec["arch_list"], spec["cuda_home"], work)
+            built, facts = build_wheel(entry, spec["arch_list"], spec["cuda_home"], work, cache)
             store(built, entry, cache)
+            shutil.rmtree(cache / entry["name"] / entry["cache_key"] / PARTIAL)  # the wheel replaces it
             wheel = cached_wheel(entry, cache) or built
             facts["cache"] = "miss"
             log(f"{entry['name']} {entry['version']}: built {wheel.name} in {facts['seconds']} s "

@@ -248,21 +248,21 @@ def test_the_source_tree_is_kept_under_the_cache_key_and_reused_by_the_next_buil
     absolute paths): a second build finds it, objects and all, and downloads nothing."""
     step, archive, calls = offline_step
     cache = tmp_path / "cache"
-    tree = step.source_tree(_entry(archive), cache)
+    tree = step.source_tree(_entry(archive), cache, {})
     assert tree == cache / "pkg" / "k1" / step.PARTIAL / "src" / "pkg-1.0" and (tree / "setup.py").is_file()
     (tree / "build").mkdir()
     (tree / "build" / "flash_fwd.o").write_text("object")
-    assert step.source_tree(_entry(archive), cache) == tree and (tree / "build" / "flash_fwd.o").is_file()
+    assert step.source_tree(_entry(archive), cache, {}) == tree and (tree / "build" / "flash_fwd.o").is_file()
     assert calls == ["download"]
 
 
 def test_an_unpack_that_was_cut_off_is_made_again(offline_step, tmp_path):
     step, archive, calls = offline_step
     cache = tmp_path / "cache"
-    tree = step.source_tree(_entry(archive), cache)
+    tree = step.source_tree(_entry(archive), cache, {})
     (tree.parent.parent / ".envbuild-unpacked").unlink()  # killed between the unpack and its stamp
     (tree / "half-written").write_text("")
-    tree = step.source_tree(_entry(archive), cache)
+    tree = step.source_tree(_entry(archive), cache, {})
     assert not (tree / "half-written").exists() and calls == ["download", "download"]
 
 

@@ -132,7 +132,7 @@ def apply_patches(tree: Path, patches: list, name: str) -> None:
         log(f"{name}: patched {patch['file']}: {patch['old'].strip()} -> {patch['new'].strip()} ({patch['source']})")
 
 
-def source_tree(entry: dict, cache: Path) -> Path:
+def source_tree(entry: dict, cache: Path, env: dict) -> Path:
     """The unpacked, patched sdist to compile in, at a path that depends only on the wheel's cache
     key, kept in the cache until the wheel is stored: a build cut off (Ctrl-C, a killed CI job, a
     job time limit) resumes there. torch's BuildExtension compiles through ninja, which skips each
@@ -151,7 +151,7 @@ def source_tree(entry: dict, cache: Path) -> Path:
     req = partial / "sdist.txt"
     req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{sdist['sha256']}\n")
     pip("download", "--no-deps", "--no-build-isolation", "--no-binary", entry["name"], "--require-hashes",
-        "-r", str(req), "-d", str(download))
+        "-r", str(req), "-d", str(download), env=env)  # its metadata step runs setup.py: CUDA_HOME
     if not (download / sdist["filename"]).is_file():
         fail(f"{entry['name']}: pip did not download {sdist['filename']}")
     tree = unpack(download / sdist["filename"], partial / "src")
@@ -249,7 +249,7 @@ def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: 
         env["CUDA_HOME"] = cuda_home
     if entry.get("nvcc_threads"):
         env["NVCC_THREADS"] = str(entry["nvcc_threads"])
-    tree = source_tree(entry, cache)
+    tree = source_tree(entry, cache, env)
     reused = finished_objects(tree)
     if reused:
         log(f"{entry['name']} {entry['version']}: resuming an interrupted compile: {len(reused)} objects "

@@ -259,7 +259,8 @@ class DockerEngine:
                 hint = " Is dockerd running? (scripts/host-setup.sh starts one.)" if DAEMON_DOWN in "\n".join(tail) \
                     else ""
                 raise BuildFailed(step, lines, hint)
-            image_id = iidfile.read_text().strip()
+            # --output (a tar or a directory, no image) writes no image ID
+            image_id = iidfile.read_text().strip() if iidfile.exists() else ""
         for ref in tags:
             done = subprocess.run([cli, "tag", image_id, ref], capture_output=True, text=True)
             if done.returncode != 0:

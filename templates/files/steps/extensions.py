@@ -350,6 +350,8 @@ def main(spec_path: str) -> None:
         wheel = cached_wheel(entry, cache)
         if wheel is not None:
             log(f"{entry['name']} {entry['version']}: cached wheel {wheel.name} (key {entry['cache_key']}): not compiled again")
+            # a compile cut off before this wheel came in from elsewhere (envbuild ext-cache load)
+            shutil.rmtree(cache / entry["name"] / entry["cache_key"] / PARTIAL, ignore_errors=True)
             facts = {"cache": "hit"}
         else:
             built, facts = build_wheel(entry, spec["arch_list"], spec["cuda_home"], work, cache)

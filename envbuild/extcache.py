@@ -1,0 +1,168 @@
+"""The compiled CUDA extension wheels, carried from one machine's build cache to another's.
+
+A CUDA extension's wheel is compiled once per cache key (extensions.py: NAME/KEY/ in the
+BuildKit cache mount `envbuild-ext`), but a CI runner starts with an empty BuildKit: without a
+cache it carries, every workflow run compiles flash-attn again (hours). `envbuild ext-cache
+save FILE` copies each finished wheel, with its sha256 stamp and under its key, out of this
+machine's cache mount into one tar file; `envbuild ext-cache load FILE` puts the wheels of such
+a file into another machine's, skipping any key that already has a wheel there. The CI's cache
+(actions/cache) carries the file between runs.
+
+Only finished wheels travel. An interrupted compile's tree stays where it was: ninja resumes it
+on the machine whose builder layers it was compiled against, and on another machine pip
+installs torch's headers with new times, so ninja would compile every object again anyway.
+
+BuildKit shows a cache mount to nothing but a RUN step, so each direction is a two-stage build
+on a small image with a POSIX shell, GNU cp and tar (the stack's builder base by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .engine import BuildFailed, BuildSecrets, Engine, get_engine
+from .errors import EnvbuildError
+from .files import locked, remove_stale_temps, temp_path
+from .image import paths
+from .matrix import Matrix
+from .plan import EXTENSION_CACHE_ID
+
+MARKER = ".envbuild-ext-cache"  # in every file `save` writes: what makes it ours
+LOADED = "loaded"               # what `load`'s last stage leaves: how many wheels went in
+MAX_FILE_BYTES = 64 * 2 ** 30   # a bound on the file `load` reads (flash-attn for every arch: < 1 GiB)
+
+_MOUNT = f"--mount=type=cache,id={EXTENSION_CACHE_ID},target={paths.EXTENSION_CACHE},sharing=locked"
+# A key's wheel: <cache>/NAME/KEY/*.whl beside its .sha256 stamp (extensions.py `store`).
+SAVE_STEPS = f"""\
+ARG ENVBUILD_RUN
+RUN {_MOUNT} \\
+    sh -c 'set -eu; mkdir -p /out; printf "%s\\n" "$ENVBUILD_RUN" > /out/{MARKER}; \\
+      for w in {paths.EXTENSION_CACHE}/*/*/*.whl; do \\
+        [ -f "$w" ] && [ -f "${{w%.whl}}.sha256" ] || continue; \\
+        key=${{w%/*}}; dest=/out/${{key#{paths.EXTENSION_CACHE}/}}; \\
+        mkdir -p "$dest"; cp -a "$w" "${{w%.whl}}.sha256" "$dest/"; \\
+      done'
+FROM scratch
+COPY --from=0 /out/ /
+"""
+LOAD_STEPS = f"""\
+ARG ENVBUILD_RUN
+RUN --mount=type=bind,source=ext-cache.tar,target=/envbuild-in.tar {_MOUNT} \\
+    sh -c 'set -eu; echo "$ENVBUILD_RUN" > /dev/null; mkdir -p /tmp/in /out; tar -C /tmp/in -xf /envbuild-in.tar; n=0; \\
+      for w in /tmp/in/*/*/*.whl; do \\
+        [ -f "$w" ] && [ -f "${{w%.whl}}.sha256" ] || continue; \\
+        key=${{w%/*}}; dest={paths.EXTENSION_CACHE}/${{key#/tmp/in/}}; \\
+        if ls "$dest"/*.whl > /dev/null 2>&1; then continue; fi; \\
+        mkdir -p "$dest"; cp -a "$w" "${{w%.whl}}.sha256" "$dest/"; n=$((n + 1)); \\
+      done; echo "$n" > /out/{LOADED}'
+FROM scratch
+COPY --from=0 /out/ /
+"""
+
+
+def copy_image(m: Matrix, stack_id: Optional[str] = None) -> str:
+    """The image the copy runs on: the stack's builder base (pinned where the matrix knows its
+    digest), which a build of that stack has pulled already; default the newest stack."""
+    stack = m.stack(stack_id) if stack_id else m.stacks[-1]
+    ref = stack.base_images.builder
+    return f"{ref}@{m.base_digests[ref]}" if ref in m.base_digests else ref
+
+
+def dockerfile(image: str, steps: str) -> str:
+    """The whole Dockerfile of one direction, on `image`."""
+    return f"FROM {image}\n{steps}"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A save or load: the file, the wheels it holds (NAME/KEY/WHEEL) and how many of them went
+    into the cache (a load skips a key that has a wheel here already)."""
+
+    file: Path
+    wheels: tuple[str, ...]
+    moved: int
+
+
+def wheels_in(file: Path) -> tuple[str, ...]:
+    """The NAME/KEY/WHEEL members of a file `save` wrote; EnvbuildError (exit 2) naming the file
+    when it is not one."""
+    refusal = "name a file `envbuild ext-cache save` wrote, or save one first"
+    if not file.is_file():
+        raise EnvbuildError(f"{file}: no such file; {refusal}.")
+    size = file.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise EnvbuildError(f"{file} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for an "
+                            f"extension cache file; {refusal}.")
+    try:
+        with tarfile.open(file) as tar:
+            names = [m.name.removeprefix("./").lstrip("/") for m in tar.getmembers() if m.isfile()]
+    except (tarfile.TarError, OSError):
+        raise EnvbuildError(f"{file} is not a tar file, so not an extension cache; {refusal}.") from None
+    if MARKER not in names:
+        raise EnvbuildError(f"{file} is a tar file envbuild did not write (it holds no {MARKER}); {refusal}.")
+    return tuple(sorted(n for n in names if n.count("/") == 2 and n.endswith(".whl")))
+
+
+def _build(engine: Engine, context: Path, output: str, log: Path) -> None:
+    try:
+        engine.build(context, (), BuildSecrets(), log, extra_args=(
+            "--build-arg", f"ENVBUILD_RUN={secrets.token_hex(8)}", "--output", output))
+    except BuildFailed as failed:
+        raise EnvbuildError(f"the extension cache step failed.{failed.hint} Last lines:\n    "
+                            + "\n    ".join(failed.lines) + f"\nFull log: {log}.", exit_code=1) from None
+
+
+def save(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
+    """Every finished wheel of this machine's extension cache into `file`, replaced in one step
+    (only a file `save` wrote is replaced; another is refused and nothing is written)."""
+    engine = engine or get_engine()
+    file = Path(file)
+    if file.is_dir() or file.name in ("", ".", ".."):
+        raise EnvbuildError(f"{file} is a directory; name a file to save the extension cache into, e.g. "
+                            f"{file / 'ext-cache.tar'}.")
+    if os.path.lexists(file):
+        try:
+            wheels_in(file)
+        except EnvbuildError:
+            raise EnvbuildError(f"{file} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
+                                f"it, and nothing was written. Name a new file, or one `ext-cache save` wrote.") from None
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with locked(file.parent), tempfile.TemporaryDirectory(prefix="envbuild-ext-cache-") as tmp:
+        remove_stale_temps(file.parent, recursive=False)
+        (Path(tmp) / "Dockerfile").write_text(dockerfile(image, SAVE_STEPS))
+        out = temp_path(file)
+        try:
+            _build(engine, Path(tmp), f"type=tar,dest={out}", Path(tmp) / "build.log")
+            wheels = wheels_in(out)
+            os.replace(out, file)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                out.unlink()
+    return Transfer(file, wheels, len(wheels))
+
+
+def load(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
+    """The wheels of `file` into this machine's extension cache; a key that already has a wheel
+    here keeps it. Returns the wheels that went in."""
+    engine = engine or get_engine()
+    file = Path(file)
+    offered = wheels_in(file)
+    with tempfile.TemporaryDirectory(prefix="envbuild-ext-cache-") as tmp:
+        context = Path(tmp) / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text(dockerfile(image, LOAD_STEPS))
+        try:
+            os.link(file, context / "ext-cache.tar")
+        except OSError:  # another filesystem
+            shutil.copyfile(file, context / "ext-cache.tar")
+        _build(engine, context, f"type=local,dest={tmp}/out", Path(tmp) / "build.log")
+        count = int((Path(tmp) / "out" / LOADED).read_text().strip() or 0)
+    return Transfer(file, offered, count)

@@ -116,8 +116,8 @@ def _build(engine: Engine, context: Path, output: str, log: Path) -> None:
         engine.build(context, (), BuildSecrets(), log, extra_args=(
             "--build-arg", f"ENVBUILD_RUN={secrets.token_hex(8)}", "--output", output))
     except BuildFailed as failed:
-        raise EnvbuildError(f"the extension cache step failed.{failed.hint} Last lines:\n    "
-                            + "\n    ".join(failed.lines) + f"\nFull log: {log}.", exit_code=1) from None
+        raise EnvbuildError(f"the extension cache copy failed at {failed.step}.{failed.hint} Last lines:\n    "
+                            + "\n    ".join(failed.lines), exit_code=1) from None
 
 
 def save(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:

@@ -678,3 +678,30 @@ def test_the_engine_going_away_mid_build_fails_clearly_tags_nothing_and_a_rerun_
     r, _ = _build(work, state, "h20", extra, name="cut-build")
     assert r.returncode == 0
     assert docker("image", "inspect", f"{REPO}:{tag}", check=False).returncode == 0
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_killed_envbuild_leaves_no_build_running_in_the_daemon(tmp_path, how):
+    """The real docker CLI and BuildKit: envbuild killed while a RUN step runs (a compile of
+    hours) -> the step is gone from the machine within a minute, not running on unowned."""
+    import signal
+
+    from test_engine import BUILD_RUNNER
+
+    nonce = f"envbuild-kill-{secrets.token_hex(4)}"
+    (tmp_path / "Dockerfile").write_text(f"FROM local/debian:bookworm\nRUN echo {nonce} && sleep 600\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, "/usr/bin/docker", str(tmp_path)], env=env)
+
+    def step_running():
+        return subprocess.run(["pgrep", "-f", f"echo {nonce}"], capture_output=True).returncode == 0
+    deadline = time.monotonic() + 120
+    while not step_running():
+        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "build.log").read_text()[-2000:]
+        time.sleep(0.2)
+    proc.send_signal(getattr(signal, how))
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while step_running():
+        assert time.monotonic() < deadline, f"the RUN step outlived envbuild ({how})"
+        time.sleep(0.5)

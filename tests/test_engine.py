@@ -318,6 +318,15 @@ if args[0] == "build":
 with open(os.environ["FAKE_DOCKER_CALLS"], "a") as f:
     f.write(json.dumps(call) + "\n")
 mode = os.environ.get("FAKE_DOCKER_MODE", "ok")
+if args[0] == "build" and mode == "hang":  # a long RUN step; SIGINT cancels it, as the real CLI does
+    import signal, time
+    def cancelled(signum, frame):
+        open(os.environ["FAKE_DOCKER_CALLS"] + ".cancelled", "w").write(str(signum))
+        sys.exit(130)
+    signal.signal(signal.SIGINT, cancelled)
+    print("#5 [builder 16/20] RUN bash /opt/envbuild-setup/setup.sh extensions", flush=True)
+    time.sleep(120)
+    sys.exit(0)
 if args[0] == "build":
     if mode == "daemon-down":
         print("ERROR: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?")
@@ -382,6 +391,45 @@ def test_docker_build_failure_names_the_step_and_tags_nothing(tmp_path, fake_cli
     assert "setup.sh deepspeed" in info.value.step and info.value.hint == ""
     assert any("g++' failed" in line for line in info.value.lines)
     assert [c["argv"][0] for c in calls()] == ["build"]
+
+
+BUILD_RUNNER = """
+import signal, sys
+from pathlib import Path
+from envbuild.console import _terminated
+from envbuild.engine import BuildSecrets
+from envbuild.engine.docker import DockerEngine
+signal.signal(signal.SIGTERM, _terminated)  # as the envbuild command does
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job inherits it
+DockerEngine(cli=sys.argv[1]).build(Path(sys.argv[2]), [], BuildSecrets(), Path(sys.argv[2]) / "build.log")
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_killed_envbuild_cancels_the_build_it_started(tmp_path, fake_cli, monkeypatch, how):
+    """envbuild killed mid-build (a CI job cancelled, `kill`, even SIGKILL) must not leave the
+    docker CLI running its build for hours: the CLI gets SIGINT, which cancels the build."""
+    import signal
+    import subprocess
+    import time
+
+    cli, calls = fake_cli
+    monkeypatch.setenv("FAKE_DOCKER_MODE", "hang")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, str(cli), str(tmp_path)])
+    log = tmp_path / "build.log"
+    for _ in range(200):
+        if log.exists() and "setup.sh extensions" in log.read_text():
+            break
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, how))
+    assert proc.wait(timeout=60) == (143 if how == "SIGTERM" else -9)
+    cancelled = Path(str(tmp_path / "calls.jsonl") + ".cancelled")
+    for _ in range(200):
+        if cancelled.exists():
+            break
+        time.sleep(0.05)
+    assert cancelled.read_text() == str(int(signal.SIGINT))
 
 
 def test_docker_build_with_no_daemon_says_so(tmp_path, fake_cli, monkeypatch):

@@ -8,10 +8,12 @@ mounts, and another ``docker`` client first on PATH may demand a buildx plugin (
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -43,6 +45,36 @@ def docker_cli() -> str:
         if path:
             return path
     raise EnvbuildError("no docker CLI found; install Docker (Debian: apt-get install docker.io) and start dockerd.")
+
+
+CANCEL_WAIT_S = 30  # how long the docker CLI gets to cancel its build before it is killed
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _cancel_with_parent() -> None:
+    """In the docker CLI, before it runs: the kernel sends it SIGINT when envbuild dies, even by
+    SIGKILL, so the build it started is cancelled rather than left running for hours (Linux).
+    SIGINT is its default again (a background envbuild inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+    except (OSError, AttributeError):  # not Linux: cancel_build still covers Ctrl-C and SIGTERM
+        pass
+
+
+def cancel_build(proc: subprocess.Popen) -> None:
+    """Stop a `docker build` envbuild is leaving: on SIGINT the CLI cancels the build in the
+    daemon (BuildKit stops the RUN step and releases its cache mounts: an extension compile's
+    finished objects stay there for the next build); killed if it has not gone in CANCEL_WAIT_S."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(CANCEL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def secret_args(secrets: BuildSecrets, tmp: Path) -> list[str]:
@@ -235,7 +267,9 @@ class DockerEngine:
         with tempfile.TemporaryDirectory(prefix="envbuild-secrets-") as tmp:
             iidfile = Path(tmp) / "iid"
             env_args = shlex.split(os.environ.get(BUILD_ARGS_ENV, ""))
-            cmd = [cli, "build", "--network", "host", "--progress", "plain", "--iidfile", str(iidfile),
+            # --output (a tar or a directory: no image) and --iidfile together fail after the build
+            image_out = [] if "--output" in extra_args else ["--iidfile", str(iidfile)]
+            cmd = [cli, "build", "--network", "host", "--progress", "plain", *image_out,
                    *secret_args(secrets, Path(tmp)), *env_args, *extra_args, str(context)]
             env = {**os.environ, "DOCKER_BUILDKIT": "1"}
             progress = BuildkitProgress(on_step)
@@ -244,22 +278,25 @@ class DockerEngine:
                 log.write("$ " + " ".join(cmd) + "\n")
                 try:
                     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                            text=True, errors="replace", bufsize=1)
+                                            text=True, errors="replace", bufsize=1, preexec_fn=_cancel_with_parent)
                 except OSError as error:
                     raise EnvbuildError(f"cannot run {cli}: {error.strerror}.") from None
                 assert proc.stdout
-                for line in proc.stdout:
-                    log.write(line)
-                    line = line.rstrip("\n")
-                    tail = (tail + [line])[-40:]
-                    progress.feed(line)
-                rc = proc.wait()
+                try:
+                    for line in proc.stdout:
+                        log.write(line)
+                        line = line.rstrip("\n")
+                        tail = (tail + [line])[-40:]
+                        progress.feed(line)
+                    rc = proc.wait()
+                except BaseException:  # Ctrl-C, SIGTERM (SystemExit), an error while reading
+                    cancel_build(proc)
+                    raise
             if rc != 0:
                 step, lines = progress.failure(tail)
                 hint = " Is dockerd running? (scripts/host-setup.sh starts one.)" if DAEMON_DOWN in "\n".join(tail) \
                     else ""
                 raise BuildFailed(step, lines, hint)
-            # --output (a tar or a directory, no image) writes no image ID
             image_id = iidfile.read_text().strip() if iidfile.exists() else ""
         for ref in tags:
             done = subprocess.run([cli, "tag", image_id, ref], capture_output=True, text=True)

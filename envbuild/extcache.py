@@ -103,9 +103,15 @@ def wheels_in(file: Path) -> tuple[str, ...]:
                             f"extension cache file; {refusal}.")
     try:
         with tarfile.open(file) as tar:
-            names = [m.name.removeprefix("./").lstrip("/") for m in tar.getmembers() if m.isfile()]
+            members = tar.getmembers()
     except (tarfile.TarError, OSError):
         raise EnvbuildError(f"{file} is not a tar file, so not an extension cache; {refusal}.") from None
+    odd = [m.name for m in members if not (m.isfile() or m.isdir()) or m.name.startswith("/")
+           or ".." in Path(m.name).parts]
+    if odd:  # what `save` never writes, and what could reach outside the directory it is unpacked in
+        raise EnvbuildError(f"{file} holds {odd[0]!r}, a link, device or path outside its directory; an extension "
+                            f"cache holds only files under NAME/KEY/; {refusal}.")
+    names = [m.name.removeprefix("./") for m in members if m.isfile()]
     if MARKER not in names:
         raise EnvbuildError(f"{file} is a tar file envbuild did not write (it holds no {MARKER}); {refusal}.")
     return tuple(sorted(n for n in names if n.count("/") == 2 and n.endswith(".whl")))
@@ -120,6 +126,16 @@ def _build(engine: Engine, context: Path, output: str, log: Path) -> None:
                             + "\n    ".join(failed.lines), exit_code=1) from None
 
 
+def _check_replaceable(file: Path) -> None:
+    if not os.path.lexists(file):
+        return
+    try:
+        wheels_in(file)
+    except EnvbuildError:
+        raise EnvbuildError(f"{file} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
+                            f"it, and nothing was written. Name a new file, or one `ext-cache save` wrote.") from None
+
+
 def save(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
     """Every finished wheel of this machine's extension cache into `file`, replaced in one step
     (only a file `save` wrote is replaced; another is refused and nothing is written)."""
@@ -128,15 +144,11 @@ def save(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
     if file.is_dir() or file.name in ("", ".", ".."):
         raise EnvbuildError(f"{file} is a directory; name a file to save the extension cache into, e.g. "
                             f"{file / 'ext-cache.tar'}.")
-    if os.path.lexists(file):
-        try:
-            wheels_in(file)
-        except EnvbuildError:
-            raise EnvbuildError(f"{file} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
-                                f"it, and nothing was written. Name a new file, or one `ext-cache save` wrote.") from None
+    _check_replaceable(file)
     file.parent.mkdir(parents=True, exist_ok=True)
     with locked(file.parent), tempfile.TemporaryDirectory(prefix="envbuild-ext-cache-") as tmp:
         remove_stale_temps(file.parent, recursive=False)
+        _check_replaceable(file)  # again, under the lock: another run may have put a file there
         (Path(tmp) / "Dockerfile").write_text(dockerfile(image, SAVE_STEPS))
         out = temp_path(file)
         try:
@@ -151,7 +163,7 @@ def save(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
 
 def load(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
     """The wheels of `file` into this machine's extension cache; a key that already has a wheel
-    here keeps it. Returns the wheels that went in."""
+    here keeps it (`moved` counts the wheels that went in)."""
     engine = engine or get_engine()
     file = Path(file)
     offered = wheels_in(file)

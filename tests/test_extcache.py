@@ -47,6 +47,7 @@ def test_a_saved_file_lists_its_wheels_by_name_and_cache_key(tmp_path):
     (None, "no such file"),
     (b"root:x:0:0:root:/root:/bin/bash\n", "is not a tar file"),
     ({"notes.txt": b"mine"}, "a tar file envbuild did not write"),
+    ({extcache.MARKER: b"", "../../etc/cron.d/x": b"* * * * * root sh"}, "path outside its directory"),
 ])
 def test_load_refuses_a_file_save_did_not_write_before_reaching_the_engine(tmp_path, content, words):
     file = tmp_path / "ext-cache.tar"

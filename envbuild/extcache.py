@@ -19,6 +19,7 @@ on a small image with a POSIX shell, GNU cp and tar (the stack's builder base by
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -30,25 +31,30 @@ from typing import Optional
 
 from .engine import BuildFailed, BuildSecrets, Engine, get_engine
 from .errors import EnvbuildError
-from .files import locked, remove_stale_temps, temp_path
+from .files import locked, read_text, remove_stale_temps, temp_path
 from .image import paths
 from .matrix import Matrix
-from .plan import EXTENSION_CACHE_ID
+from .plan import EXTENSION_CACHE_ID, EXTENSION_SPEC, cache_mount
 
 MARKER = ".envbuild-ext-cache"  # in every file `save` writes: what makes it ours
 LOADED = "loaded"               # what `load`'s last stage leaves: how many wheels went in
 MAX_FILE_BYTES = 64 * 2 ** 30   # a bound on the file `load` reads (flash-attn for every arch: < 1 GiB)
 
-_MOUNT = f"--mount=type=cache,id={EXTENSION_CACHE_ID},target={paths.EXTENSION_CACHE},sharing=locked"
-# A key's wheel: <cache>/NAME/KEY/*.whl beside its .sha256 stamp (extensions.py `store`).
+_MOUNT = cache_mount(EXTENSION_CACHE_ID, paths.EXTENSION_CACHE)
+# A key's wheel: <cache>/NAME/KEY/*.whl beside its .sha256 stamp (extensions.py `store`). save:
+# the keys named in ENVBUILD_KEYS (all when empty). load: a key with a stamped wheel here keeps
+# it; a wheel goes in under a temporary name, then its stamp, then both are moved into place, so
+# a cancelled load leaves nothing extensions.py would take or a later load would skip for.
 SAVE_STEPS = f"""\
 ARG ENVBUILD_RUN
+ARG ENVBUILD_KEYS=""
 RUN {_MOUNT} \\
-    sh -c 'set -eu; mkdir -p /out; printf "%s\\n" "$ENVBUILD_RUN" > /out/{MARKER}; \\
+    sh -c 'set -eu; mkdir -p /out; echo "$ENVBUILD_RUN" > /dev/null; echo envbuild-ext-cache > /out/{MARKER}; \\
       for w in {paths.EXTENSION_CACHE}/*/*/*.whl; do \\
         [ -f "$w" ] && [ -f "${{w%.whl}}.sha256" ] || continue; \\
-        key=${{w%/*}}; dest=/out/${{key#{paths.EXTENSION_CACHE}/}}; \\
-        mkdir -p "$dest"; cp -a "$w" "${{w%.whl}}.sha256" "$dest/"; \\
+        key=${{w%/*}}; key=${{key#{paths.EXTENSION_CACHE}/}}; \\
+        case " $ENVBUILD_KEYS " in "  "|*" $key "*) ;; *) continue ;; esac; \\
+        mkdir -p "/out/$key"; cp -a "$w" "${{w%.whl}}.sha256" "/out/$key/"; \\
       done'
 FROM scratch
 COPY --from=0 /out/ /
@@ -59,9 +65,13 @@ RUN --mount=type=bind,source=ext-cache.tar,target=/envbuild-in.tar {_MOUNT} \\
     sh -c 'set -eu; echo "$ENVBUILD_RUN" > /dev/null; mkdir -p /tmp/in /out; tar -C /tmp/in -xf /envbuild-in.tar; n=0; \\
       for w in /tmp/in/*/*/*.whl; do \\
         [ -f "$w" ] && [ -f "${{w%.whl}}.sha256" ] || continue; \\
-        key=${{w%/*}}; dest={paths.EXTENSION_CACHE}/${{key#/tmp/in/}}; \\
-        if ls "$dest"/*.whl > /dev/null 2>&1; then continue; fi; \\
-        mkdir -p "$dest"; cp -a "$w" "${{w%.whl}}.sha256" "$dest/"; n=$((n + 1)); \\
+        key=${{w%/*}}; dest={paths.EXTENSION_CACHE}/${{key#/tmp/in/}}; kept=no; \\
+        for h in "$dest"/*.whl; do [ -f "$h" ] && [ -f "${{h%.whl}}.sha256" ] && kept=yes; done; \\
+        [ "$kept" = no ] || continue; \\
+        name=${{w##*/}}; stamp=${{name%.whl}}.sha256; mkdir -p "$dest"; \\
+        cp "$w" "$dest/.$name.envbuild-tmp"; cp "${{w%.whl}}.sha256" "$dest/.$stamp.envbuild-tmp"; \\
+        mv "$dest/.$name.envbuild-tmp" "$dest/$name"; mv "$dest/.$stamp.envbuild-tmp" "$dest/$stamp"; \\
+        n=$((n + 1)); \\
       done; echo "$n" > /out/{LOADED}'
 FROM scratch
 COPY --from=0 /out/ /
@@ -117,13 +127,34 @@ def wheels_in(file: Path) -> tuple[str, ...]:
     return tuple(sorted(n for n in names if n.count("/") == 2 and n.endswith(".whl")))
 
 
-def _build(engine: Engine, context: Path, output: str, log: Path) -> None:
+def _build(engine: Engine, context: Path, output: str, log: Path, build_args: dict[str, str]) -> None:
+    args = [a for name, value in {"ENVBUILD_RUN": secrets.token_hex(8), **build_args}.items()
+            for a in ("--build-arg", f"{name}={value}")]
     try:
-        engine.build(context, (), BuildSecrets(), log, extra_args=(
-            "--build-arg", f"ENVBUILD_RUN={secrets.token_hex(8)}", "--output", output))
+        engine.build(context, (), BuildSecrets(), log, extra_args=(*args, "--output", output))
     except BuildFailed as failed:
         raise EnvbuildError(f"the extension cache copy failed at {failed.step}.{failed.hint} Last lines:\n    "
                             + "\n    ".join(failed.lines), exit_code=1) from None
+
+
+def keys_of(build_dirs) -> tuple[str, ...]:
+    """The NAME/KEY of every extension the builds rendered in `build_dirs` use (each directory's
+    envbuild/extensions.json): what a CI job saves, so the file holds this run's wheels and not
+    every wheel the cache ever held."""
+    keys = set()
+    for directory in map(Path, build_dirs):
+        spec_path = directory / "envbuild" / EXTENSION_SPEC
+        if not spec_path.is_file():
+            raise EnvbuildError(f"--for {directory}: it holds no envbuild/{EXTENSION_SPEC}, so it is not a build "
+                                f"directory of an image with CUDA extensions (`envbuild render --ext NAME -o DIR` "
+                                f"writes one); name such directories, or leave --for out to save every wheel.")
+        try:
+            spec = json.loads(read_text(spec_path, "extension spec", "record"))
+            keys.update(f"{e['name']}/{e['cache_key']}" for e in spec["extensions"])
+        except (ValueError, KeyError, TypeError):
+            raise EnvbuildError(f"--for {directory}: envbuild/{EXTENSION_SPEC} is not one envbuild wrote (it has "
+                                f"no extensions with cache keys); render the directory again.") from None
+    return tuple(sorted(keys))
 
 
 def _check_replaceable(file: Path) -> None:
@@ -136,23 +167,30 @@ def _check_replaceable(file: Path) -> None:
                             f"it, and nothing was written. Name a new file, or one `ext-cache save` wrote.") from None
 
 
-def save(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
-    """Every finished wheel of this machine's extension cache into `file`, replaced in one step
-    (only a file `save` wrote is replaced; another is refused and nothing is written)."""
+def save(file: Path, image: str, keys: Optional[tuple[str, ...]] = None, engine: Optional[Engine] = None) -> Transfer:
+    """The finished wheels of this machine's extension cache (those of `keys`, NAME/KEY, where
+    given) into `file`, replaced in one step: only a file `save` wrote is replaced; another is
+    refused and nothing is written."""
     engine = engine or get_engine()
     file = Path(file)
     if file.is_dir() or file.name in ("", ".", ".."):
         raise EnvbuildError(f"{file} is a directory; name a file to save the extension cache into, e.g. "
                             f"{file / 'ext-cache.tar'}.")
+    if not file.parent.is_dir():
+        raise EnvbuildError(f"{file.parent} does not exist, so {file.name} cannot be saved there; nothing was "
+                            f"written. Create the directory first, or name a file in an existing one.")
+    if any(c in str(file.resolve()) for c in ',"'):
+        raise EnvbuildError(f"{file}: its path has a comma or a double quote, which `docker build --output` cannot "
+                            f"take; nothing was written. Name a file whose path has neither.")
     _check_replaceable(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
     with locked(file.parent), tempfile.TemporaryDirectory(prefix="envbuild-ext-cache-") as tmp:
         remove_stale_temps(file.parent, recursive=False)
         _check_replaceable(file)  # again, under the lock: another run may have put a file there
         (Path(tmp) / "Dockerfile").write_text(dockerfile(image, SAVE_STEPS))
-        out = temp_path(file)
+        out = temp_path(file.resolve())
         try:
-            _build(engine, Path(tmp), f"type=tar,dest={out}", Path(tmp) / "build.log")
+            _build(engine, Path(tmp), f"type=tar,dest={out}", Path(tmp) / "build.log",
+                   {} if keys is None else {"ENVBUILD_KEYS": " ".join(keys)})
             wheels = wheels_in(out)
             os.replace(out, file)
         finally:
@@ -175,6 +213,6 @@ def load(file: Path, image: str, engine: Optional[Engine] = None) -> Transfer:
             os.link(file, context / "ext-cache.tar")
         except OSError:  # another filesystem
             shutil.copyfile(file, context / "ext-cache.tar")
-        _build(engine, context, f"type=local,dest={tmp}/out", Path(tmp) / "build.log")
+        _build(engine, context, f"type=local,dest={tmp}/out", Path(tmp) / "build.log", {})
         count = int((Path(tmp) / "out" / LOADED).read_text().strip() or 0)
     return Transfer(file, offered, count)

@@ -77,6 +77,16 @@ EXTENSION_CACHE_ID = "envbuild-ext"  # the BuildKit cache mount shared by every 
 EXTENSION_BUILD_RECIPE = 2
 
 
+def cache_mount(cache_id: str, target: str) -> str:
+    """A BuildKit cache mount as every envbuild build (and `ext-cache`) asks for it: `locked`, so
+    two builds never write one cache at once.
+
+    >>> cache_mount(EXTENSION_CACHE_ID, "/var/cache/envbuild-ext")
+    '--mount=type=cache,id=envbuild-ext,target=/var/cache/envbuild-ext,sharing=locked'
+    """
+    return f"--mount=type=cache,id={cache_id},target={target},sharing=locked"
+
+
 def guard_packages(extensions=()) -> str:
     """The guard's pattern, with the CUDA extensions pinned like torch (any spelling pip freeze uses).
 
@@ -177,7 +187,7 @@ class Step:
         if self.files:
             lines.append(Copy(self.files).docker())
         mounts = [*(f"--mount=type=bind,source={b.source},target={b.target}" for b in self.emulation_binds),
-                  *binds, *(f"--mount=type=cache,id={cid},target={target},sharing=locked" for cid, target in self.caches),
+                  *binds, *(cache_mount(cid, target) for cid, target in self.caches),
                   *(f"--mount=type=secret,id={sid}" for sid in self.secrets)]
         words = ([" ".join(mounts)] if mounts else []) + self.env_words + [self.command]
         lines.append("RUN " + " \\\n    ".join(words))

@@ -294,12 +294,16 @@ def test_ninja_compiles_again_only_what_a_kill_cut_off(tmp_path):
     os.killpg(first.pid, signal.SIGKILL)  # what a cancelled docker build does to the RUN step
     first.wait()
     assert (build / "c.o").read_text() == "partial\n"
-    assert sorted(step.finished_objects(tmp_path / "tree")) == ["a.o", "b.o"]
+    before = step.finished_objects(tmp_path / "tree")
+    assert sorted(before) == ["a.o", "b.o"]
     (build / "c.cu.hang").unlink()
+    (build / "b.cu").write_text("b, edited")  # newer than its object: ninja compiles it again
     second = subprocess.run([*NINJA, "-j", "3", "-d", "explain"], cwd=build, capture_output=True, text=True)
-    assert second.returncode == 0 and "[1/1]" in second.stdout and "a.o" not in second.stdout
+    assert second.returncode == 0 and "[2/2]" in second.stdout and "a.o" not in second.stdout
     assert (build / "c.o").read_text() == "partial\ndone\n"
-    assert sorted(step.finished_objects(tmp_path / "tree")) == ["a.o", "b.o", "c.o"]
+    after = step.finished_objects(tmp_path / "tree")
+    assert sorted(after) == ["a.o", "b.o", "c.o"]
+    assert step.kept_objects(before, after) == ["a.o"]  # what the build reports as kept, not all it found
 
 
 def test_each_attempt_leaves_its_time_and_the_one_that_finishes_counts_them_all(tmp_path):
@@ -308,10 +312,12 @@ def test_each_attempt_leaves_its_time_and_the_one_that_finishes_counts_them_all(
     tree.mkdir(parents=True)
     (tmp_path / "partial" / "attempts.json").write_text(
         json.dumps([{"objects_reused": 0, "seconds": 3600, "peak_memory_mib": 11000}]))
-    with step.Attempts(tree, reused=30) as attempts:
+    with step.Attempts(tree, found=30) as attempts:
         pass
+    assert json.loads((tmp_path / "partial" / "attempts.json").read_text())[1]["objects_found"] == 30
+    attempts.now["objects_reused"] = 29
     facts = attempts.facts()
-    assert facts["attempts"] == 2 and facts["objects_reused"] == 30 and facts["seconds_all_attempts"] >= 3600
+    assert facts["attempts"] == 2 and facts["objects_reused"] == 29 and facts["seconds_all_attempts"] >= 3600
     assert facts["peak_memory_mib"] >= 11000
     assert len(json.loads((tmp_path / "partial" / "attempts.json").read_text())) == 2
 

@@ -22,8 +22,8 @@ def ext_cache():
 def _image_options(f):
     f = click.option("--stack", "stack_id", help="The stack whose builder base image runs the copy (default: the "
                                                  "newest stack); it needs only sh, cp and tar.")(f)
-    f = click.option("--base-image", help="Run the copy on this image instead (any with sh, GNU cp and tar), e.g. "
-                                          "a local mirror of the stack's base.")(f)
+    f = click.option("--base-image", help="Run the copy on this image instead (any with sh, GNU cp and tar; wins "
+                                          "over --stack), e.g. a local mirror of the stack's base.")(f)
     return matrix_dir_option(f)
 
 
@@ -38,13 +38,16 @@ def _image(stack_id, base_image, matrix_dir) -> str:
 
 @ext_cache.command("save")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--for", "build_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Only the wheels the build rendered in DIR uses (repeatable); default: every finished wheel.")
 @_image_options
-def save_cmd(file, stack_id, base_image, matrix_dir):
-    """Write every finished extension wheel of this machine's build cache, each under its cache
+def save_cmd(file, build_dirs, stack_id, base_image, matrix_dir):
+    """Write the finished extension wheels of this machine's build cache, each under its cache
     key with its sha256, into FILE (a tar). A FILE envbuild did not write is not replaced."""
-    from ..extcache import save
+    from ..extcache import keys_of, save
 
-    done = save(Path(file), _image(stack_id, base_image, matrix_dir))
+    keys = keys_of(build_dirs) if build_dirs else None
+    done = save(Path(file), _image(stack_id, base_image, matrix_dir), keys)
     out.print(f"saved {len(done.wheels)} wheel(s) into {done.file}: {', '.join(done.wheels) or 'none'}",
               markup=False)
 

@@ -51,16 +51,27 @@ CANCEL_WAIT_S = 30  # how long the docker CLI gets to cancel its build before it
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-def _cancel_with_parent() -> None:
-    """In the docker CLI, before it runs: the kernel sends it SIGINT when envbuild dies, even by
-    SIGKILL, so the build it started is cancelled rather than left running for hours (Linux).
-    SIGINT is its default again (a background envbuild inherits it ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _prctl():
+    """libc's prctl, looked up here in the parent: a preexec_fn must not load libraries (it runs
+    after fork, while other threads, rich's refresh among them, may hold locks)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: cancel_build still covers Ctrl-C and SIGTERM
-        pass
+        return None
+
+
+def _cancel_with(parent: int, prctl):
+    """A preexec_fn for the docker CLI: the kernel sends it SIGINT when envbuild dies, even by
+    SIGKILL, so the build it started is cancelled rather than left running for hours (Linux).
+    SIGINT is its default again (a background envbuild inherits it ignored). If envbuild died
+    before the prctl took hold, the CLI cancels at once."""
+    def preexec() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGINT)
+    return preexec
 
 
 def cancel_build(proc: subprocess.Popen) -> None:
@@ -278,7 +289,7 @@ class DockerEngine:
                 log.write("$ " + " ".join(cmd) + "\n")
                 try:
                     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                            text=True, errors="replace", bufsize=1, preexec_fn=_cancel_with_parent)
+                                            text=True, errors="replace", bufsize=1, preexec_fn=_cancel_with(os.getpid(), _prctl()))
                 except OSError as error:
                     raise EnvbuildError(f"cannot run {cli}: {error.strerror}.") from None
                 assert proc.stdout
@@ -297,7 +308,10 @@ class DockerEngine:
                 hint = " Is dockerd running? (scripts/host-setup.sh starts one.)" if DAEMON_DOWN in "\n".join(tail) \
                     else ""
                 raise BuildFailed(step, lines, hint)
-            image_id = iidfile.read_text().strip() if iidfile.exists() else ""
+            if image_out and not iidfile.is_file():
+                raise EnvbuildError(f"{cli} build finished but wrote no image ID ({iidfile}); nothing was tagged. "
+                                    f"Is {cli} a Docker CLI with BuildKit?", exit_code=1)
+            image_id = iidfile.read_text().strip() if image_out else ""
         for ref in tags:
             done = subprocess.run([cli, "tag", image_id, ref], capture_output=True, text=True)
             if done.returncode != 0:

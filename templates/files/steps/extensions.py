@@ -161,16 +161,26 @@ def source_tree(entry: dict, cache: Path, env: dict) -> Path:
     return tree
 
 
-def finished_objects(tree: Path) -> dict[str, float]:
-    """Object file -> seconds its compile took, for each compile ninja's log records as finished
-    in this tree (every attempt's; ninja keeps the newest entry of each output)."""
-    done: dict[str, float] = {}
+def finished_objects(tree: Path) -> dict[str, tuple[int, int, int]]:
+    """Object file -> (start ms, end ms, mtime) of its compile, for each compile ninja's log
+    records as finished in this tree (ninja keeps the newest entry of each output: an object
+    compiled again gets a new one)."""
+    done: dict[str, tuple[int, int, int]] = {}
     for log_file in tree.glob("build/temp.*/.ninja_log"):
         for line in log_file.read_text(errors="replace").splitlines()[1:]:
             fields = line.split("\t")
-            if len(fields) == 5 and fields[3].endswith(".o") and fields[0].isdigit() and fields[1].isdigit():
-                done[fields[3]] = (int(fields[1]) - int(fields[0])) / 1000
+            if len(fields) == 5 and fields[3].endswith(".o") and all(f.isdigit() for f in fields[:3]):
+                done[fields[3]] = (int(fields[0]), int(fields[1]), int(fields[2]))
     return done
+
+
+def kept_objects(before: dict, after: dict) -> list[str]:
+    """The objects a build did not compile again: their log entry is the one from before it."""
+    return sorted(obj for obj, entry in before.items() if after.get(obj) == entry)
+
+
+def compile_seconds(objects: dict) -> float:
+    return sum(end - start for start, end, _ in objects.values()) / 1000
 
 
 class Attempts:
@@ -179,13 +189,13 @@ class Attempts:
     sampled). A build that is killed leaves its line, so the attempt that finishes can report the
     whole compile: every attempt's time and the largest peak."""
 
-    def __init__(self, tree: Path, reused: int):
+    def __init__(self, tree: Path, found: int):
         self.path = tree.parent.parent / "attempts.json"
         try:
             self.earlier = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.earlier = []
-        self.now = {"objects_reused": reused, "seconds": 0, "peak_memory_mib": None}
+        self.now = {"objects_found": found, "objects_reused": None, "seconds": 0, "peak_memory_mib": None}
         self.start = time.monotonic()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True)
@@ -250,24 +260,29 @@ def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: 
     if entry.get("nvcc_threads"):
         env["NVCC_THREADS"] = str(entry["nvcc_threads"])
     tree = source_tree(entry, cache, env)
-    reused = finished_objects(tree)
-    if reused:
-        log(f"{entry['name']} {entry['version']}: resuming an interrupted compile: {len(reused)} objects "
-            f"finished before ({sum(reused.values()) / 60:.0f} min of compile jobs) are kept")
+    before = finished_objects(tree)
+    if before:
+        log(f"{entry['name']} {entry['version']}: resuming an interrupted compile: {len(before)} objects finished "
+            f"before ({compile_seconds(before) / 60:.0f} min of compile jobs); ninja compiles what is missing or older "
+            f"than its inputs")
     log(f"{entry['name']} {entry['version']}: compiling for {arch_list} with MAX_JOBS={jobs} "
         f"({memory_bytes() / GIB:.1f} GiB available, {entry['memory_per_job_gib']} GiB per job)")
     out = work / "wheel"
     start = time.monotonic()
-    with Attempts(tree, len(reused)) as attempts:
+    with Attempts(tree, len(before)) as attempts:
         pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree), env=env)
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         fail(f"{entry['name']}: pip wheel made {len(wheels)} wheels, expected one")
     compiled = finished_objects(tree)
+    kept = len(kept_objects(before, compiled))
+    attempts.now["objects_reused"] = kept
+    if before:
+        log(f"{entry['name']}: kept {kept} objects of an earlier attempt, compiled {len(compiled) - kept}")
     facts = {"seconds": round(time.monotonic() - start), "max_jobs": jobs,
              "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
-             "objects": len(compiled), "compile_job_seconds": round(sum(compiled.values())),
-             "slowest_objects": dict(sorted(((Path(o).name, round(s)) for o, s in compiled.items()),
+             "objects": len(compiled), "compile_job_seconds": round(compile_seconds(compiled)),
+             "slowest_objects": dict(sorted(((Path(o).name, round((e - b) / 1000)) for o, (b, e, _) in compiled.items()),
                                             key=lambda item: -item[1])[:3]),
              **attempts.facts()}
     return wheels[0], facts

@@ -285,7 +285,7 @@ class DockerEngine:
             env = {**os.environ, "DOCKER_BUILDKIT": "1"}
             progress = BuildkitProgress(on_step)
             tail: list[str] = []
-            with open(log_path, "w", encoding="utf-8") as log:
+            with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
                 log.write("$ " + " ".join(cmd) + "\n")
                 try:
                     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

@@ -31,12 +31,17 @@ def envbuild(*args, check=True) -> subprocess.CompletedProcess:
     return r
 
 
+def build_args(gpu: str, name: str, *extra: str) -> list[str]:
+    """`envbuild build` of the CI stack on the debootstrap base into OUT/name."""
+    return ["build", "--gpu", gpu, "--stack", STACK, "--base-image", BASE, "--ca-cert", CA,
+            "--image-repo", REPO, "-o", str(OUT / name), *extra]
+
+
 def build(gpu: str, name: str, *extra: str) -> tuple[str, float]:
     """Build through `envbuild build`; return (image ref, wall seconds)."""
     out = OUT / name
     t = time.monotonic()
-    envbuild("build", "--gpu", gpu, "--stack", STACK, "--base-image", BASE, "--ca-cert", CA,
-             "--image-repo", REPO, "-o", str(out), *extra)
+    envbuild(*build_args(gpu, name, *extra))
     seconds = time.monotonic() - t
     tag = json.loads((out / "manifest.json").read_text())["tag"]
     return f"{REPO}:{tag}", seconds

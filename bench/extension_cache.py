@@ -16,6 +16,7 @@ Three builds of the CI stack with `--ext causal-conv1d`, all for the arch list 9
 import re
 import shutil
 import time
+from pathlib import Path
 
 import yaml
 
@@ -41,16 +42,23 @@ def cache_line(log: str) -> str:
     return "compiled" if "compiling for" in log else "-"
 
 
-def main():
-    matrix = OUT / "ext-matrix"
+def matrix_with_new_key(name: str) -> Path:
+    """A copy of the matrix in OUT/name whose causal-conv1d carries a build variable naming this
+    run: a new cache key, so its compile is cold without emptying anyone's cache."""
+    matrix = OUT / name
     shutil.rmtree(matrix, ignore_errors=True)
     shutil.copytree(ROOT / "matrices", matrix)
     path = matrix / "extensions.yaml"
     data = yaml.safe_load(path.read_text())
     for ext in data["extensions"]:
         if ext["name"] == "causal-conv1d":
-            ext["build_env"]["ENVBUILD_BENCH_RUN"] = str(int(time.time()))  # a new cache key: a cold compile
+            ext["build_env"]["ENVBUILD_BENCH_RUN"] = f"{name}-{time.time_ns()}"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return matrix
+
+
+def main():
+    matrix = matrix_with_new_key("ext-matrix")
     runs = [("h100", "ext-cold", "cpu_adam,fused_adam", "compiled (baseline)"),
             ("h20", "ext-wheel", "cpu_adam", "other DeepSpeed layer, same arch list"),
             ("h20", "ext-layer", "cpu_adam,fused_adam", "same builder as the baseline")]

@@ -20,36 +20,20 @@ import subprocess
 import sys
 import time
 
-import yaml
-
 import common
-from common import BASE, CA, OUT, REPO, ROOT, STACK, build, machine, table
-from extension_cache import step_seconds
+from common import OUT, ROOT, build, build_args, machine, table
+from extension_cache import matrix_with_new_key, step_seconds
 
 COMPILING = re.compile(r"causal-conv1d [\d.]+: compiling for")
-
-
-def matrix_with_new_key(name: str):
-    matrix = OUT / name
-    shutil.rmtree(matrix, ignore_errors=True)
-    shutil.copytree(ROOT / "matrices", matrix)
-    path = matrix / "extensions.yaml"
-    data = yaml.safe_load(path.read_text())
-    for ext in data["extensions"]:
-        if ext["name"] == "causal-conv1d":
-            ext["build_env"]["ENVBUILD_BENCH_RUN"] = f"{name}-{time.time_ns()}"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return matrix
 
 
 def interrupted(name: str, matrix, after: float) -> float:
     """Start the build, SIGTERM it `after` seconds into the compile; seconds it compiled."""
     out = OUT / name
     shutil.rmtree(out, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, "-m", "envbuild", "build", "--gpu", "h100", "--stack", STACK,
-                             "--base-image", BASE, "--ca-cert", CA, "--image-repo", REPO, "-o", str(out),
-                             "--ext", "causal-conv1d", "--ds-ops", "cpu_adam", "--matrix-dir", str(matrix)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = build_args("h100", name, "--ext", "causal-conv1d", "--ds-ops", "cpu_adam", "--matrix-dir", str(matrix))
+    proc = subprocess.Popen([sys.executable, "-m", "envbuild", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = out / "build.log"
     while not (log.exists() and COMPILING.search(log.read_text(errors="replace"))):
         if proc.poll() is not None:

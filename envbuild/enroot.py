@@ -17,8 +17,6 @@ with the checksum, of a partial or corrupt file found there.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import shutil
@@ -30,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import EnvbuildError
-from .files import remove_stale_temps, sha256_file, temp_path, write_atomic
+from .files import locked, remove_stale_temps, sha256_file, temp_path, write_atomic
 
 COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
                 "none": ["-noI", "-noD", "-noF", "-noX"]}  # enroot/squashfuse read all three
@@ -236,24 +234,6 @@ def _verify(path: Path, expected: str) -> None:
                             f"and stage again.")
 
 
-def _lock(fd: int, directory: Path, wait: float, progress) -> None:
-    deadline, said = time.monotonic() + wait, False
-    while True:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
-            if time.monotonic() > deadline:
-                raise EnvbuildError(f"another envbuild has been staging into {directory} for over {wait:.0f} s; "
-                                    f"nothing was written.") from None
-            if not said:
-                progress(f"waiting for another envbuild staging into {directory}")
-                said = True
-            time.sleep(0.2)
-
-
 def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path], str], wait: float = 3600,
           progress: Callable[[str], None] = lambda _: None) -> Staged:
     """Put a file at `directory/name` once: `produce(path)` writes it there under a temporary name
@@ -270,12 +250,7 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
         raise EnvbuildError(f"stage directory {directory} does not exist; create it on the shared filesystem the "
                             f"compute nodes mount (e.g. /shared/containers), or choose another --to.")
     final, checksum = directory / name, directory / (name.removesuffix(SUFFIX) + CHECKSUM_SUFFIX)
-    try:
-        fd = os.open(directory / ".envbuild-stage.lock", os.O_RDWR | os.O_CREAT, 0o664)
-    except OSError as e:
-        raise EnvbuildError(f"cannot write in {directory} ({e.strerror}); choose a --to you can write to.") from None
-    try:
-        _lock(fd, directory, wait, progress)
+    with locked(directory, "staging into", wait, lock_file=".envbuild-stage.lock", progress=progress):
         remove_stale_temps(directory, recursive=False)  # what a killed stage left (we hold the lock)
         if final.exists():
             if not checksum.exists():
@@ -304,8 +279,6 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
             tmp.unlink(missing_ok=True)
             raise
         return Staged(final, expected, copied=True)
-    finally:
-        os.close(fd)
 
 
 def copy_producer(source: Path) -> Callable[[Path], str]:

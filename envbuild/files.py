@@ -8,8 +8,9 @@ Why each exists:
   after the machine's memory is gone. The limits are far above any real file of the kind.
 - A lock: two runs writing into one directory at once must not interleave (one would
   record the other's half-written files as its own). ``flock`` on the directory itself
-  leaves no lock file behind to go into a Docker build context; it is released by the
-  kernel when the process dies, so a killed run never leaves a stale lock.
+  leaves no lock file behind to go into a Docker build context; a directory nodes share
+  over NFS gets a POSIX lock on a file in it instead. The kernel releases either when the
+  process dies, so a killed run never leaves a stale lock.
 - Temporary names ``.<name>.envbuild-tmp-<8 hex>`` and ``.<name>.envbuild-old-<8 hex>``:
   only envbuild makes them (``O_EXCL``), so a run holding the lock removes any it finds:
   what a Ctrl-C or a kill left behind is cleaned by the next run.
@@ -107,37 +108,47 @@ def read_text(path: Path | str, what: str, kind: str, encoding: str = "utf-8") -
 
 
 @contextlib.contextmanager
-def locked(directory: Path, what: str = "writing into", wait: float = LOCK_WAIT_S) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on `directory` (which must exist) for the block; a second
-    run waits for it (saying so once), and after `wait` seconds is refused with a clear
-    message. Where the filesystem has no flock (some NFS mounts) the run goes on unlocked
-    and says so."""
+def locked(directory: Path, what: str = "writing into", wait: float = LOCK_WAIT_S, *,
+           lock_file: Optional[str] = None, progress: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+    """Hold an exclusive lock on `directory` (which must exist) for the block; a second run
+    waits for it (saying so once, through `progress` or on stderr), and after `wait` seconds
+    is refused with a clear message. Where the filesystem cannot lock the run goes on
+    unlocked and says so.
+
+    The lock is a ``flock`` on the directory itself (no file left behind), or, with
+    `lock_file`, a POSIX lock on that file in it: NFS honours POSIX locks across nodes where
+    it may not honour ``flock``, so a directory compute nodes share is locked that way. The
+    kernel drops either when the holder dies: a killed run never leaves a stale lock."""
+    say = progress or (lambda message: print(f"envbuild: {message}", file=sys.stderr))
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        fd = (os.open(directory / lock_file, os.O_RDWR | os.O_CREAT, 0o664) if lock_file
+              else os.open(directory, os.O_RDONLY | os.O_DIRECTORY))
     except OSError as e:
-        raise EnvbuildError(f"{directory} cannot be opened ({e.strerror or e}); choose a directory you can write "
-                            f"into.") from None
+        raise EnvbuildError(f"{directory} cannot be {'written in' if lock_file else 'opened'} "
+                            f"({e.strerror or e}); choose a directory you can write into.") from None
+    take = fcntl.lockf if lock_file else fcntl.flock
     try:
         deadline, said = time.monotonic() + wait, False
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                take(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EnvbuildError(f"another envbuild has been {what} {directory} for over {wait:.0f} s "
-                                        f"(it holds the directory's lock); nothing was written. Wait for it to "
-                                        f"finish, or choose another directory.") from None
-                if not said:
-                    print(f"envbuild: waiting for another envbuild {what} {directory}", file=sys.stderr)
-                    said = True
-                time.sleep(0.05)
             except OSError as e:
-                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EBADF, errno.EINVAL):
+                if e.errno in (errno.EAGAIN, errno.EACCES):  # held by another (lockf may say EACCES)
+                    if time.monotonic() >= deadline:
+                        raise EnvbuildError(f"another envbuild has been {what} {directory} for over {wait:.0f} s "
+                                            f"(it holds the directory's lock); nothing was written. Wait for it "
+                                            f"to finish, or choose another directory.") from None
+                    if not said:
+                        say(f"waiting for another envbuild {what} {directory}")
+                        said = True
+                    time.sleep(0.05)
+                elif e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EBADF, errno.EINVAL):
+                    say(f"warning: {directory} cannot be locked here ({e.strerror}); two envbuild runs "
+                        f"{what} it at once could interleave")
+                    break
+                else:
                     raise
-                print(f"envbuild: warning: {directory} cannot be locked here ({e.strerror}); two envbuild runs "
-                      f"writing into it at once could interleave", file=sys.stderr)
-                break
         yield
     finally:
         os.close(fd)

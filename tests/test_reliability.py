@@ -280,3 +280,28 @@ def test_a_full_disk_under_a_write_with_no_path_is_exit_2_not_an_internal_error(
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("envbuild: error: No space left on device while writing: free space")
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("lock_file", [None, ".envbuild-stage.lock"])
+def test_a_held_lock_makes_a_second_run_wait_then_refuses_it_clearly(tmp_path, lock_file):
+    """Both kinds of lock (flock on the directory; a POSIX lock on a file in it, for NFS) are
+    held by another process here: a POSIX lock never blocks its own process."""
+    from envbuild.errors import EnvbuildError
+    from envbuild.files import locked
+    hold = ("import sys, time; from pathlib import Path; from envbuild.files import locked\n"
+            f"with locked(Path(sys.argv[1]), lock_file={lock_file!r}):\n"
+            "    print('held', flush=True); time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        said = []
+        with pytest.raises(EnvbuildError, match=rf"another envbuild has been staging into {tmp_path} for over 0 s"):
+            with locked(tmp_path, "staging into", wait=0.3, lock_file=lock_file, progress=said.append):
+                pytest.fail("the lock was taken while another process held it")
+        assert said == [f"waiting for another envbuild staging into {tmp_path}"]
+    finally:
+        holder.kill()
+        holder.wait()
+    with locked(tmp_path, "staging into", wait=5, lock_file=lock_file):  # the kernel dropped the dead holder's lock
+        pass

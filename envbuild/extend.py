@@ -30,6 +30,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from . import rules
 from .errors import EnvbuildError
 from .files import read_text
 from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
@@ -158,6 +159,11 @@ def split_cuda_extensions(matrix: Matrix, requirements: list[str], source: str) 
     for line in requirements:
         req = Requirement(line)
         key = canonicalize_name(req.name)
+        refused = rules.extension_not_prebuilt(matrix, key)
+        if refused:
+            raise EnvbuildError(f"{source}: {line!r}: {refused.message} (rule {refused.rule}). Remove it from "
+                                f"{source}; envbuild pre-builds {', '.join(matrix.extensions)} (`envbuild "
+                                f"extensions`).")
         if key not in matrix.extensions:
             rest.append(line)
             continue
@@ -300,6 +306,13 @@ def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list
     if moved:  # the constraints make this impossible; refuse rather than trust it
         raise EnvbuildError(f"envbuild extend: uv moved stack packages: {', '.join(moved)}.")
     new = [p for p in resolved.sections["venv"] if p.key not in stack_pins]
+    for pin in new:  # one pulled in by another requirement (named ones were refused before uv ran)
+        refused = rules.extension_not_prebuilt(matrix, pin.key)
+        if refused:
+            via = " ".join(line.strip().lstrip("#").strip() for line in pin.block.splitlines() if "via" in line or
+                           line.strip().startswith("#   "))
+            raise EnvbuildError(f"{source}: the requirements pull in {pin.name}=={pin.version} ({via or 'a dependency'}): "
+                                f"{refused.message} (rule {refused.rule}). Remove what needs it from {source}.")
     _check_hashes(hashes, new, "uv resolved", source)
     label = _name(name or Path(source).stem)
     header = [

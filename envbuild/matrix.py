@@ -636,8 +636,22 @@ class CudaExtension(_Strict):
         return v
 
 
+class NotPrebuilt(_Strict):
+    """A package that compiles against torch when pip installs it (PyPI has only its sdist) and
+    that envbuild does not pre-build: named so that `--ext` and `envbuild extend` refuse it with
+    the reason, instead of pip trying in a layer without nvcc (or fetching an unchecked wheel)."""
+
+    name: str  # the PyPI distribution name, canonical
+    version: str  # the newest release checked
+    why: str  # why envbuild does not pre-build it
+    source: str  # the file of the named release that says so
+
+    _v = field_validator("version")(lambda v: _version(v))
+
+
 class ExtensionsFile(_Strict):
     extensions: list[CudaExtension] = []
+    not_prebuilt: list[NotPrebuilt] = []
 
 
 # ---------------------------------------------------------------- stacks.yaml
@@ -789,6 +803,16 @@ class Matrix:
         wanted = re.sub(r"[-_.]+", "-", name.strip()).lower()
         if wanted in self.extensions:
             return self.extensions[wanted]
+        why = rules.extension_not_prebuilt(self, wanted)
+        if why:
+            raise EnvbuildError(f"--ext '{name}': {why.message} (rule {why.rule}). Pre-built: "
+                                f"{', '.join(self.extensions)} (`envbuild extensions`).")
+        pinned = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*[\[=<>!~@;]", name)
+        if pinned and (base := re.sub(r"[-_.]+", "-", pinned.group(1)).lower()) in self.extensions:
+            ext = self.extensions[base]
+            raise EnvbuildError(f"--ext '{name}': --ext takes names, not versions or extras; envbuild builds "
+                                f"{ext.name} {ext.version} only (extensions.yaml). Nearest valid choice: "
+                                f"--ext {ext.name}.")
         hint = nearest(wanted, self.extensions)
         did = f" did you mean {', '.join(hint)}?" if hint else ""
         known = ", ".join(self.extensions) or "none (this matrix has no extensions.yaml)"

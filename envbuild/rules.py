@@ -25,6 +25,7 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``ext-arch``        a CUDA extension has been built for the image's CPU architecture
 - ``ext-deps``        a CUDA extension's runtime requirements are in the stack's lock (nothing unlocked sneaks in)
 - ``ext-audit``       the stack's toolchain has NVIDIA's cuobjdump, so the extension's SASS can be audited
+- ``ext-not-prebuilt`` a package that compiles against torch and CUDA at pip install, and that envbuild does not pre-build, is refused by name
 - ``request``         the stack matches the versions the user asked for
 
 Rules that refuse the request itself, before or after a stack is chosen (an error naming the
@@ -356,6 +357,27 @@ def extension_patches(ext, s) -> list:
     return [p for p in ext.patches if contains(p.torch, s.torch)]
 
 
+def extension_not_prebuilt(m, name: str) -> Optional[Rejection]:
+    """Rule ext-not-prebuilt: a package that compiles against torch and CUDA when pip installs it,
+    and that envbuild does not pre-build, is refused by name (`--ext`, `extend`): the final image
+    has no nvcc, so pip would fail late, or build without its kernels, or fetch an unchecked
+    wheel. `name` is canonical (lower case, '-')."""
+    for n in m.extensions_file.not_prebuilt:
+        if n.name == name:
+            return Rejection("ext-not-prebuilt", f"{n.name} compiles against torch and the CUDA toolkit when pip "
+                                                 f"installs it (PyPI has only its sdist; the image has no nvcc) and envbuild does not pre-build it: "
+                                                 f"{n.why} ({n.source})")
+    return None
+
+
+def extension_gpus(m, ext) -> list[str]:
+    """The GPUs `ext` can be built for: rule ext-gpu passes and one of the hosts the GPU comes in
+    is a CPU the extension has been built for (rule ext-arch), so a GPU named as a fit is one
+    that a render with it would accept."""
+    return [g.name for g in m.gpus
+            if not extension_gpu_rejection(ext, g) and set(g.host_arch) & set(ext.cpu_arch)]
+
+
 def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
     """Rule ext-gpu for the request as a whole: an extension the GPU cannot run is refused before
     any stack is looked at, naming the GPUs that fit."""
@@ -363,7 +385,7 @@ def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
         ext = m.extension(name)
         why = extension_gpu_rejection(ext, gpu)
         if why:
-            fits = [g.name for g in m.gpus if not extension_gpu_rejection(ext, g)]
+            fits = extension_gpus(m, ext)
             raise EnvbuildError(f"--ext {ext.name}: {why.message} (rule {why.rule}). GPUs it fits: "
                                 f"{', '.join(fits) or 'none'}; drop --ext {ext.name} for {gpu.name}.")
 

@@ -183,9 +183,9 @@ def fabric_json(m: Matrix) -> list[dict]:
 
 
 def extension_fits(m: Matrix, ext) -> tuple[list[str], list[str], dict[str, str]]:
-    """(GPUs whose compute capability it supports, x86_64 stacks it builds on, why each other
-    stack cannot): the ext-* rules, for `envbuild extensions` and the docs."""
-    gpus = [g.name for g in m.gpus if not rules.extension_gpu_rejection(ext, g)]
+    """(GPUs it can be built for, x86_64 stacks it builds on, why each other stack cannot): the
+    ext-* rules, for `envbuild extensions` and the docs."""
+    gpus = rules.extension_gpus(m, ext)
     stacks, refused = [], {}
     for s in m.stacks:
         try:
@@ -211,7 +211,7 @@ def extension_json(m: Matrix) -> list[dict]:
 def extension_fields(e: dict) -> list[tuple[str, str]]:
     """`envbuild extensions`' rows for one entry of extension_json: label, text."""
     return [("import", ", ".join(e["packages"] + e["modules"])),
-            ("GPUs", f"compute capability >= {e['min_cc']}: {', '.join(e['gpus'])}"),
+            ("GPUs", f"compute capability >= {e['min_cc']}, hosts {', '.join(e['cpu_arch'])}: {', '.join(e['gpus'])}"),
             ("stacks", ", ".join(e["stacks"]) or "none"),
             *((f"not {sid}", why) for sid, why in e["refused"].items()),
             ("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),

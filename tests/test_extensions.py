@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from envbuild.errors import EnvbuildError
 from envbuild.extend import split_cuda_extensions
 from envbuild.image import checks
+from envbuild import validate
 from envbuild.matrix import load_matrix
 from envbuild.plan import stack_plan
 from envbuild.resolve import Request, explain_rows, resolve
@@ -62,6 +63,78 @@ def test_a_gpu_below_the_extensions_floor_is_refused_naming_the_gpus_that_fit(ma
     msg = str(e.value)
     assert "t4 is sm_75" in msg and "rule ext-gpu" in msg and "a100" in msg and "t4" not in msg.split("fits:")[1].split(";")[0]
     resolve(matrix, Request(gpu="t4", extensions=("causal-conv1d",)))  # sm_75 is causal-conv1d's floor
+
+
+def test_every_gpu_named_as_a_fit_is_one_a_render_accepts(matrix):
+    """The fit list of rule ext-gpu passes rule ext-arch too: no Grace (aarch64-only) GPU is
+    offered for an extension built for x86_64 only."""
+    with pytest.raises(EnvbuildError) as e:
+        resolve(matrix, Request(gpu="v100", extensions=("flash-attn",)))
+    fits = str(e.value).split("GPUs it fits: ")[1].split(";")[0].split(", ")
+    assert "h100" in fits and not {"gh200", "gb200"} & set(fits), fits
+    for gpu in fits:
+        resolve(matrix, Request(gpu=gpu, extensions=("flash-attn",)))
+    with pytest.raises(EnvbuildError, match=r"flash-attn has been built for x86_64 only, the image is aarch64"):
+        resolve(matrix, Request(gpu="gh200", extensions=("flash-attn",)))
+
+
+@pytest.mark.parametrize("given", ["flash-attn==9.9", "Flash_Attn==2.8.3.post2", "flash-attn[x]", "flash-attn>=2"])
+def test_a_version_or_extra_in_ext_is_refused_naming_the_version_it_builds(matrix, given):
+    with pytest.raises(EnvbuildError) as e:
+        validate.parse_extensions(matrix, given)
+    assert str(e.value) == (f"--ext '{given}': --ext takes names, not versions or extras; envbuild builds flash-attn "
+                            f"2.8.3.post2 only (extensions.yaml). Nearest valid choice: --ext flash-attn.")
+
+
+# ---------------------------------------------------------------- what envbuild does not pre-build
+
+NOT_PREBUILT = ROOT / "tests" / "fixtures" / "extensions" / "not-prebuilt"
+
+
+def test_every_refusal_reason_is_in_the_build_script_it_cites(production_matrix):
+    """Each not_prebuilt entry cites a file of its named release: every 'WORD (line N)' it cites
+    is on that line of the verbatim file kept here, and PyPI's JSON for that version is named."""
+    entries = production_matrix.extensions_file.not_prebuilt
+    assert {n.name for n in entries} >= {"mamba-ssm", "natten", "transformer-engine-torch"}
+    for n in entries:
+        sdist = f"{n.name.replace('-', '_')}-{n.version}.tar.gz"
+        assert n.source.startswith(sdist + " ") and f"https://pypi.org/pypi/{n.name}/{n.version}/json" in n.source
+        script = n.source.split()[1].rstrip(":")
+        lines = (NOT_PREBUILT / f"{sdist.removesuffix('.tar.gz')}.{script.replace('/', '.')}").read_text().splitlines()
+        cited = re.findall(r"(\w[\w ']*?) \(line (\d+)\)", n.source)
+        for word, number in cited:
+            assert word.strip("'").split()[-1] in lines[int(number) - 1], (n.name, word, number)
+        assert cited or "CppExtension" in "\n".join(lines), n.name
+        assert n.name not in production_matrix.extensions
+
+
+def test_a_package_envbuild_does_not_prebuild_is_refused_by_ext_and_by_extend_before_uv(tmp_path):
+    out = tmp_path / "out"
+    r = run_cli("render", "--gpu", "h100", "--ext", "mamba_ssm", "-o", str(out))
+    assert r.returncode == 2 and "rule ext-not-prebuilt" in r.stderr and "MAMBA_FORCE_BUILD" in r.stderr, r.stderr
+    assert "Pre-built: flash-attn, causal-conv1d" in r.stderr and "Traceback" not in r.stderr
+    req = tmp_path / "r.txt"
+    req.write_text("einops\nnatten>=0.17\n")
+    r = run_cli("extend", "-r", str(req), "--gpu", "h100", "-o", str(out), env={"UV_OFFLINE": "1"})
+    assert r.returncode == 2 and f"{req}: 'natten>=0.17': natten compiles against torch" in r.stderr, r.stderr
+    assert "WITHOUT libnatten" in r.stderr and f"Remove it from {req}" in r.stderr
+    assert not out.exists()
+    listed = run_cli("extensions").stdout
+    assert "not pre-built" in listed and "mamba-ssm 2.3.2.post1" in listed.split("not pre-built")[1]
+
+
+def test_extend_refuses_a_package_that_pulls_in_one_envbuild_does_not_prebuild(matrix, monkeypatch):
+    """uv's output is stood in for (the real uv resolves in test_extend.py): a requirement whose
+    dependency is mamba-ssm is refused naming what pulled it in."""
+    from envbuild import extend
+    uv_output = ("some-model-zoo==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via -r inputs\n"
+                 "mamba-ssm==2.3.2.post1 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via some-model-zoo\n")
+    monkeypatch.setattr(extend, "_compile_extension", lambda *a: uv_output)
+    resolution = resolve(matrix, Request(gpu="h100", stack="torch2.11-cu130-py3.12"))
+    with pytest.raises(EnvbuildError) as e:
+        extend.resolve_extension(matrix, resolution, ["some-model-zoo"], "r.txt")
+    assert str(e.value).startswith("r.txt: the requirements pull in mamba-ssm==2.3.2.post1 (via some-model-zoo): "
+                                   "mamba-ssm compiles against torch"), str(e.value)
 
 
 def test_a_torch_floor_moves_the_choice_to_a_stack_that_fits_or_says_why(matrix_copy):
@@ -470,6 +543,12 @@ def test_the_smoke_check_passes_an_imported_extension_and_its_gpu_numerics(tmp_p
     assert ok and "flash-attn 2.8.3.post2 imports (wheel sha256 abababababab, SASS 9.0)" in detail
     res["extensions"]["flash-attn"]["gpu"]["max_abs_diff"] = 0.5
     assert not checks.check_extensions(MANIFEST, res, _record(tmp_path))[0]
+
+
+def test_a_gpu_check_not_run_is_said_not_passed_over(tmp_path):
+    res = {"extensions": {"flash-attn": {"ok": True, "detail": "", "gpu_skipped": "no GPU"}}}
+    ok, detail = checks.check_extensions(MANIFEST, res, _record(tmp_path))
+    assert ok and detail.endswith("SASS 9.0); GPU check not run (no GPU)"), detail
 
 
 def test_an_undefined_symbol_is_reported_as_a_torch_swap(tmp_path):

@@ -126,6 +126,14 @@ def extensions(as_json, matrix_dir):
         for label, text in extension_fields(e):
             grid.add_row(f"  {label}", escape(text))
         out.print(grid)
+    if m.extensions_file.not_prebuilt:
+        out.print("\n[bold]not pre-built[/bold]  refused by --ext and `envbuild extend` (rule ext-not-prebuilt)")
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column(overflow="fold")
+        for n in m.extensions_file.not_prebuilt:
+            grid.add_row(f"  {n.name} {n.version}", escape(n.why))
+        out.print(grid)
 
 
 @main.command()

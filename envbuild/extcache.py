@@ -111,15 +111,16 @@ def wheels_in(file: Path) -> tuple[str, ...]:
     if size > MAX_FILE_BYTES:
         raise EnvbuildError(f"{file} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for an "
                             f"extension cache file; {refusal}.")
-    try:
-        with tarfile.open(file) as tar:
+    try:  # "r:": plain tar only, as `save` writes it; a compressed file could unpack to any size
+        with tarfile.open(file, "r:") as tar:
             members = tar.getmembers()
     except (tarfile.TarError, OSError):
-        raise EnvbuildError(f"{file} is not a tar file, so not an extension cache; {refusal}.") from None
-    odd = [m.name for m in members if not (m.isfile() or m.isdir()) or m.name.startswith("/")
+        raise EnvbuildError(f"{file} is not a plain (uncompressed) tar file, so not an extension cache; "
+                            f"{refusal}.") from None
+    odd = [m.name for m in members if not (m.isfile() or m.isdir()) or m.issparse() or m.name.startswith("/")
            or ".." in Path(m.name).parts]
     if odd:  # what `save` never writes, and what could reach outside the directory it is unpacked in
-        raise EnvbuildError(f"{file} holds {odd[0]!r}, a link, device or path outside its directory; an extension "
+        raise EnvbuildError(f"{file} holds {odd[0]!r}, a link, device, sparse file or path outside its directory; an extension "
                             f"cache holds only files under NAME/KEY/; {refusal}.")
     names = [m.name.removeprefix("./") for m in members if m.isfile()]
     if MARKER not in names:

@@ -25,13 +25,13 @@ from envbuild.plan import EXTENSION_CACHE_ID
 BASE = "local/debian:bookworm"  # scripts/host-setup.sh's debootstrap image: sh, GNU cp, tar
 
 
-def _tar(path, members):
-    """A tar of {name: bytes}; a value ("symlink"|"hardlink", target) makes a link."""
-    with tarfile.open(path, "w") as tar:
+def _tar(path, members, mode="w"):
+    """A tar of {name: bytes}; a value ("symlink"|"hardlink"|"fifo", target) makes a link or a FIFO."""
+    with tarfile.open(path, mode) as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             if isinstance(data, tuple):
-                info.type = tarfile.SYMTYPE if data[0] == "symlink" else tarfile.LNKTYPE
+                info.type = {"symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE}[data[0]]
                 info.linkname = data[1]
                 tar.addfile(info)
                 continue
@@ -55,16 +55,23 @@ def test_a_saved_file_lists_its_wheels_by_name_and_cache_key(tmp_path):
 
 @pytest.mark.parametrize("content, words", [
     (None, "no such file"),
-    (b"root:x:0:0:root:/root:/bin/bash\n", "is not a tar file"),
+    (b"root:x:0:0:root:/root:/bin/bash\n", "is not a plain (uncompressed) tar file"),
     ({"notes.txt": b"mine"}, "a tar file envbuild did not write"),
     ({extcache.MARKER: b"", "../../etc/cron.d/x": b"* * * * * root sh"}, "path outside its directory"),
     ({extcache.MARKER: b"", "pkg/k1": ("symlink", "/var/cache/envbuild-ext"), "pkg/k1/x.whl": b"w"}, "a link"),
     ({extcache.MARKER: b"", "pkg/k1/x.whl": ("hardlink", ".envbuild-ext-cache")}, "a link"),
+    ({extcache.MARKER: b"", "pkg/k1/x.whl": ("fifo", "")}, "device"),
+    ({extcache.MARKER: b"", "/var/cache/envbuild-ext/pkg/k1/x.whl": b"w"}, "path outside its directory"),
+    (b"", "is not a plain (uncompressed) tar file"),
+    # what save writes, compressed: refused unread (a small .gz can unpack to any size)
+    (("w:gz", {extcache.MARKER: b"", "pkg/k1/x.whl": b"w", "pkg/k1/x.sha256": b"s"}), "not a plain (uncompressed)"),
 ])
 def test_load_refuses_a_file_save_did_not_write_before_reaching_the_engine(tmp_path, content, words):
     file = tmp_path / "ext-cache.tar"
     if isinstance(content, bytes):
         file.write_bytes(content)
+    elif isinstance(content, tuple):
+        _tar(file, content[1], mode=content[0])
     elif content is not None:
         _tar(file, content)
     with pytest.raises(EnvbuildError) as refused:

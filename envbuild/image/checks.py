@@ -215,6 +215,8 @@ def check_extensions(manifest: dict, res: dict, record_path: str | None = None) 
             ok &= good
             part += (f"; GPU max|diff| vs torch {gpu['max_abs_diff']:.2e} (tol {tol:g})" if gpu["ok"]
                      else f"; GPU check FAILED {gpu['detail']}")
+        elif got.get("gpu_skipped"):
+            part += f"; GPU check not run ({got['gpu_skipped']})"
         parts.append(part)
     return ok, "; ".join(parts)
 

@@ -151,6 +151,8 @@ def child_ops(args) -> int:
         entry = _import_extension(ext)
         if entry["ok"] and args.gpu_numerics and ext.get("gpu_check") in GPU_CHECKS:
             entry["gpu"] = _numerics(GPU_CHECKS[ext["gpu_check"]])
+        elif entry["ok"]:  # said in the check's line: a passing import is not a passing kernel
+            entry["gpu_skipped"] = "no GPU" if not args.gpu_numerics else "envbuild has no GPU check for it"
         out["extensions"][ext["name"]] = entry
         write_json(args.result, out)
     return 0

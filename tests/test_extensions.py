@@ -137,15 +137,17 @@ def test_extend_refuses_a_package_that_pulls_in_one_envbuild_does_not_prebuild(m
                                    "mamba-ssm compiles against torch"), str(e.value)
 
 
-def test_a_torch_floor_moves_the_choice_to_a_stack_that_fits_or_says_why(matrix_copy):
+@pytest.mark.parametrize("field, what", [("torch", "torch"), ("cuda", "CUDA"), ("python", "Python")])
+def test_a_floor_moves_the_choice_to_a_stack_that_fits_or_says_why(matrix_copy, field, what):
     path = matrix_copy / "extensions.yaml"
     data = yaml.safe_load(path.read_text())
-    data["extensions"][0]["torch"] = ">=2.99"
+    data["extensions"][0][field] = ">=2.99" if field == "torch" else ">=99"
     path.write_text(yaml.safe_dump(data))
     m = load_matrix(matrix_copy)
     with pytest.raises(EnvbuildError) as e:
         resolve(m, Request(gpu="h100", extensions=("flash-attn",)))
-    assert "flash-attn 2.8.3.post2 builds with torch >=2.99" in str(e.value) and "drop --ext" in str(e.value)
+    assert f"flash-attn 2.8.3.post2 builds with {what} {data['extensions'][0][field]}" in str(e.value)
+    assert "drop --ext" in str(e.value)
     rows = {sid: why for sid, _, why in explain_rows(m, Request(gpu="h100", extensions=("flash-attn",)))}
     assert all("[ext-stack]" in why for why in rows.values())
 
@@ -440,6 +442,19 @@ def test_nvcc_keeps_only_the_code_the_gpu_runs(fake_nvcc, archs, kept):
     r = fake_nvcc(archs, "-O3", *args, "-c", "x.cu")
     assert r.returncode == 0, r.stderr
     assert re.findall(r"code=(sm_\d+)", r.stdout) == kept and r.stdout.startswith("-O3 ") and "x.cu" in r.stdout
+
+
+def test_flash_attn_on_an_arch_its_setup_py_does_not_name_gets_torchs_gencode_for_the_gpu(matrix, fake_nvcc):
+    """flash-attn's setup.py adds -gencode only for 80, 90, 100 and 120 of FLASH_ATTN_CUDA_ARCHS:
+    on an A10 (8.6) or a B300 (10.3) it adds none, and torch's BuildExtension adds the GPU's own
+    from TORCH_CUDA_ARCH_LIST (extensions.py sets it to the arch list), which nvcc-arch.sh keeps."""
+    setup_py = (ROOT / "tests/fixtures/upstream/flash_attn-2.8.3.post2.tar.gz/setup.py").read_text()
+    assert set(re.findall(r'"(\d+)" in cuda_archs\(\)', setup_py)) == {"80", "90", "100", "120"}
+    for gpu, arch in (("a10", "86"), ("b300", "103")):
+        spec = _spec(matrix, gpu)
+        assert spec["build_env"]["FLASH_ATTN_CUDA_ARCHS"] == arch and spec["determines"]["arch_list"] == f"{arch[:-1]}.{arch[-1]}"
+        r = fake_nvcc(arch, "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-c", "x.cu")  # torch's flag
+        assert r.returncode == 0 and re.findall(r"code=(sm_\d+)", r.stdout) == [f"sm_{arch}"], r.stderr
 
 
 def test_nvcc_refuses_a_compile_with_no_code_for_the_gpu(fake_nvcc):

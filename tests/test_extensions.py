@@ -100,7 +100,7 @@ def test_every_refusal_reason_is_in_the_build_script_it_cites(production_matrix)
         sdist = f"{n.name.replace('-', '_')}-{n.version}.tar.gz"
         assert n.source.startswith(sdist + " ") and f"https://pypi.org/pypi/{n.name}/{n.version}/json" in n.source
         script = n.source.split()[1].rstrip(":")
-        lines = (NOT_PREBUILT / f"{sdist.removesuffix('.tar.gz')}.{script.replace('/', '.')}").read_text().splitlines()
+        lines = (NOT_PREBUILT / f"{sdist.removesuffix('.tar.gz')}.{script.replace('/', '.')}.txt").read_text().splitlines()
         cited = re.findall(r"(\w[\w ']*?) \(line (\d+)\)", n.source)
         for word, number in cited:
             assert word.strip("'").split()[-1] in lines[int(number) - 1], (n.name, word, number)

@@ -119,21 +119,20 @@ def extensions(as_json, matrix_dir):
     if not data:
         out.print(f"no CUDA extensions: {m.directory} has no extensions.yaml")
     for e in data:
-        out.print(f"\n[bold]{escape(e['name'])} {escape(e['version'])}[/bold]  {escape(e['description'])}", soft_wrap=True)
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(no_wrap=True, style="dim")
-        grid.add_column(overflow="fold")
-        for label, text in extension_fields(e):
-            grid.add_row(f"  {label}", escape(text))
-        out.print(grid)
+        _fields(f"{e['name']} {e['version']}", e["description"], extension_fields(e))
     if m.extensions_file.not_prebuilt:
-        out.print("\n[bold]not pre-built[/bold]  refused by --ext and `envbuild extend` (rule ext-not-prebuilt)")
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(no_wrap=True, style="dim")
-        grid.add_column(overflow="fold")
-        for n in m.extensions_file.not_prebuilt:
-            grid.add_row(f"  {n.name} {n.version}", escape(n.why))
-        out.print(grid)
+        _fields("not pre-built", "refused by --ext and `envbuild extend`, rule ext-not-prebuilt",
+                [(f"{n.name} {n.version}", n.why) for n in m.extensions_file.not_prebuilt])
+
+
+def _fields(title: str, description: str, rows) -> None:
+    out.print(f"\n[bold]{escape(title)}[/bold]  {escape(description)}", soft_wrap=True)
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="dim")
+    grid.add_column(overflow="fold")
+    for label, text in rows:
+        grid.add_row(f"  {label}", escape(text))
+    out.print(grid)
 
 
 @main.command()

@@ -575,6 +575,26 @@ def test_an_undefined_symbol_is_reported_as_a_torch_swap(tmp_path):
     assert not ok and "torch was replaced under it" in msg and "undefined symbol" in msg
 
 
+def test_a_compiled_library_changed_after_install_is_named(tmp_path):
+    """The installed .so against the sha256 pip wrote in RECORD (a wheel's own format)."""
+    import base64
+    import hashlib
+
+    from envbuild.image.children import compiled_files_changed
+
+    (tmp_path / "demo_cuda.so").write_bytes(b"\x7fELF built")
+    info = tmp_path / "demo_ext-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-ext\nVersion: 1.0\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(b"\x7fELF built").digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"demo_cuda.so,sha256={digest},10\ndemo_ext-1.0.dist-info/RECORD,,\n")
+    assert compiled_files_changed("demo-ext", [str(tmp_path)]) == ""
+    (tmp_path / "demo_cuda.so").write_bytes(b"\x7fELF other")
+    assert compiled_files_changed("demo_ext", [str(tmp_path)]).startswith("demo_cuda.so differs from the wheel's RECORD")
+    (info / "RECORD").write_text("demo_ext-1.0.dist-info/RECORD,,\n")
+    assert compiled_files_changed("demo-ext", [str(tmp_path)]) == "demo-ext: its RECORD lists no compiled library"
+
+
 def test_no_build_record_fails_the_check(tmp_path):
     ok, msg = checks.check_extensions(MANIFEST, {"extensions": {"flash-attn": {"ok": True, "detail": ""}}},
                                       str(tmp_path / "none.json"))

@@ -158,6 +158,44 @@ def child_ops(args) -> int:
     return 0
 
 
+def compiled_files_changed(name: str, path: list[str] | None = None) -> str:
+    """'' when every compiled library (.so) of distribution `name` has the sha256 its wheel's
+    RECORD gives, else what differs: the wheel's sha256 in the build record says what was
+    built, this says that it is what is installed (not a file copied over it).
+
+    >>> compiled_files_changed("no-such-distribution-envbuild")
+    'no-such-distribution-envbuild: not installed'
+    """
+    import base64
+    import hashlib
+    from importlib import metadata
+
+    found = list(metadata.distributions(name=name, path=path) if path is not None else
+                 metadata.distributions(name=name))
+    if not found:
+        return f"{name}: not installed"
+    changed, checked = [], 0
+    for file in found[0].files or []:
+        if not file.name.endswith(".so") or not file.hash or file.hash.mode != "sha256":
+            continue
+        checked += 1
+        try:
+            sha = hashlib.sha256()
+            with open(file.locate(), "rb") as f:  # Python 3.10 in some images: no hashlib.file_digest
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    sha.update(block)
+            digest = base64.urlsafe_b64encode(sha.digest()).rstrip(b"=").decode()
+        except OSError as error:
+            changed.append(f"{file} ({error.strerror})")
+            continue
+        if digest != file.hash.value:
+            changed.append(str(file))
+    if changed:
+        return (f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} from the wheel's RECORD "
+                f"(replaced after the build?); rebuild the image rather than trust it")
+    return "" if checked else f"{name}: its RECORD lists no compiled library"
+
+
 def _import_extension(ext: dict) -> dict:
     """Import a CUDA extension's packages and compiled modules (with JIT refused): a module built
     for another torch fails here with `undefined symbol`; its installed version is the manifest's."""
@@ -171,6 +209,9 @@ def _import_extension(ext: dict) -> dict:
         version = metadata.version(ext["name"])
         ok = version == ext["version"]
         detail = "" if ok else f"installed {ext['name']} {version}, the image was built with {ext['version']}"
+        if ok:
+            detail = compiled_files_changed(ext["name"])
+            ok = not detail
     except Exception as error:  # noqa: BLE001
         ok, detail = False, f"{type(error).__name__}: {error}"
     return {"ok": ok, "detail": detail, "seconds": time.monotonic() - start}

@@ -10,6 +10,7 @@ reproduce from size and time.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -244,7 +245,7 @@ def test_image_fingerprint_hashes_the_manifest_and_the_lock_beside_it(matrix, tm
     first = mn.image_fingerprint(manifest, str(tmp_path / "manifest.json"))
     assert first["tag"] == manifest["tag"] and first["fabric"] == manifest["fabric"]["name"]
     assert first["transport"] == manifest["fabric"]["transport"]
-    assert first["lock_sha256"] == mn.hashlib.sha256(files["envbuild/lock.txt"]).hexdigest()
+    assert first["lock_sha256"] == hashlib.sha256(files["envbuild/lock.txt"]).hexdigest()
     (tmp_path / "lock.txt").write_bytes(files["envbuild/lock.txt"] + b"\n")
     second = mn.image_fingerprint(manifest, str(tmp_path / "manifest.json"))
     assert second["lock_sha256"] != first["lock_sha256"] and second["manifest_sha256"] == first["manifest_sha256"]

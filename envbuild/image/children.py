@@ -9,7 +9,7 @@ import os
 import subprocess
 import time
 
-from .sandbox import HANG_ENV, unresolved_libraries, write_json
+from .sandbox import HANG_ENV, sha256_file, unresolved_libraries, write_json
 
 JIT_ENTRY_POINTS = ("load", "load_inline", "_jit_compile")
 # The GPU driver's library: on a GPU node the NVIDIA Container Toolkit (or --nv) mounts it; an op
@@ -167,11 +167,10 @@ def compiled_files_changed(name: str, path: list[str] | None = None) -> str:
     'no-such-distribution-envbuild: not installed'
     """
     import base64
-    import hashlib
+    import sys
     from importlib import metadata
 
-    found = list(metadata.distributions(name=name, path=path) if path is not None else
-                 metadata.distributions(name=name))
+    found = list(metadata.distributions(name=name, path=path or sys.path))
     if not found:
         return f"{name}: not installed"
     changed, checked = [], 0
@@ -179,16 +178,10 @@ def compiled_files_changed(name: str, path: list[str] | None = None) -> str:
         if not file.name.endswith(".so") or not file.hash or file.hash.mode != "sha256":
             continue
         checked += 1
-        try:
-            sha = hashlib.sha256()
-            with open(file.locate(), "rb") as f:  # Python 3.10 in some images: no hashlib.file_digest
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    sha.update(block)
-            digest = base64.urlsafe_b64encode(sha.digest()).rstrip(b"=").decode()
-        except OSError as error:
-            changed.append(f"{file} ({error.strerror})")
-            continue
-        if digest != file.hash.value:
+        digest = sha256_file(str(file.locate()))
+        if digest is None:
+            changed.append(f"{file} (unreadable)")
+        elif base64.urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode() != file.hash.value:
             changed.append(str(file))
     if changed:
         return (f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} from the wheel's RECORD "

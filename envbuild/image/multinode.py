@@ -18,7 +18,6 @@ Exit 0 iff every rank passed, 1 otherwise, 2 on usage errors (no rendezvous vari
 from __future__ import annotations
 
 import faulthandler
-import hashlib
 import json
 import os
 import socket
@@ -31,6 +30,7 @@ from . import node, paths
 from .collectives import bus_bandwidth
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, render_text
+from .sandbox import sha256_file
 from .versions import normalize_version
 
 TORCH_DEFAULT_PORT = 29500  # torchrun's --master-port default
@@ -189,18 +189,6 @@ def rendezvous_from_env(environ=None) -> Rendezvous:
 
 
 # ----------------------------------------------------------------------------- fingerprints
-def sha256_file(path: str) -> str | None:
-    """sha256 of a file's bytes, or None when it does not exist."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
 def image_fingerprint(manifest: dict, path: str) -> dict:
     """What the image is: its manifest's and lock's bytes (a rebuild under the same tag differs
     here), its tag, and the fabric it was built for. The lock lies beside the manifest."""

@@ -9,6 +9,7 @@ this package's CLI (``--child ...``) by import, so the package works under eithe
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -133,6 +134,18 @@ def write_json(path: str, data: dict) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(data, handle)
     os.replace(path + ".tmp", path)
+
+
+def sha256_file(path: str) -> str | None:
+    """sha256 of a file's bytes, or None when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def free_port() -> int:

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -807,9 +809,12 @@ class Matrix:
         if why:
             raise EnvbuildError(f"--ext '{name}': {why.message} (rule {why.rule}). Pre-built: "
                                 f"{', '.join(self.extensions)} (`envbuild extensions`).")
-        pinned = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*[\[=<>!~@;]", name)
-        if pinned and (base := re.sub(r"[-_.]+", "-", pinned.group(1)).lower()) in self.extensions:
-            ext = self.extensions[base]
+        try:  # a requirement (flash-attn==2.8, flash-attn[x]) rather than a name
+            req = Requirement(name)
+        except InvalidRequirement:
+            req = None
+        if req and (req.specifier or req.extras or req.url or req.marker) and canonicalize_name(req.name) in self.extensions:
+            ext = self.extensions[canonicalize_name(req.name)]
             raise EnvbuildError(f"--ext '{name}': --ext takes names, not versions or extras; envbuild builds "
                                 f"{ext.name} {ext.version} only (extensions.yaml). Nearest valid choice: "
                                 f"--ext {ext.name}.")

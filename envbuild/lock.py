@@ -476,17 +476,22 @@ def unlocked_reason(stack_id: str, torch_index: Optional[str], alternative: Opti
     return why + (f"; a locked stack for this GPU: --stack {alternative} (older torch)" if alternative else "")
 
 
-def lock_summary(outcomes: list[LockOutcome], check: bool) -> list[str]:
+def lock_summary(outcomes: list, check: bool, command: str = "envbuild lock") -> list[str]:
     """What did not pass, one sentence per kind: stale locks (and the command that refreshes
     them), locks that cannot be checked from this machine (an index it cannot reach: not stale),
-    failures. Empty: all current (or written)."""
+    failures. Empty: all current (or written). `command`: `envbuild lock --os` for OS locks."""
     total, out = len(outcomes), []
     stale = [o for o in outcomes if o.state == "stale"]
     if stale:
         out.append(f"{len(stale)} of {total} locks are stale (resolving again gives another file, or there is none "
-                   f"yet); refresh with: envbuild lock {' '.join(dict.fromkeys('--stack ' + o.stack for o in stale))}")
+                   f"yet); refresh with: {command} {' '.join(dict.fromkeys('--stack ' + o.stack for o in stale))}")
     far = [o for o in outcomes if o.state == "unreachable"]
-    if far:
+    if far and command.endswith("--os"):
+        out.append(f"{len(far)} of {total} OS locks cannot be {'checked' if check else 'made'} from here (a base "
+                   f"image or the archive cannot be reached; this says nothing about whether they are current): "
+                   f"{', '.join(dict.fromkeys(o.stack for o in far))}. Run it where the bases' registries and the "
+                   f"snapshot service are reachable (the publish CI), or give --apt-snapshot a mirror.")
+    elif far:
         out.append(f"{len(far)} of {total} locks cannot be {'checked' if check else 'made'} from here (an index "
                    f"they resolve from cannot be reached; this says nothing about whether they are current): "
                    f"{', '.join(dict.fromkeys(o.stack for o in far))}. Run it where PyPI"

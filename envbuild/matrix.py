@@ -71,6 +71,28 @@ def _cc(v: str) -> str:
     return str(v)
 
 
+_APT_WORD = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
+
+
+def _apt_words(v):
+    """Archive, suite and component names: what apt's sources.list grammar takes as one word."""
+    for word in ([v] if isinstance(v, str) else v):
+        if not _APT_WORD.match(str(word)):
+            raise ValueError(f"expected a lower-case apt name like 'bookworm-updates' or 'main', got {word!r}")
+    return v
+
+
+def _url_template(v: str, timestamp: bool) -> str:
+    """An http(s) archive URL with {archive} (and, for a snapshot, {timestamp}) in it."""
+    if not re.match(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~{}/-]*)?$", v):
+        raise ValueError(f"expected an http(s) URL such as 'http://deb.debian.org/{{archive}}', got {v!r}")
+    needed = ["{archive}"] + (["{timestamp}"] if timestamp else [])
+    missing = [p for p in needed if p not in v]
+    if missing:
+        raise ValueError(f"{v!r} lacks {' and '.join(missing)}")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -381,6 +403,51 @@ class CudaFile(_Strict):
 # ---------------------------------------------------------------- bases.yaml
 
 
+class AptSource(_Strict):
+    """One archive of a family's apt sources: its name in mirror and snapshot URLs (debian,
+    debian-security, ubuntu), its suites and components."""
+
+    archive: str
+    suites: list[str]
+    components: list[str]
+
+    _name = field_validator("archive", "suites", "components")(lambda v: _apt_words(v))
+
+
+class AptPorts(_Strict):
+    """Another CPU architecture's packages, where the archive keeps them apart (Ubuntu's ports)."""
+
+    live: str
+    archives: dict[str, str] = {}  # archive name -> its name for this architecture (ubuntu -> ubuntu-ports)
+
+    _live = field_validator("live")(lambda v: _url_template(v, timestamp=False))
+
+
+class AptArchive(_Strict):
+    """Where a family's packages come from: the live archive, and the archive as it was at a
+    moment (a snapshot service), each a URL with ``{archive}`` (and ``{timestamp}``) in it. An
+    OS lock records the moment; a locked build installs from the snapshot of that moment."""
+
+    live: str
+    snapshot: str
+    sources: list[AptSource]
+    keyring: str  # the base image's keyring that signs the archive (apt's signed-by)
+    check_valid_until: bool = True  # False: the snapshot serves old Release files past their Valid-Until
+    arches: dict[str, AptPorts] = {}  # CPU architecture -> where its packages are, when elsewhere
+    source: str
+
+    @field_validator("live", "snapshot")
+    @classmethod
+    def _template(cls, v: str, info) -> str:
+        return _url_template(v, timestamp=info.field_name == "snapshot")
+
+    def live_url(self, arch: str) -> str:
+        return self.arches[arch].live if arch in self.arches else self.live
+
+    def archive_name(self, archive: str, arch: str) -> str:
+        return self.arches[arch].archives.get(archive, archive) if arch in self.arches else archive
+
+
 class Family(_Strict):
     """An OS release the images are built on (one per distro release)."""
 
@@ -394,6 +461,7 @@ class Family(_Strict):
     mirror_hosts: list[str]  # the hosts an --apt-mirror replaces in the apt sources
     glibc: str  # its C library: which manylinux wheels the lock may choose (manylinux_2_36 ...)
     gcc: str  # the distro's default GCC: which -mcpu/-march values the CPU ops can use
+    apt: Optional[AptArchive] = None  # None: no snapshot is known, so its OS packages cannot be locked
     source: str
 
     _g = field_validator("gcc")(_version)

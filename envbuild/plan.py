@@ -39,6 +39,7 @@ from .image import paths
 from .resources import templates_dir
 from .extend import Extension
 from .lock import Lock
+from .oslock import OsLock, archive_url, stage_part
 from .errors import EnvbuildError
 from .registry import CONTENT_TAG_DIGITS, READABLE_TAG_MAX, TAG_MAX, check_readable_tag, local_only
 from .resolve import EnvVar, Resolution
@@ -341,6 +342,8 @@ class ImageFacts:
     ops: tuple[str, ...]
     lock_sha256: Optional[str]
     local_only: bool  # no registry serves image_repo: Singularity.def cannot pull its From:
+    os_lock: Optional[OsLock] = None  # the OS lock, when it pins some stage
+    os_locked: tuple[str, ...] = ()  # the stages it pins
 
     @property
     def image_ref(self) -> str:
@@ -468,6 +471,7 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
     os_step = Step("os", tuple(builder_pkgs), files=_step_files("lib.sh", "os.sh"), env=apt_env,
                    secrets=APT_SECRETS,
                    comment=f"{python_pkg} with headers and a host compiler for the DeepSpeed ops")
+    os_step = _os_locked(os_step, resolution, "builder")
     steps = [
         os_step,
         Step("venv", (f"/usr/bin/{python_pkg}",), files=_step_files("venv.sh"),
@@ -548,10 +552,11 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
         runtime = Stage("runtime", resolution.base_images["builder"], (again,),
                         from_builder=kept, reuses_builder=True, platform=platform)
     else:
-        runtime_os = Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
-                          comment=f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler
-                          else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
-                               f"(no nvcc, no ninja: DeepSpeed cannot JIT)")
+        runtime_os = _os_locked(
+            Step("os", tuple(runtime_pkgs), files=(), env=apt_env, secrets=APT_SECRETS,
+                 comment=f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler
+                 else f"{python_pkg} runtime, with a C compiler and Python headers for torch.compile "
+                      f"(no nvcc, no ninja: DeepSpeed cannot JIT)"), resolution, "runtime")
         built = fabric.build if fabric else None
         runtime = Stage("runtime", resolution.base_images["runtime"], (runtime_os, *_fabric_steps(resolution)),
                         from_builder=(*(f"{LAYERS_DIR}/{layer}" for layer in CUDA_LAYERS), paths.VENV,
@@ -565,9 +570,10 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
     # stdlib only) as /opt/envbuild/lib/envbuild_image.
     image_files = Copy(tuple(FileCopy(f"envbuild/{name}", f"{paths.HOME}/{name}") for name in IMAGE_FILES)
                        + ((FileCopy(f"envbuild/{posixpath.basename(paths.LOCK)}", paths.LOCK),) if lock else ())
+                       + ((FileCopy(OS_LOCK_FILE, paths.OS_LOCK),) if resolution.os_lock else ())
                        + tuple(FileCopy(f"envbuild/{f.vendored}", f.path) for f in (fabric.files if fabric else ())))
     package = Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),))
-    generated = _lock_files(lock)
+    generated = {**_lock_files(lock), **_os_lock_files(resolution)}
     if extension_spec:
         generated[f"envbuild/{EXTENSION_SPEC}"] = json.dumps(extension_spec, indent=2, sort_keys=True) + "\n"
     if fabric and fabric.build and fabric.build.headers:
@@ -625,7 +631,8 @@ def _image_facts(resolution: Resolution) -> ImageFacts:
                       gpu=gpu.name, sm=gpu.sm, arch_list=resolution.arch_list, arch=resolution.arch,
                       host_cpu=gpu.host_cpu or resolution.arch, ops=tuple(resolution.ops),
                       lock_sha256=resolution.lock.sha256 if resolution.lock else None,
-                      local_only=local_only(resolution.request.image_repo))
+                      local_only=local_only(resolution.request.image_repo), os_lock=resolution.os_lock,
+                      os_locked=resolution.os_locked)
 
 
 def extension_plan(resolution: Resolution, extension: Extension, base: str) -> BuildPlan:
@@ -709,6 +716,33 @@ def _fabric_install_step(fabric) -> Step:
                 comment=f"fabric {fabric.name}: its libraries in the loader's cache, its tools on PATH")
 
 
+OS_LOCK_FILE = "envbuild/os-lock.txt"  # the whole OS lock in the build directory (copied into the image)
+OS_LOCK_PART = STEPS_SOURCE + "/os-lock-{stage}.txt"  # a stage's part, beside os.sh (the runtime binds that folder)
+OS_SECRETS = ("ca_cert", "apt_snapshot", "apt_key", "apt_mirror")
+
+
+def _os_locked(step: Step, resolution: Resolution, stage: str) -> Step:
+    """An OS step of a stage the OS lock pins: os.sh reads the stage's part (steps/os.sh)."""
+    if stage not in resolution.os_locked:
+        return step
+    part = OS_LOCK_PART.format(stage=stage)
+    target = f"{paths.SETUP_DIR}/{posixpath.basename(part)}"
+    files = step.files + ((FileCopy(part, target),) if step.files else ())  # a bound stage sees the folder
+    return replace(step, files=files, env=(*step.env, ("ENVBUILD_OS_LOCK", target)), secrets=OS_SECRETS)
+
+
+def _os_lock_files(resolution: Resolution) -> dict[str, str]:
+    """The OS lock (into the image, for the record) and each pinned stage's part for os.sh."""
+    lock = resolution.os_lock
+    if lock is None:
+        return {}
+    apt = resolution.facts.family.apt
+    snapshot = archive_url(apt.snapshot, "{archive}", lock.snapshot)
+    return {OS_LOCK_FILE: lock.text,
+            **{OS_LOCK_PART.format(stage=stage): stage_part(lock, stage, snapshot, apt.keyring, apt.check_valid_until)
+               for stage in resolution.os_locked}}
+
+
 def _fabric_steps(resolution: Resolution) -> tuple[Step, ...]:
     """The fabric's user space as a layer of its own, after the OS: fabric variants of a stack
     share everything below it, and its size is one layer's (bench/image_size.py). The runtime
@@ -718,8 +752,9 @@ def _fabric_steps(resolution: Resolution) -> tuple[Step, ...]:
         return ()
     fabric = resolution.fabric
     family = resolution.facts.family
-    return (Step("os", tuple(packages), env=(("ENVBUILD_APT_HOSTS", " ".join(family.mirror_hosts)),), secrets=APT_SECRETS,
-                 comment=f"fabric {fabric.name}: {fabric.description}"),)
+    step = Step("os", tuple(packages), env=(("ENVBUILD_APT_HOSTS", " ".join(family.mirror_hosts)),), secrets=APT_SECRETS,
+                comment=f"fabric {fabric.name}: {fabric.description}")
+    return (_os_locked(step, resolution, "runtime"),)
 
 
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
@@ -806,6 +841,7 @@ def _labels(resolution: Resolution) -> list[tuple[str, str]]:
         ("io.envbuild.cpu-target", resolution.cpu_target),
         ("io.envbuild.min-driver", resolution.driver.min_driver),
         ("io.envbuild.lock", f"sha256:{resolution.lock.sha256}" if resolution.lock else "none"),
+        ("io.envbuild.os-lock", f"sha256:{resolution.os_lock.sha256}" if resolution.os_lock else "none"),
         ("io.envbuild.fabric", resolution.fabric.name if resolution.fabric else "none"),
         *((("io.envbuild.extensions", ",".join(f"{e.name}=={e.version}" for e in resolution.extensions)),)
           if resolution.extensions else ()),
@@ -856,6 +892,11 @@ def _manifest(plan: BuildPlan, resolution: Resolution) -> dict:
         "driver": {"cuda": stack.cuda, "min_driver": resolution.driver.min_driver, "branch": resolution.driver.branch,
                    "forward_compat": resolution.facts.forward_compat, "source": resolution.driver.source},
         "base_images": dict(resolution.base_images),
+        "base_pinning": base_pinning(resolution.base_images),
+        "os_lock": ({"path": paths.OS_LOCK, "sha256": resolution.os_lock.sha256,
+                     "snapshot": resolution.os_lock.snapshot, "packages": resolution.os_lock.packages(),
+                     "stages": list(resolution.os_locked), "unlocked": resolution.os_unlocked}
+                    if resolution.os_lock else {"unlocked": resolution.os_unlocked}),
         "fabric": _fabric_manifest(resolution),
         "sass_audit": (None if plan.toolchain_home is None else
                        resolution.facts.toolchain.audit_missing(stack.cuda_toolkit) or "cuobjdump"),
@@ -864,6 +905,19 @@ def _manifest(plan: BuildPlan, resolution: Resolution) -> dict:
                         "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
                         "lock": paths.EXTENSIONS_LOCK} for e in resolution.extensions],
     }
+
+
+def base_pinning(base_images: dict[str, str]) -> dict[str, str]:
+    """How each stage's base is pinned: by digest, or by tag only and why (a tag moves).
+
+    >>> base_pinning({"builder": "ubuntu:24.04@sha256:ab", "runtime": "local/debian:bookworm"})["runtime"][:12]
+    'tag only: no'
+    """
+    return {stage: "digest" if "@sha256:" in ref else
+            ("tag only: no registry digest is known for it on the machine that rendered it (an imported "
+             "or never-pushed image, or a registry it could not reach; `envbuild lock --bases` or an OS lock "
+             "records one where the registry answers)")
+            for stage, ref in base_images.items()}
 
 
 def _fabric_manifest(resolution: Resolution) -> Optional[dict]:

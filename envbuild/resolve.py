@@ -26,6 +26,7 @@ from . import rules, validate
 from .errors import EnvbuildError
 from .files import read_bytes
 from .lock import Lock, stack_lock
+from .oslock import OsLock, load_os_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
 from .rules import DEFAULT_CPU_TARGET, PLATFORMS
 from .image import paths
@@ -124,6 +125,9 @@ class Resolution:
     facts: Optional[BuildFacts] = field(default=None, repr=False)
     extensions: tuple[CudaExtension, ...] = ()  # CUDA extensions compiled in the builder (extensions.yaml)
     locked_alternative: Optional[str] = None  # no lock: the newest other stack the rules allow that has one
+    os_lock: Optional[OsLock] = field(default=None, repr=False)  # matrices/locks/os: None = OS packages float
+    os_locked: tuple[str, ...] = ()  # the stages whose OS packages the OS lock pins (their base is the lock's)
+    os_unlocked: Optional[str] = None  # why some stage's OS packages are not pinned (None: all are)
 
     @property
     def image_ref(self) -> str:
@@ -312,6 +316,10 @@ def resolve(m: Matrix, req: Request) -> Resolution:
             base_images["builder"] = req.base_image
     if req.builder_image:
         base_images["builder"] = req.builder_image
+    os_lock = load_os_lock(m.directory, s.id, arch)
+    os_locked, os_unlocked = os_lock_stages(os_lock, base_images, s.id, arch)
+    for stage in os_locked:  # the base the lock was resolved on, by digest where the lock knows it
+        base_images[stage] = os_lock.stages[stage].base_ref
     return Resolution(
         request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
         # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
@@ -326,7 +334,8 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
                          req.no_compiler, default_target, fabric.tag, extensions),
         extensions=extensions, fabric=fabric, arch=arch, cpu_target=cpu_target,
-        lock=(lock := stack_lock(m, s, arch)),
+        lock=(lock := stack_lock(m, s, arch)), os_lock=os_lock if os_locked else None, os_locked=os_locked,
+        os_unlocked=os_unlocked,
         locked_alternative=None if lock else _newest_locked(m, [c.stack for c in valid[1:]], gpu),
         facts=BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
                          ops={o: m.ops[o] for o in ops},
@@ -335,6 +344,31 @@ def resolve(m: Matrix, req: Request) -> Resolution:
                          forward_compat=m.cuda_file.forward_compat, image_env=tuple(m.gpus_file.image_env),
                          cpu_target=m.gpus_file.cpu_targets[cpu_target]),
     )
+
+
+def os_lock_stages(lock: Optional[OsLock], base_images: dict[str, str], stack_id: str,
+                   arch: str) -> tuple[tuple[str, ...], Optional[str]]:
+    """Which stages the stack's OS lock pins (a stage whose base is the one it was resolved on,
+    by name; the lock's digest then wins over a tag), and why the others float.
+
+    >>> os_lock_stages(None, {"builder": "b", "runtime": "r"}, "s1", "x86_64")[1].split(":")[0]
+    'no OS lock for s1 (x86_64)'
+    """
+    if lock is None:
+        return (), (f"no OS lock for {stack_id} ({arch}): apt installs the archive's newest packages; "
+                    f"`envbuild lock --os --stack {stack_id}` makes one where the base image can be pulled")
+    locked, other = [], []
+    for stage in ("builder", "runtime"):
+        part = lock.stages.get(stage)
+        wanted = base_images[stage].split("@", 1)[0]
+        if part is not None and part.base_name == wanted:
+            locked.append(stage)
+        else:
+            other.append(f"the {stage} base {base_images[stage]} is not the one the lock was resolved on "
+                         f"({part.base_ref if part else 'none'})")
+    why = None if not other else (f"{'; '.join(other)}: those OS packages float; lock them for this base with "
+                                  f"`envbuild lock --os --stack {stack_id} --base-image ... --matrix-dir ...`")
+    return tuple(locked), why
 
 
 def _newest_locked(m: Matrix, stacks: list[Stack], gpu) -> Optional[str]:
@@ -374,6 +408,21 @@ def parse_env_pairs(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         name, value = p.split("=", 1)
         out.append((name, value))
     return tuple(out)
+
+
+def apt_key_file(path: Optional[str]) -> Optional[Path]:
+    """Validate --apt-key: an OpenPGP public key (armored, or apt's binary keyring)."""
+    if not path:
+        return None
+    p = Path(path)
+    data = read_bytes(p, "--apt-key", "ca")
+    armored = b"-----BEGIN PGP PUBLIC KEY BLOCK-----" in data[:4096]
+    # A binary keyring starts with a public-key packet: tag 6, old format (0x98/0x99) or new (0xc6).
+    if not armored and (not data or data[0] not in (0x98, 0x99, 0xC6)):
+        raise EnvbuildError(f"--apt-key {path} is not an OpenPGP public key (neither a '-----BEGIN PGP PUBLIC KEY "
+                            f"BLOCK-----' file nor a binary keyring): give the key that signs the mirror's Release "
+                            f"files, e.g. from `gpg --export --armor KEYID > key.asc`.")
+    return p
 
 
 def ca_file(path: Optional[str]) -> Optional[Path]:

@@ -602,3 +602,18 @@ def fabric_rejections(m, s, fabric, cpu_arch: Optional[str], gpu=None) -> list[R
         out.append(Rejection("fabric-nccl", f"fabric {fabric.name} needs NCCL {req.nccl} and torch {s.torch} "
                                             f"bundles NCCL {nccl} ({req.source})"))
     return out
+
+
+def check_apt_mirror(os_locked: tuple[str, ...], apt_mirror: Optional[str], apt_snapshot: Optional[str]) -> None:
+    """--apt-mirror replaces the live archive's host; a stage the OS lock pins installs from the
+    archive as of the lock's moment, which a live mirror no longer serves. --apt-snapshot without
+    an OS lock has nothing to serve."""
+    if os_locked and apt_mirror:
+        raise EnvbuildError(f"--apt-mirror replaces the live archive's host, but this stack's OS lock pins the "
+                            f"{' and '.join(os_locked)} stage's packages to the archive as of the lock's moment, "
+                            f"which a live mirror no longer serves. Give a mirror of that moment as --apt-snapshot "
+                            f"'URL/{{archive}}/{{timestamp}}' (or leave both out: the snapshot service has it).")
+    if apt_snapshot and not os_locked:
+        raise EnvbuildError("--apt-snapshot serves an OS lock's moment of the archive, and this build has no OS "
+                            "lock (the summary's `os lock` line says why); leave it out, or use --apt-mirror for the "
+                            "live archive.")

@@ -21,7 +21,7 @@ from .lock import unlocked_reason
 from .matrix import load_publish
 from .registry import LOCAL_REPO, check_image_repo, local_only, registry_host
 from .image import paths
-from .plan import stack_plan
+from .plan import base_pinning, stack_plan
 from .resolve import Resolution
 
 DOCKER_RUN = "docker run --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 --rm -it"
@@ -102,5 +102,28 @@ def resolution_dict(r: Resolution) -> dict:
     out["lock"] = ({"locked": True, **manifest["lock"]} if manifest["lock"] else
                    {"locked": False, "why": unlocked_reason(r.stack.id, r.torch_index, r.locked_alternative),
                     "locked_alternative": r.locked_alternative})
+    out["os_lock"] = ({"locked": True, **manifest["os_lock"]} if r.os_lock else {"locked": False, **manifest["os_lock"]})
+    out["base_images"] = {stage: {"ref": ref, "pinned": manifest["base_pinning"][stage]}
+                          for stage, ref in manifest["base_images"].items()}
     out["singularity_from"] = {"image": r.image_ref, "registry": registry_host(r.request.image_repo)}
     return out
+
+
+def os_lock_line(r: Resolution) -> str:
+    """The summary's `os lock` row: the lock, or why the OS packages float."""
+    lock = r.os_lock
+    if lock is None:
+        return r.os_unlocked or "none"
+    line = (f"{Path(lock.path).name} ({lock.packages()} packages, sha256 {lock.sha256[:12]}, archive as of "
+            f"{lock.snapshot})")
+    return line + (f"; {r.os_unlocked}" if r.os_unlocked else "")
+
+
+def base_line(r: Resolution) -> str:
+    """The summary's `base` row: each stage's base, and whether a digest pins it."""
+    pins = base_pinning(r.base_images)
+    shown = {}
+    for stage, ref in r.base_images.items():
+        shown.setdefault(ref, []).append(stage)
+    return "; ".join(f"{ref} ({'by digest' if pins[stages[0]] == 'digest' else 'by tag only: no digest is known'})"
+                     + ("" if len(shown) == 1 else f" for the {'/'.join(stages)}") for ref, stages in shown.items())

@@ -53,6 +53,11 @@ def test_golden(matrix, case):
             assert v == (matrix.directory / "locks" / f"{resolution.stack.id}.{resolution.arch}.txt").read_bytes()
         elif k.startswith(VERBATIM + "lock/"):  # its parts: every block of the lock, each in one part
             continue
+        elif k == VERBATIM + "os-lock.txt":  # the stack's OS lock, from the matrix
+            resolution = resolve(matrix, CASES[case])
+            assert v == (matrix.directory / "locks" / "os" / f"{resolution.stack.id}.{resolution.arch}.txt").read_bytes()
+        elif k.startswith(VERBATIM + "steps/os-lock-"):  # a stage's part of it (tests/test_oslock.py)
+            continue
         elif k.startswith(VERBATIM) and k not in GENERATED:
             assert v == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
 

@@ -95,7 +95,7 @@ def command_line(ctx: click.Context, skip=()) -> str:
         if p.name in skip or ctx.get_parameter_source(p.name) is not ParameterSource.COMMANDLINE:
             continue
         flag, value = max(p.opts, key=len), ctx.params[p.name]
-        if p.name in ("pip_index_url", "torch_index_url", "apt_mirror", "source_mirror"):  # never print a password
+        if p.name in ("pip_index_url", "torch_index_url", "apt_mirror", "source_mirror", "apt_snapshot"):  # never print a password
             from ..validate import _redact
             value = _redact(value)
         if getattr(p, "is_flag", False):

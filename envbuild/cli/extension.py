@@ -34,6 +34,7 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     from ..build import build_image
     from ..extend import resolve_extension, with_cuda_extensions
     from ..resolve import resolve
+    from ..rules import check_apt_mirror
 
     _check_as_of(as_of)
     requirements, source, name, from_image = _packages(requirements_file, project_file, name, from_image, kw)
@@ -42,6 +43,7 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     req, requirements = with_cuda_extensions(m, req, requirements, source)  # flash-attn: built in the stack image
     secrets = secrets_from(kw)
     r = _check_from(from_image, resolve(m, req))
+    check_apt_mirror(r.os_locked, secrets.apt_mirror, secrets.apt_snapshot)
     if not requirements:  # only CUDA extensions: the stack image with --ext is the whole answer
         return _stack_image_only(r, source, output, do_build, secrets)
     extension = resolve_extension(m, r, requirements, source, name=name,

@@ -1,5 +1,5 @@
 """The matrix and what is generated from it: `matrix` (and `matrix refresh`), `gpus`, `fabrics`,
-`lock`, `ci`, `readme-tables`, and `doctor`, which reads logs against the matrix's known issues."""
+`ci`, `readme-tables`, and `doctor`, which reads logs against the matrix's known issues."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..errors import EnvbuildError
 from ..refresh import refresh_command
-from .app import blocks, err, main, markers_note, notes, out, print_table, table
+from .app import blocks, main, markers_note, notes, out, print_table, table
 from .options import matrix_dir_option
 
 
@@ -136,37 +136,6 @@ def _fields(title: str, description: str, rows) -> None:
 
 
 @main.command()
-@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Lock this stack (repeatable); default: every stack.")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 if a lock is missing or resolving again gives another file.")
-@click.option("--upgrade", is_flag=True, help="Resolve as of today instead of the lock's own date (newer packages).")
-@click.option("--bases", is_flag=True,
-              help="Also record the digest each stack's base image has on its registry (matrices/base-digests.yaml; "
-                   "renders then pin FROM to it). For the publishing CI: Docker Hub must be reachable.")
-@matrix_dir_option
-def lock(stack_ids, check, upgrade, bases, matrix_dir):
-    """Hash-lock stacks: every Python distribution each image installs, == with its sha256
-    hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/.
-
-    A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
-    this again gives the same file; --upgrade moves the date to today."""
-    from ..lock import lock_stacks, lock_summary
-    from ..matrix import load_matrix
-
-    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
-    if bases and not check:
-        _record_bases(m, stack_ids)
-    outcomes = lock_stacks(m, tuple(stack_ids), check=check, upgrade=upgrade,
-                           progress=lambda text: err.print(f"envbuild: {text}", markup=False))
-    for o in outcomes:
-        line = f"{o.state:<9} {o.stack}  {o.path}" + (f"\n          {o.detail}" if o.detail else "")
-        out.print(line, markup=False, soft_wrap=True)
-    problems = lock_summary(outcomes, check)
-    if problems:
-        err.print("\n".join(f"envbuild: {p}" for p in problems), markup=False, soft_wrap=True)
-        sys.exit(1)
-
-
-@main.command()
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=".github/workflows/publish.yml",
               show_default=True, help="Workflow file to write.")
 @click.option("--check", is_flag=True, help="Exit 1 if the file differs from what would be generated.")
@@ -228,16 +197,3 @@ def readme_tables(readme, check):
 
 
 matrix_cmd.add_command(refresh_command)  # `envbuild matrix refresh`
-
-
-def _record_bases(m, stack_ids) -> None:
-    """lock --bases: the digest each chosen stack's base images have on their registries."""
-    from ..digests import record_base_digests
-    from ..lock import today
-
-    refs = [ref for s in m.stacks if not stack_ids or s.id in stack_ids
-            for ref in (s.base_images.builder, s.base_images.runtime)]
-    recorded, unreachable = record_base_digests(m.directory, refs, today()[:10])
-    for ref in sorted(set(refs)):
-        state = "unreachable (kept what was recorded)" if ref in unreachable else recorded.get(ref, "")
-        out.print(f"base      {ref}  {state}", markup=False, soft_wrap=True)

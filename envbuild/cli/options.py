@@ -66,6 +66,11 @@ def request_options(f=None, gpu_required=True):
         click.option("--pip-index-url", help="Package index mirror for pip (a BuildKit secret at build time)."),
         click.option("--torch-index-url", help="Mirror of PyTorch's CUDA-variant index (a BuildKit secret)."),
         click.option("--apt-mirror", help="Replaces the distro mirror host, e.g. https://mirror.example (a secret)."),
+        click.option("--apt-snapshot", metavar="URL",
+                     help="Where a stack with an OS lock installs its OS packages from instead of the snapshot "
+                          "service: a mirror of the lock's moment, {archive} and {timestamp} in the URL (a secret)."),
+        click.option("--apt-key", type=click.Path(dir_okay=False),
+                     help="The public key that signs --apt-snapshot's Release files, when not the distro's (a secret)."),
         click.option("--source-mirror", help="Replaces https://github.com in a fabric's source URLs, e.g. "
                                              "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
                                              "pinned sha256 is checked all the same; a secret)."),
@@ -98,13 +103,16 @@ def request_from(kw):
 
 def secrets_from(kw):
     from ..build import BuildSecrets
-    from ..resolve import ca_file
+    from ..oslock import check_snapshot_template
+    from ..resolve import apt_key_file, ca_file
     from ..validate import check_mirror_options
 
     check_mirror_options(kw)
+    check_snapshot_template("--apt-snapshot", kw.get("apt_snapshot"))
     return BuildSecrets(ca_cert=ca_file(kw.get("ca_cert")), pip_index_url=kw.get("pip_index_url"),
                         torch_index_url=kw.get("torch_index_url"), apt_mirror=kw.get("apt_mirror"),
-                        source_mirror=kw.get("source_mirror"))
+                        source_mirror=kw.get("source_mirror"), apt_snapshot=kw.get("apt_snapshot"),
+                        apt_key=apt_key_file(kw.get("apt_key")))
 
 
 def pin_named_bases(r):

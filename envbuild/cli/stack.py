@@ -89,6 +89,7 @@ def render_to(kw, output, show=True):
     from ..output import RECORD, write_build_dir
     from ..render import render_files
     from ..resolve import resolve
+    from ..rules import check_apt_mirror
     from ..running import local_bootstrap_warning
     from ..validate import env_warnings
 
@@ -97,6 +98,7 @@ def render_to(kw, output, show=True):
     m, req = request_from(kw)
     secrets = secrets_from(kw)  # validated before anything is written
     r = resolve(m, req)
+    check_apt_mirror(r.os_locked, secrets.apt_mirror, secrets.apt_snapshot)
     for warning in env_warnings(r):
         err.print(f"envbuild: warning: {warning}", markup=False)
     r = pin_named_bases(r)
@@ -114,6 +116,7 @@ def render_to(kw, output, show=True):
 
 def print_resolution(r, path=None):
     from ..lock import unlocked_reason
+    from ..running import base_line, os_lock_line
 
     s = r.stack
     rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
@@ -126,6 +129,8 @@ def print_resolution(r, path=None):
     rows.insert(-2, ("lock", f"{Path(r.lock.path).name} ({len(r.lock.sections['venv'])} packages, sha256 "
                              f"{r.lock.sha256[:12]}, as of {r.lock.header.get('exclude-newer', '?')[:10]})" if r.lock
                      else unlocked_reason(s.id, r.torch_index, r.locked_alternative)))
+    rows.insert(-2, ("os lock", os_lock_line(r)))
+    rows.insert(-2, ("base", base_line(r)))
     if r.dropped_ops:
         after_ops = [key for key, _ in rows].index("ds ops") + 1
         rows.insert(after_ops, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each names its op

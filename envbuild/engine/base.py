@@ -32,10 +32,13 @@ class BuildSecrets:
     torch_index_url: Optional[str] = None
     apt_mirror: Optional[str] = None
     source_mirror: Optional[str] = None  # replaces https://github.com in a fabric's source URLs
+    apt_snapshot: Optional[str] = None  # a mirror of the OS lock's moment of the archive ({archive}, {timestamp})
+    apt_key: Optional[Path] = None  # the public key that signs that mirror (apt's signed-by)
 
     def values(self) -> list[str]:
         """The secret strings, for leak scans."""
-        return [v for v in (self.pip_index_url, self.torch_index_url, self.apt_mirror, self.source_mirror) if v]
+        return [v for v in (self.pip_index_url, self.torch_index_url, self.apt_mirror, self.source_mirror,
+                            self.apt_snapshot) if v]
 
 
 @dataclass
@@ -106,11 +109,12 @@ class Engine(Protocol):
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,
             entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None,
-            rdma: bool = False) -> RunResult:
+            rdma: bool = False, platform: Optional[str] = None) -> RunResult:
         """Run `argv` in a new container of `image` and remove it; killed after `timeout` s
         (``timed_out``). `gpus` is 'all' or a count, None for no GPU. `mounts`: host directory ->
         path in the container, read-only. `rdma`: hand it the host's RDMA devices as a multi-node
-        job needs them (/dev/infiniband, unlimited memlock, CAP_IPC_LOCK)."""
+        job needs them (/dev/infiniband, unlimited memlock, CAP_IPC_LOCK). `platform`: the image's
+        (linux/arm64 runs under the host's qemu-user); None takes the engine's default."""
 
     def tag(self, image: str, ref: str) -> None:
         """Give image (ID or ref) the name `ref` (REPO:TAG)."""

@@ -199,9 +199,11 @@ class DockerEngine:
     def run(self, image: str, argv: Sequence[str], *, timeout: float, gpus: Optional[str] = None,
             network: Optional[str] = "none", env: Optional[dict] = None,
             entrypoint: Optional[Sequence[str]] = None, mounts: Optional[dict] = None,
-            rdma: bool = False) -> RunResult:
+            rdma: bool = False, platform: Optional[str] = None) -> RunResult:
         """`docker run` detached with a 1 GB /dev/shm; killed after `timeout`, always removed."""
         kwargs = dict(shm_size="1g", detach=True, environment=env or {})
+        if platform:
+            kwargs["platform"] = platform
         if rdma:  # docker run --device /dev/infiniband --ulimit memlock=-1 --cap-add IPC_LOCK
             kwargs.update(devices=[f"{paths.RDMA_DEVICES}:{paths.RDMA_DEVICES}:rwm"], cap_add=["IPC_LOCK"],
                           ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)])
@@ -216,7 +218,11 @@ class DockerEngine:
             kwargs["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
         self._remove_orphans()
         owner = {OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
-        container = self.client.containers.run(image, list(argv), labels=owner, **kwargs)
+        try:
+            container = self.client.containers.run(image, list(argv), labels=owner, **kwargs)
+        except DockerException as error:  # no such image (Docker tried to pull it), a refused option
+            explanation = getattr(error, "explanation", None) or str(error)
+            raise EnvbuildError(f"cannot start a container of {image}: {explanation}") from None
         try:
             try:
                 status = container.wait(timeout=timeout)

@@ -26,6 +26,7 @@ CONSTRAINTS = "/etc/pip/constraint.txt"
 
 # The stack's lock (matrices/locks), beside the manifest: what the venv holds, with hashes.
 LOCK = HOME + "/lock.txt"
+OS_LOCK = HOME + "/os-lock.txt"  # every OS package the image installed, by version and .deb sha256
 # An extended image's own packages (envbuild extend), locked against LOCK.
 EXTEND_LOCK = HOME + "/extend-lock.txt"
 

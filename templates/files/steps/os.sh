@@ -1,25 +1,159 @@
 #!/usr/bin/env bash
-# os.sh PACKAGE...: apt packages, through the apt mirror secret when one is given.
-# ENVBUILD_APT_HOSTS: the distro's mirror hosts the mirror replaces (bases.yaml).
+# os.sh PACKAGE...: apt packages.
+# Locked (ENVBUILD_OS_LOCK names this stage's part of the stack's OS lock, envbuild/oslock.py):
+# only the lock's archives at the lock's moment (its snapshot, or the apt_snapshot secret: a
+# mirror of it, {archive} and {timestamp} in the URL), apt pinned to the lock's versions, every
+# .deb checked against the lock's sha256 before dpkg sees it, and the base checked to be the one
+# the lock was resolved on, before and after. Unlocked: the base's own sources, through the
+# apt_mirror secret when one is given (ENVBUILD_APT_HOSTS: the distro's hosts it replaces).
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ca_bundle
-opts=()
-mirror=$(secret apt_mirror)
-if [[ -n $mirror ]]; then
-    # Rewrite copies of the sources, never the image's own files.
-    mkdir -p "$TMP/apt/sources.list.d"
-    hosts=${ENVBUILD_APT_HOSTS:?the os step needs the distro mirror hosts}
-    re='s#https?://('"$(printf '%s' "$hosts" | sed -e 's/\./\\./g' -e 's/ /|/g')"')#'"${mirror%/}"'#g'
-    if [[ -f /etc/apt/sources.list ]]; then sed -E "$re" /etc/apt/sources.list > "$TMP/apt/sources.list"; else : > "$TMP/apt/sources.list"; fi
-    for f in /etc/apt/sources.list.d/*; do
-        [[ -f $f ]] && sed -E "$re" "$f" > "$TMP/apt/sources.list.d/$(basename "$f")"
-    done
-    opts+=(-o "Dir::Etc::SourceList=$TMP/apt/sources.list" -o "Dir::Etc::SourceParts=$TMP/apt/sources.list.d")
-fi
+# apt fetches as root (APT::Sandbox::User): its _apt user could not write into the private $TMP.
+opts=(-o "Acquire::Languages=none" -o "APT::Sandbox::User=root")
 if [[ -n ${PIP_CERT:-} ]]; then opts+=(-o "Acquire::https::CAInfo=$PIP_CERT"); fi
-apt-get "${opts[@]}" update -qq
-apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@"
+
+# The installed packages as 'NAME ARCH VERSION' lines, sorted.
+installed() {
+    dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Architecture} ${Version}\n' | awk '$1 ~ /^ii/ {print $2, $3, $4}' \
+        | LC_ALL=C sort
+}
+
+# Every installed package must be the base's (as the lock recorded it) or the lock's, and every
+# package of the base must still be there: otherwise this is not the base the lock was resolved on.
+check_base() {  # check_base PART WHEN
+    local part=$1 when=$2
+    installed > "$TMP/installed"
+    awk '$1 == "base" || $1 == "deb" {print $2, $3, $4}' "$part" | LC_ALL=C sort -u > "$TMP/allowed"
+    LC_ALL=C comm -23 "$TMP/installed" "$TMP/allowed" > "$TMP/strange"
+    awk '$1 == "base" {print $2, $3}' "$part" | LC_ALL=C sort -u > "$TMP/base-names"
+    awk '{print $1, $2}' "$TMP/installed" | LC_ALL=C sort -u > "$TMP/names"
+    LC_ALL=C comm -23 "$TMP/base-names" "$TMP/names" > "$TMP/gone"
+    if [[ -s $TMP/strange || -s $TMP/gone ]]; then
+        log "$when, this stage does not match its OS lock ($(head -n 1 "$part" | cut -c3-)):" \
+            "$(wc -l < "$TMP/strange") installed package(s) the lock does not know (the base image is not the one it" \
+            "was resolved on, or something else installed them), e.g. '$(head -n 1 "$TMP/strange")';" \
+            "$(wc -l < "$TMP/gone") of the lock's base package(s) missing, e.g. '$(head -n 1 "$TMP/gone")'." \
+            "Build FROM the base the lock names (by digest), or resolve a lock for this base:" \
+            "envbuild lock --os --stack STACK --base-image THIS-BASE --matrix-dir YOUR-MATRIX."
+        return 1
+    fi
+}
+
+locked_install() {
+    local part=$ENVBUILD_OS_LOCK url moment keyring valid override
+    url=$(awk '$1 == "snapshot" {print $2}' "$part")
+    moment=$(awk '$1 == "moment" {print $2}' "$part")
+    keyring=$(awk '$1 == "keyring" {print $2}' "$part")
+    valid=$(awk '$1 == "valid-until" {print $2}' "$part")
+    override=$(secret apt_snapshot)
+    if [[ -n $override ]]; then
+        url=${override//\{timestamp\}/$moment}
+        valid=no  # a mirror of a moment serves that moment's Release files
+    fi
+    if [[ -n $(secret apt_mirror) ]]; then
+        log "--apt-mirror replaces the live archive's host, but this stage installs from its OS lock's moment" \
+            "($moment): give a mirror of that snapshot as --apt-snapshot instead."
+        return 2
+    fi
+    if [[ -s $SECRETS/apt_key ]]; then  # the lab mirror's own signing key (a public key: signed-by)
+        if grep -q -- '-----BEGIN PGP PUBLIC KEY BLOCK-----' "$SECRETS/apt_key"; then keyring=$TMP/apt-key.asc
+        else keyring=$TMP/apt-key.gpg; fi
+        cp "$SECRETS/apt_key" "$keyring"
+        chmod 644 "$keyring"
+    fi
+    check_base "$part" "before installing"
+    local option="signed-by=$keyring"
+    if [[ $valid == no ]]; then option+=" check-valid-until=no"; fi
+    option="[$option]"
+    mkdir -p "$TMP/parts" "$TMP/lists/partial" "$TMP/archives/partial"
+    awk -v option="$option" -v url="$url" '$1 == "source" {
+            root = url; gsub(/\{archive\}/, $2, root)
+            line = "deb " option " " root " " $3
+            for (i = 4; i <= NF; i++) line = line " " $i
+            print line }' "$part" > "$TMP/sources.list"
+    # apt may choose only the lock's version of each package, and nothing the lock does not hold.
+    {
+        awk '$1 == "deb" {printf "Package: %s\nPin: version %s\nPin-Priority: 1001\n\n", $2, $4}' "$part"
+        printf 'Package: *\nPin: release *\nPin-Priority: -1\n'
+    } > "$TMP/preferences"
+    opts+=(-o "Dir::Etc::SourceList=$TMP/sources.list" -o "Dir::Etc::SourceParts=$TMP/parts"
+           -o "Dir::Etc::Preferences=$TMP/preferences" -o "Dir::Etc::PreferencesParts=$TMP/parts"
+           -o "Dir::State::Lists=$TMP/lists" -o "Dir::Cache::Archives=$TMP/archives"
+           -o "APT::Install-Recommends=false")
+    # Each package asked for, as NAME=VERSION: apt then takes no name for a pattern (g++ is also a
+    # regular expression), and a version the archive lacks is an error naming it.
+    local wanted=() package version
+    for package in "$@"; do
+        version=$(awk -v n="$package" '$1 == "deb" && $2 == n {print $4; exit}' "$part")
+        if [[ -n $version ]]; then
+            wanted+=("$package=$version")
+        elif ! awk -v n="$package" '$1 == "base" && $2 == n {found = 1} END {exit !found}' "$part"; then
+            log "$package is neither in this stage's OS lock nor in its base: the lock was resolved for other" \
+                "packages. Resolve it again: envbuild lock --os --stack STACK."
+            return 1
+        fi
+    done
+    ((${#wanted[@]})) || { log "every package asked for is in the base already"; return 0; }
+    log "OS packages from the OS lock: $(grep -c '^deb ' "$part") pinned, archive as of $moment ($(sed -E 's#//[^/@]*@#//***@#' <<< "$url"))"
+    apt-get "${opts[@]}" update -qq
+    if ! apt-get "${opts[@]}" install --download-only -y -qq "${wanted[@]}"; then
+        local missing=()
+        while read -r kind name _ version _; do
+            # apt-cache exits 0 for a version it does not know: what it prints tells
+            if [[ $kind == deb && -z $(apt-cache "${opts[@]}" show "$name=$version" 2> /dev/null) ]]; then
+                missing+=("$name=$version")
+            fi
+        done < "$part"
+        if ((${#missing[@]})); then
+            log "the archive as of $moment lacks ${#missing[@]} version(s) the OS lock pins: ${missing[*]:0:5}." \
+                "The snapshot service keeps every version it ever served: build from it (the default), or give" \
+                "--apt-snapshot a mirror of that moment that has them. Nothing was installed."
+        else
+            log "apt could not fetch the locked packages (its reason is above). Nothing was installed."
+        fi
+        return 1
+    fi
+    # Each .deb is the file the lock pinned, before dpkg sees any of them.
+    awk '$1 == "deb" {v = $4; gsub(/:/, "%3a", v); print $2 "_" v "_" $3 ".deb", $5}' "$part" | LC_ALL=C sort > "$TMP/want"
+    local file name sha expected bad=0
+    for file in "$TMP"/archives/*.deb; do
+        [[ -e $file ]] || continue
+        name=${file##*/}
+        expected=$(awk -v n="$name" '$1 == n {print $2}' "$TMP/want")
+        sha=$(sha256sum "$file" | cut -d' ' -f1)
+        if [[ -z $expected ]]; then
+            log "apt fetched $name, which the OS lock does not pin"; bad=1
+        elif [[ $sha != "$expected" ]]; then
+            log "$name is not the file the OS lock pinned: sha256 $sha, the lock says $expected (a changed" \
+                "archive, a mirror serving another file, or an edited lock). Nothing was installed."; bad=1
+        fi
+    done
+    ((bad == 0)) || return 1
+    apt-get "${opts[@]}" install --no-download -y -qq "${wanted[@]}"
+    check_base "$part" "after installing"
+}
+
+if [[ -n ${ENVBUILD_OS_LOCK:-} ]]; then
+    locked_install "$@"
+else
+    mirror=$(secret apt_mirror)
+    if [[ -n $mirror ]]; then
+        # Rewrite copies of the sources, never the image's own files.
+        mkdir -p "$TMP/apt/sources.list.d"
+        hosts=${ENVBUILD_APT_HOSTS:?the os step needs the distro mirror hosts}
+        re='s#https?://('"$(printf '%s' "$hosts" | sed -e 's/\./\\./g' -e 's/ /|/g')"')#'"${mirror%/}"'#g'
+        if [[ -f /etc/apt/sources.list ]]; then sed -E "$re" /etc/apt/sources.list > "$TMP/apt/sources.list"; else : > "$TMP/apt/sources.list"; fi
+        for f in /etc/apt/sources.list.d/*; do
+            [[ -f $f ]] && sed -E "$re" "$f" > "$TMP/apt/sources.list.d/$(basename "$f")"
+        done
+        opts+=(-o "Dir::Etc::SourceList=$TMP/apt/sources.list" -o "Dir::Etc::SourceParts=$TMP/apt/sources.list.d")
+    fi
+    apt-get "${opts[@]}" update -qq
+    apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@"
+fi
 apt-get clean
-rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/log/apt /var/log/dpkg.log
+# What apt and dpkg log, cache and keep of the inode times: not the image's content.
+rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
+    /var/log/alternatives.log /var/cache/ldconfig/aux-cache

@@ -1,0 +1,94 @@
+"""`envbuild lock`: the stacks' locks, Python (uv) and, with --os, OS packages (apt in the base)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import EnvbuildError
+from .app import err, main, out
+from .options import matrix_dir_option
+
+
+@main.command()
+@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Lock this stack (repeatable); default: every stack.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if a lock is missing or resolving again gives another file.")
+@click.option("--upgrade", is_flag=True, help="Resolve as of today instead of the lock's own date (newer packages).")
+@click.option("--bases", is_flag=True,
+              help="Also record the digest each stack's base image has on its registry (matrices/base-digests.yaml; "
+                   "renders then pin FROM to it). For the publishing CI: Docker Hub must be reachable.")
+@click.option("--os", "os_packages", is_flag=True,
+              help="Lock the OS packages instead (matrices/locks/os): apt's solver in a throwaway container of each "
+                   "stage's base image, every package with its version and .deb sha256. Needs Docker and the bases.")
+@click.option("--base-image", metavar="REF", help="With --os and one --stack: resolve on this base image instead "
+                                                  "of the stack's (a lab's own base).")
+@click.option("--apt-snapshot", metavar="URL", help="With --os: where to resolve from, instead of the snapshot service "
+                                                    "at this moment: a URL with {archive} (and {timestamp}) in it, or "
+                                                    "'live' for the live archive.")
+@matrix_dir_option
+def lock(stack_ids, check, upgrade, bases, os_packages, base_image, apt_snapshot, matrix_dir):
+    """Hash-lock stacks: every Python distribution each image installs, == with its sha256
+    hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/; with
+    --os, every OS package, by version and .deb sha256, into matrices/locks/os/.
+
+    A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
+    this again gives the same file; --upgrade moves the date to today. An OS lock records the
+    moment of the archive it was resolved from; --check resolves it again at that moment."""
+    from ..lock import lock_stacks, lock_summary
+    from ..matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if os_packages or base_image or apt_snapshot:
+        _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot)
+        return
+    if bases and not check:
+        _record_bases(m, stack_ids)
+    outcomes = lock_stacks(m, tuple(stack_ids), check=check, upgrade=upgrade,
+                           progress=lambda text: err.print(f"envbuild: {text}", markup=False))
+    _print_outcomes(outcomes)
+    problems = lock_summary(outcomes, check)
+    if problems:
+        err.print("\n".join(f"envbuild: {p}" for p in problems), markup=False, soft_wrap=True)
+        sys.exit(1)
+
+
+def _print_outcomes(outcomes) -> None:
+    for o in outcomes:
+        line = f"{o.state:<9} {o.stack}  {o.path}" + (f"\n          {o.detail}" if o.detail else "")
+        out.print(line, markup=False, soft_wrap=True)
+
+
+def _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot) -> None:
+    """lock --os: the OS locks of the chosen stacks (resolved by apt in their base images)."""
+    from ..engine import get_engine
+    from ..lock import lock_summary
+    from ..oslock import check_snapshot_template, lock_os_stacks
+    from ..rules import PLATFORMS
+    from ..registry import check_image_reference
+
+    if not os_packages:
+        raise EnvbuildError(f"{'--base-image' if base_image else '--apt-snapshot'} applies to OS locks only: add --os.")
+    check_snapshot_template("--apt-snapshot", apt_snapshot, live_ok=True)
+    check_image_reference("--base-image", base_image)
+    outcomes = lock_os_stacks(get_engine(), m, tuple(stack_ids), base_image, apt_snapshot, check=check,
+                              platforms=PLATFORMS, progress=lambda text: err.print(f"envbuild: {text}", markup=False))
+    _print_outcomes(outcomes)
+    problems = lock_summary(outcomes, check, "envbuild lock --os")
+    if problems:
+        err.print("\n".join(f"envbuild: {p}" for p in problems), markup=False, soft_wrap=True)
+        sys.exit(1)
+
+
+def _record_bases(m, stack_ids) -> None:
+    """lock --bases: the digest each chosen stack's base images have on their registries."""
+    from ..digests import record_base_digests
+    from ..lock import today
+
+    refs = [ref for s in m.stacks if not stack_ids or s.id in stack_ids
+            for ref in (s.base_images.builder, s.base_images.runtime)]
+    recorded, unreachable = record_base_digests(m.directory, refs, today()[:10])
+    for ref in sorted(set(refs)):
+        state = "unreachable (kept what was recorded)" if ref in unreachable else recorded.get(ref, "")
+        out.print(f"base      {ref}  {state}", markup=False, soft_wrap=True)

@@ -15,6 +15,7 @@ Examples
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from pathlib import Path
 from typing import Literal, Optional
@@ -810,6 +811,18 @@ class Matrix:
         self._gpu_names: dict[str, GpuProfile] = {}
         self.extensions_file = extensions or ExtensionsFile()
         self.base_digests = _base_digests(directory)  # ref -> the digest the publishing CI recorded
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """One digest of every file of the matrix directory (YAML files, locks, OS locks): what an
+        image records, so `envbuild rebuild` knows whether this matrix is the one it was made from."""
+        digest = hashlib.sha256()
+        root = Path(self.directory)
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and not any(
+                part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts)):
+            digest.update(f"{path.relative_to(root).as_posix()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"
+                          .encode())
+        return digest.hexdigest()
 
     # lookups ----------------------------------------------------------
     def torch_release(self, version: str) -> TorchRelease:

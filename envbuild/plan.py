@@ -28,7 +28,7 @@ import json
 import posixpath
 from pathlib import Path
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
 from . import __version__
@@ -900,11 +900,20 @@ def _manifest(plan: BuildPlan, resolution: Resolution) -> dict:
         "fabric": _fabric_manifest(resolution),
         "sass_audit": (None if plan.toolchain_home is None else
                        resolution.facts.toolchain.audit_missing(stack.cuda_toolkit) or "cuobjdump"),
+        # What `envbuild rebuild` re-renders from: the request as given, and the matrix it met.
+        "request": request_record(resolution.request),
+        "matrix": {"sha256": resolution.matrix_sha256},
         "extensions": [{"name": e.name, "version": e.version, "sdist_sha256": e.sdist.sha256,
                         "packages": e.packages, "modules": e.modules, "arch_list": resolution.arch_list,
                         "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
                         "lock": paths.EXTENSIONS_LOCK} for e in resolution.extensions],
     }
+
+
+def request_record(request) -> dict:
+    """The request as plain data (tuples as lists): what re-renders the same image."""
+    return {f.name: (list(map(list, v)) if f.name == "env" else list(v)) if isinstance(v := getattr(request, f.name), tuple)
+            else v for f in fields(request)}
 
 
 def base_pinning(base_images: dict[str, str]) -> dict[str, str]:

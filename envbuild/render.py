@@ -17,6 +17,7 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 
@@ -53,12 +54,24 @@ def render(plan: BuildPlan) -> dict[str, bytes]:
     files = {name: env.get_template(layout).render(plan=plan, version=__version__).encode()
              for name, layout in plan.layouts}
     files[".dockerignore"] = DOCKERIGNORE.encode()
-    files[MANIFEST_NAME] = (json.dumps(plan.manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()
     for build_path, source in sorted(plan.build_files.items()):
         files[build_path] = source.read_bytes()
     for build_path, text in sorted(plan.generated_files.items()):
         files[build_path] = text.encode()
+    # The manifest records a digest of every other file: a re-render that gives other files (another
+    # envbuild, edited templates) is told apart from one that gives the same (`envbuild rebuild`).
+    manifest = {**plan.manifest, "render": {"sha256": render_digest(files)}}
+    files[MANIFEST_NAME] = (json.dumps(manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode()
     return files
+
+
+def render_digest(files: dict[str, bytes]) -> str:
+    """One sha256 over a build directory's files but manifest.json (path and content of each)."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        if name != MANIFEST_NAME:
+            digest.update(f"{name}\0{hashlib.sha256(files[name]).hexdigest()}\n".encode())
+    return digest.hexdigest()
 
 
 def render_files(r: Resolution) -> dict[str, bytes]:

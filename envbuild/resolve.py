@@ -128,6 +128,7 @@ class Resolution:
     os_lock: Optional[OsLock] = field(default=None, repr=False)  # matrices/locks/os: None = OS packages float
     os_locked: tuple[str, ...] = ()  # the stages whose OS packages the OS lock pins (their base is the lock's)
     os_unlocked: Optional[str] = None  # why some stage's OS packages are not pinned (None: all are)
+    matrix_sha256: str = ""  # the matrix it was resolved from (Matrix.sha256): recorded in the image
 
     @property
     def image_ref(self) -> str:
@@ -335,7 +336,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
                          req.no_compiler, default_target, fabric.tag, extensions),
         extensions=extensions, fabric=fabric, arch=arch, cpu_target=cpu_target,
         lock=(lock := stack_lock(m, s, arch)), os_lock=os_lock if os_locked else None, os_locked=os_locked,
-        os_unlocked=os_unlocked,
+        os_unlocked=os_unlocked, matrix_sha256=m.sha256,
         locked_alternative=None if lock else _newest_locked(m, [c.stack for c in valid[1:]], gpu),
         facts=BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
                          ops={o: m.ops[o] for o in ops},

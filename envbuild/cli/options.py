@@ -19,6 +19,28 @@ def matrix_dir_option(f):
                         help="Use another matrix directory instead of the built-in one. Env: ENVBUILD_MATRIX_DIR.")(f)
 
 
+def secret_options(f):
+    """The mirrors, their CA and key: what a build is handed as BuildKit secrets, never in a file
+    it renders (`render`, `build`, `rebuild`)."""
+    opts = [
+        click.option("--pip-index-url", help="Package index mirror for pip (a BuildKit secret at build time)."),
+        click.option("--torch-index-url", help="Mirror of PyTorch's CUDA-variant index (a BuildKit secret)."),
+        click.option("--apt-mirror", help="Replaces the distro mirror host, e.g. https://mirror.example (a secret)."),
+        click.option("--apt-snapshot", metavar="URL",
+                     help="Where a stack with an OS lock installs its OS packages from instead of the snapshot "
+                          "service: a mirror of the lock's moment, {archive} and {timestamp} in the URL (a secret)."),
+        click.option("--apt-key", type=click.Path(dir_okay=False),
+                     help="The public key that signs --apt-snapshot's Release files, when not the distro's (a secret)."),
+        click.option("--source-mirror", help="Replaces https://github.com in a fabric's source URLs, e.g. "
+                                             "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
+                                             "pinned sha256 is checked all the same; a secret)."),
+        click.option("--ca-cert", type=click.Path(dir_okay=False), help="Extra CA certificate (PEM) for TLS proxies (a secret)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
 def request_options(f=None, gpu_required=True):
     """The options shared by `render` and `build`: what to resolve and how to render it."""
     if f is None:
@@ -63,18 +85,7 @@ def request_options(f=None, gpu_required=True):
         click.option("--image-repo", envvar="ENVBUILD_IMAGE_REPO", metavar="[HOST/]NAME",
                      help="The whole image repository instead (wins over --registry). Default: the local name "
                           "envbuild, which no registry serves (render warns). Env: ENVBUILD_IMAGE_REPO."),
-        click.option("--pip-index-url", help="Package index mirror for pip (a BuildKit secret at build time)."),
-        click.option("--torch-index-url", help="Mirror of PyTorch's CUDA-variant index (a BuildKit secret)."),
-        click.option("--apt-mirror", help="Replaces the distro mirror host, e.g. https://mirror.example (a secret)."),
-        click.option("--apt-snapshot", metavar="URL",
-                     help="Where a stack with an OS lock installs its OS packages from instead of the snapshot "
-                          "service: a mirror of the lock's moment, {archive} and {timestamp} in the URL (a secret)."),
-        click.option("--apt-key", type=click.Path(dir_okay=False),
-                     help="The public key that signs --apt-snapshot's Release files, when not the distro's (a secret)."),
-        click.option("--source-mirror", help="Replaces https://github.com in a fabric's source URLs, e.g. "
-                                             "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
-                                             "pinned sha256 is checked all the same; a secret)."),
-        click.option("--ca-cert", type=click.Path(dir_okay=False), help="Extra CA certificate (PEM) for TLS proxies (a secret)."),
+        secret_options,
         matrix_dir_option,
     ]
     for o in reversed(opts):

@@ -9,7 +9,7 @@ import os
 from typing import Optional
 
 from ..errors import EnvbuildError, nearest
-from .base import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageInfo, RegistryError, RunResult,
+from .base import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageConfig, ImageInfo, RegistryError, RunResult,
                    StepCallback)
 from ..registry import registry_of
 
@@ -37,5 +37,5 @@ def get_engine(name: Optional[str] = None) -> Engine:
     return ENGINES[name]()
 
 
-__all__ = ["BuildFailed", "BuildOutcome", "BuildSecrets", "Engine", "ImageInfo", "RegistryError", "RunResult",
+__all__ = ["BuildFailed", "BuildOutcome", "BuildSecrets", "Engine", "ImageConfig", "ImageInfo", "RegistryError", "RunResult",
            "StepCallback", "get_engine", "registry_of", "ENGINES", "ENGINE_ENV"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
+from typing import BinaryIO, Callable, ContextManager, Optional, Protocol, Sequence, runtime_checkable
 
 # on_step(event, step name): event is 'start', 'done', 'cached' or 'error'.
 StepCallback = Callable[[str, str], None]
@@ -70,6 +70,20 @@ class ImageInfo:
     labels: tuple[tuple[str, str], ...] = ()  # the image config's labels (io.envbuild.*: what it was built as)
 
 
+@dataclass(frozen=True)
+class ImageConfig:
+    """What an image runs with (its config), and its layers oldest first: (what made it, bytes)."""
+
+    id: str
+    env: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...]
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+    workdir: str
+    user: str
+    layers: tuple[tuple[str, int], ...]
+
+
 @dataclass
 class RunResult:
     """A finished (or killed) container run; stdout and stderr kept apart."""
@@ -115,6 +129,16 @@ class Engine(Protocol):
         path in the container, read-only. `rdma`: hand it the host's RDMA devices as a multi-node
         job needs them (/dev/infiniband, unlimited memlock, CAP_IPC_LOCK). `platform`: the image's
         (linux/arm64 runs under the host's qemu-user); None takes the engine's default."""
+
+    def config(self, ref: str) -> ImageConfig:
+        """What the local image `ref` runs with, and its layers; EnvbuildError if there is none."""
+
+    def export(self, ref: str) -> ContextManager[BinaryIO]:
+        """The image's filesystem as one tar stream (as `docker export` of a container never
+        started); the container is removed when the stream is closed."""
+
+    def read_file(self, ref: str, path: str, limit: int) -> Optional[bytes]:
+        """One file of the image (None when it has none), at most `limit` bytes; nothing runs."""
 
     def tag(self, image: str, ref: str) -> None:
         """Give image (ID or ref) the name `ref` (REPO:TAG)."""

@@ -8,7 +8,9 @@ mounts, and another ``docker`` client first on PATH may demand a buildx plugin (
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import io
 import os
 import re
 import shlex
@@ -16,19 +18,21 @@ import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import tempfile
 from dataclasses import fields
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import BinaryIO, Iterator, Optional, Sequence
 
 import docker
-from docker.errors import DockerException, ImageNotFound
+from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, Ulimit
 
 from ..errors import EnvbuildError
 from ..image import paths
 from ..registry import registry_of
-from .base import BuildFailed, BuildOutcome, BuildSecrets, ImageInfo, RegistryError, RunResult, StepCallback
+from .base import (BuildFailed, BuildOutcome, BuildSecrets, ImageConfig, ImageInfo, RegistryError, RunResult,
+                   StepCallback)
 
 DOCKER_CLI_CANDIDATES = ("/usr/bin/docker", "docker")
 CLI_ENV = "ENVBUILD_DOCKER_CLI"          # the docker client to build with
@@ -108,6 +112,27 @@ def secret_args(secrets: BuildSecrets, tmp: Path) -> list[str]:
 
 _STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
 _DONE = re.compile(r"^#(\d+) (DONE|CACHED|ERROR)(?: ([\d.]+)s)?")
+
+
+class _ChunkStream(io.RawIOBase):
+    """A file object over an iterator of byte chunks (the Docker SDK's export and archive streams)."""
+
+    def __init__(self, chunks):
+        self._chunks = iter(chunks)
+        self._rest = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._rest:
+            self._rest = next(self._chunks, None)
+            if self._rest is None:
+                self._rest = b""
+                return 0
+        n = min(len(buffer), len(self._rest))
+        buffer[:n], self._rest = self._rest[:n], self._rest[n:]
+        return n
 
 
 # The label on every container envbuild runs: which host and process own it (orphans are removed).
@@ -250,6 +275,47 @@ class DockerEngine:
                     c.remove(force=True)
                 except DockerException:
                     pass  # removed meanwhile by another run
+
+    def config(self, ref: str) -> ImageConfig:
+        image = self._get(ref)
+        config = (getattr(image, "attrs", None) or {}).get("Config") or {}
+        layers = tuple((entry.get("CreatedBy") or "", int(entry.get("Size") or 0))
+                       for entry in reversed(image.history()))
+        return ImageConfig(image.id, tuple(config.get("Env") or ()), tuple(sorted((config.get("Labels") or {}).items())),
+                           tuple(config.get("Entrypoint") or ()), tuple(config.get("Cmd") or ()),
+                           config.get("WorkingDir") or "", config.get("User") or "", layers)
+
+    @contextlib.contextmanager
+    def export(self, ref: str) -> Iterator[BinaryIO]:
+        self._get(ref)
+        self._remove_orphans()
+        owner = {OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
+        container = self.client.containers.create(ref, ["/envbuild-never-runs"], labels=owner, network_disabled=True)
+        try:
+            yield _ChunkStream(container.export(chunk_size=1 << 20))
+        finally:
+            container.remove(force=True)
+
+    def read_file(self, ref: str, path: str, limit: int) -> Optional[bytes]:
+        self._get(ref)
+        self._remove_orphans()
+        owner = {OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
+        container = self.client.containers.create(ref, ["/envbuild-never-runs"], labels=owner, network_disabled=True)
+        try:
+            try:
+                chunks, _ = container.get_archive(path)
+            except NotFound:
+                return None
+            with tarfile.open(fileobj=_ChunkStream(chunks), mode="r|") as tar:
+                for member in tar:
+                    if member.isfile():
+                        if member.size > limit:
+                            raise EnvbuildError(f"{path} in {ref} is {member.size} bytes, more than the "
+                                                f"{limit} a file of its kind may be.")
+                        return tar.extractfile(member).read()
+            return None
+        finally:
+            container.remove(force=True)
 
     def tag(self, image: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":")

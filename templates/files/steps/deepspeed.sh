@@ -24,8 +24,21 @@ if [[ -n ${ENVBUILD_CPU_TARGET:-} ]]; then
     log "CPU ops target $ENVBUILD_CPU_TARGET (-march=native is rewritten)"
 fi
 if [[ -f $spec ]]; then
-    DS_ENABLE_NINJA=1 "$venv/bin/pip" install --require-hashes --no-deps --no-build-isolation -r "$spec" \
-        || lock_failed --require-hashes
+    # The sdist by its locked hash, compiled in a directory of a fixed name (pip's own build
+    # directory has a random one, which the compilers write into the libraries: two builds
+    # would differ), then installed by the wheel's hash from that directory only.
+    "$venv/bin/pip" download --require-hashes --no-deps --no-build-isolation --no-binary :all: -r "$spec" \
+        -d "$TMP/sdist" || lock_failed --require-hashes
+    tree=/tmp/envbuild-build
+    rm -rf "$tree" && mkdir -p "$tree" "$TMP/wheel"
+    tar -xzf "$TMP"/sdist/*.tar.gz -C "$tree"
+    DS_ENABLE_NINJA=1 "$venv/bin/pip" wheel --no-deps --no-build-isolation -w "$TMP/wheel" "$tree"/*/
+    wheel=("$TMP"/wheel/*.whl)
+    name=${wheel[0]##*/}
+    printf '%s==%s --hash=sha256:%s\n' "${name%%-*}" "$(cut -d- -f2 <<< "$name")" "$(sha256sum "${wheel[0]}" | cut -d' ' -f1)" \
+        > "$TMP/wheel.txt"
+    "$venv/bin/pip" install --no-deps --require-hashes --no-index --find-links "$TMP/wheel" -r "$TMP/wheel.txt"
+    rm -rf "$tree"
 else
     # shellcheck disable=SC2086  # a list of requirement strings without spaces
     "$venv/bin/pip" install ${ENVBUILD_DS_BUILD_REQUIRES:?without a lock the deepspeed step needs its build requirements}

@@ -10,6 +10,11 @@ SECRETS=${ENVBUILD_SECRETS_DIR:-/run/secrets}
 # shellcheck disable=SC2034  # read by the steps that source this file
 STEPS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The same content from the same inputs (reproducible-builds.org): with SOURCE_DATE_EPOCH set,
+# Python byte-compiles to hash-checked .pyc files (no source mtime inside) and tools that stamp a
+# time write this one (1980-01-01, the earliest a zip can hold); a fixed hash seed orders the
+# sets that byte-compiled constants hold. Build steps only: the image's own environment keeps neither.
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-315532800} PYTHONHASHSEED=0
 TMP=$(mktemp -d /tmp/envbuild.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 

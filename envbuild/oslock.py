@@ -54,6 +54,7 @@ from urllib.parse import urlsplit
 
 from .errors import EnvbuildError, nearest
 from .files import read_text, write_owned
+from .registry import repo_of
 from .resources import is_installed_copy, templates_dir
 
 OS_LOCK_DIR = "locks/os"
@@ -410,11 +411,9 @@ def lock_stack_os(engine, matrix, stack, arch: str, platform: str, bases: dict[s
     apt = family.apt
     if apt is None:
         return OsLockOutcome(stack.id, arch, path, "skipped", f"bases.yaml gives family {stack.os} no apt archive")
-    existing = load_os_lock(matrix.directory, stack.id, arch) if path.is_file() else None
-    if path.is_file() and existing is None:  # pragma: no cover - load_os_lock raises first
-        raise EnvbuildError(f"{path} could not be read")
+    existing = load_os_lock(matrix.directory, stack.id, arch)
     moment = existing.snapshot if (check and existing and snapshot is None) else now()
-    if snapshot in (None,):
+    if snapshot is None:
         template, resolved_from = apt.snapshot, "snapshot"
     elif snapshot == "live":
         template, resolved_from = apt.live_url(arch), "live"
@@ -471,13 +470,11 @@ def _base_info(engine, ref: str) -> tuple[str, str]:
     except EnvbuildError:
         try:
             engine.pull(ref)
-        except Exception as e:  # RegistryError: the registry's own words
+        except Exception as e:  # the engine's RegistryError (a room above this one), in the registry's words
             raise EnvbuildError(f"cannot pull the base image {ref}: {getattr(e, 'message', e)}") from None
         info = engine.inspect(ref)
     name = ref.split("@", 1)[0]
-    repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
-    digest = next((d.partition("@")[2] for d in info.repo_digests if d.partition("@")[0] in (repo, f"docker.io/{repo}",
-                   f"docker.io/library/{repo}")), None)
+    digest = next((d.partition("@")[2] for d in info.repo_digests if d.partition("@")[0] == repo_of(ref)), None)
     return (f"{name}@{digest}" if digest else name), info.id
 
 
@@ -522,3 +519,38 @@ def engine_platform(engine, ref: str) -> str:
     """The platform (linux/amd64) of a base image the engine has, pulling it first if need be."""
     _base_info(engine, ref)
     return engine.inspect(ref).platform
+
+
+def check_reachable(lock: OsLock, snapshot_template: str, override: Optional[str] = None,
+                    cafile: Optional[str] = None, timeout: float = 20) -> None:
+    """Before a build: each suite's signed index at the lock's moment can be fetched from here
+    (the build fetches it the same way, on the host's network). An archive that cannot be reached
+    is exit 2 naming the URL, not a build that fails after minutes with every version "missing"."""
+    import base64  # noqa: PLC0415  (only a build needs these)
+    import ssl  # noqa: PLC0415
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    template = (override or snapshot_template).replace("{timestamp}", lock.snapshot)
+    context = ssl.create_default_context()
+    if cafile:
+        context.load_verify_locations(cafile)
+    for archive, suites, _ in lock.sources:
+        for suite in suites:
+            url = f"{archive_url(template, archive, lock.snapshot).rstrip('/')}/dists/{suite}/InRelease"
+            parts = urlsplit(url)
+            request = urllib.request.Request(url.replace(f"{parts.username}:{parts.password}@", "")
+                                             if parts.username else url)
+            if parts.username:
+                token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+                request.add_header("Authorization", f"Basic {token}")
+            try:
+                with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+                    response.read(1)
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                reason = getattr(e, "reason", None) or e
+                raise EnvbuildError(
+                    f"the archive as of the OS lock's moment ({lock.snapshot}) cannot be reached from here: "
+                    f"{redact(url)} ({reason}). The build installs {lock.header['stack']}'s locked OS packages "
+                    f"from it: build where {'that mirror' if override else 'the snapshot service'} is reachable, "
+                    f"or give --apt-snapshot a mirror of that moment ({{archive}} and {{timestamp}} in its URL).")

@@ -26,6 +26,7 @@ from .files import read_bytes
 from .image import paths
 from .imagediff import Difference, ImageRecord, compare, read_image
 from .matrix import load_matrix
+from .oslock import check_reachable
 from .output import write_build_dir
 from .render import render_digest, render_files
 from .resolve import Request, resolve
@@ -141,6 +142,8 @@ def rebuild(source: str, matrix_dir: Optional[Path], secrets: BuildSecrets, outp
                             f"envbuild version and the matrix are the same: this envbuild's code or templates were "
                             f"changed. Install the release that made it: pip install 'envbuild=={__version__}'.")
     progress(f"re-rendered {record.source}: the same files (sha256 {recorded[:16]}...)")
+    if r.os_lock:
+        check_reachable(r.os_lock, r.facts.family.apt.snapshot, secrets.apt_snapshot, secrets.ca_cert)
     path = write_build_dir(files, output or Path("build") / f"{r.tag}{REBUILD_SUFFIX}")
     result = build_image(path, r.tag, f"{r.request.image_repo}{REBUILD_SUFFIX}", secrets, on_step=on_step, engine=engine)
     progress(f"built {result.image_id[:19]}; comparing")

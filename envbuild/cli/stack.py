@@ -61,7 +61,7 @@ def build(output, **kw):
 
     from ..running import next_commands
 
-    r, secrets, path, _ = render_to(kw, output)
+    r, secrets, path, _ = render_to(kw, output, reach_archive=True)
     start = time.monotonic()
     current = {"step": "starting"}
 
@@ -80,15 +80,17 @@ def build(output, **kw):
     print_next(next_commands(r, path))
 
 
-def render_to(kw, output, show=True):
+def render_to(kw, output, show=True, reach_archive=False):
     """Resolve the request and write its build directory (shared by render and build).
 
     Returns the resolution, the secrets, the directory and the files written; with `show`,
-    prints the resolution; a local-only bootstrap is warned about on stderr either way.
+    prints the resolution; a local-only bootstrap is warned about on stderr either way. With
+    `reach_archive` (a build), an OS lock's archive must answer before anything is written.
     """
     from ..output import RECORD, write_build_dir
     from ..render import render_files
     from ..resolve import resolve
+    from ..oslock import check_reachable
     from ..rules import check_apt_mirror
     from ..running import local_bootstrap_warning
     from ..validate import env_warnings
@@ -99,6 +101,8 @@ def render_to(kw, output, show=True):
     secrets = secrets_from(kw)  # validated before anything is written
     r = resolve(m, req)
     check_apt_mirror(r.os_locked, secrets.apt_mirror, secrets.apt_snapshot)
+    if reach_archive and r.os_lock:
+        check_reachable(r.os_lock, r.facts.family.apt.snapshot, secrets.apt_snapshot, secrets.ca_cert)
     for warning in env_warnings(r):
         err.print(f"envbuild: warning: {warning}", markup=False)
     r = pin_named_bases(r)

@@ -10,6 +10,7 @@
 
 pip_env
 cuda_link_stubs
+nvcc_reproducible
 spec=$1; shift
 venv=$(venv_dir)
 

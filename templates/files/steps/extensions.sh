@@ -8,6 +8,7 @@
 
 pip_env
 cuda_link_stubs
+nvcc_reproducible
 export ENVBUILD_TMP="$TMP"
 # cpp_extension runs this instead of nvcc (PYTORCH_NVCC): it keeps only the GPU's arches of the
 # -gencode flags an extension's setup.py hard-codes (causal-conv1d lists nine).

@@ -60,6 +60,16 @@ lock_failed() {
     return 1
 }
 
+# nvcc names its intermediate files after its process ID (tmpxft_<pid>_...) and those names reach
+# the object's symbols and module ID, so two compiles of one source differ; with --keep they are
+# named after the source, in a directory of their own. One directory serves a whole step: the
+# compiles of one extension run at once, and none of DeepSpeed's or an extension's has two
+# sources of one name (two ops share dequantize.cu, and ops are built one after another).
+nvcc_reproducible() {
+    mkdir -p "$TMP/nvcc-keep"
+    export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--keep --keep-dir $TMP/nvcc-keep"
+}
+
 # cuda_link_stubs: the toolkit's link stubs (libcuda.so: the driver's, absent at build time) on
 # the linker's search path, as NVIDIA's devel images set LIBRARY_PATH; nothing if there are none.
 cuda_link_stubs() {

@@ -97,7 +97,14 @@ locked_install() {
     done
     ((${#wanted[@]})) || { log "every package asked for is in the base already"; return 0; }
     log "OS packages from the OS lock: $(grep -c '^deb ' "$part") pinned, archive as of $moment ($(sed -E 's#//[^/@]*@#//***@#' <<< "$url"))"
-    apt-get "${opts[@]}" update -qq
+    # apt-get update warns and goes on when an index cannot be fetched: here that ends the step.
+    apt-get "${opts[@]}" update -qq > "$TMP/update" 2>&1 || true
+    if grep -qE '^(E:|Err:|W: Failed to fetch|W: GPG error|W: The repository)' "$TMP/update"; then
+        cat "$TMP/update" >&2
+        log "the archive as of $moment could not be read (apt's reason is above): the build needs it reachable," \
+            "or --apt-snapshot a mirror of that moment. Nothing was installed."
+        return 1
+    fi
     if ! apt-get "${opts[@]}" install --download-only -y -qq "${wanted[@]}"; then
         local missing=()
         while read -r kind name _ version _; do

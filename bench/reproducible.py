@@ -1,0 +1,138 @@
+"""Reproducibility, measured in one run on this machine:
+
+1. **The OS lock's cost** (`--os-cost`): the CI stack's two OS steps (the builder's compiler and
+   headers, the runtime's Python with the fabric's verbs libraries) as the rendered Dockerfile runs
+   them, through the real steps/os.sh, locked (every .deb pinned and checked, from the archive as
+   of the lock's moment) and unlocked (the base's sources, apt's newest), each with --no-cache,
+   alternating, ROUNDS times; both from the same Debian mirror.
+2. **Two clean builds** (`--clean`): the CI stack with an OS lock built twice with --no-cache (no
+   layer of the first serves the second), then `envbuild diff` of the two: files, packages and
+   environment entries compared and differing, the image IDs, and the time of each step.
+
+    python bench/reproducible.py --os-cost --rounds=3
+    python bench/reproducible.py --clean        # about 10 minutes on 2 cores, 20 GB of disk
+
+The OS lock is made at the start with `envbuild lock --os ... --apt-snapshot live` (the snapshot
+services cannot be reached from here), so both variants install from deb.debian.org.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import BASE, CA, DOCKER, OUT, ROOT, STACK, docker, envbuild, machine, table
+
+ROUNDS = int(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--rounds=")), "3"))
+LIVE = "http://deb.debian.org/{archive}"
+
+
+def locked_matrix() -> Path:
+    """A copy of the production matrix with an OS lock of the CI stack on the debootstrap base."""
+    matrix = OUT / "reproducible-matrix"
+    shutil.rmtree(matrix, ignore_errors=True)
+    shutil.copytree(ROOT / "matrices", matrix)
+    envbuild("lock", "--os", "--stack", STACK, "--base-image", BASE, "--apt-snapshot", "live", "--matrix-dir", str(matrix))
+    return matrix
+
+
+def render(matrix: Path, name: str) -> Path:
+    out = OUT / name
+    shutil.rmtree(out, ignore_errors=True)
+    envbuild("render", "--gpu", "h20", "--stack", STACK, "--ds-ops", "cpu_adam,fused_adam", "--base-image", BASE,
+             "--matrix-dir", str(matrix), "-o", str(out))
+    return out
+
+
+def os_steps(build_dir: Path) -> list[str]:
+    """The rendered Dockerfile's OS steps, as RUN lines that read the step scripts from the context."""
+    text = (build_dir / "Dockerfile").read_text()
+    runs = [block for block in text.split("\n\n") if "os.sh" in block and "RUN " in block]
+    steps = []
+    for block in runs:
+        run = block[block.index("RUN "):]
+        # the builder COPYs the scripts and the runtime binds them; here every step binds them
+        run = run.replace("RUN --mount=type=secret", "RUN --mount=type=bind,source=envbuild/steps,"
+                          "target=/opt/envbuild-setup --mount=type=secret", 1)
+        steps.append(run)
+    return steps
+
+
+def build_os(build_dir: Path, secrets: dict[str, str]) -> float:
+    """The OS steps alone, FROM the base, --no-cache; wall seconds."""
+    steps = os_steps(build_dir)
+    dockerfile = build_dir / "Dockerfile.os"
+    dockerfile.write_text(f"FROM {BASE}\nSHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]\n" + "\n".join(steps) + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        args = []
+        for name, value in secrets.items():
+            Path(tmp, name).write_text(value + "\n")
+            args += ["--secret", f"id={name},src={Path(tmp, name)}"]
+        start = time.monotonic()
+        subprocess.run([DOCKER, "build", "--network", "host", "--no-cache", "-q", "-f", str(dockerfile), *args,
+                        str(build_dir)], check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        return time.monotonic() - start
+
+
+def os_cost(matrix: Path) -> None:
+    locked, unlocked = render(matrix, "repro-locked"), render(ROOT / "matrices", "repro-unlocked")
+    times: dict[str, list[float]] = {"unlocked": [], "locked": []}
+    for _ in range(ROUNDS):
+        times["unlocked"].append(build_os(unlocked, {}))
+        times["locked"].append(build_os(locked, {"apt_snapshot": LIVE}))
+    lock = json.loads((locked / "manifest.json").read_text())["os_lock"]
+    rows = [[name, len(os_steps(d)), " / ".join(f"{t:.1f}" for t in times[name]), f"{statistics.median(times[name]):.1f}"]
+            for name, d in (("unlocked", unlocked), ("locked", locked))]
+    table(f"the CI stack's OS steps, --no-cache, {ROUNDS} rounds alternating ({machine()}); the lock pins "
+          f"{lock['packages']} packages", ["variant", "OS steps", "seconds per round", "median s"], rows)
+    ratio = statistics.median(times["locked"]) / statistics.median(times["unlocked"])
+    print(f"locked / unlocked (median): {ratio:.2f}\n")
+
+
+def clean_builds(matrix: Path) -> None:
+    refs, seconds = [], []
+    for n in (1, 2):
+        out = OUT / f"repro-clean{n}"
+        shutil.rmtree(out, ignore_errors=True)
+        start = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "envbuild", "build", "--gpu", "h20", "--stack", STACK, "--ds-ops",
+                            "cpu_adam,fused_adam", "--base-image", BASE, "--matrix-dir", str(matrix), "--image-repo",
+                            "envbuild-bench-clean", "--apt-snapshot", LIVE, "--ca-cert", CA, "-o", str(out)],
+                           cwd=ROOT, capture_output=True, text=True,
+                           env={**os.environ, "ENVBUILD_DOCKER_BUILD_ARGS": "--no-cache"})
+        if r.returncode != 0:
+            sys.exit(r.stderr[-3000:])
+        seconds.append(time.monotonic() - start)
+        tag = json.loads((out / "manifest.json").read_text())["tag"]
+        docker("tag", f"envbuild-bench-clean:{tag}", f"envbuild-bench-clean:build{n}")
+        refs.append(f"envbuild-bench-clean:build{n}")
+    start = time.monotonic()
+    diff = json.loads(envbuild("diff", *refs, "--json", check=False).stdout)
+    took = time.monotonic() - start
+    rows = [[what, diff["compared"].get(what, ""), diff["differing"].get(what, 0)]
+            for what in ("files", "python", "os", "env", "layers")]
+    rows += [["labels", "", diff["differing"]["labels"]], ["config", "", diff["differing"]["config"]]]
+    table(f"two clean builds of {STACK} (--no-cache each; {machine()})", ["compared", "entries", "differing"], rows)
+    print(f"build seconds: {seconds[0]:.0f}, {seconds[1]:.0f}; envbuild diff: {took:.0f} s")
+    print(f"image IDs: {diff['a']['id'][:19]} {diff['b']['id'][:19]} ({'same' if diff['a']['id'] == diff['b']['id'] else 'differ'})")
+    for d in diff["differences"][:20]:
+        print(f"  {d['section']}: {d['key']}: {d['a']} | {d['b']}")
+
+
+def main() -> None:
+    matrix = locked_matrix()
+    if "--os-cost" in sys.argv or "--clean" not in sys.argv:
+        os_cost(matrix)
+    if "--clean" in sys.argv:
+        clean_builds(matrix)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,7 @@
    environment entries compared and differing, the image IDs, and the time of each step.
 
     python bench/reproducible.py --os-cost --rounds=3
-    python bench/reproducible.py --clean        # about 10 minutes on 2 cores, 20 GB of disk
+    python bench/reproducible.py --clean        # about 20 minutes on 2 cores, 20 GB of disk
 
 The OS lock is made at the start with `envbuild lock --os ... --apt-snapshot live` (the snapshot
 services cannot be reached from here), so both variants install from deb.debian.org.
@@ -51,25 +51,27 @@ def render(matrix: Path, name: str) -> Path:
     return out
 
 
-def os_steps(build_dir: Path) -> list[str]:
-    """The rendered Dockerfile's OS steps, as RUN lines that read the step scripts from the context."""
+def os_steps(build_dir: Path) -> dict[str, list[str]]:
+    """The rendered Dockerfile's OS steps per stage, as RUN lines that read the step scripts from
+    the context (the builder COPYs them and the runtime binds them; here every step binds them)."""
     text = (build_dir / "Dockerfile").read_text()
-    runs = [block for block in text.split("\n\n") if "os.sh" in block and "RUN " in block]
-    steps = []
-    for block in runs:
-        run = block[block.index("RUN "):]
-        # the builder COPYs the scripts and the runtime binds them; here every step binds them
-        run = run.replace("RUN --mount=type=secret", "RUN --mount=type=bind,source=envbuild/steps,"
-                          "target=/opt/envbuild-setup --mount=type=secret", 1)
-        steps.append(run)
+    builder, runtime = text.split(" AS runtime\n", 1)
+    steps = {}
+    for stage, part in (("builder", builder), ("runtime", runtime)):
+        steps[stage] = [block[block.index("RUN "):].replace(
+            "RUN --mount=type=secret", "RUN --mount=type=bind,source=envbuild/steps,target=/opt/envbuild-setup "
+            "--mount=type=secret", 1) for block in part.split("\n\n") if "os.sh" in block and "RUN " in block]
     return steps
 
 
 def build_os(build_dir: Path, secrets: dict[str, str]) -> float:
-    """The OS steps alone, FROM the base, --no-cache; wall seconds."""
+    """The OS steps alone, each stage FROM the base as in the image, --no-cache; wall seconds."""
     steps = os_steps(build_dir)
+    shell = 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]'
     dockerfile = build_dir / "Dockerfile.os"
-    dockerfile.write_text(f"FROM {BASE}\nSHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]\n" + "\n".join(steps) + "\n")
+    dockerfile.write_text("\n".join([f"FROM {BASE} AS builder", shell, *steps["builder"],
+                                     f"FROM {BASE} AS runtime", shell, *steps["runtime"],
+                                     "COPY --from=builder /etc/debian_version /tmp/builder-done", ""]))
     with tempfile.TemporaryDirectory() as tmp:
         args = []
         for name, value in secrets.items():
@@ -88,7 +90,7 @@ def os_cost(matrix: Path) -> None:
         times["unlocked"].append(build_os(unlocked, {}))
         times["locked"].append(build_os(locked, {"apt_snapshot": LIVE}))
     lock = json.loads((locked / "manifest.json").read_text())["os_lock"]
-    rows = [[name, len(os_steps(d)), " / ".join(f"{t:.1f}" for t in times[name]), f"{statistics.median(times[name]):.1f}"]
+    rows = [[name, sum(map(len, os_steps(d).values())), " / ".join(f"{t:.1f}" for t in times[name]), f"{statistics.median(times[name]):.1f}"]
             for name, d in (("unlocked", unlocked), ("locked", locked))]
     table(f"the CI stack's OS steps, --no-cache, {ROUNDS} rounds alternating ({machine()}); the lock pins "
           f"{lock['packages']} packages", ["variant", "OS steps", "seconds per round", "median s"], rows)
@@ -122,13 +124,16 @@ def clean_builds(matrix: Path) -> None:
     table(f"two clean builds of {STACK} (--no-cache each; {machine()})", ["compared", "entries", "differing"], rows)
     print(f"build seconds: {seconds[0]:.0f}, {seconds[1]:.0f}; envbuild diff: {took:.0f} s")
     print(f"image IDs: {diff['a']['id'][:19]} {diff['b']['id'][:19]} ({'same' if diff['a']['id'] == diff['b']['id'] else 'differ'})")
+    layers = [json.loads(docker("image", "inspect", ref).stdout)[0]["RootFS"]["Layers"] for ref in refs]
+    same = sum(a == b for a, b in zip(*layers))
+    print(f"layer diff IDs (sha256 of each uncompressed layer): {same} of {len(layers[0])} the same")
     for d in diff["differences"][:20]:
         print(f"  {d['section']}: {d['key']}: {d['a']} | {d['b']}")
 
 
 def main() -> None:
     matrix = locked_matrix()
-    if "--os-cost" in sys.argv or "--clean" not in sys.argv:
+    if "--os-cost" in sys.argv:
         os_cost(matrix)
     if "--clean" in sys.argv:
         clean_builds(matrix)

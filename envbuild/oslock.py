@@ -26,7 +26,7 @@ A lock lives in ``<matrix>/locks/os/<stack>.<arch>.txt``:
 ... # arch: x86_64
 ... # family: debian12
 ... # snapshot: 20261126T000000Z
-... # source: debian bookworm main
+... # source: debian bookworm / main
 ...
 ... # [builder]
 ... # base: local/debian:bookworm

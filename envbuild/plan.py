@@ -901,7 +901,7 @@ def _manifest(plan: BuildPlan, resolution: Resolution) -> dict:
         "sass_audit": (None if plan.toolchain_home is None else
                        resolution.facts.toolchain.audit_missing(stack.cuda_toolkit) or "cuobjdump"),
         # What `envbuild rebuild` re-renders from: the request as given, and the matrix it met.
-        "request": request_record(resolution.request),
+        "request": request_record(resolution),
         "matrix": {"sha256": resolution.matrix_sha256},
         "extensions": [{"name": e.name, "version": e.version, "sdist_sha256": e.sdist.sha256,
                         "packages": e.packages, "modules": e.modules, "arch_list": resolution.arch_list,
@@ -910,10 +910,16 @@ def _manifest(plan: BuildPlan, resolution: Resolution) -> dict:
     }
 
 
-def request_record(request) -> dict:
-    """The request as plain data (tuples as lists): what re-renders the same image."""
-    return {f.name: (list(map(list, v)) if f.name == "env" else list(v)) if isinstance(v := getattr(request, f.name), tuple)
-            else v for f in fields(request)}
+def request_record(resolution: Resolution) -> dict:
+    """The request as plain data (tuples as lists), in one spelling: what re-renders the same
+    image. Two spellings of one request (--gpu H20 or nvidia-h20, --ds-ops ' cpu_adam ') are one
+    build, so they record the same: the GPU's and the fabric's names, the op list trimmed."""
+    request = resolution.request
+    canonical = replace(request, gpu=resolution.gpu.name,
+                        fabric=resolution.fabric.name if request.fabric and resolution.fabric else request.fabric,
+                        ds_ops=",".join(word.strip() for word in request.ds_ops.split(",")))
+    return {f.name: (list(map(list, v)) if f.name == "env" else list(v)) if isinstance(v := getattr(canonical, f.name), tuple)
+            else v for f in fields(canonical)}
 
 
 def base_pinning(base_images: dict[str, str]) -> dict[str, str]:

@@ -12,6 +12,8 @@ the same code). Here:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import socket
 import os
 import json
@@ -24,7 +26,7 @@ import pytest
 from envbuild import build, publish
 from envbuild.output import write_build_dir
 from envbuild import verdict as smoke
-from envbuild.engine import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageInfo, RegistryError, RunResult,
+from envbuild.engine import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageConfig, ImageInfo, RegistryError, RunResult,
                              get_engine, registry_of)
 from envbuild.engine.docker import DockerEngine
 from envbuild.errors import EnvbuildError
@@ -61,7 +63,7 @@ class FakeEngine:
         return self.images[ref]
 
     def run(self, image, argv, *, timeout, gpus=None, network="none", env=None, entrypoint=None, mounts=None,
-            rdma=False):
+            rdma=False, platform=None):
         self.calls.append(("run", image, list(argv), dict(timeout=timeout, gpus=gpus, network=network,
                                                            entrypoint=list(entrypoint or []), env=dict(env or {}),
                                                            **({"mounts": dict(mounts)} if mounts else {}),
@@ -86,6 +88,18 @@ class FakeEngine:
     def pull(self, ref):
         self.calls.append(("pull", ref))
         return self.pulled_id
+
+    def config(self, ref):
+        self.calls.append(("config", ref))
+        return ImageConfig(self.inspect(ref).id, (), (), (), (), "", "", ())
+
+    def export(self, ref):
+        self.calls.append(("export", ref))
+        return contextlib.nullcontext(io.BytesIO())
+
+    def read_file(self, ref, path, limit):
+        self.calls.append(("read_file", ref, path))
+        return None
 
     def names(self):
         return [c[0] for c in self.calls]

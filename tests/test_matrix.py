@@ -197,7 +197,8 @@ UPSTREAM_MD = {"RELEASE.md",      # pytorch/pytorch's, in torch.yaml's arch_list
                "PERFORMANCE.md",  # NVIDIA/nccl-tests', in the image's multinode.py
                "spec.md",         # opencontainers/distribution-spec's, in registry.py
                "RELEASENOTES.md", # aws-ofi-nccl v1.21.1's, in fabrics.yaml
-               "pr-body.md"}      # written by the matrix-refresh workflow
+               "pr-body.md",      # written by the matrix-refresh workflow
+               "doc/support-policy.md"}  # gitlab.com/nvidia/container-images/cuda's, in docs/reproducing.md
 
 
 def test_every_document_named_is_one_users_have():

@@ -16,7 +16,20 @@ export DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION
 # sets that byte-compiled constants hold. Build steps only: the image's own environment keeps neither.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-315532800} PYTHONHASHSEED=0
 TMP=$(mktemp -d /tmp/envbuild.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
+# Every file this step writes ends it with one fixed mtime (SOURCE_DATE_EPOCH): compilers write
+# the mtime of the headers they read into what they make (nvcc into a CUDA op's line table), and
+# pip stamps every file it installs with the time of the install. What dpkg unpacks keeps the
+# package's own times (older than the step: untouched). The marker lives on /dev/shm and the walk
+# stays on the image's filesystem (-xdev): secrets, cache mounts and bound folders are not touched.
+STEP_STARTED=$(mktemp /dev/shm/envbuild-step.XXXXXX 2> /dev/null || true)
+finish_step() {
+    rm -rf "$TMP"
+    if [[ -n $STEP_STARTED ]]; then
+        find / -xdev -newer "$STEP_STARTED" -print0 2> /dev/null | xargs -0r touch -h -d "@$SOURCE_DATE_EPOCH" 2> /dev/null || true
+        rm -f "$STEP_STARTED"
+    fi
+}
+trap finish_step EXIT
 
 log() { printf 'envbuild: %s\n' "$*" >&2; }
 

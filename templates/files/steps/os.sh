@@ -41,6 +41,14 @@ check_base() {  # check_base PART WHEN
     fi
 }
 
+# Whether the archive's index has NAME at VERSION. apt-cache exits 0 for a version it does not
+# know, and takes a name it does not know for a pattern (g++ matches other packages): only a
+# stanza of exactly that package and version counts.
+in_index() {
+    apt-cache "${opts[@]}" show "$1=$2" 2> /dev/null \
+        | awk -v n="$1" -v v="$2" '/^Package: / {p = $2} /^Version: / && p == n && $2 == v {found = 1} END {exit !found}'
+}
+
 locked_install() {
     local part=$ENVBUILD_OS_LOCK url moment keyring valid override
     url=$(awk '$1 == "snapshot" {print $2}' "$part")
@@ -105,11 +113,19 @@ locked_install() {
             "or --apt-snapshot a mirror of that moment. Nothing was installed."
         return 1
     fi
-    if ! apt-get "${opts[@]}" install --download-only -y -qq "${wanted[@]}"; then
+    # A name the index lacks altogether is taken for a pattern by apt-get (g++ matches other
+    # packages, and the install "succeeds" without it): each one asked for must be there first.
+    local pin failed=0
+    for pin in "${wanted[@]}"; do
+        in_index "${pin%%=*}" "${pin#*=}" || failed=1
+    done
+    if ((failed == 0)) && ! apt-get "${opts[@]}" install --download-only -y -qq "${wanted[@]}"; then
+        failed=1
+    fi
+    if ((failed)); then
         local missing=()
         while read -r kind name _ version _; do
-            # apt-cache exits 0 for a version it does not know: what it prints tells
-            if [[ $kind == deb && -z $(apt-cache "${opts[@]}" show "$name=$version" 2> /dev/null) ]]; then
+            if [[ $kind == deb ]] && ! in_index "$name" "$version"; then
                 missing+=("$name=$version")
             fi
         done < "$part"

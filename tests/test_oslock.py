@@ -241,3 +241,13 @@ def test_lock_os_of_a_family_without_an_archive_is_refused(tmp_path):
 
     with pytest.raises(EnvbuildError, match="no `apt` archive"):
         oslock.lock_os_stacks(None, load_matrix(matrix_dir), (LOCKED_STACK,))
+
+
+def test_a_build_whose_archive_cannot_be_reached_is_exit_2_before_anything_is_written(tmp_path):
+    """The lock's moment of the archive must answer before the build directory is written (the
+    build would otherwise run minutes and then call every version missing)."""
+    code, _, error = invoke("build", "--gpu", "h20", "--stack", LOCKED_STACK, "--base-image", "local/debian:bookworm",
+                            "--apt-snapshot", "http://user:secret@127.0.0.1:9/{archive}/{timestamp}",
+                            "-o", str(tmp_path / "out"))
+    assert code == 2 and "cannot be reached from here" in error.message and "127.0.0.1:9/debian/" in error.message
+    assert "secret" not in error.message and not (tmp_path / "out").exists()

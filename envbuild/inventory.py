@@ -12,6 +12,7 @@ another envbuild version. The SBOM is made from this output (:mod:`envbuild.sbom
 import json
 import os
 import sys
+from importlib import metadata
 
 OPT = "/opt/envbuild"
 RECORDS = {"manifest": OPT + "/manifest.json", "lock": OPT + "/lock.txt", "extend_lock": OPT + "/extend-lock.txt",
@@ -45,8 +46,6 @@ def dpkg_packages(path=DPKG_STATUS):
 
 def python_distributions():
     """Every distribution this Python sees: name, version, where it lives."""
-    from importlib import metadata
-
     out = []
     for dist in metadata.distributions():
         name = dist.metadata["Name"]

@@ -16,6 +16,7 @@ one job at a time.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -309,6 +310,12 @@ class Registry:
         """The layers of an attached artifact, read from its manifest (bytes checked by digest)."""
         _, body = self.manifest(name, artifact.digest, OCI_MANIFEST)
         return [Descriptor.from_dict(d) for d in json.loads(body).get("layers", [])]
+
+
+@functools.lru_cache(maxsize=16)
+def client(registry: str) -> Registry:
+    """One client per registry for the process (the probe and the login happen once)."""
+    return Registry(registry)
 
 
 def is_index(media_type: str) -> bool:

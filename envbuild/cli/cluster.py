@@ -35,17 +35,35 @@ def export_cmd(image, as_enroot, output, compression):
 @click.argument("source")
 @click.option("--to", "directory", required=True, type=click.Path(file_okay=False),
               help="Shared directory the compute nodes mount (e.g. /shared/containers).")
+@click.option("--platform", help="A published multi-arch tag: the platform to stage (default: this machine's).")
 @COMPRESSION
-def stage(source, directory, compression):
-    """Put an image's .sqsh on shared storage once: SOURCE is a local image (exported as by `export
-    --enroot`) or a .sqsh file. Named by the image ID, locked so two jobs staging at once export
-    once, checked for free space first and by sha256 after; a partial or corrupt file there is
-    refused."""
-    from ..enroot import SUFFIX, copy_producer, export_sqsh, stage as stage_file, staged_name
+def stage(source, directory, platform, compression):
+    """Put an image's .sqsh on shared storage once: SOURCE is a published image
+    (REGISTRY/NAME:TAG or @DIGEST: the .sqsh `envbuild publish` attached beside it is downloaded
+    by digest; only when none is published is the image pulled and exported here), a local
+    image (exported as by `export --enroot`) or a .sqsh file. Named by the image ID, locked so
+    two jobs staging at once export once, checked for free space first and by sha256 after; a
+    partial or corrupt file there is refused."""
+    from ..enroot import (SUFFIX, copy_producer, download_producer, export_sqsh, is_registry_reference,
+                          published_sqsh, stage as stage_file, staged_name)
+    from ..registry import split_reference
 
     say = lambda t: err.print(f"envbuild: {t}", markup=False)  # noqa: E731
     if source.endswith(SUFFIX) and Path(source).is_file():
         size, name, produce = Path(source).stat().st_size, Path(source).name, copy_producer(Path(source))
+    elif is_registry_reference(source):
+        found, digest, image_id = published_sqsh(source, platform)
+        name = staged_name(image_id)
+        if found is not None:
+            say(f"fetching the published .sqsh of {source} ({found.layer.size / 2**20:.0f} MiB, sha256 "
+                f"{found.layer.digest[7:19]}...)")
+            size, produce = found.layer.size, download_producer(found, progress=say)
+        else:
+            ref = f"{split_reference(source)[0]}@{digest}"
+            say(f"no .sqsh is published beside {source}; pulling {ref} and exporting it here")
+            local = _pull(ref)
+            size = _image_size(local)
+            produce = lambda dest: export_sqsh(local, dest, compression, progress=say).sha256  # noqa: E731
     else:
         image_id, size = _image_id(source), _image_size(source)
         name = staged_name(image_id)
@@ -53,6 +71,15 @@ def stage(source, directory, compression):
     staged = stage_file(Path(directory), name, size, produce, progress=say)
     out.print(f"{'staged' if staged.copied else 'already staged'} {staged.path} (sha256 {staged.sha256})", markup=False)
     out.print(f"next: srun --container-image={staged.path} python /opt/envbuild/smoke.py", markup=False, soft_wrap=True)
+
+
+def _pull(ref: str) -> str:
+    from ..engine import get_engine
+    from ..publish import with_retries
+
+    engine = get_engine()
+    image_id, _ = with_retries(lambda: engine.pull(ref), f"pull of {ref}")
+    return image_id
 
 
 def _image_id(image: str) -> str:

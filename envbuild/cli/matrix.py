@@ -142,8 +142,11 @@ def _fields(title: str, description: str, rows) -> None:
 @click.option("--bases", is_flag=True,
               help="Also record the digest each stack's base image has on its registry (matrices/base-digests.yaml; "
                    "renders then pin FROM to it). For the publishing CI: Docker Hub must be reachable.")
+@click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
+              help="--check also audits the locks with pip-audit (as `envbuild audit`): pypi (the default), osv, "
+                   "or an OSV-compatible query URL. Env: ENVBUILD_VULNERABILITY_SERVICE.")
 @matrix_dir_option
-def lock(stack_ids, check, upgrade, bases, matrix_dir):
+def lock(stack_ids, check, upgrade, bases, service, matrix_dir):
     """Hash-lock stacks: every Python distribution each image installs, == with its sha256
     hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/.
 
@@ -163,6 +166,12 @@ def lock(stack_ids, check, upgrade, bases, matrix_dir):
     problems = lock_summary(outcomes, check)
     if problems:
         err.print("\n".join(f"envbuild: {p}" for p in problems), markup=False, soft_wrap=True)
+    audited = True
+    if check:  # a current lock with a known vulnerability is not a good lock either
+        from .supply import audit_locks
+
+        audited = all(r.ok for _, r in audit_locks(m, tuple(stack_ids), service))
+    if problems or not audited:
         sys.exit(1)
 
 

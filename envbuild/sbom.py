@@ -173,8 +173,10 @@ def make_bom(inv: dict, image_ref: str, timestamp: Optional[dt.datetime] = None)
     tool = Component(name="envbuild", version=__version__, type=ComponentType.APPLICATION)
     metadata = BomMetaData(component=image, tools=ToolRepository(components=[tool]),
                            timestamp=timestamp or dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
-    return Bom(components=components, metadata=metadata,
-               serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"envbuild:{inv['image_id']}"))
+    bom = Bom(components=components, metadata=metadata,
+              serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"envbuild:{inv['image_id']}"))
+    bom.register_dependency(image, components)  # the image holds each of them (a flat graph: no edges inside)
+    return bom
 
 
 def to_json(bom: Bom) -> bytes:

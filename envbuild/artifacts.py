@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import oras.auth
 import oras.container
 import oras.oci
 import oras.provider
@@ -106,26 +107,31 @@ class Registry:
         self._auth_loaded = False
 
     def _probe(self) -> tuple[str, str]:
-        """The scheme the registry answers on, and its authentication challenge."""
+        """The scheme the registry answers on, and its authentication challenge. A certificate
+        this machine does not trust is an error, never a reason to fall back to plain HTTP."""
         last: Exception = OSError("nothing tried")
         for scheme in ("https", "http") if loopback(self.host) else ("https",):
             try:
                 r = requests.get(f"{scheme}://{self.host}/v2/", timeout=self.timeout)
                 return scheme, r.headers.get("WWW-Authenticate", "")
             except requests.exceptions.SSLError as e:
-                last = e
-                if scheme == "https" and not loopback(self.host):
-                    raise EnvbuildError(f"registry {self.host}: its TLS certificate is not trusted here ({e}); give "
-                                        f"its CA bundle in REQUESTS_CA_BUNDLE.", exit_code=1) from None
+                if "certificate" in str(e).lower():
+                    raise EnvbuildError(f"registry {self.host}: its TLS certificate is not trusted here ({_reason(e)}); "
+                                        f"add its CA to the bundle REQUESTS_CA_BUNDLE names (or the system's).",
+                                        exit_code=1) from None
+                last = e  # not TLS at all: a plain-HTTP registry on the loopback network
             except requests.exceptions.RequestException as e:
                 last = e
-        raise EnvbuildError(f"registry {self.host} cannot be reached ({type(last).__name__}: {last}); check the "
-                            f"registry address and that it is running.", exit_code=1)
+        raise EnvbuildError(f"registry {self.host} cannot be reached ({_reason(last)}); check the registry address "
+                            f"and that it is running.", exit_code=1)
 
     def _container(self, name: str) -> oras.container.Container:
         container = self.client.get_container(f"{self.host}/{name}")
-        if not self._auth_loaded:  # credentials `docker login` stored ($DOCKER_CONFIG/config.json)
-            self.client.auth.load_configs(container)
+        if not self._auth_loaded:  # the credentials `docker login` stored, where Docker itself reads them
+            config = docker_config()
+            self.client.auth.load_configs(container, configs=[config] if os.path.isfile(config) else None)
+            if isinstance(self.client.auth, oras.auth.BasicAuth) and not getattr(self.client.auth, "_basic_auth", None):
+                self.client.auth = _NoCredentials()  # answer a 401 with a refusal, not with "Basic None"
             self._auth_loaded = True
         return container
 
@@ -320,6 +326,34 @@ def client(registry: str) -> Registry:
 
 def is_index(media_type: str) -> bool:
     return media_type in LIST_TYPES
+
+
+def docker_config() -> str:
+    """Docker's client configuration: $DOCKER_CONFIG/config.json, else ~/.docker/config.json."""
+    return os.path.join(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"), "config.json")
+
+
+class _NoCredentials:
+    """oras's authentication interface with nothing to offer: a 401 stays a refusal."""
+
+    token = None
+
+    def get_auth_header(self) -> dict:
+        return {}
+
+    def authenticate_request(self, original, headers, refresh=False):
+        return headers, False
+
+    def load_configs(self, container, configs=None) -> None:
+        pass
+
+
+def _reason(e: Exception) -> str:
+    text = str(e)
+    for marker in ("CERTIFICATE_VERIFY_FAILED", "Connection refused", "Name or service not known", "timed out"):
+        if marker in text:
+            return marker.replace("_", " ").lower() if marker.isupper() else marker
+    return f"{type(e).__name__}: {text[:160]}"
 
 
 class _NoFile:

@@ -130,8 +130,12 @@ class Registry:
         if not self._auth_loaded:  # the credentials `docker login` stored, where Docker itself reads them
             config = docker_config()
             self.client.auth.load_configs(container, configs=[config] if os.path.isfile(config) else None)
-            if isinstance(self.client.auth, oras.auth.BasicAuth) and not getattr(self.client.auth, "_basic_auth", None):
-                self.client.auth = _NoCredentials()  # answer a 401 with a refusal, not with "Basic None"
+            if isinstance(self.client.auth, oras.auth.BasicAuth):
+                basic = getattr(self.client.auth, "_basic_auth", None)
+                if basic:  # sent up front: a chunk answered 401 half-way is a connection the registry drops
+                    self.client.session.headers["Authorization"] = f"Basic {basic}"
+                else:
+                    self.client.auth = _NoCredentials()  # answer a 401 with a refusal, not with "Basic None"
             self._auth_loaded = True
         return container
 

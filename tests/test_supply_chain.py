@@ -187,3 +187,33 @@ def test_keyless_signing_needs_cosign(keys, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EnvbuildError, match="--signing-key where there is no Sigstore"):
         cosign("sign", "--yes", "x")
+
+
+def test_a_failing_variant_publishes_nothing_and_the_others_go_on(tmp_path, monkeypatch):
+    """run_job with stand-in builds (no engine needed): the first variant's build fails, the
+    second is still attempted; each outcome names its step, no digest is handed on for either,
+    and the job's report says so. The real job of the CI stack runs in tests/test_publish_job.py."""
+    from envbuild import release
+    from envbuild.errors import EnvbuildError
+    from envbuild.matrix import load_matrix
+
+    monkeypatch.setattr(release, "audit_stack", lambda *a, **k: None)  # the lock audit: tested in test_audit.py
+    monkeypatch.setattr(release, "get_engine", lambda: None)
+    attempted = []
+
+    def build(variant, build_dir):
+        attempted.append(variant["variant"])
+        raise EnvbuildError(f"stand-in build failure of {variant['gpu']}", exit_code=1)
+
+    m = load_matrix()
+    job = {"id": "j", "stack": "torch2.15-cu132-py3.11-pypi", "platform": "linux/amd64", "extensions": ""}
+    variants = [{"variant": f"{g}:ib:", "tag": f"t-{g}", "platform": "linux/amd64", "gpu": g, "stack": job["stack"],
+                 "fabric": "ib"} for g in ("h100", "h20")]
+    ctx = release.JobContext(m, "127.0.0.1:9", "127.0.0.1:9/envbuild", tmp_path, release.Signing(), "pypi", build)
+    outcomes = release.run_job(ctx, job, variants)
+    assert attempted == ["h100:ib:", "h20:ib:"]
+    assert [(o.ok, o.failed_step) for o in outcomes] == [(False, "build"), (False, "build")]
+    assert "stand-in build failure of h20" in outcomes[1].reason
+    assert not (tmp_path / "digests").exists()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [o["variant"] for o in report["outcomes"]] == ["h100:ib:", "h20:ib:"]

@@ -126,8 +126,10 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     check_image_repo(registry, "--registry", suffix="/envbuild")
     cfg = publish_plan(m)[0]
     image_repo = f"{registry}/{cfg.image_repo}"
-    signing = _signing(signing_key, keyless)
-    if manifest_tag:
+    if manifest_tag:  # signs only keyless (the list); with keys, each digest's provenance is what is checked
+        from ..release import Signing
+
+        signing = _signing(signing_key, keyless) if (signing_key or keyless) else Signing()
         from ..release import publish_manifest
 
         trust = _trust(key, identity, None, signing)
@@ -137,6 +139,7 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
         for i in images:
             out.print(f"{i.platform} {i.digest}", markup=False)
         return
+    signing = _signing(signing_key, keyless)
     _run_job(m, job_id, registry, image_repo, signing, service_from(service), Path(out_dir), ext_cache, keep_images,
              build_flags)
 

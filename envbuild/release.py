@@ -194,6 +194,7 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
         o.bytes["sqsh"] = sqsh.size
         smoke_bytes = record_path(report.image_id).read_bytes()
         write_atomic(work / "smoke.json", smoke_bytes)
+        o.bytes["smoke"] = len(smoke_bytes)
 
         pushed = _timed(o, "push", lambda: push(image, ctx.registry, by_platform=True,
                                                 on_event=lambda t: ctx.say(f"{variant['variant']}: {t}")))
@@ -201,15 +202,14 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
         client = Registry(ctx.registry)
         subject, _ = client.manifest(name, pushed.digest)
 
-        def attach() -> list:
-            out = []
-            for kind, blob in ((sbom.MEDIA_TYPE, Blob(sbom.MEDIA_TYPE, sbom.FILE_NAME, data=sbom_bytes)),
-                               (SMOKE_TYPE, Blob(SMOKE_TYPE, "smoke.json", data=smoke_bytes)),
-                               (SQSH_TYPE, Blob(SQSH_TYPE, f"{variant['tag']}.sqsh", path=sqsh.path))):
-                desc = client.attach(name, subject, kind, [blob], {"org.opencontainers.image.created": started})
+        def attach() -> None:
+            for step, kind, blob in (
+                    ("attach:sbom", sbom.MEDIA_TYPE, Blob(sbom.MEDIA_TYPE, sbom.FILE_NAME, data=sbom_bytes)),
+                    ("attach:smoke", SMOKE_TYPE, Blob(SMOKE_TYPE, "smoke.json", data=smoke_bytes)),
+                    ("attach:sqsh", SQSH_TYPE, Blob(SQSH_TYPE, f"{variant['tag']}.sqsh", path=sqsh.path))):
+                desc = _timed(o, step, lambda: client.attach(name, subject, kind, [blob],
+                                                             {"org.opencontainers.image.created": started}))
                 attached.append(desc.digest)
-                out.append(desc)
-            return out
         _timed(o, "attach", attach)
 
         def byproducts() -> list[dict]:
@@ -247,6 +247,7 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
                 cosign("sign", "--yes", ref)
         _timed(o, "sign", sign)
         # The commit point: the manifest job merges only digests handed on here.
+        (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
         write_atomic(ctx.out / "digests" / digest_name(variant), f"{pushed.digest}\n".encode())
         o.ok = True
         ctx.say(f"{variant['variant']}: published {ctx.image_repo}@{pushed.digest} ({variant['platform']})")

@@ -59,9 +59,6 @@ class Signing:
     signer: Optional[CryptoSigner] = None
     keyless: bool = False
 
-    def trust(self, identity: Optional[str] = None) -> Trust:
-        return Trust(key=self.signer.public_key) if self.signer else Trust(identity=identity or ".*")
-
 
 @dataclass
 class Outcome:
@@ -103,10 +100,6 @@ def find_job(m: Matrix, job_id: str) -> tuple[dict, list[dict], object]:
     variants = [j for j in jobs if j["stack"] == job["stack"] and j["platform"] == job["platform"]
                 and j.get("extensions", "") == job["extensions"]]
     return job, variants, cfg
-
-
-def job_ids(m: Matrix) -> list[dict]:
-    return publish_plan(m)[2]
 
 
 def _timed(outcome: Outcome, step: str, action: Callable):

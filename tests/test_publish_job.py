@@ -145,8 +145,9 @@ def published(work, registry, env, keys):
     job = run_cli("publish", "--job", JOB, "--registry", registry["host"], "--signing-key", str(keys["ours"][0]),
                   "--matrix-dir", str(matrix), "--out", str(out), *BUILD_ARGS, env=env, timeout=5400)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-5000:]
-    tag = next(line.split()[1] for line in run_cli("publish", "--list", "--matrix-dir", str(matrix)).stdout.splitlines()
-               if line.startswith("tag "))
+    handed_on = sorted(p.name for p in (out / "digests").iterdir())
+    assert len(handed_on) == 1 and handed_on[0].endswith("-amd64"), handed_on
+    tag = handed_on[0].removesuffix("-amd64")  # the h20 variant's readable tag
     manifest = run_cli("publish", "--manifest", tag, "--registry", registry["host"], "--digests",
                        str(out / "digests"), "--key", str(keys["ours"][1]), "--signing-key", str(keys["ours"][0]),
                        "--matrix-dir", str(matrix), env=env, timeout=600)
@@ -176,6 +177,17 @@ def client(registry):
 
 def _verify(published, env, key, *extra):
     return run_cli("verify", published["ref"], "--key", str(key), *extra, env=env, timeout=900)
+
+
+def _push_base(registry, ref: str) -> None:
+    """Push the debootstrap base under `ref` with `docker push` (an image envbuild did not publish)."""
+    docker("tag", BASE, ref)
+    try:
+        push = subprocess.run([DOCKER, "--config", registry["env"]["DOCKER_CONFIG"], "push", ref], capture_output=True,
+                              text=True)
+        assert push.returncode == 0, push.stderr
+    finally:
+        docker("rmi", ref, check=False)
 
 
 # ---------------------------------------------------------------- the job
@@ -252,16 +264,11 @@ def test_verify_fails_on_another_image_pushed_under_the_tag(published, env, keys
     from envbuild.registry import OCI_INDEX
 
     desc, saved = client.manifest("envbuild", published["tag"])
-    other = f"{registry['host']}/envbuild:{published['tag']}"
-    docker("tag", BASE, other)
     try:
-        push = subprocess.run([DOCKER, "--config", registry["env"]["DOCKER_CONFIG"], "push", other], capture_output=True,
-                              text=True)
-        assert push.returncode == 0, push.stderr
+        _push_base(registry, f"{registry['host']}/envbuild:{published['tag']}")
         r = _verify(published, env, keys["ours"][1])
         assert r.returncode == 1 and "FAIL signature" in r.stdout and "unsigned image" in r.stdout, r.stdout
     finally:
-        docker("rmi", other, check=False)
         client.put_manifest("envbuild", published["tag"], saved, desc.media_type or OCI_INDEX)
     assert _verify(published, env, keys["ours"][1], "--no-pull").returncode == 0
 
@@ -290,21 +297,15 @@ def test_verify_fails_on_a_foreign_signature(published, env, keys, registry, cli
 
 def test_an_unsigned_image_fails_verify_and_stage_exports_it_where_no_sqsh_is_published(env, keys, registry, work):
     plain = f"{registry['host']}/envbuild-plain:1"
-    docker("tag", BASE, plain)
-    try:
-        push = subprocess.run([DOCKER, "--config", registry["env"]["DOCKER_CONFIG"], "push", plain],
-                              capture_output=True, text=True)
-        assert push.returncode == 0, push.stderr
-        r = run_cli("verify", plain, "--key", str(keys["ours"][1]), env=env, timeout=600)
-        assert r.returncode == 1 and "(unsigned image)" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
-        staged = work / "staged-plain"
-        staged.mkdir()
-        r = run_cli("stage", plain, "--to", str(staged), env=env, timeout=900)
-        assert r.returncode == 0, r.stderr
-        assert "no .sqsh is published beside" in r.stderr and "exporting it here" in r.stderr
-        assert len(list(staged.glob("*.sqsh"))) == 1
-    finally:
-        docker("rmi", plain, check=False)
+    _push_base(registry, plain)
+    r = run_cli("verify", plain, "--key", str(keys["ours"][1]), env=env, timeout=600)
+    assert r.returncode == 1 and "(unsigned image)" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
+    staged = work / "staged-plain"
+    staged.mkdir()
+    r = run_cli("stage", plain, "--to", str(staged), env=env, timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert "no .sqsh is published beside" in r.stderr and "exporting it here" in r.stderr
+    assert len(list(staged.glob("*.sqsh"))) == 1
 
 
 def test_stage_fetches_the_published_sqsh_by_digest(published, env, work):
@@ -335,15 +336,8 @@ def test_an_artifact_larger_than_its_declared_size_is_refused(published, registr
 
 def test_the_manifest_job_refuses_a_digest_without_signed_provenance(published, env, keys, registry, client, work):
     """A digest handed on for an image nobody signed: the tag is not published."""
-    plain = f"{registry['host']}/envbuild:unsigned-amd64"
-    docker("tag", BASE, plain)
-    try:
-        push = subprocess.run([DOCKER, "--config", registry["env"]["DOCKER_CONFIG"], "push", plain],
-                              capture_output=True, text=True)
-        assert push.returncode == 0, push.stderr
-        digest = client.manifest("envbuild", "unsigned-amd64")[0].digest
-    finally:
-        docker("rmi", plain, check=False)
+    _push_base(registry, f"{registry['host']}/envbuild:unsigned-amd64")
+    digest = client.manifest("envbuild", "unsigned-amd64")[0].digest
     digests = work / "forged-digests"
     digests.mkdir()
     (digests / f"{published['tag']}-amd64").write_text(digest + "\n")
@@ -383,14 +377,7 @@ def test_what_a_failed_variant_attached_is_taken_back(registry, client):
     from envbuild.artifacts import Blob
     from envbuild.release import _take_back
 
-    ref = f"{registry['host']}/envbuild-takeback:1"
-    docker("tag", BASE, ref)
-    try:
-        push = subprocess.run([DOCKER, "--config", registry["env"]["DOCKER_CONFIG"], "push", ref],
-                              capture_output=True, text=True)
-        assert push.returncode == 0, push.stderr
-    finally:
-        docker("rmi", ref, check=False)
+    _push_base(registry, f"{registry['host']}/envbuild-takeback:1")
     subject, _ = client.manifest("envbuild-takeback", "1")
     attached = [client.attach("envbuild-takeback", subject, "application/x-test", [Blob("text/plain", "a", data=b"a")])
                 .digest]

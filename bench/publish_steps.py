@@ -27,8 +27,26 @@ from common import BASE, CA, OUT, ROOT, STACK, docker, machine, table
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 from osv_server import OsvServer  # noqa: E402
 
-REGISTRY = "127.0.0.1:5000"
 REPO = "envbuild-bench-publish"
+
+
+def own_registry(work: Path) -> tuple[subprocess.Popen, str]:
+    """A docker-registry of the bench's own (plain HTTP on loopback), its storage under `work`:
+    the gigabytes this run pushes go away with it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (work / "registry.yml").write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+                                       f"    rootdirectory: {work / 'registry'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(work / "registry.yml")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if subprocess.run(["curl", "-sf", "-o", "/dev/null", f"http://127.0.0.1:{port}/v2/"]).returncode == 0:
+            break
+        time.sleep(0.2)
+    return proc, f"127.0.0.1:{port}"
 
 
 def run(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
@@ -47,25 +65,28 @@ def mib(n: float) -> str:
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-publish-"))
+    registry, host = own_registry(work)
     try:
         matrix = work / "matrices"
         shutil.copytree(ROOT / "matrices", matrix)
-        (matrix / "publish.yaml").write_text(f'registry: "{REGISTRY}"\nimage_repo: {REPO}\ngpus: [h20]\n')
+        (matrix / "publish.yaml").write_text(f'registry: "{host}"\nimage_repo: {REPO}\ngpus: [h20]\n')
         key = work / "bench.key"
         subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True,
+                       capture_output=True)
+        subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(work / "bench.pub")], check=True,
                        capture_output=True)
         with OsvServer() as osv:
             env = {"ENVBUILD_STATE_DIR": str(work / "state"), "ENVBUILD_VULNERABILITY_SERVICE": osv.url}
             out = work / "out"
-            _, total = run("publish", "--job", f"{STACK}-amd64", "--registry", REGISTRY, "--signing-key", str(key),
+            _, total = run("publish", "--job", f"{STACK}-amd64", "--registry", host, "--signing-key", str(key),
                            "--matrix-dir", str(matrix), "--out", str(out), "--base-image", BASE, "--ca-cert", CA,
                            "--keep-images", env=env)
         outcome = json.loads((out / "report.json").read_text())["outcomes"][0]
         s, b = outcome["seconds"], outcome["bytes"]
         digest = outcome["digest"]
-        ref = f"{REGISTRY}/{REPO}@{digest}"
+        ref = f"{host}/{REPO}@{digest}"
         manifest = json.loads(subprocess.run(["curl", "-sf", "-H", "Accept: application/vnd.docker.distribution"
-                                              ".manifest.v2+json", f"http://{REGISTRY}/v2/{REPO}/manifests/{digest}"],
+                                              ".manifest.v2+json", f"http://{host}/v2/{REPO}/manifests/{digest}"],
                                              capture_output=True, text=True, check=True).stdout)
         image_bytes = sum(layer["size"] for layer in manifest["layers"])
         baseline = s["build"] + s["smoke"] + s["push"]
@@ -88,11 +109,14 @@ def main() -> None:
         print(f"machine: {machine()}; envbuild publish --job took {total:.0f} s in all (lock audit included)\n")
         table("What each step adds to one variant's publish (seconds, MiB in the registry)",
               ["step", "seconds", "MiB pushed"], rows)
+        verified, verify_s = run("verify", ref, "--key", str(work / "bench.pub"), env=env)
+        print(f"envbuild verify {ref} --key bench.pub: {verify_s:.1f} s (pulls nothing: the image is local)\n")
+        print(verified.stdout)
 
         # The .sqsh on the cluster: published beside the image, or exported where it runs.
         staged = work / "staged"
         staged.mkdir()
-        _, fetch = run("stage", f"{REGISTRY}/{REPO}@{digest}", "--to", str(staged), env=env)
+        _, fetch = run("stage", f"{host}/{REPO}@{digest}", "--to", str(staged), env=env)
         for ref_tag in docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
             if ref_tag.rsplit(":", 1)[0].endswith(REPO):
                 docker("rmi", ref_tag, check=False)
@@ -109,6 +133,8 @@ def main() -> None:
                ["ratio: stage / (pull + export)", f"{fetch / (pull + export):.2f}",
                 f"{b['sqsh'] / image_bytes:.2f}"]])
     finally:
+        registry.terminate()
+        registry.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
         for ref_tag in docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
             if ref_tag.rsplit(":", 1)[0].endswith(REPO):

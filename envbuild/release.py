@@ -157,7 +157,6 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
     name = repository(ctx.image_repo)
     client: Optional[Registry] = None
     attached: list[str] = []
-    subject = None
     try:
         image = _timed(o, "build", lambda: ctx.build(variant, build_dir))
         report = _timed(o, "smoke", lambda: run_smoke(image))
@@ -244,10 +243,12 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
         write_atomic(ctx.out / "digests" / digest_name(variant), f"{pushed.digest}\n".encode())
         o.ok = True
         ctx.say(f"{variant['variant']}: published {ctx.image_repo}@{pushed.digest} ({variant['platform']})")
-    except EnvbuildError as e:
-        o.reason = e.message
-        if client is not None and subject is not None:
-            o.left_in_registry = _take_back(client, name, subject.digest, attached)
+    except BaseException as e:  # a failed step, or Ctrl-C / SIGTERM: what was pushed goes back either way
+        o.reason = e.message if isinstance(e, EnvbuildError) else f"interrupted ({type(e).__name__})"
+        if o.digest:
+            o.left_in_registry = _take_back_quietly(client, ctx.registry, name, o.digest, attached)
+        if not isinstance(e, EnvbuildError):
+            raise
     finally:
         _copy_log(build_dir, ctx.out / "logs" / f"{s}.log")
         (work / "image.sqsh").unlink(missing_ok=True)  # gigabytes; it is in the registry now (or not wanted)
@@ -256,9 +257,22 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
     return o
 
 
+def _take_back_quietly(client: Optional[Registry], registry: str, name: str, digest: str,
+                       attached: list[str]) -> list[str]:
+    """:func:`_take_back`, reporting rather than raising when the registry fails meanwhile."""
+    try:
+        return _take_back(client or Registry(registry), name, digest, attached)
+    except EnvbuildError as e:
+        return [f"{registry}/{name}@{digest} and what was attached to it ({e.message})"]
+
+
 def _take_back(client: Registry, name: str, digest: str, attached: list[str]) -> list[str]:
-    """Remove what this variant attached and its image, where the registry allows; what stays."""
+    """Remove what this variant attached and its image, where the registry allows; what stays.
+    An image that still carries attachments of an earlier publish (the same bits, published
+    before) is kept: deleting it would break a tag that works."""
     client.detach(name, digest, set(attached))
+    if client.referrers(name, digest):
+        return [f"{client.host}/{name}@{digest} (kept: an earlier publish of the same image is attached to it)"]
     if client.delete_manifest(name, digest):
         return []
     return [f"{client.host}/{name}@{digest} (the registry does not delete manifests; its per-platform tag stays, no "
@@ -270,10 +284,15 @@ def _sha(data: bytes) -> str:
 
 
 def _copy_log(build_dir: Path, dest: Path) -> None:
+    """The build log beside the job's others (best effort: a full disk must not hide why the
+    variant failed)."""
     log = build_dir / "build.log"
-    if log.is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(log, dest)
+    try:
+        if log.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, dest)
+    except OSError:
+        pass
 
 
 def _free_disk(engine, image_repo: str) -> None:

@@ -392,15 +392,19 @@ def test_a_vulnerable_pin_stops_the_job_before_anything_is_built_or_pushed(env, 
 
 def test_what_a_failed_variant_attached_is_taken_back(registry, client):
     """After the image was pushed, a later step failed: its attachments leave the referrers index
-    and the image's manifest is deleted (this registry allows deletes)."""
+    and the image's manifest is deleted (this registry allows deletes), unless an earlier publish
+    of the same bits is still attached to it."""
     from envbuild.artifacts import Blob
     from envbuild.release import _take_back
 
     _push_base(registry, f"{registry['host']}/envbuild-takeback:1")
     subject, _ = client.manifest("envbuild-takeback", "1")
+    earlier = client.attach("envbuild-takeback", subject, "application/x-test", [Blob("text/plain", "e", data=b"e")])
     attached = [client.attach("envbuild-takeback", subject, "application/x-test", [Blob("text/plain", "a", data=b"a")])
                 .digest]
-    assert client.referrers("envbuild-takeback", subject.digest)
-    assert _take_back(client, "envbuild-takeback", subject.digest, attached) == []
+    kept = _take_back(client, "envbuild-takeback", subject.digest, attached)  # the same bits, published before
+    assert len(kept) == 1 and "kept: an earlier publish" in kept[0] and client.exists("envbuild-takeback", "1")
+    assert [d.digest for d in client.referrers("envbuild-takeback", subject.digest)] == [earlier.digest]
+    assert _take_back(client, "envbuild-takeback", subject.digest, [earlier.digest]) == []
     assert client.referrers("envbuild-takeback", subject.digest) == []
     assert not client.exists("envbuild-takeback", "1") and not client.exists("envbuild-takeback", subject.digest)

@@ -77,7 +77,7 @@ class Blob:
 def fallback_tag(digest: str) -> str:
     """The referrers tag schema's tag for an image digest.
 
-    >>> fallback_tag("sha256:" + "ab" * 32)[:16]
+    >>> fallback_tag("sha256:" + "ab" * 32)[:15]
     'sha256-abababab'
     """
     return digest.replace(":", "-")[:128]

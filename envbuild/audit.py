@@ -34,9 +34,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import EnvbuildError
+from .errors import EnvbuildError, nearest
 from .files import read_text
-from .lock import Lock
+from .lock import LOCK_DIR, Lock, parse_lock
 
 ALLOWLIST = "vulnerabilities.yaml"  # in the matrix directory; optional
 SERVICE_ENV = "ENVBUILD_VULNERABILITY_SERVICE"
@@ -200,7 +200,7 @@ def run_pip_audit(pins: dict[str, str], where: str, service: str,
                                        dep["skip_reason"], where))
             continue
         for vuln in dep.get("vulns") or []:
-            findings.append(Finding(dep["name"], dep["version"], (vuln["id"], *vuln.get("aliases", [])),
+            findings.append(Finding(dep["name"], dep["version"], (vuln["id"], *sorted(vuln.get("aliases", []))),
                                     tuple(vuln.get("fix_versions") or ()), " ".join((vuln.get("description") or
                                                                                      "").split())[:300], where))
     return findings, unaudited
@@ -290,3 +290,16 @@ def audit_lock(lock: Lock, service: str, allowlist: list[Allowance], today: Opti
             getattr(total, name).extend(getattr(part, name))
         total.audited += part.audited
     return total
+
+
+def audit_locks(matrix_dir: Path, stack_ids: tuple[str, ...], known: set[str], service: Optional[str]
+                ) -> list[tuple[str, AuditResult]]:
+    """Every lock of the matrix (of `stack_ids` where given), audited: (lock file name, result)."""
+    for s in stack_ids:
+        if s not in known:
+            raise EnvbuildError(f"--stack {s}: no such stack; nearest: {', '.join(nearest(s, known)) or 'none'}.")
+    service = service_from(service)
+    allowlist = load_allowlist(matrix_dir)
+    paths = sorted((Path(matrix_dir) / LOCK_DIR).glob("*.txt"))
+    return [(p.name, audit_lock(parse_lock(read_text(p, "lock file", "matrix"), str(p)), service, allowlist))
+            for p in paths if not stack_ids or p.name.rsplit(".", 2)[0] in stack_ids]

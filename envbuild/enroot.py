@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .artifacts import Descriptor, client as registry_client, is_index
+from .engine import RegistryError, get_engine
 from .errors import EnvbuildError
 from .files import locked, remove_stale_temps, sha256_file, temp_path, write_atomic
 from .registry import ANY_MANIFEST, registry_of, split_reference
@@ -364,3 +365,45 @@ def download_producer(published: Published, progress: Callable[[str], None] = la
         registry_client(published.registry).fetch(published.name, published.layer, dest, progress=seen)
         return published.layer.digest.split(":", 1)[1]
     return produce
+
+
+def staging_source(source: str, compression: str, platform: Optional[str] = None,
+                   progress: Callable[[str], None] = lambda _: None) -> tuple[str, int, Callable[[Path], str]]:
+    """(staged name, bytes needed, producer) for what `envbuild stage` is given: a .sqsh file
+    (copied), a published image (its attached .sqsh downloaded; pulled and exported only when none
+    is published, and said so), or a local image (exported)."""
+    if source.endswith(SUFFIX) and Path(source).is_file():
+        return Path(source).name, Path(source).stat().st_size, copy_producer(Path(source))
+    if is_registry_reference(source):
+        try:
+            found, digest, image_id = published_sqsh(source, platform)
+        except EnvbuildError as e:  # a registry name this machine cannot read: its local image, if any
+            if _local_id(source) is None:
+                raise
+            progress(f"{source}: {e.message} Exporting the local image of that name instead.")
+            return _local_source(source, compression, progress)
+        if found is not None:
+            progress(f"fetching the published .sqsh of {source} ({found.layer.size / 2**20:.0f} MiB, sha256 "
+                     f"{found.layer.digest[7:19]}...)")
+            return staged_name(image_id), found.layer.size, download_producer(found, progress)
+        ref = f"{split_reference(source)[0]}@{digest}"
+        progress(f"no .sqsh is published beside {source}; pulling {ref} and exporting it here")
+        engine = get_engine()
+        try:
+            source = engine.pull(ref)
+        except RegistryError as e:
+            raise EnvbuildError(f"pulling {ref} failed: {e.message}", exit_code=1) from None
+    return _local_source(source, compression, progress)
+
+
+def _local_source(image: str, compression: str, progress: Callable[[str], None]):
+    attrs = local_image(image)
+    return (staged_name(attrs["Id"]), int(attrs.get("Size") or 0),
+            lambda dest: export_sqsh(image, dest, compression, progress=progress).sha256)
+
+
+def _local_id(image: str) -> Optional[str]:
+    try:
+        return local_image(image)["Id"]
+    except EnvbuildError:
+        return None

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 from securesystemslib.signer import CryptoSigner
 
-from . import audit, provenance, sbom
+from . import audit, extcache, provenance, sbom
 from .artifacts import Blob, Registry
 from .ci import digest_name, publish_plan
 from .engine import get_engine
@@ -58,6 +58,21 @@ class Signing:
 
     signer: Optional[CryptoSigner] = None
     keyless: bool = False
+
+
+def signing_from(signing_key: Optional[str], keyless: bool, required: bool = True) -> Signing:
+    """--signing-key / --keyless: exactly one where something is signed (envbuild never publishes
+    unsigned images); the manifest job with a key signs nothing (each digest's provenance is signed)."""
+    if signing_key and keyless:
+        raise EnvbuildError("--signing-key and --keyless are two ways to sign; give one (CI: --keyless, with cosign "
+                            "and the job's OIDC token; elsewhere: --signing-key).")
+    if not signing_key and not keyless:
+        if not required:
+            return Signing()
+        raise EnvbuildError("nothing would sign the provenance: give --signing-key FILE (a PEM private key: openssl "
+                            "genpkey -algorithm ed25519 -out envbuild.key) or, in GitHub Actions with cosign, "
+                            "--keyless. envbuild does not publish unsigned images.")
+    return Signing(signer=provenance.load_signer(signing_key) if signing_key else None, keyless=keyless)
 
 
 @dataclass
@@ -371,3 +386,33 @@ def publish_manifest(m: Matrix, registry: str, image_repo: str, tag: str, digest
     return index_digest, images
 
 
+
+
+# ---------------------------------------------------------------- the compiled-extension cache of a job
+
+
+def ext_cache_load(m: Matrix, job: dict, file: Path, base_image: Optional[str], say: Callable[[str], None]) -> None:
+    """An earlier run's compiled wheels into this machine's build cache; a file envbuild refuses is
+    dropped (this run's save replaces it), never kept to block every later run."""
+    if not job["extensions"] or not file.is_file():
+        return
+    try:
+        done = extcache.load(file, base_image or extcache.copy_image(m, job["stack"]))
+        say(f"loaded {done.moved} of {len(done.wheels)} compiled wheel(s) from {file}")
+    except EnvbuildError as e:
+        say(f"warning: {file} was refused ({e.message}); compiling instead")
+        file.unlink()
+
+
+def ext_cache_save(m: Matrix, job: dict, file: Path, out: Path, base_image: Optional[str],
+                   say: Callable[[str], None]) -> None:
+    """This run's compiled wheels into `file`, their cache key (from the wheel names) into FILE.key."""
+    dirs = [d for d in sorted((out / "build").glob("*")) if (d / "envbuild" / "extensions.json").is_file()]
+    if not job["extensions"] or not dirs:
+        return
+    file.unlink(missing_ok=True)  # the restored file: only the wheels this run's builds use are kept
+    done = extcache.save(file, base_image or extcache.copy_image(m, job["stack"]), extcache.keys_of(dirs))
+    if done.wheels:
+        key = hashlib.sha256("\n".join(sorted(done.wheels)).encode()).hexdigest()[:16]
+        Path(f"{file}.key").write_text(key + "\n")
+        say(f"saved {len(done.wheels)} wheel(s) into {file} (cache key {key})")

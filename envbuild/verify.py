@@ -19,6 +19,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from .artifacts import Descriptor, Registry, is_index
 from .engine import Engine, get_engine
 from .enroot import SQSH_TYPE, host_platform
 from .errors import EnvbuildError
-from .provenance import DSSE_MEDIA_TYPE, SLSA_PROVENANCE, byproduct, open_envelope, subject_digest
+from .provenance import DSSE_MEDIA_TYPE, SLSA_PROVENANCE, byproduct, load_public_key, open_envelope, subject_digest
 from .registry import ANY_MANIFEST, registry_of, split_reference
 
 SMOKE_TYPE = "application/vnd.envbuild.smoke-record.v1+json"
@@ -51,6 +53,26 @@ class Trust:
 
     def describe(self) -> str:
         return f"key {self.key.keyid[:16]}" if self.key else f"identity /{self.identity}/ from {self.issuer}"
+
+
+def trust_from(key: Optional[str], identity: Optional[str], issuer: Optional[str],
+               signer_key: Optional[SSlibKey] = None, keyless: bool = False) -> Trust:
+    """--key / --certificate-identity-regexp (or, publishing, the signing key's public half, or
+    keyless in GitHub Actions: this very workflow's identity)."""
+    if key and identity:
+        raise EnvbuildError("--key and --certificate-identity-regexp are two ways to trust a signature; give one.")
+    if key:
+        return Trust(key=load_public_key(key))
+    if identity:
+        return Trust(identity=identity, issuer=issuer or COSIGN_ISSUER)
+    if signer_key is not None:
+        return Trust(key=signer_key)
+    if keyless and os.environ.get("GITHUB_WORKFLOW_REF"):
+        server = os.environ.get("GITHUB_SERVER_URL", "https://github.com")
+        return Trust(identity="^" + re.escape(f"{server}/{os.environ['GITHUB_WORKFLOW_REF']}") + "$")
+    raise EnvbuildError("say whose signature to trust: --key FILE (the PEM public key the images were signed with) "
+                        "or --certificate-identity-regexp RE (keyless: the publishing workflow, e.g. "
+                        "'^https://github.com/acme/envbuild/.github/workflows/publish.yml@refs/heads/main$').")
 
 
 @dataclass

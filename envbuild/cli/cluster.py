@@ -44,54 +44,19 @@ def stage(source, directory, platform, compression):
     image (exported as by `export --enroot`) or a .sqsh file. Named by the image ID, locked so
     two jobs staging at once export once, checked for free space first and by sha256 after; a
     partial or corrupt file there is refused."""
-    from ..enroot import (SUFFIX, copy_producer, download_producer, export_sqsh, is_registry_reference,
-                          published_sqsh, stage as stage_file, staged_name)
-    from ..registry import split_reference
+    from ..enroot import stage as stage_file, staging_source
 
     say = lambda t: err.print(f"envbuild: {t}", markup=False)  # noqa: E731
-    if source.endswith(SUFFIX) and Path(source).is_file():
-        size, name, produce = Path(source).stat().st_size, Path(source).name, copy_producer(Path(source))
-    elif is_registry_reference(source):
-        found, digest, image_id = published_sqsh(source, platform)
-        name = staged_name(image_id)
-        if found is not None:
-            say(f"fetching the published .sqsh of {source} ({found.layer.size / 2**20:.0f} MiB, sha256 "
-                f"{found.layer.digest[7:19]}...)")
-            size, produce = found.layer.size, download_producer(found, progress=say)
-        else:
-            ref = f"{split_reference(source)[0]}@{digest}"
-            say(f"no .sqsh is published beside {source}; pulling {ref} and exporting it here")
-            local = _pull(ref)
-            size = _image_size(local)
-            produce = lambda dest: export_sqsh(local, dest, compression, progress=say).sha256  # noqa: E731
-    else:
-        image_id, size = _image_id(source), _image_size(source)
-        name = staged_name(image_id)
-        produce = lambda dest: export_sqsh(source, dest, compression, progress=say).sha256  # noqa: E731
+    name, size, produce = staging_source(source, compression, platform, progress=say)
     staged = stage_file(Path(directory), name, size, produce, progress=say)
     out.print(f"{'staged' if staged.copied else 'already staged'} {staged.path} (sha256 {staged.sha256})", markup=False)
     out.print(f"next: srun --container-image={staged.path} python /opt/envbuild/smoke.py", markup=False, soft_wrap=True)
-
-
-def _pull(ref: str) -> str:
-    from ..engine import get_engine
-    from ..publish import with_retries
-
-    engine = get_engine()
-    image_id, _ = with_retries(lambda: engine.pull(ref), f"pull of {ref}")
-    return image_id
 
 
 def _image_id(image: str) -> str:
     from ..enroot import local_image
 
     return local_image(image)["Id"]
-
-
-def _image_size(image: str) -> int:
-    from ..enroot import local_image
-
-    return int(local_image(image).get("Size") or 0)
 
 
 @main.command()

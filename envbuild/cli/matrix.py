@@ -16,6 +16,7 @@ from ..errors import EnvbuildError
 from ..refresh import refresh_command
 from .app import blocks, err, main, markers_note, notes, out, print_table, table
 from .options import matrix_dir_option
+from .supply import SERVICE, print_audit
 
 
 @main.group("matrix", invoke_without_command=True)
@@ -142,9 +143,7 @@ def _fields(title: str, description: str, rows) -> None:
 @click.option("--bases", is_flag=True,
               help="Also record the digest each stack's base image has on its registry (matrices/base-digests.yaml; "
                    "renders then pin FROM to it). For the publishing CI: Docker Hub must be reachable.")
-@click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
-              help="--check also audits the locks with pip-audit (as `envbuild audit`): pypi (the default), osv, "
-                   "or an OSV-compatible query URL. Env: ENVBUILD_VULNERABILITY_SERVICE.")
+@SERVICE
 @matrix_dir_option
 def lock(stack_ids, check, upgrade, bases, service, matrix_dir):
     """Hash-lock stacks: every Python distribution each image installs, == with its sha256
@@ -166,12 +165,8 @@ def lock(stack_ids, check, upgrade, bases, service, matrix_dir):
     problems = lock_summary(outcomes, check)
     if problems:
         err.print("\n".join(f"envbuild: {p}" for p in problems), markup=False, soft_wrap=True)
-    audited = True
-    if check:  # a current lock with a known vulnerability is not a good lock either
-        from .supply import audit_locks
-
-        audited = all(r.ok for _, r in audit_locks(m, tuple(stack_ids), service))
-    if problems or not audited:
+    # --check audits too (as `envbuild audit`): a current lock with a known vulnerability is not a good lock
+    if problems or (check and not all(r.ok for _, r in print_audit(m, stack_ids, service))):
         sys.exit(1)
 
 

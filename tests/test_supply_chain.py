@@ -217,3 +217,38 @@ def test_a_failing_variant_publishes_nothing_and_the_others_go_on(tmp_path, monk
     assert not (tmp_path / "digests").exists()
     report = json.loads((tmp_path / "report.json").read_text())
     assert [o["variant"] for o in report["outcomes"]] == ["h100:ib:", "h20:ib:"]
+
+
+def test_keyless_verification_asks_cosign_for_the_workflow_identity(tmp_path, monkeypatch):
+    """Keyless signatures are cosign's (Fulcio, Rekor and an OIDC token are not reachable here):
+    a stand-in cosign on PATH (a fake, said so) records its arguments and prints an envelope as
+    `cosign verify-attestation` does; what is under test is what envbuild asks and how it reads
+    the answer, and that the manifest job trusts exactly this workflow's identity."""
+    from envbuild.artifacts import Descriptor
+    from envbuild.verify import Target, signed_statement, trust_from
+
+    digest = "sha256:" + "d" * 64
+    statement = {"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https://slsa.dev/provenance/v1",
+                 "subject": [{"name": "ghcr.io/acme/envbuild", "digest": {"sha256": "d" * 64}}],
+                 "predicate": {"buildDefinition": {"externalParameters": {"tag": "t"}}}}
+    envelope = json.dumps({"payloadType": "application/vnd.in-toto+json",
+                           "payload": base64.b64encode(json.dumps(statement).encode()).decode(), "signatures": []})
+    log = tmp_path / "argv"
+    cosign = tmp_path / "cosign"
+    cosign.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\necho '{envelope}'\n")
+    cosign.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    monkeypatch.setenv("GITHUB_WORKFLOW_REF", "acme/envbuild/.github/workflows/publish.yml@refs/heads/main")
+    trust = trust_from(None, None, None, keyless=True)
+    assert trust.identity == r"^https://github\.com/acme/envbuild/\.github/workflows/publish\.yml@refs/heads/main$"
+    target = Target("ghcr.io", "acme/envbuild", "t", "linux/amd64", Descriptor("m", digest, 1), "sha256:" + "c" * 64)
+    doc, why = signed_statement(None, target, trust)
+    assert doc == statement and "(cosign)" in why
+    argv = log.read_text().split()
+    assert argv[:3] == ["verify-attestation", "--type", "slsaprovenance1"]
+    assert argv[argv.index("--certificate-identity-regexp") + 1] == trust.identity
+    assert argv[argv.index("--certificate-oidc-issuer") + 1] == "https://token.actions.githubusercontent.com"
+    assert argv[-1] == f"ghcr.io/acme/envbuild@{digest}"
+    other = Target("ghcr.io", "acme/envbuild", "t", "linux/amd64", Descriptor("m", "sha256:" + "e" * 64, 1), "")
+    assert signed_statement(None, other, trust) == (None, "no provenance for this digest")

@@ -225,7 +225,7 @@ class AuditResult:
 
     def summary(self) -> str:
         """One line: what was looked up and what came of it."""
-        return (f"{self.audited} distributions audited against {self.service}: {len(self.findings)} advisories, "
+        return (f"{self.audited} distributions looked up in {self.service}: {len(self.findings)} advisories, "
                 f"{len(self.allowed)} allowed, {len(self.blocked)} not allowed, {len(self.unaudited)} not audited")
 
     def refusal(self, what: str) -> str:

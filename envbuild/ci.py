@@ -103,13 +103,15 @@ def stack_jobs(jobs: list[dict]) -> list[dict]:
     return out
 
 
-def render_workflow(m: Matrix) -> str:
+def publish_plan(m: Matrix):
+    """publish.yaml, checked against the matrix, and what it publishes: (config, image jobs, CI jobs,
+    manifest jobs). The workflow and `envbuild publish` read this one plan."""
     cfg = load_publish(m.directory)
     if not cfg.gpus or not cfg.registry:
         raise EnvbuildError(f"{m.directory / PUBLISH} must name the `gpus` to publish and the `registry` to push to "
                             f"(e.g. registry: \"ghcr.io/$OWNER\", gpus: [h100, h20]); `envbuild ci` has nothing to "
                             f"generate without them.")
-    gpus, registry, multiarch, fabrics = cfg.gpus, cfg.registry, cfg.multiarch, cfg.fabrics
+    gpus, multiarch, fabrics = cfg.gpus, cfg.multiarch, cfg.fabrics
     runners = {**DEFAULT_RUNNERS, **cfg.runners}
     for g in [*gpus, *multiarch, *multiarch.values(), *(g for names in fabrics.values() for g in names),
               *(g for names in cfg.extensions.values() for g in names)]:
@@ -123,8 +125,13 @@ def render_workflow(m: Matrix) -> str:
             raise EnvbuildError(f"{m.directory / PUBLISH} extension_runners names {e}, which `extensions` does not "
                                 f"publish ({', '.join(cfg.extensions) or 'none'}).")
     jobs = publish_jobs(m, gpus, runners, fabrics, cfg.extensions, cfg.extension_runners)
+    return cfg, jobs, stack_jobs(jobs), merge_jobs(m, jobs, multiarch)
+
+
+def render_workflow(m: Matrix) -> str:
+    cfg, jobs, ci_jobs, merges = publish_plan(m)
     return environment().get_template("ci/publish.yml.j2").render(
-        images=len(jobs), jobs=stack_jobs(jobs), merges=merge_jobs(m, jobs, multiarch), registry=registry,
+        images=len(jobs), jobs=ci_jobs, merges=merges, registry=cfg.registry,
         image_repo=cfg.image_repo, python=CI_PYTHON)
 
 

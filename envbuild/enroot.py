@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from .artifacts import Descriptor, client as registry_client, is_index
+from .engine import RegistryError, get_engine
 from .errors import EnvbuildError
 from .files import locked, remove_stale_temps, sha256_file, temp_path, write_atomic
+from .registry import ANY_MANIFEST, registry_of, split_reference
 
 COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
                 "none": ["-noI", "-noD", "-noF", "-noX"]}  # enroot/squashfuse read all three
@@ -38,6 +41,9 @@ SUFFIX = ".sqsh"
 # the files it injects (and their directories). Their times are fixed so an export is reproducible.
 DOCKER_MADE = ("", "etc", "etc/hosts", "etc/hostname", "etc/resolv.conf", "etc/mtab", "dev", "proc", "sys")
 CHECKSUM_SUFFIX = ".sqsh.sha256"
+# The .sqsh published beside an image (`envbuild publish`): an OCI artifact whose subject is the
+# image's manifest digest, one layer holding the file.
+SQSH_TYPE = "application/vnd.envbuild.enroot.sqsh.v1"
 
 
 @dataclass(frozen=True)
@@ -290,3 +296,114 @@ def copy_producer(source: Path) -> Callable[[Path], str]:
             shutil.copyfileobj(src, dst, 1 << 22)
         return want
     return produce
+
+
+# ---------------------------------------------------------------- the .sqsh published beside an image
+
+
+@dataclass(frozen=True)
+class Published:
+    """The .sqsh a registry holds for one platform image of a reference."""
+
+    registry: str
+    name: str
+    image_digest: str  # the platform image's manifest digest
+    image_id: str      # its config digest (what the staged file is named by)
+    layer: Descriptor  # the .sqsh blob: digest = sha256 of the file, size
+
+
+def is_registry_reference(source: str) -> bool:
+    """A reference that names its registry (HOST/NAME:TAG or HOST/NAME@DIGEST), not a local image."""
+    host = registry_of(source)
+    return host != "docker.io" and source.startswith(host + "/") and not source.endswith(SUFFIX)
+
+
+def host_platform() -> str:
+    machine = os.uname().machine.lower()
+    return "linux/" + {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def published_sqsh(source: str, platform: Optional[str] = None) -> tuple[Optional[Published], str, str]:
+    """The .sqsh published beside `source`'s image for `platform` (this host's by default), or
+    None; with the platform image's digest and config digest either way."""
+    host = registry_of(source)
+    name, tag, digest = split_reference(source)
+    name = name[len(host) + 1:]
+    client = registry_client(host)
+    desc, body = client.manifest(name, digest or tag or "latest", ANY_MANIFEST)
+    platform = platform or host_platform()
+    doc = json.loads(body)
+    if is_index(desc.media_type):
+        entry = next((m for m in doc.get("manifests", [])
+                      if f"{(m.get('platform') or {}).get('os')}/{(m.get('platform') or {}).get('architecture')}"
+                      == platform), None)
+        if entry is None:
+            served = ", ".join(f"{(m.get('platform') or {}).get('os')}/{(m.get('platform') or {}).get('architecture')}"
+                               for m in doc.get("manifests", []))
+            raise EnvbuildError(f"{source} serves no {platform} image (it serves {served}); give --platform.")
+        desc, body = client.manifest(name, entry["digest"])
+        doc = json.loads(body)
+    image_id = (doc.get("config") or {}).get("digest", "")
+    for art in client.referrers(name, desc.digest, SQSH_TYPE):
+        layers = client.layers(name, art)
+        if len(layers) == 1:
+            return Published(host, name, desc.digest, image_id, layers[0]), desc.digest, image_id
+    return None, desc.digest, image_id
+
+
+def download_producer(published: Published, progress: Callable[[str], None] = lambda _: None) -> Callable[[Path], str]:
+    """Stage a published .sqsh: download it by digest, never more than its declared size; its
+    sha256 is the digest it was published under."""
+    def produce(dest: Path) -> str:
+        step = max(published.layer.size // 10, 1 << 26)
+        marks = {"next": step}
+
+        def seen(n: int) -> None:
+            if n >= marks["next"]:
+                progress(f"downloaded {n / 2**20:.0f} of {published.layer.size / 2**20:.0f} MiB")
+                marks["next"] += step
+        registry_client(published.registry).fetch(published.name, published.layer, dest, progress=seen)
+        return published.layer.digest.split(":", 1)[1]
+    return produce
+
+
+def staging_source(source: str, compression: str, platform: Optional[str] = None,
+                   progress: Callable[[str], None] = lambda _: None) -> tuple[str, int, Callable[[Path], str]]:
+    """(staged name, bytes needed, producer) for what `envbuild stage` is given: a .sqsh file
+    (copied), a published image (its attached .sqsh downloaded; pulled and exported only when none
+    is published, and said so), or a local image (exported)."""
+    if source.endswith(SUFFIX) and Path(source).is_file():
+        return Path(source).name, Path(source).stat().st_size, copy_producer(Path(source))
+    if is_registry_reference(source):
+        try:
+            found, digest, image_id = published_sqsh(source, platform)
+        except EnvbuildError as e:  # a registry name this machine cannot read: its local image, if any
+            if _local_id(source) is None:
+                raise
+            progress(f"{source}: {e.message} Exporting the local image of that name instead.")
+            return _local_source(source, compression, progress)
+        if found is not None:
+            progress(f"fetching the published .sqsh of {source} ({found.layer.size / 2**20:.0f} MiB, sha256 "
+                     f"{found.layer.digest[7:19]}...)")
+            return staged_name(image_id), found.layer.size, download_producer(found, progress)
+        ref = f"{split_reference(source)[0]}@{digest}"
+        progress(f"no .sqsh is published beside {source}; pulling {ref} and exporting it here")
+        engine = get_engine()
+        try:
+            source = engine.pull(ref)
+        except RegistryError as e:
+            raise EnvbuildError(f"pulling {ref} failed: {e.message}", exit_code=1) from None
+    return _local_source(source, compression, progress)
+
+
+def _local_source(image: str, compression: str, progress: Callable[[str], None]):
+    attrs = local_image(image)
+    return (staged_name(attrs["Id"]), int(attrs.get("Size") or 0),
+            lambda dest: export_sqsh(image, dest, compression, progress=progress).sha256)
+
+
+def _local_id(image: str) -> Optional[str]:
+    try:
+        return local_image(image)["Id"]
+    except EnvbuildError:
+        return None

@@ -41,6 +41,7 @@ LIMITS = {
     "matrix": 16 * MIB,       # the matrix YAML files and locks: 0.5 MiB at most today
     "markdown": 8 * MIB,      # README.md / docs pages with generated blocks
     "record": 16 * MIB,       # an image's build record / a render's file record
+    "key": 1 * MIB,           # a PEM signing or verification key: a few KiB (RSA-4096: 3 KiB)
 }
 LOCK_WAIT_S = 120  # how long a run waits for another one writing into the same directory
 
@@ -82,9 +83,11 @@ def read_bytes(path: Path | str, what: str, kind: str) -> bytes:
                    "project": "an envbuild.yaml of a few lines",
                    "matrix": "a matrix directory of YAML files such as the shipped matrices/",
                    "markdown": "a Markdown file with envbuild's generated blocks",
-                   "record": "the file envbuild wrote"}[kind]
+                   "record": "the file envbuild wrote",
+                   "key": "the PEM key file itself (openssl genpkey / openssl pkey -pubout write one)"}[kind]
         noun = {"ca": "CA bundle", "requirements": "requirements file", "project": "project file",
-                "matrix": "matrix file", "markdown": "Markdown page", "record": "record"}[kind]
+                "matrix": "matrix file", "markdown": "Markdown page", "record": "record",
+                "key": "key"}[kind]
         raise EnvbuildError(f"{what} {path} is larger than {_size_text(limit)} (read {_size_text(limit)} and more), "
                             f"which no {noun} is; give {example}.")
     return data

@@ -12,6 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .artifacts import client as registry_client
 from .engine import Engine, RegistryError, get_engine
 from .errors import EnvbuildError
 from .registry import (ANY_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST, LIST_TYPES, MANIFEST_TYPES, OCI_INDEX,  # noqa: F401
@@ -169,17 +170,14 @@ def _platform(entry: dict) -> str:
 
 
 def _get_json(registry: str, name: str, kind: str, reference: str, accept: str = "") -> tuple[str, bytes, str]:
-    """(digest, body, media type) of /v2/NAME/{manifests,blobs}/REFERENCE."""
-    try:
-        with registry_open(registry, f"/v2/{name}/{kind}/{reference}", {"Accept": accept} if accept else {}) as resp:
-            body = resp.read()
-            return (resp.headers.get("Docker-Content-Digest", ""), body,
-                    resp.headers.get("Content-Type", "").split(";")[0])
-    except urllib.error.HTTPError as e:
-        raise EnvbuildError(f"registry {registry} has no {kind[:-1]} {name}@{reference} (HTTP {e.code}).",
-                            exit_code=1) from None
-    except (urllib.error.URLError, OSError) as e:
-        raise EnvbuildError(f"registry {registry} cannot be read ({getattr(e, 'reason', e)}).", exit_code=1) from None
+    """(digest, body, media type) of /v2/NAME/{manifests,blobs}/REFERENCE, authenticated as
+    `docker login` left it (the artifacts client: TLS verified, Basic or token auth)."""
+    client = registry_client(registry)
+    if kind == "manifests":
+        desc, body = client.manifest(name, reference, accept or ANY_MANIFEST)
+        return desc.digest, body, desc.media_type
+    r = client.request("GET", name, f"blobs/{reference}", f"reading {name}@{reference}")
+    return reference, r.content, r.headers.get("Content-Type", "").split(";")[0]
 
 
 def platform_image(registry: str, name: str, digest: str) -> PlatformImage:
@@ -222,10 +220,14 @@ def verify_published(registry: str, name: str, reference: str) -> list[PlatformI
 
 
 def merge(registry: str, name: str, tag: str, digests: list[str],
-          on_event: Callable[[str], None] = lambda s: None) -> tuple[str, list[PlatformImage]]:
+          on_event: Callable[[str], None] = lambda s: None,
+          vouch: Callable[[PlatformImage, str], object] = lambda i, what: require_passed(i.config, what, i.platform)
+          ) -> tuple[str, list[PlatformImage]]:
     """Publish NAME:TAG as one manifest list of the single-platform images `digests` (pushed
-    with ``--by-platform``), only if each passed its smoke test as that platform; then read the
-    list back and check it serves exactly those images."""
+    with ``--by-platform``), only if each is vouched for: by default a passed smoke record on
+    this machine for that platform (the manifest job on another machine vouches with each
+    digest's signed provenance instead, :mod:`envbuild.release`); then read the list back and
+    check it serves exactly those images."""
     check_reachable(registry)
     images = [platform_image(registry, name, d) for d in digests]
     seen: dict[str, str] = {}
@@ -234,7 +236,7 @@ def merge(registry: str, name: str, tag: str, digests: list[str],
             raise EnvbuildError(f"two images for {image.platform} ({seen[image.platform][:19]}, {image.digest[:19]}); "
                                 f"a manifest list holds one image per platform.", exit_code=1)
         seen[image.platform] = image.digest
-        require_passed(image.config, f"{registry}/{name}@{image.digest}", image.platform)
+        vouch(image, f"{registry}/{name}@{image.digest}")
     images.sort(key=lambda i: i.platform)
     media = DOCKER_LIST if all(i.media_type == DOCKER_MANIFEST for i in images) else OCI_INDEX
     body = json.dumps({"schemaVersion": 2, "mediaType": media, "manifests": [
@@ -242,14 +244,7 @@ def merge(registry: str, name: str, tag: str, digests: list[str],
          "platform": {"architecture": i.platform.split("/")[1], "os": i.platform.split("/")[0]}}
         for i in images]}, indent=2).encode()
     on_event(f"merging {', '.join(i.platform for i in images)} into {registry}/{name}:{tag}")
-    try:
-        with registry_open(registry, f"/v2/{name}/manifests/{tag}", {"Content-Type": media},
-                            method="PUT", data=body) as resp:
-            digest = resp.headers.get("Docker-Content-Digest", "")
-    except urllib.error.HTTPError as e:
-        raise EnvbuildError(f"registry {registry} refused the manifest list for {name}:{tag} (HTTP {e.code}); "
-                            f"with credentials, `docker buildx imagetools create` does the same merge.",
-                            exit_code=1) from None
+    digest = registry_client(registry).put_manifest(name, tag, body, media).headers.get("Docker-Content-Digest", "")
     served = served_images(registry, name, tag)
     if sorted((i.platform, i.digest) for i in served) != sorted((i.platform, i.digest) for i in images):
         raise EnvbuildError(f"{registry}/{name}:{tag} does not serve the merged images after the merge.", exit_code=1)

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, ci_stack_id
 
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 
@@ -47,10 +47,14 @@ def test_multiarch_tags_merge_the_grace_sibling(matrix):
 
 
 def test_publish_workflow_builds_arm64_natively_and_merges_by_digest():
+    """Each job is one envbuild command (the job's steps are envbuild's, run here by
+    tests/test_publish_job.py); the workflow keeps GitHub's glue and cosign for keyless signing."""
     text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
     assert "runs-on: ${{ matrix.runner }}" in text and "runner: ubuntu-24.04-arm" in text
-    assert "--by-platform" in text and "docker buildx imagetools create" in text
-    assert "needs: image" in text
+    assert 'envbuild publish --job "$JOB" --registry "$REGISTRY" --keyless' in text
+    assert 'envbuild publish --manifest "$TAG" --registry "$REGISTRY" --digests digests --keyless' in text
+    assert "needs: image" in text and "uses: sigstore/cosign-installer@v3" in text and "id-token: write" in text
+    assert "docker buildx" not in text and "for variant in" not in text  # no build loop left in bash
 
 
 def test_one_job_per_stack_and_architecture_builds_its_variants_in_sequence(matrix):
@@ -114,12 +118,16 @@ def test_an_extension_runner_for_an_extension_not_published_is_refused(cli, matr
     assert not (tmp_path / "wf").exists()
 
 
-def test_the_published_workflow_builds_aws_efa_from_the_real_urls():
+def test_the_published_workflow_builds_aws_efa_from_the_real_urls(production_matrix):
     """No source mirror in CI: GitHub is reachable there, so fabric.sh fetches the URLs of
-    fabrics.yaml (the pins) and checks each tar's sha256."""
+    fabrics.yaml (the pins) and checks each tar's sha256. The aws-efa variants are in the jobs
+    `envbuild publish --job` runs."""
+    from envbuild.release import find_job
+
     text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
-    assert ":aws-efa" in text and '--fabric "$fabric"' in text
     assert "source-mirror" not in text and "127.0.0.1" not in text
+    job, variants, _ = find_job(production_matrix, f"{ci_stack_id()}-amd64")
+    assert "h100:aws-efa:" in [v["variant"] for v in variants] and job["gpus"].split() == [v["variant"] for v in variants]
 
 
 def test_workflow_run_scripts_pass_shellcheck():

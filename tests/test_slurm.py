@@ -5,6 +5,9 @@ script (one node, CPU, gloo) submitted with sbatch and run to completion.
 
 Opt-in (ENVBUILD_SLURM=1), after `bash scripts/host-setup.sh && bash scripts/slurm-setup.sh`:
 about 20 minutes on 2 cores, most of it mksquashfs of the multi-GB image and enroot's start.
+With ENVBUILD_SLURM_IMAGE=REGISTRY/NAME:TAG (or @DIGEST) of an image `envbuild publish`
+published, nothing is built or exported: `envbuild stage` fetches the .sqsh published beside it
+(the registry's credentials and CA come from the environment, as for `envbuild stage`).
 """
 
 from __future__ import annotations
@@ -50,16 +53,25 @@ def cluster():
 @pytest.fixture(scope="module")
 def staged(cluster, tmp_path_factory):
     """The CI stack's image (CPU ops only: the builder's cache from the e2e tests serves most of it),
-    exported and staged on a 'shared' directory."""
+    exported and staged on a 'shared' directory; or, with ENVBUILD_SLURM_IMAGE, the .sqsh
+    published beside that image, fetched from its registry."""
     work = tmp_path_factory.mktemp("slurm")
+    shared = work / "shared"
+    shared.mkdir()
+    published = os.environ.get("ENVBUILD_SLURM_IMAGE")
+    if published:
+        started = time.monotonic()
+        r = run_cli("stage", published, "--to", str(shared), timeout=3600)
+        assert r.returncode == 0 and "fetching the published .sqsh" in r.stderr, r.stderr
+        yield {"image": published, "sqsh": next(shared.glob("*.sqsh")), "work": work,
+               "export_s": time.monotonic() - started}
+        return
     stack = real_build_stack(load_matrix()).id
     r = run_cli("build", "--gpu", "h20", "--stack", stack, "--ds-ops", "cpu_adam", "--base-image", BASE,
                 "--image-repo", REPO, "--ca-cert", "/etc/ssl/certs/ca-certificates.crt", "-o", str(work / "b"),
                 env={"ENVBUILD_STATE_DIR": str(work / "state")}, timeout=5400, production=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     image = f"{REPO}:{json.loads((work / 'b' / 'manifest.json').read_text())['tag']}"
-    shared = work / "shared"
-    shared.mkdir()
     started = time.monotonic()
     r = run_cli("stage", image, "--to", str(shared), timeout=3600)
     assert r.returncode == 0, r.stderr

@@ -35,21 +35,19 @@ def export_cmd(image, as_enroot, output, compression):
 @click.argument("source")
 @click.option("--to", "directory", required=True, type=click.Path(file_okay=False),
               help="Shared directory the compute nodes mount (e.g. /shared/containers).")
+@click.option("--platform", help="A published multi-arch tag: the platform to stage (default: this machine's).")
 @COMPRESSION
-def stage(source, directory, compression):
-    """Put an image's .sqsh on shared storage once: SOURCE is a local image (exported as by `export
-    --enroot`) or a .sqsh file. Named by the image ID, locked so two jobs staging at once export
-    once, checked for free space first and by sha256 after; a partial or corrupt file there is
-    refused."""
-    from ..enroot import SUFFIX, copy_producer, export_sqsh, stage as stage_file, staged_name
+def stage(source, directory, platform, compression):
+    """Put an image's .sqsh on shared storage once: SOURCE is a published image
+    (REGISTRY/NAME:TAG or @DIGEST: the .sqsh `envbuild publish` attached beside it is downloaded
+    by digest; only when none is published is the image pulled and exported here), a local
+    image (exported as by `export --enroot`) or a .sqsh file. Named by the image ID, locked so
+    two jobs staging at once export once, checked for free space first and by sha256 after; a
+    partial or corrupt file there is refused."""
+    from ..enroot import stage as stage_file, staging_source
 
     say = lambda t: err.print(f"envbuild: {t}", markup=False)  # noqa: E731
-    if source.endswith(SUFFIX) and Path(source).is_file():
-        size, name, produce = Path(source).stat().st_size, Path(source).name, copy_producer(Path(source))
-    else:
-        image_id, size = _image_id(source), _image_size(source)
-        name = staged_name(image_id)
-        produce = lambda dest: export_sqsh(source, dest, compression, progress=say).sha256  # noqa: E731
+    name, size, produce = staging_source(source, compression, platform, progress=say)
     staged = stage_file(Path(directory), name, size, produce, progress=say)
     out.print(f"{'staged' if staged.copied else 'already staged'} {staged.path} (sha256 {staged.sha256})", markup=False)
     out.print(f"next: srun --container-image={staged.path} python /opt/envbuild/smoke.py", markup=False, soft_wrap=True)
@@ -59,12 +57,6 @@ def _image_id(image: str) -> str:
     from ..enroot import local_image
 
     return local_image(image)["Id"]
-
-
-def _image_size(image: str) -> int:
-    from ..enroot import local_image
-
-    return int(local_image(image).get("Size") or 0)
 
 
 @main.command()

@@ -10,6 +10,7 @@ import click
 from ..errors import EnvbuildError
 from .app import err, main, out
 from .options import matrix_dir_option
+from .supply import SERVICE, print_audit
 
 
 @main.command()
@@ -27,8 +28,9 @@ from .options import matrix_dir_option
 @click.option("--apt-snapshot", metavar="URL", help="With --os: where to resolve from, instead of the snapshot service "
                                                     "at this moment: a URL with {archive} (and {timestamp}) in it, or "
                                                     "'live' for the live archive.")
+@SERVICE
 @matrix_dir_option
-def lock(stack_ids, check, upgrade, bases, os_packages, base_image, apt_snapshot, matrix_dir):
+def lock(stack_ids, check, upgrade, bases, os_packages, base_image, apt_snapshot, service, matrix_dir):
     """Hash-lock stacks: every Python distribution each image installs, == with its sha256
     hashes, resolved by uv for the image's Python, CPU and glibc into matrices/locks/; with
     --os, every OS package, by version and .deb sha256, into matrices/locks/os/.
@@ -51,6 +53,8 @@ def lock(stack_ids, check, upgrade, bases, os_packages, base_image, apt_snapshot
     problems = lock_summary(outcomes, check)
     if problems:
         err.print("\n".join(f"envbuild: {p}" for p in problems), markup=False, soft_wrap=True)
+    # --check audits too (as `envbuild audit`): a current lock with a known vulnerability is not a good lock
+    if problems or (check and not all(r.ok for _, r in print_audit(m, stack_ids, service))):
         sys.exit(1)
 
 

@@ -1,0 +1,227 @@
+"""`publish`, `verify` and `audit`: the publish job as one command, a published tag checked by
+whoever pulls it, and the vulnerability gate on the locks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import EnvbuildError
+from .app import err, main, out
+from .options import matrix_dir_option
+
+SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
+                       help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
+                            "(api.osv.dev), or an OSV-compatible query URL (a mirror). Env: "
+                            "ENVBUILD_VULNERABILITY_SERVICE.")
+BUILD_FLAGS = ("base_image", "builder_image", "pip_index_url", "torch_index_url", "apt_mirror", "source_mirror",
+               "ca_cert")
+BUILD_HELP = {"base_image": "replace the OS base image (a mirror)",
+              "builder_image": "replace the builder stage's base image",
+              "pip_index_url": "a package index mirror (a BuildKit secret)",
+              "torch_index_url": "a mirror of PyTorch's index (a secret)",
+              "apt_mirror": "the distro mirror (a secret)",
+              "source_mirror": "replaces https://github.com in fabric source URLs",
+              "ca_cert": "extra CA certificate (PEM)"}
+
+
+def _say(text: str) -> None:
+    err.print(f"envbuild: {text}", markup=False, soft_wrap=True)
+
+
+def _build_options(f):
+    for name in reversed(BUILD_FLAGS):
+        f = click.option(f"--{name.replace('_', '-')}", name, help=f"As `envbuild build`: {BUILD_HELP[name]}.")(f)
+    return f
+
+
+@main.command()
+@click.option("--job", "job_id", metavar="ID", help="Run this job of the publish plan (the `id` of the workflow's "
+                                                   "image matrix): build, smoke-test, SBOM, audit, .sqsh, push, "
+                                                   "attach, sign each of its variants.")
+@click.option("--manifest", "manifest_tag", metavar="TAG", help="Merge this published tag's digests (--digests) "
+                                                               "into its manifest list, each verified first.")
+@click.option("--list", "list_jobs", is_flag=True, help="Print the plan's job ids and tags, one per line.")
+@click.option("--registry", envvar="ENVBUILD_REGISTRY", metavar="HOST[/NAMESPACE]",
+              help="The registry to publish to (publish.yaml's, with $OWNER filled in). Env: ENVBUILD_REGISTRY.")
+@click.option("--signing-key", type=click.Path(dir_okay=False), help="PEM private key the provenance is signed "
+                                                                     "with (DSSE).")
+@click.option("--keyless", is_flag=True, help="Sign keyless with cosign (Sigstore; GitHub Actions' OIDC identity).")
+@click.option("--key", type=click.Path(dir_okay=False), help="--manifest: the public key the digests must be "
+                                                             "signed with (default: --signing-key's).")
+@click.option("--certificate-identity-regexp", "identity", help="--manifest --keyless: the workflow identity "
+                                                                "(default, in GitHub Actions: this workflow's).")
+@click.option("--digests", type=click.Path(file_okay=False), default="digests", show_default=True,
+              help="--manifest: the directory of digest files the jobs handed on.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="publish-out", show_default=True,
+              help="--job: where build directories, logs, digests, attestations and report.json go.")
+@click.option("--ext-cache", type=click.Path(dir_okay=False),
+              help="--job: a compiled-extension cache file (ext-cache save/load): loaded before the builds if it "
+                   "exists, saved after with this run's wheels; its cache key goes beside it (FILE.key).")
+@click.option("--keep-images", is_flag=True, help="--job: keep the local images after pushing (CI frees the disk).")
+@SERVICE
+@_build_options
+@matrix_dir_option
+def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key, identity, digests, out_dir,
+            ext_cache, keep_images, service, matrix_dir, **build_flags):
+    """Publish the matrix the way its CI does: one job of the publish plan (--job), or one tag's
+    manifest list (--manifest). The generated workflow runs exactly these commands.
+
+    A variant that fails at any step publishes nothing of itself and the others go on; exit 1
+    names each failed variant and its step."""
+    from ..ci import publish_plan
+    from ..matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    if sum(map(bool, (job_id, manifest_tag, list_jobs))) != 1:
+        raise EnvbuildError("give one of --job ID (a job of the plan), --manifest TAG (a published tag) or --list.")
+    cfg, _, jobs, merges = publish_plan(m)
+    if list_jobs:
+        for line in [f"job {j['id']}  {j['gpus']}" for j in jobs] + [f"tag {t['tag']}  {t['platforms']}" for t in merges]:
+            out.print(line, markup=False)
+        return
+    image_repo = _image_repo(registry, cfg.image_repo)
+    if manifest_tag:
+        _manifest(m, registry, image_repo, manifest_tag, Path(digests), signing_key, keyless, key, identity)
+        return
+    _run_job(m, job_id, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
+             keep_images, build_flags)
+
+
+def _image_repo(registry, name) -> str:
+    from ..registry import check_image_repo
+
+    if not registry:
+        raise EnvbuildError("--registry is needed: the registry to publish to, such as ghcr.io/acme (CI passes "
+                            "publish.yaml's with $OWNER filled in).")
+    check_image_repo(registry, "--registry", suffix="/envbuild")
+    return f"{registry}/{name}"
+
+
+def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, identity) -> None:
+    from ..release import publish_manifest, signing_from
+    from ..verify import trust_from
+
+    signing = signing_from(signing_key, keyless, required=False)
+    trust = trust_from(key, identity, None, signing.signer.public_key if signing.signer else None, keyless)
+    digest, images = publish_manifest(m, registry, image_repo, tag, digests, trust, signing, _say)
+    out.print(f"pushed {image_repo}:{tag} (manifest list)", markup=False)
+    out.print(f"digest {digest}", markup=False)
+    for i in images:
+        out.print(f"{i.platform} {i.digest}", markup=False)
+
+
+def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ext_cache, keep_images, build_flags):
+    from ..audit import service_from
+    from ..build import build_image
+    from ..release import JobContext, ext_cache_load, ext_cache_save, find_job, run_job, signing_from
+    from .stack import render_to
+
+    signing = signing_from(*signing_args)
+    job, variants, _ = find_job(m, job_id)
+
+    def build(variant: dict, build_dir: Path) -> str:
+        kw = {"gpu": variant["gpu"], "stack_id": variant["stack"], "fabric": variant["fabric"],
+              "ext": variant.get("extensions") or None, "image_repo": image_repo, "registry": None,
+              "matrix_dir": str(m.directory), "python": None, "cuda": None, "torch": None, "deepspeed": None,
+              "ds_ops": None, "env_pairs": (), "cpu_target": None, "keep_toolchain": False, "no_compiler": False,
+              "qemu": False, **build_flags}
+        r, secrets, path, _ = render_to(kw, str(build_dir), show=False)
+        build_image(path, r.tag, r.request.image_repo, secrets,
+                    on_step=lambda event, name: _say(f"{variant['variant']}: done {name}"[:160]) if event == "done" else None)
+        return f"{r.request.image_repo}:{r.tag}"
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache = Path(ext_cache) if ext_cache else None
+    if cache:
+        ext_cache_load(m, job, cache, build_flags.get("base_image"), _say)
+    ctx = JobContext(m, registry, image_repo, out_dir, signing, service_from(service), build, keep_images, _say)
+    outcomes = run_job(ctx, job, variants)
+    if cache:
+        ext_cache_save(m, job, cache, out_dir, build_flags.get("base_image"), _say)
+    for o in outcomes:
+        if o.ok:
+            out.print(f"published {o.variant}  {image_repo}@{o.digest}  {o.platform}", markup=False)
+        else:
+            out.print(f"FAILED    {o.variant}  at {o.failed_step}: {o.reason}", markup=False, soft_wrap=True)
+            for left in o.left_in_registry:
+                out.print(f"          left in the registry: {left}", markup=False, soft_wrap=True)
+    out.print(f"report {out_dir / 'report.json'}", markup=False)
+    if not all(o.ok for o in outcomes):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("image")
+@click.option("--key", type=click.Path(dir_okay=False), help="The PEM public key the image's provenance must be "
+                                                             "signed with.")
+@click.option("--certificate-identity-regexp", "identity", metavar="RE",
+              help="Keyless (cosign): the identity the signing certificate must have (the publishing workflow).")
+@click.option("--certificate-oidc-issuer", "issuer", metavar="URL",
+              help="Keyless: the OIDC issuer (default GitHub Actions': https://token.actions.githubusercontent.com).")
+@click.option("--platform", help="Check only this platform of a multi-arch tag (linux/amd64, linux/arm64).")
+@click.option("--no-pull", is_flag=True, help="Do not pull the image: check signatures and records, not the SBOM "
+                                              "against the image's content.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def verify(image, key, identity, issuer, platform, no_pull, as_json):
+    """Check a published tag: its signed provenance (the expected key or identity), the SBOM
+    against the image's real content (pip and dpkg inside it), the provenance against the tag
+    and the image's manifest, the smoke record, the .sqsh beside it. One line per check; exit
+    0 when every check passed, 1 when one failed, 2 for unusable input."""
+    from ..verify import trust_from, verify as run_verify
+
+    trust = trust_from(key, identity, issuer)
+    checks = run_verify(image, trust, platform=platform, content=not no_pull)
+    passed = all(c.ok for c in checks)
+    if as_json:
+        click.echo(json.dumps({"image": image, "trust": trust.describe(), "ok": passed,
+                               "checks": [c.to_dict() for c in checks]}, indent=2))
+    else:
+        for c in checks:
+            out.print(c.line(), markup=False, soft_wrap=True)
+        out.print(f"{'VERIFIED' if passed else 'NOT VERIFIED'}: {image} ({trust.describe()})", markup=False)
+    if not passed:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Audit this stack's locks (repeatable); "
+                                                                       "default: every lock.")
+@SERVICE
+@click.option("--json", "as_json", is_flag=True, help="Print every finding as JSON.")
+@matrix_dir_option
+def audit(stack_ids, service, as_json, matrix_dir):
+    """Look up every pin of the matrix's locks (matrices/locks/*.txt) in PyPI's vulnerability
+    data with pip-audit; a finding fails (exit 1) unless matrices/vulnerabilities.yaml allows
+    it, with a reason, until a date. `envbuild lock --check` runs this too."""
+    from ..matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    results = print_audit(m, stack_ids, service, show=not as_json)
+    if as_json:
+        click.echo(json.dumps([{"lock": where, "ok": r.ok, "summary": r.summary(),
+                                "blocked": [f.id for f, _ in r.blocked], "allowed": [f.id for f, _ in r.allowed],
+                                "unaudited": [f"{u.package}=={u.version}" for u in r.unaudited]}
+                               for where, r in results], indent=2))
+    if not all(r.ok for _, r in results):
+        sys.exit(1)
+
+
+def print_audit(m, stack_ids, service, show=True) -> list:
+    """Audit the locks (of `stack_ids`, or all), print one line per lock and the allowed findings."""
+    from ..audit import audit_locks
+
+    results = audit_locks(m.directory, tuple(stack_ids), {s.id for s in m.stacks}, service)
+    for name, r in results:
+        if show:
+            out.print(f"{'audited' if r.ok else 'VULNERABLE' if r.blocked else 'unaudited'} {name}: {r.summary()}",
+                      markup=False, soft_wrap=True)
+            for f, a in r.allowed:
+                out.print(f"  allowed {f.id} in {f.package} {f.version} until {a.expires}: {a.reason}", markup=False,
+                          soft_wrap=True)
+        if not r.ok:
+            err.print(f"envbuild: {r.refusal(name)}", markup=False, soft_wrap=True)
+    return results

@@ -1,0 +1,418 @@
+"""The publish job as one command (`envbuild publish --job ID`): what each job of the generated
+workflow runs, and what a lab's own CI or a person runs the same way.
+
+For each GPU variant of the job, in sequence, every step in this order, and a variant that
+fails at any step publishes nothing and the others go on:
+
+1. build (the stack's heavy layers are built once and reused from the build cache);
+2. smoke: the image's own smoke test must pass (the record is kept);
+3. sbom: a CycloneDX SBOM from what the image really holds (:mod:`envbuild.sbom`);
+4. audit: pip-audit of the image's Python distributions against the allowlist (:mod:`envbuild.audit`);
+   the stack's lock is audited once before any build, so a finding stops the job early;
+5. sqsh: the enroot .sqsh exported (reproducible, as `envbuild export --enroot` writes it);
+6. push: the image under its per-platform tag, pulled back by digest and compared;
+7. attach: the SBOM, the smoke record and the .sqsh, as OCI artifacts whose subject is the digest;
+8. provenance: an in-toto SLSA provenance listing all of it, signed (a key here; keyless
+   Sigstore through cosign in CI) and attached;
+9. digest: written for the manifest job (`envbuild publish --manifest TAG`), which merges only
+   digests whose signed provenance verifies.
+
+Steps 6 to 8 touch the registry. If one of them fails, what was attached is taken back out of
+the referrers index and deleted where the registry allows, the digest is not handed on, so no
+published tag ever serves the image, and the failure says what is left in the registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from securesystemslib.signer import CryptoSigner
+
+from . import audit, extcache, provenance, sbom
+from .artifacts import Blob, Registry
+from .ci import digest_name, publish_plan
+from .engine import get_engine
+from .enroot import export_sqsh
+from .errors import EnvbuildError, nearest
+from .files import write_atomic
+from .lock import load_lock
+from .matrix import Matrix
+from .publish import merge, push
+from .registry import api_host
+from .verdict import record_path, run_smoke
+from .verify import PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust, attached_byproduct, signed_statement, targets
+
+STEPS = ("build", "smoke", "sbom", "audit", "sqsh", "push", "attach", "provenance", "sign")
+
+
+@dataclass(frozen=True)
+class Signing:
+    """How provenance is signed: with a key (DSSE, here and in labs), or keyless by cosign in CI."""
+
+    signer: Optional[CryptoSigner] = None
+    keyless: bool = False
+
+
+def signing_from(signing_key: Optional[str], keyless: bool, required: bool = True) -> Signing:
+    """--signing-key / --keyless: exactly one where something is signed (envbuild never publishes
+    unsigned images); the manifest job with a key signs nothing (each digest's provenance is signed)."""
+    if signing_key and keyless:
+        raise EnvbuildError("--signing-key and --keyless are two ways to sign; give one (CI: --keyless, with cosign "
+                            "and the job's OIDC token; elsewhere: --signing-key).")
+    if not signing_key and not keyless:
+        if not required:
+            return Signing()
+        raise EnvbuildError("nothing would sign the provenance: give --signing-key FILE (a PEM private key: openssl "
+                            "genpkey -algorithm ed25519 -out envbuild.key) or, in GitHub Actions with cosign, "
+                            "--keyless. envbuild does not publish unsigned images.")
+    return Signing(signer=provenance.load_signer(signing_key) if signing_key else None, keyless=keyless)
+
+
+@dataclass
+class Outcome:
+    variant: str
+    tag: str
+    platform: str
+    ok: bool = False
+    digest: str = ""
+    failed_step: str = ""
+    reason: str = ""
+    seconds: dict = field(default_factory=dict)  # step -> seconds
+    bytes: dict = field(default_factory=dict)    # what each step added: sbom, sqsh, attestation sizes
+    left_in_registry: list = field(default_factory=list)
+
+
+def repository(image_repo: str) -> str:
+    """The repository path inside its registry: 'ghcr.io/acme/envbuild' -> 'acme/envbuild'.
+
+    >>> repository("127.0.0.1:5000/envbuild")
+    'envbuild'
+    """
+    host = api_host(image_repo)
+    return image_repo[len(host) + 1:]
+
+
+def slug(variant: str) -> str:
+    """'h100:aws-efa:flash-attn' -> 'h100-aws-efa-flash-attn' (a directory name)."""
+    return variant.replace(":", "-").replace(",", "-").strip("-")
+
+
+def find_job(m: Matrix, job_id: str) -> tuple[dict, list[dict], object]:
+    """The CI job `job_id` (as in the workflow's matrix), its variants, and publish.yaml."""
+    cfg, jobs, ci_jobs, _ = publish_plan(m)
+    job = next((j for j in ci_jobs if j["id"] == job_id), None)
+    if job is None:
+        raise EnvbuildError(f"--job {job_id}: no such job in the publish plan of {m.directory}; nearest: "
+                            f"{', '.join(nearest(job_id, [j['id'] for j in ci_jobs])) or 'none'} "
+                            f"(`envbuild publish --list` prints them all).")
+    variants = [j for j in jobs if j["stack"] == job["stack"] and j["platform"] == job["platform"]
+                and j.get("extensions", "") == job["extensions"]]
+    return job, variants, cfg
+
+
+def _timed(outcome: Outcome, step: str, action: Callable):
+    start = time.monotonic()
+    try:
+        return action()
+    except BaseException:
+        outcome.failed_step = outcome.failed_step or step
+        raise
+    finally:
+        outcome.seconds[step] = round(time.monotonic() - start, 2)
+
+
+def audit_stack(m: Matrix, stack: str, arch: str, service: str,
+                progress: Callable[[str], None] = lambda _: None) -> Optional[audit.AuditResult]:
+    """The stack's lock, audited before anything is built (None: the stack has no lock)."""
+    lock = load_lock(m.directory, stack, arch)
+    if lock is None:
+        return None
+    return audit.audit_lock(lock, service, audit.load_allowlist(m.directory), progress=progress)
+
+
+def cosign(*args: str) -> None:
+    """Run cosign (CI: installed by sigstore/cosign-installer; keyless through the job's OIDC token)."""
+    binary = shutil.which("cosign")
+    if not binary:
+        raise EnvbuildError("--keyless signs with cosign, which is not installed here; the workflow installs it "
+                            "(sigstore/cosign-installer). Sign with --signing-key where there is no Sigstore.",
+                            exit_code=2)
+    run = subprocess.run([binary, *args], capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        raise EnvbuildError(f"cosign {args[0]} failed: {run.stderr.strip()[-400:]}", exit_code=1)
+
+
+@dataclass
+class JobContext:
+    m: Matrix
+    registry: str
+    image_repo: str          # REGISTRY/NAME: the repository the images are built for
+    out: Path
+    signing: Signing
+    service: str
+    build: Callable[[dict, Path], str]  # variant, build dir -> the local image (readable tag)
+    keep_images: bool = False
+    say: Callable[[str], None] = lambda _: None
+
+
+def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
+    """Every step of one variant; the outcome says which step failed and why."""
+    o = Outcome(variant["variant"], variant["tag"], variant["platform"])
+    s = slug(variant["variant"])
+    build_dir, work = ctx.out / "build" / s, ctx.out / "attestations" / s
+    started = provenance._now()
+    engine = get_engine()
+    name = repository(ctx.image_repo)
+    client: Optional[Registry] = None
+    attached: list[str] = []
+    try:
+        image = _timed(o, "build", lambda: ctx.build(variant, build_dir))
+        report = _timed(o, "smoke", lambda: run_smoke(image))
+        if not report.ok:
+            failed = [c.get("name") for c in report.checks if not c.get("ok") and c.get("status") != "skip"]
+            raise EnvbuildError(f"the smoke test failed ({', '.join(map(str, failed)) or 'see the record'}); record "
+                                f"{record_path(report.image_id)}.", exit_code=1)
+        work.mkdir(parents=True, exist_ok=True)
+
+        def make_sbom() -> tuple[dict, bytes]:
+            inv = sbom.read_inventory(image, engine)
+            return inv, sbom.to_json(sbom.make_bom(inv, f"{ctx.image_repo}:{variant['tag']}"))
+        inv, sbom_bytes = _timed(o, "sbom", make_sbom)
+        write_atomic(work / sbom.FILE_NAME, sbom_bytes)
+        o.bytes["sbom"] = len(sbom_bytes)
+
+        found = _timed(o, "audit", lambda: audit.audit_pins(
+            sbom.python_pins(inv), f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)))
+        ctx.say(f"{variant['variant']}: audit: {found.summary()}")
+        if not found.ok:
+            raise EnvbuildError(found.refusal(f"image {variant['tag']}"), exit_code=1)
+
+        sqsh_path = work / "image.sqsh"
+        if sqsh_path.exists():
+            sqsh_path.unlink()  # an earlier run's export of this directory (ours)
+        sqsh = _timed(o, "sqsh", lambda: export_sqsh(image, sqsh_path))
+        o.bytes["sqsh"] = sqsh.size
+        smoke_bytes = record_path(report.image_id).read_bytes()
+        write_atomic(work / "smoke.json", smoke_bytes)
+        o.bytes["smoke"] = len(smoke_bytes)
+
+        pushed = _timed(o, "push", lambda: push(image, ctx.registry, by_platform=True,
+                                                on_event=lambda t: ctx.say(f"{variant['variant']}: {t}")))
+        o.digest = pushed.digest
+        client = Registry(ctx.registry)
+        subject, _ = client.manifest(name, pushed.digest)
+
+        def attach() -> None:
+            for step, kind, blob in (
+                    ("attach:sbom", sbom.MEDIA_TYPE, Blob(sbom.MEDIA_TYPE, sbom.FILE_NAME, data=sbom_bytes)),
+                    ("attach:smoke", SMOKE_TYPE, Blob(SMOKE_TYPE, "smoke.json", data=smoke_bytes)),
+                    ("attach:sqsh", SQSH_TYPE, Blob(SQSH_TYPE, f"{variant['tag']}.sqsh", path=sqsh.path))):
+                desc = _timed(o, step, lambda: client.attach(name, subject, kind, [blob],
+                                                             {"org.opencontainers.image.created": started}))
+                attached.append(desc.digest)
+        _timed(o, "attach", attach)
+
+        def byproducts() -> list[dict]:
+            return [{"name": sbom.FILE_NAME, "digest": {"sha256": _sha(sbom_bytes)}, "mediaType": sbom.MEDIA_TYPE},
+                    {"name": "smoke.json", "digest": {"sha256": _sha(smoke_bytes)}, "mediaType": SMOKE_TYPE},
+                    {"name": "image.sqsh", "digest": {"sha256": sqsh.sha256}, "mediaType": SQSH_TYPE,
+                     "annotations": {"size": str(sqsh.size)}}]
+        manifest_bytes = ((inv.get("records") or {}).get("manifest") or "").encode()
+        manifest = json.loads(manifest_bytes or b"{}")
+        request = {"job": variant.get("job", ""), "variant": variant["variant"], "stack": variant["stack"],
+                   "gpu": variant["gpu"], "fabric": variant["fabric"], "extensions": variant.get("extensions", ""),
+                   "ds_ops": manifest.get("ds_ops"), "platform": variant["platform"],
+                   "cpu_target": manifest.get("cpu_target"), "torch_cuda_arch_list": manifest.get("torch_cuda_arch_list")}
+        lock = manifest.get("lock")
+        arch = "aarch64" if variant["platform"].endswith("arm64") else "x86_64"
+        stmt = _timed(o, "provenance", lambda: provenance.statement(
+            f"{ctx.image_repo}:{variant['tag']}", pushed.digest, request, manifest_bytes, ctx.m.directory,
+            byproducts(), started, {"name": f"{variant['stack']}.{arch}.txt", "sha256": lock["sha256"]} if lock else None))
+        write_atomic(work / "provenance.json", json.dumps(stmt, indent=2, sort_keys=True).encode())
+
+        def sign() -> None:
+            ref = f"{ctx.image_repo}@{pushed.digest}"
+            if ctx.signing.signer is not None:
+                envelope = provenance.sign(stmt, ctx.signing.signer)
+                write_atomic(work / "provenance.dsse.json", envelope)
+                o.bytes["provenance"] = len(envelope)
+                desc = client.attach(name, subject, provenance.DSSE_MEDIA_TYPE,
+                                     [Blob(provenance.DSSE_MEDIA_TYPE, "provenance.dsse.json", data=envelope)],
+                                     {PREDICATE_ANNOTATION: provenance.SLSA_PROVENANCE})
+                attached.append(desc.digest)
+            if ctx.signing.keyless:  # Sigstore: the job's OIDC identity, Fulcio and Rekor (CI only)
+                predicate = work / "provenance-predicate.json"
+                write_atomic(predicate, json.dumps(stmt["predicate"], sort_keys=True).encode())
+                cosign("attest", "--yes", "--type", "slsaprovenance1", "--predicate", str(predicate), ref)
+                cosign("sign", "--yes", ref)
+        _timed(o, "sign", sign)
+        # The commit point: the manifest job merges only digests handed on here.
+        (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
+        write_atomic(ctx.out / "digests" / digest_name(variant), f"{pushed.digest}\n".encode())
+        o.ok = True
+        ctx.say(f"{variant['variant']}: published {ctx.image_repo}@{pushed.digest} ({variant['platform']})")
+    except BaseException as e:  # a failed step, or Ctrl-C / SIGTERM: what was pushed goes back either way
+        o.reason = e.message if isinstance(e, EnvbuildError) else f"interrupted ({type(e).__name__})"
+        if o.digest:
+            o.left_in_registry = _take_back_quietly(client, ctx.registry, name, o.digest, attached)
+        if not isinstance(e, EnvbuildError):
+            raise
+    finally:
+        _copy_log(build_dir, ctx.out / "logs" / f"{s}.log")
+        (work / "image.sqsh").unlink(missing_ok=True)  # gigabytes; it is in the registry now (or not wanted)
+        if not ctx.keep_images:
+            _free_disk(engine, ctx.image_repo)
+    return o
+
+
+def _take_back_quietly(client: Optional[Registry], registry: str, name: str, digest: str,
+                       attached: list[str]) -> list[str]:
+    """:func:`_take_back`, reporting rather than raising when the registry fails meanwhile."""
+    try:
+        return _take_back(client or Registry(registry), name, digest, attached)
+    except EnvbuildError as e:
+        return [f"{registry}/{name}@{digest} and what was attached to it ({e.message})"]
+
+
+def _take_back(client: Registry, name: str, digest: str, attached: list[str]) -> list[str]:
+    """Remove what this variant attached and its image, where the registry allows; what stays.
+    An image that still carries attachments of an earlier publish (the same bits, published
+    before) is kept: deleting it would break a tag that works."""
+    client.detach(name, digest, set(attached))
+    if client.referrers(name, digest):
+        return [f"{client.host}/{name}@{digest} (kept: an earlier publish of the same image is attached to it)"]
+    if client.delete_manifest(name, digest):
+        return []
+    return [f"{client.host}/{name}@{digest} (the registry does not delete manifests; its per-platform tag stays, no "
+            f"published tag serves it, and `envbuild verify` fails on it)"]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _copy_log(build_dir: Path, dest: Path) -> None:
+    """The build log beside the job's others (best effort: a full disk must not hide why the
+    variant failed)."""
+    log = build_dir / "build.log"
+    try:
+        if log.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, dest)
+    except OSError:
+        pass
+
+
+def _free_disk(engine, image_repo: str) -> None:
+    """The job's images, untagged once pushed (their layers stay in the build cache): a runner's
+    disk holds one CUDA image at a time."""
+    try:
+        refs = [t for t in engine.client.images.list(name=image_repo) for t in t.tags]  # type: ignore[attr-defined]
+    except Exception:  # another engine, or none: nothing to free
+        return
+    for ref in refs:
+        try:
+            engine.untag(ref)
+        except Exception:
+            pass
+
+
+def run_job(ctx: JobContext, job: dict, variants: list[dict]) -> list[Outcome]:
+    """Every variant of the job, after the stack's lock passed the vulnerability gate."""
+    arch = "aarch64" if job["platform"].endswith("arm64") else "x86_64"
+    ctx.say(f"{job['id']}: auditing the lock of {job['stack']} ({arch}) against {ctx.service}")
+    result = audit_stack(ctx.m, job["stack"], arch, ctx.service, progress=ctx.say)
+    if result is not None and not result.ok:
+        reason = result.refusal(f"the lock of {job['stack']} ({arch})")
+        return [Outcome(v["variant"], v["tag"], v["platform"], failed_step="audit", reason=reason) for v in variants]
+    outcomes = []
+    for v in variants:
+        ctx.say(f"{v['variant']}: building {v['tag']}")
+        outcomes.append(publish_variant(ctx, {**v, "job": job["id"]}))
+    write_atomic(ctx.out / "report.json", json.dumps({"job": job["id"], "outcomes": [asdict(o) for o in outcomes]},
+                                                     indent=2).encode())
+    return outcomes
+
+
+# ---------------------------------------------------------------- the manifest job
+
+
+def manifest_sources(m: Matrix, tag: str) -> dict:
+    """The manifest job of `tag` (its digest files, platforms)."""
+    merges = publish_plan(m)[3]
+    found = next((j for j in merges if j["tag"] == tag), None)
+    if found is None:
+        raise EnvbuildError(f"--manifest {tag}: no published tag of that name in {m.directory}'s publish plan; "
+                            f"nearest: {', '.join(nearest(tag, [j['tag'] for j in merges])) or 'none'}.")
+    return found
+
+
+def publish_manifest(m: Matrix, registry: str, image_repo: str, tag: str, digests: Path, trust: Trust,
+                     signing: Signing, say: Callable[[str], None] = lambda _: None) -> tuple[str, list]:
+    """Merge the tag's digests into its manifest list, each only if its signed provenance, SBOM,
+    smoke record and .sqsh are attached and verify; then (keyless) sign the list."""
+    job = manifest_sources(m, tag)
+    name = repository(image_repo)
+    refs = []
+    for file in job["digests"].split():
+        path = Path(digests) / file
+        if not path.is_file() or not path.read_text().strip():
+            raise EnvbuildError(f"no published image for {file} (its job failed or was cancelled): not publishing "
+                                f"{tag}.", exit_code=1)
+        refs.append(path.read_text().strip())
+    client = Registry(registry)
+    for digest in refs:
+        for target in targets(client, client.host, name, digest):
+            doc, why = signed_statement(client, target, trust)
+            if doc is None:
+                raise EnvbuildError(f"refusing to publish {tag}: {name}@{digest[:19]}... is not signed as it must be "
+                                    f"({why}).", exit_code=1)
+            missing = [w for w in (sbom.MEDIA_TYPE, SMOKE_TYPE, SQSH_TYPE)
+                       if attached_byproduct(client, target, doc, w)[0] is None]
+            if missing:
+                raise EnvbuildError(f"refusing to publish {tag}: {name}@{digest[:19]}... lacks what its provenance "
+                                    f"lists ({', '.join(missing)}).", exit_code=1)
+            say(f"{target.platform} {digest}: {why}")
+    index_digest, images = merge(registry, name, tag, refs, on_event=say, vouch=lambda image, what: None)
+    if signing.keyless:
+        cosign("sign", "--yes", f"{image_repo}@{index_digest}")
+    return index_digest, images
+
+
+
+
+# ---------------------------------------------------------------- the compiled-extension cache of a job
+
+
+def ext_cache_load(m: Matrix, job: dict, file: Path, base_image: Optional[str], say: Callable[[str], None]) -> None:
+    """An earlier run's compiled wheels into this machine's build cache; a file envbuild refuses is
+    dropped (this run's save replaces it), never kept to block every later run."""
+    if not job["extensions"] or not file.is_file():
+        return
+    try:
+        done = extcache.load(file, base_image or extcache.copy_image(m, job["stack"]))
+        say(f"loaded {done.moved} of {len(done.wheels)} compiled wheel(s) from {file}")
+    except EnvbuildError as e:
+        say(f"warning: {file} was refused ({e.message}); compiling instead")
+        file.unlink()
+
+
+def ext_cache_save(m: Matrix, job: dict, file: Path, out: Path, base_image: Optional[str],
+                   say: Callable[[str], None]) -> None:
+    """This run's compiled wheels into `file`, their cache key (from the wheel names) into FILE.key."""
+    dirs = [d for d in sorted((out / "build").glob("*")) if (d / "envbuild" / "extensions.json").is_file()]
+    if not job["extensions"] or not dirs:
+        return
+    file.unlink(missing_ok=True)  # the restored file: only the wheels this run's builds use are kept
+    done = extcache.save(file, base_image or extcache.copy_image(m, job["stack"]), extcache.keys_of(dirs))
+    if done.wheels:
+        key = hashlib.sha256("\n".join(sorted(done.wheels)).encode()).hexdigest()[:16]
+        Path(f"{file}.key").write_text(key + "\n")
+        say(f"saved {len(done.wheels)} wheel(s) into {file} (cache key {key})")

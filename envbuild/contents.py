@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from typing import BinaryIO, Optional
 
+from .image import paths
+
 DPKG_STATUS = "var/lib/dpkg/status"
+OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
+PYVENV_CFG = paths.VENV.lstrip("/") + "/pyvenv.cfg"
+# The records envbuild copies into an image, by the key the inventory gives each.
+RECORDS = {"manifest": paths.MANIFEST, "lock": paths.LOCK, "extend_lock": paths.EXTEND_LOCK,
+           "extensions": paths.EXTENSIONS_RECORD, "os_lock": paths.OS_LOCK}
 _DIST_INFO = re.compile(r"^(?P<site>.*/(?:site|dist)-packages)/(?P<dir>[^/]+\.dist-info)/(?P<file>METADATA|RECORD)$")
 _KINDS = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink",
           tarfile.DIRTYPE: "dir", tarfile.FIFOTYPE: "fifo", tarfile.CHRTYPE: "char", tarfile.BLKTYPE: "block"}
@@ -64,8 +71,14 @@ class Dist:
 @dataclass
 class ImageContents:
     files: dict[str, FileEntry] = field(default_factory=dict)
-    debs: dict[str, str] = field(default_factory=dict)  # name:arch -> version (installed)
+    packages: list[dict] = field(default_factory=list)  # dpkg's installed packages (parse_dpkg_status)
     dists: dict[str, Dist] = field(default_factory=dict)  # canonical name (or name@location) -> Dist
+    texts: dict[str, str] = field(default_factory=dict)  # path -> text of the small files read whole
+
+    @property
+    def debs(self) -> dict[str, str]:
+        """name:arch -> version of each installed OS package."""
+        return {f"{p['package']}:{p['architecture']}": p["version"] for p in self.packages}
 
 
 def _normalize(name: str) -> str:
@@ -76,14 +89,22 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def parse_dpkg_status(text: str) -> dict[str, str]:
-    """name:arch -> version of every installed package in dpkg's status file."""
-    out = {}
+def parse_dpkg_status(text: str) -> list[dict]:
+    """The installed packages of dpkg's status file: package, version, architecture, and the
+    source package (a `Source: name (version)` field keeps only its name).
+
+    >>> parse_dpkg_status("Package: libc6\\nStatus: install ok installed\\nArchitecture: amd64\\n"
+    ...                   "Source: glibc\\nVersion: 2.36-9\\nDescription: x\\n more\\n")
+    [{'package': 'libc6', 'version': '2.36-9', 'architecture': 'amd64', 'source': 'glibc'}]
+    """
+    out = []
     for stanza in text.split("\n\n"):
-        fields = dict(re.findall(r"^([A-Za-z-]+): ?(.*)$", stanza, re.M))
+        fields = dict(re.findall(r"^([A-Za-z-]+): ?(.*)$", stanza, re.M))  # continuation lines start with a space
         if fields.get("Package") and fields.get("Status", "").endswith(" installed"):
-            out[f"{fields['Package']}:{fields.get('Architecture', '')}"] = fields.get("Version", "")
-    return out
+            out.append({"package": fields["Package"], "version": fields.get("Version", ""),
+                        "architecture": fields.get("Architecture", ""),
+                        "source": fields.get("Source", fields["Package"]).split(" ")[0]})
+    return sorted(out, key=lambda p: (p["package"], p["architecture"]))
 
 
 def read_contents(stream: BinaryIO) -> ImageContents:
@@ -98,7 +119,7 @@ def read_contents(stream: BinaryIO) -> ImageContents:
             if member.isfile():
                 reader = tar.extractfile(member)
                 digest = hashlib.sha256()
-                keep = path == DPKG_STATUS or _DIST_INFO.match("/" + path)
+                keep = path in _WHOLE or _DIST_INFO.match("/" + path)
                 chunks = []
                 while True:
                     block = reader.read(1 << 20)
@@ -113,10 +134,32 @@ def read_contents(stream: BinaryIO) -> ImageContents:
             elif member.issym() or member.islnk():
                 content = _normalize(member.linkname) if member.islnk() else member.linkname
             contents.files[path] = FileEntry(kind, member.mode & 0o7777, f"{member.uid}:{member.gid}", content, size)
-    if DPKG_STATUS in captured:
-        contents.debs = parse_dpkg_status(captured[DPKG_STATUS].decode("utf-8", errors="replace"))
+    contents.texts = {path: captured[path].decode("utf-8", errors="replace") for path in _WHOLE if path in captured}
+    contents.packages = parse_dpkg_status(contents.texts.get(DPKG_STATUS, ""))
     contents.dists = _dists(captured, contents.files)
     return contents
+
+
+_WHOLE = {DPKG_STATUS, *OS_RELEASE, PYVENV_CFG, *(p.lstrip("/") for p in RECORDS.values())}
+
+
+def inventory(contents: ImageContents) -> dict:
+    """What the SBOM is made from and `envbuild verify` compares with: the OS packages, the Python
+    distributions with where they live, the OS release, the venv's Python and envbuild's records,
+    all read from the image's files (nothing in the image runs, so what it holds cannot lie
+    about itself, and an image of any CPU architecture can be read)."""
+    release = next((contents.texts[p] for p in OS_RELEASE if p in contents.texts), "")
+    fields = dict(re.findall(r'^([A-Z_]+)="?([^"\n]*)"?$', release, re.M))
+    venv = dict(re.findall(r"^([\w-]+) *= *(.*)$", contents.texts.get(PYVENV_CFG, ""), re.M))
+    return {"schema": 1,
+            "os": {"id": fields.get("ID", ""), "version_id": fields.get("VERSION_ID", ""),
+                   "pretty_name": fields.get("PRETTY_NAME", "")},
+            "dpkg": contents.packages,
+            "python": sorted(({"name": d.name, "version": d.version, "location": "/" + d.location}
+                              for d in contents.dists.values()), key=lambda d: (d["name"].lower(), d["version"],
+                                                                                d["location"])),
+            "python_version": venv.get("version_info") or venv.get("version", ""),
+            "records": {key: contents.texts.get(path.lstrip("/")) for key, path in RECORDS.items()}}
 
 
 def _dists(captured: dict[str, bytes], files: dict[str, FileEntry]) -> dict[str, Dist]:

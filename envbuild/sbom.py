@@ -1,6 +1,6 @@
 """The SBOM of a built image: a CycloneDX 1.6 document made with cyclonedx-python-lib from what
-the image really holds (read inside it by :mod:`envbuild.inventory`), not from what was meant
-to go in.
+the image really holds (read from its files by :mod:`envbuild.contents`, nothing of it run), not
+from what was meant to go in.
 
 Why it is not inside the image: a file in the image changes the image, so an SBOM stored there
 would describe an image that no longer exists (and its hash would be part of what it
@@ -22,7 +22,6 @@ What it lists:
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import json
 import re
 import uuid
@@ -39,7 +38,8 @@ from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
-from . import __version__, inventory
+from . import __version__
+from .contents import inventory, read_contents
 from .engine import Engine, get_engine
 from .errors import EnvbuildError
 from .image import paths
@@ -51,22 +51,13 @@ IMAGE_ID = "envbuild:image-id"  # the property naming the image (config digest) 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 
-def read_inventory(image: str, engine: Optional[Engine] = None, timeout: float = 600) -> dict:
-    """Run :mod:`envbuild.inventory` in a container of `image` (no network); its JSON."""
+def read_inventory(image: str, engine: Optional[Engine] = None) -> dict:
+    """What `image` holds, read from its filesystem (:func:`envbuild.contents.inventory`): no
+    container of it runs, so an image cannot misreport itself, whatever its CPU architecture."""
     engine = engine or get_engine()
     info = engine.inspect(image)
-    source = inspect.getsource(inventory)
-    run = engine.run(info.id, ["inventory"], timeout=timeout, network="none",
-                     entrypoint=[paths.VENV_PYTHON, "-I", "-c", source])
-    if run.timed_out or run.exit_code != 0:
-        raise EnvbuildError(f"reading what {image} holds failed ({'timed out' if run.timed_out else f'exit {run.exit_code}'}"
-                            f"): {(run.stderr or run.stdout).strip()[-400:]}; is {paths.VENV_PYTHON} in it?",
-                            exit_code=1)
-    try:
-        data = json.loads(run.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise EnvbuildError(f"reading what {image} holds printed no JSON: {run.stdout.strip()[-300:]}",
-                            exit_code=1) from None
+    with engine.export(info.id) as stream:
+        data = inventory(read_contents(stream))
     data["image_id"], data["platform"] = info.id, info.platform
     return data
 

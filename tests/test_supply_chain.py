@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,15 +34,25 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inventory():
-    """This machine's real inventory (inventory.py run as the image runs it: python -I -c SOURCE),
+    """This machine's real inventory: its dpkg database, its os-release and this Python's
+    distributions, as an image's filesystem tar (what envbuild reads of an image: nothing runs),
     with the records of the CI golden render and the fixture lock."""
-    import inspect
+    import io
+    import site
+    import tarfile
 
-    from envbuild import inventory as module
+    from envbuild.contents import inventory as read_inventory, read_contents
 
-    run = subprocess.run([sys.executable, "-I", "-c", inspect.getsource(module)], capture_output=True, text=True,
-                         check=True)
-    inv = json.loads(run.stdout)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add("/var/lib/dpkg/status", "var/lib/dpkg/status")
+        tar.add("/etc/os-release", "etc/os-release")  # a link to ../usr/lib/os-release, as in Debian images
+        tar.add("/usr/lib/os-release", "usr/lib/os-release")
+        for dist in Path(site.getsitepackages()[0]).glob("*.dist-info"):
+            for name in ("METADATA", "RECORD"):
+                if (dist / name).is_file():
+                    tar.add(dist / name, f"opt/venv/lib/python3.11/site-packages/{dist.name}/{name}")
+    inv = read_inventory(read_contents(io.BytesIO(buf.getvalue())))
     lock = (FIXTURE_MATRIX / "locks" / "torch2.11-cu130-py3.12.x86_64.txt").read_text()
     ext = [{"name": "causal-conv1d", "version": "1.5.3", "wheel": "causal_conv1d-1.5.3-cp311-linux_x86_64.whl",
             "sha256": "ab" * 32, "cache_key": "k" * 16, "arch_list": "9.0",

@@ -11,21 +11,14 @@ import click
 
 from ..errors import EnvbuildError
 from .app import err, main, out
-from .options import matrix_dir_option
+from .options import matrix_dir_option, secret_options
 
 SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
                        help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
                             "(api.osv.dev), or an OSV-compatible query URL (a mirror). Env: "
                             "ENVBUILD_VULNERABILITY_SERVICE.")
-BUILD_FLAGS = ("base_image", "builder_image", "pip_index_url", "torch_index_url", "apt_mirror", "source_mirror",
-               "ca_cert")
-BUILD_HELP = {"base_image": "replace the OS base image (a mirror)",
-              "builder_image": "replace the builder stage's base image",
-              "pip_index_url": "a package index mirror (a BuildKit secret)",
-              "torch_index_url": "a mirror of PyTorch's index (a secret)",
-              "apt_mirror": "the distro mirror (a secret)",
-              "source_mirror": "replaces https://github.com in fabric source URLs",
-              "ca_cert": "extra CA certificate (PEM)"}
+BASE_FLAGS = {"base_image": "replace the OS base image (a mirror)",
+              "builder_image": "replace the builder stage's base image"}
 
 
 def _say(text: str) -> None:
@@ -33,8 +26,10 @@ def _say(text: str) -> None:
 
 
 def _build_options(f):
-    for name in reversed(BUILD_FLAGS):
-        f = click.option(f"--{name.replace('_', '-')}", name, help=f"As `envbuild build`: {BUILD_HELP[name]}.")(f)
+    """As `envbuild build`: the bases, and the mirrors, CA and keys (declared once, in options.py)."""
+    f = secret_options(f)
+    for name in reversed(BASE_FLAGS):
+        f = click.option(f"--{name.replace('_', '-')}", name, help=f"As `envbuild build`: {BASE_FLAGS[name]}.")(f)
     return f
 
 
@@ -129,7 +124,7 @@ def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ex
               "matrix_dir": str(m.directory), "python": None, "cuda": None, "torch": None, "deepspeed": None,
               "ds_ops": None, "env_pairs": (), "cpu_target": None, "keep_toolchain": False, "no_compiler": False,
               "qemu": False, **build_flags}
-        r, secrets, path, _ = render_to(kw, str(build_dir), show=False)
+        r, secrets, path, _ = render_to(kw, str(build_dir), show=False, reach_archive=True)
         build_image(path, r.tag, r.request.image_repo, secrets,
                     on_step=lambda event, name: _say(f"{variant['variant']}: done {name}"[:160]) if event == "done" else None)
         return f"{r.request.image_repo}:{r.tag}"

@@ -31,6 +31,8 @@ MAX_KEYS = 16  # findings one signature can make with different titles (librarie
 MAX_VALUES = 8  # values of one part a finding lists
 EXCERPT = 240
 WRAP_MIN = 40  # a line shorter than this was not wrapped by a terminal
+WRAP_SPAN = 4  # lines before and after a line that a wrapped message may take
+WORDY = re.compile(r"[A-Za-z0-9]")
 
 
 def rank_order(label: str):
@@ -132,9 +134,12 @@ class MatchTracker:
         self.records: dict[str, _Record] = {}
         self.cancelled = False
         self.waiting: list = []  # hits whose context may still come: (deadline, line_no, line, match, rank)
+        self._rank: Optional[str] = None  # the rank of the lines being joined (feed_join)
+        self.has_parts = bool(issue.parts())  # only a match with parts can lose some to a wrapped line
 
-    def feed(self, line_no: int, line: str, rank: Optional[str]) -> bool:
-        """Take one line; True if the pattern matched it (whether or not the hit counts)."""
+    def feed(self, line_no: int, line: str, rank: Optional[str], may_wrap: bool = True) -> Optional[bool]:
+        """Take one line; True if the pattern matched it (whether or not the hit counts), None if it
+        matched up to the end of a line long enough to have been wrapped (the join takes it)."""
         if self.unless and self.count and self.unless.search(line):
             self.cancelled = True
         if self.excused_by and self.excused_by.search(line):
@@ -142,19 +147,35 @@ class MatchTracker:
         if self.context:
             self._settle(line_no, line)
         match = self.pattern.search(line)
-        if match:
-            self._hit(line_no, line, match, rank)
-        return match is not None
+        if match is None:
+            return False
+        if may_wrap and self.has_parts and (not line[:match.start()].strip()
+                         or len(line) >= WRAP_MIN and not WORDY.search(line, match.end())):
+            return None  # the message may have begun on the line before or go on in the next: the join decides
+        self._hit(line_no, line, match, rank)
+        return True
 
-    def feed_join(self, line_no: int, first: str, second: str, rank: Optional[str]) -> bool:
-        """Two lines a terminal may have wrapped one message over: a match across the join counts."""
+    def feed_join(self, lines: list[tuple[int, str]], within: tuple[int, int], after: int) -> int:
+        """Lines a terminal may have wrapped one message over, each (line_no, text): a match that
+        touches lines[within[0]:within[1]], spans a join (or lies in that line) and starts after
+        line `after` counts.
+        Returns the number of the last line the match covered (0: none)."""
         for separator in ("", " "):
-            text = first + separator + second
+            bounds, text = [], ""
+            for _, line in lines:
+                bounds.append(len(text))
+                text += line + separator
+            bounds.append(len(text))
             for match in self.pattern.regex.finditer(text):
-                if match.start() < len(first) < match.end():
-                    self._hit(line_no, text, match, rank)
-                    return True
-        return False
+                first = max(i for i, b in enumerate(bounds[:-1]) if b <= match.start())
+                last = max(i for i, b in enumerate(bounds[:-1]) if b < match.end())
+                if last < within[0] or first >= within[1] or lines[first][0] <= after:
+                    continue
+                if first == last and first != within[0]:
+                    continue  # another line's own match: that line's feed took it
+                self._hit(lines[first][0], text, match, self._rank)
+                return lines[last][0]
+        return 0
 
     def _hit(self, line_no: int, line: str, match: re.Match, rank: Optional[str]):
         if self.last_excuse is not None and line_no - self.last_excuse <= self.reach:
@@ -392,8 +413,8 @@ class Scan:
         self.lines = 0  # lines before the current block
         self.all_ranks: set[str] = set()
         self.previous: Optional[tuple[int, bytes]] = None  # the last line seen: (line_no, bytes)
-        self.forward: Optional[tuple] = None  # the last line of a block, waiting for its next line to be joined
-        self.joined: dict[int, int] = {}  # tracker -> the last junction (line number above it) tried
+        self.forward: list = []  # windows of lines at a block's end, waiting for the next block's first lines
+        self.joined: dict[int, int] = {}  # tracker -> the last line a joined match covered
 
     def waiting(self) -> bool:
         return self.screen.everything or any(t.waiting() for _, t in self.waits)
@@ -408,8 +429,7 @@ class Scan:
             if self.default_rank and labelled < block.count(b"\n") + (not block.endswith(b"\n")):
                 self.all_ranks.add(self.default_rank)
         if self.forward:
-            end = block.find(b"\n")
-            self._join_forward(block[:end if end >= 0 else len(block)])
+            self._join_forward(block)
         pos, hits, index = 0, self.screen.hits(block), 0
         line_no = self.lines  # the number of the line before `pos`
         while pos < len(block):
@@ -470,50 +490,102 @@ class Scan:
         text = raw.decode("utf-8", "replace")
         segments = split_flattened(text) if "[rank" in text else [text]
         matched: set[int] = set()
+        deferred: set[int] = set()
         for segment in segments:
             rank, body = self._label(segment)
             for index in sorted(owners):
-                if self.trackers[index].feed(line_no, body, rank):
+                tracker = self.trackers[index]
+                fed = tracker.feed(line_no, body, rank, len(segments) == 1) if isinstance(tracker, MatchTracker) \
+                    else tracker.feed(line_no, body, rank)
+                if fed:
                     matched.add(index)
+                elif fed is None:
+                    deferred.add(index)
             if walking:
                 for index, tracker in self.waits:  # a match tracker has nothing to do with a line that is not its
                     if index not in owners:
                         tracker.idle(rank)
-        # A guard word on this line yet no match: the rest of the message may be on the line before
+        # A guard word on this line yet no match: the rest of the message may be on the lines before
         # or after. A guard word cut by the line's end: the rest is on the next line.
-        whole, cut = whole - matched, (cut | whole) - matched
-        if not cut or len(segments) > 1:
+        if len(segments) > 1:
+            return  # a paste cut at each rank prefix: its pieces were not wrapped
+        whole, cut = (whole | deferred) - matched, (cut | whole | deferred) - matched
+        if not cut:
             return
-        line = (rank, body)
-        if whole and len(block) and (start or self.previous):
-            previous = block[block.rfind(b"\n", 0, start - 1) + 1:start - 1] if start else self.previous[1]
-            if len(previous) >= WRAP_MIN:
-                self._join(line_no - 1, self._label(previous[:MAX_LINE].decode("utf-8", "replace")), line, whole)
-        if len(raw) >= WRAP_MIN:
-            if end < len(block) - 1:
+        before = self._lines_before(block, start, line_no)
+        after = self._lines_after(block, end, line_no) if len(raw) >= WRAP_MIN else []
+        window = before + [(line_no, raw)] + after
+        if len(after) < WRAP_SPAN and len(raw) >= WRAP_MIN and (not after or len(after[-1][1]) >= WRAP_MIN) \
+                and end + sum(len(line) + 1 for _, line in after) >= len(block) - 1 and end < len(block):
+            self.forward.append((window, len(before), cut))  # the rest may be in the next block
+            return
+        self._join(window, len(before), cut)
+
+    def _lines_before(self, block: bytes, start: int, line_no: int) -> list[tuple[int, bytes]]:
+        """Up to WRAP_SPAN lines before line `line_no` (starting at `start`) that end where a terminal
+        would wrap (long enough)."""
+        lines, line_no = [], line_no - 1
+        while start and len(lines) < WRAP_SPAN:
+            begin = block.rfind(b"\n", 0, start - 1) + 1
+            line = block[begin:start - 1]
+            if len(line) < WRAP_MIN:
+                break
+            lines.insert(0, (line_no, line))
+            line_no, start = line_no - 1, begin
+        if not start and len(lines) < WRAP_SPAN and self.previous and len(self.previous[1]) >= WRAP_MIN:
+            lines.insert(0, self.previous)
+        return lines
+
+    def _lines_after(self, block: bytes, end: int, line_no: int) -> list[tuple[int, bytes]]:
+        """Up to WRAP_SPAN lines after line `line_no` (ending at `end`), while the line before each was long enough."""
+        lines = []
+        previous_length = WRAP_MIN
+        while end < len(block) - 1 and len(lines) < WRAP_SPAN and previous_length >= WRAP_MIN:
+            after = block.find(b"\n", end + 1)
+            after = len(block) if after < 0 else after
+            line = block[end + 1:after]
+            lines.append((line_no + 1, line))
+            line_no, end, previous_length = line_no + 1, after, len(line)
+        return lines
+
+    def _join_forward(self, block: bytes):
+        """The windows that reached the end of the last block, completed from this one's first lines."""
+        pending, self.forward = self.forward, []
+        for window, current, trackers in pending:
+            end = -1
+            while len(window) - current - 1 < WRAP_SPAN and len(window[-1][1]) >= WRAP_MIN and end < len(block) - 1:
                 after = block.find(b"\n", end + 1)
-                following = block[end + 1:after if after >= 0 else len(block)]
-                self._join(line_no, line, self._label(following[:MAX_LINE].decode("utf-8", "replace")), cut)
-            elif end < len(block):
-                self.forward = (line_no, line, cut)
+                after = len(block) if after < 0 else after
+                window.append((window[-1][0] + 1, block[end + 1:after]))
+                end = after
+            self._join(window, current, trackers)
 
-    def _join_forward(self, first_line: bytes):
-        line_no, line, cut = self.forward
-        self.forward = None
-        self._join(line_no, line, self._label(first_line[:MAX_LINE].decode("utf-8", "replace")), cut)
-
-    def _join(self, line_no: int, first: tuple, second: tuple, trackers: set[int]):
-        """Match `first` + `second` (each a (rank, text): a message wrapped at the end of `first`)."""
-        (rank, head), (second_rank, tail) = first, second
-        if second_rank != rank and second_rank != self.default_rank:
-            return  # another rank's line: interleaved output, not a wrapped one
-        head = head.rstrip("\r")
-        if not tail.strip():
-            return
+    def _join(self, window: list[tuple[int, bytes]], current: int, trackers: set[int]):
+        """Match the lines of `window` joined (a message a terminal wrapped), for the signatures in
+        `trackers`; the window stops at a line another rank printed (interleaved output)."""
+        labelled = [(line_no, self._label(line[:MAX_LINE].decode("utf-8", "replace"))) for line_no, line in window]
+        rank = labelled[current][1][0]
+        if rank == self.default_rank:  # a continuation has no prefix: it belongs to the line it continues
+            rank = next((label for _, (label, _) in reversed(labelled[:current]) if label != self.default_rank), rank)
+        first, last = current, current
+        while first > 0 and labelled[first - 1][1][0] in (rank, self.default_rank):
+            first -= 1
+        while last + 1 < len(labelled) and labelled[last + 1][1][0] in (rank, self.default_rank) \
+                and labelled[last + 1][1][1].strip():
+            last += 1
+        lines = [(line_no, body.rstrip("\r")) for line_no, (_, body) in labelled[first:last + 1]]
         for index in sorted(trackers):
-            if self.joined.get(index, 0) < line_no:
-                self.joined[index] = line_no
-                self.trackers[index].feed_join(line_no, head, tail, rank)
+            tracker = self.trackers[index]
+            tracker._rank = rank
+            covered = tracker.feed_join(lines, (current - first, current - first + 1), self.joined.get(index, 0))
+            if covered:
+                self.joined[index] = covered
+
+    def finish(self):
+        """The end of the log: a window still waiting for the next block is matched as it is."""
+        pending, self.forward = self.forward, []
+        for window, current, trackers in pending:
+            self._join(window, current, trackers)
 
     def findings(self) -> list[Finding]:
         findings = [f for t in self.trackers for f in t.findings(self.all_ranks)]
@@ -527,4 +599,5 @@ def diagnose_blocks(blocks: Iterable[bytes], issues: list[KnownIssue], screen: O
     scan = Scan(issues, screen or Screen(issues), default_rank)
     for block in blocks:
         scan.feed_block(block)
+    scan.finish()
     return sorted(scan.findings(), key=lambda f: f.line_no), scan

@@ -24,7 +24,9 @@ RAY_ONE = r"\((?:[\w.-]+ )?pid=\d+(?:, ip=[\d.]+)?\)[ \t]*"
 RAY_PREFIX = rf"(?:{RAY_ONE})*\((?:([\w.-]+) )?pid=(\d+)(?:, ip=([\d.]+))?\)"
 IN_MESSAGE_ANY = r"[^\n]*?\[(?:PG [^\]\n]*?)?Rank (\d+)\]"
 SRUN_PREFIX = r"[ \t]*(\d{1,5}): "
-HOST_PREFIX = r"(?![A-Za-z][\w.-]*(?:Error|Exception|Warning|Interrupt|Exit): )([A-Za-z][\w.-]*\d[\w.-]*): "
+# A host name, not an exception class or a file name (`libfoo.so.1: `, `model.py: `).
+HOST_PREFIX = (r"(?![A-Za-z][\w.-]*(?:Error|Exception|Warning|Interrupt|Exit|\.so[\d.]*|\.py|\.cc?|\.cpp|\.cu|\.hp?p?"
+               r"|\.txt|\.log|\.json|\.ya?ml): )([A-Za-z][\w.-]*\d[\w.-]*): ")
 STRONG = f"{TORCHRUN_PREFIX}|{ROLE_PREFIX}|{RAY_PREFIX}|{IN_MESSAGE_ANY}"
 WEAK = {"srun": SRUN_PREFIX, "host": HOST_PREFIX}
 # Each strong prefix with a marker a block must hold for it to occur, and its number of groups.
@@ -41,6 +43,7 @@ WEAK_LINE = {style: re.compile(expression) for style, expression in WEAK.items()
 
 SNIFF_LINES = 500
 WEAK_SHARE = 0.5
+WEAK_MIN = 3  # a weak prefix on fewer lines than this says nothing
 
 # Timestamps a failure line may carry: ISO dates (Python logging, Slurm, most launchers) and
 # glog's `E0429 13:55:49.384` (torch's C++ warnings and errors, which give no year).
@@ -81,7 +84,8 @@ class RankStyle:
 
     @classmethod
     def sniff(cls, first_lines: Iterable[str]) -> "RankStyle":
-        """Accept a weak prefix style only if it is on at least half of the non-blank first lines."""
+        """Accept a weak prefix style only if it is on at least half of the non-blank first lines (and
+        on WEAK_MIN of them: two lines of a tiny paste say nothing)."""
         counts: dict[str, int] = {}
         total = 0
         for line in first_lines:
@@ -93,7 +97,7 @@ class RankStyle:
                     counts[style] = counts.get(style, 0) + 1
                     break
         best = max(counts, key=lambda s: counts[s], default=None)
-        if best and total and counts[best] >= WEAK_SHARE * total:
+        if best and counts[best] >= max(WEAK_MIN, WEAK_SHARE * total):
             return cls(best)
         return cls()
 

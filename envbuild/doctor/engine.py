@@ -166,6 +166,8 @@ class MatchTracker:
                 bounds.append(len(text))
                 text += line + separator
             bounds.append(len(text))
+            if not self.pattern.possible(text):
+                continue
             for match in self.pattern.regex.finditer(text):
                 first = max(i for i, b in enumerate(bounds[:-1]) if b <= match.start())
                 last = max(i for i, b in enumerate(bounds[:-1]) if b < match.end())

@@ -21,6 +21,7 @@ import yaml
 
 from conftest import ROOT
 from envbuild.doctor import LogReader, diagnose_log, diagnose_text, load_issues
+from envbuild.doctor.ranks import RankStyle
 from envbuild.doctor.reading import MAX_LINE
 from envbuild.doctor.signatures import literal_guard
 from envbuild.errors import EnvbuildError
@@ -602,3 +603,16 @@ def test_a_flattened_paste_of_several_ranks_is_cut_at_each_rank_prefix():
     findings = diagnose_text(log, ISSUES)
     assert by_id(findings, "shared-library-missing").ranks == ["rank 3"]
     assert by_id(findings, "nccl-watchdog-timeout").ranks == ["rank 1"]
+
+
+@given(st.lists(st.sampled_from(["[rank1]:step 3", "[rank12]:x", "[default2]:y", "plain line",
+                                 "x" * 45 + "[rank7]: deep in the line", "[pid 9] [rank3]:after a pid",
+                                 "[rank0]:[rank5]: two prefixes"]), max_size=12),
+       st.sets(st.sampled_from(["rank 0", "rank 1", "rank 3", "rank 7", "rank 12", "local rank 2"])))
+@settings(max_examples=200, deadline=None)
+def test_the_shortcut_of_labels_in_finds_what_the_exact_pass_finds(lines, known):
+    """Skipping the exact prefix pass when every marker names a known label loses no label."""
+    block = "\n".join(lines).encode()
+    exact, _ = RankStyle().labels_in(block)
+    quick, _ = RankStyle().labels_in(block, known, count=False)
+    assert quick | known == exact | known

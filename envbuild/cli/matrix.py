@@ -197,9 +197,9 @@ def ci(output, check, matrix_dir):
 @main.command()
 @click.argument("paths", nargs=-1, required=True, metavar="LOG|DIR...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: findings, ranks, flight recorder.")
-@click.option("--max-bytes", default="16G", show_default=True,
+@click.option("--max-bytes", default="16G", show_default=True, metavar="SIZE",
               help="Stop reading after this much text (after decompression), over all inputs.")
-@click.option("--max-seconds", type=click.FloatRange(min=1), default=600, show_default=True,
+@click.option("--max-seconds", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
               help="Stop reading after this many seconds.")
 @matrix_dir_option
 def doctor(paths, as_json, max_bytes, max_seconds, matrix_dir):

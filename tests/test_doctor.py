@@ -16,10 +16,12 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import yaml
 
 from conftest import ROOT
 from envbuild.doctor import LogReader, diagnose_log, diagnose_text, load_issues
+from envbuild.doctor.ranks import RankStyle
 from envbuild.doctor.reading import MAX_LINE
 from envbuild.doctor.signatures import literal_guard
 from envbuild.errors import EnvbuildError
@@ -49,11 +51,13 @@ def verdict(found) -> str:
 
 
 SETS = (("fit", None), ("held-out", "held-out"), ("held-out (issue 16)", "held-out-16"),
-        ("held-out (issue 18: CUDA extensions)", "held-out-18"))
+        ("held-out (issue 18: CUDA extensions)", "held-out-18"), ("issue 33: families (fit)", "fit-33"),
+        ("held-out (issue 33)", "held-out-33"))
+FIRST_TRY = {"held-out-16", "held-out-33"}  # sets scored on their first run, before any change
 
 
 def said_now(entry) -> list[str]:
-    return ids(diagnose_log(str(LOGS / entry["file"]), ISSUES))
+    return sorted(set(ids(diagnose_log(str(LOGS / entry["file"]), ISSUES))))
 
 
 def precision_recall(rows) -> list[str]:
@@ -77,12 +81,40 @@ def precision_recall(rows) -> list[str]:
     return lines
 
 
+FAMILY = {issue.id: issue.family for issue in ISSUES}
+
+
+def family_accuracy(rows) -> list[str]:
+    """Per family over every log: how often the thread's cause is in it, how often doctor names it,
+    how often both, and how often doctor's answer was exactly the expected signatures."""
+    table: dict[str, list[int]] = {}
+    for expected, found in rows:
+        cause_families, said_families = {FAMILY[i] for i in expected}, {FAMILY[i] for i in found}
+        for family in cause_families | said_families:
+            counts = table.setdefault(family, [0, 0, 0, 0])
+            counts[0] += family in cause_families
+            counts[1] += family in said_families
+            counts[2] += family in cause_families and family in said_families
+            counts[3] += family in cause_families and sorted(found) == sorted(expected)
+    lines = ["| family | logs whose cause is in it | logs doctor names it for | right family | exactly right | "
+             "precision | recall |", "|---|---|---|---|---|---|---|"]
+    for family, (cause, said, right, exact) in sorted(table.items()) + [("all", tuple(map(sum, zip(*table.values()))))]:
+        name = f"`{family}`" if family != "all" else "**all**"
+        precision = f"{right / said:.0%}" if said else "-"
+        recall = f"{right / cause:.0%}" if cause else "-"
+        lines.append(f"| {name} | {cause} | {said} | {right} | {exact} | {precision} | {recall} |")
+    clean = [found for expected, found in rows if not expected]
+    lines += ["", f"Clean logs (scary words, healthy run or a cause doctor does not know): {len(clean)}; doctor "
+                  f"flags {sum(1 for found in clean if found)} of them."]
+    return lines
+
+
 def render_table() -> str:
     """The measurement of docs/doctor.md: every INDEX entry, before and now, the scores, precision and recall."""
     lines, scores, rows = [], [], []
     for name, key in SETS:
         entries = [e for e in INDEX if e.get("set") == key]
-        first_try = key == "held-out-16"
+        first_try = key in FIRST_TRY
         head = "| log | thread | cause (per the thread) | expected | before |" + (" first try |" if first_try else "") + " now |"
         lines += ["", f"**{name}** set", "", head, "|---" * (7 if first_try else 6) + "|"]
         right_before = right_first = right_now = 0
@@ -93,7 +125,7 @@ def render_table() -> str:
             right_before += ok_before
             right_now += ok_now
             cause = e["cause"].replace("|", "\\|")
-            thread = e["source"].removeprefix("https://github.com/").replace("/issues/", "#")
+            thread = re.sub(r"/(?:issues|pull)/", "#", e["source"].removeprefix("https://github.com/"))
             row = (f"| [{e['file']}](../tests/fixtures/logs/{e['file']}) | [{thread}]({e['source']}) "
                    f"| {cause} | {verdict(e['expected'])} | {verdict(e['before'])} {'✓' if ok_before else '✗'} |")
             if first_try:
@@ -103,11 +135,20 @@ def render_table() -> str:
             lines.append(row + f" {verdict(now)} {'✓' if ok_now else '✗'} |")
         first = f", first try {right_first}/{len(entries)}" if first_try else ""
         scores.append(f"- {name}: before {right_before}/{len(entries)}{first}, now {right_now}/{len(entries)}")
-    held = [(e["expected"], e["first_try"]) for e in INDEX if "first_try" in e]
-    return "\n".join(["Scores (right / total):", *scores, "", f"Precision and recall now, over all {len(rows)} logs:", "",
-                      *precision_recall(rows), "",
-                      f"Precision and recall of the issue-16 signatures on their {len(held)} held-out logs, first try "
-                      "(before any change made after reading them):", "", *precision_recall(held), *lines])
+    held16 = [(e["expected"], e["first_try"]) for e in INDEX if e.get("set") == "held-out-16"]
+    held33 = [(e["expected"], e["first_try"]) for e in INDEX if e.get("set") == "held-out-33"]
+    fit33 = [row for row, e in zip(rows, [e for _, key in SETS for e in INDEX if e.get("set") == key])
+             if e.get("set") == "fit-33"]
+    return "\n".join([
+        "Scores (right / total):", *scores, "",
+        f"Accuracy by family now, over all {len(rows)} logs:", "", *family_accuracy(rows), "",
+        f"Accuracy by family of the issue-33 held-out set ({len(held33)} logs), first try (before any change made "
+        "after reading them):", "", *family_accuracy(held33), "",
+        f"Accuracy by family of the issue-33 fit set ({len(fit33)} logs, written against):", "",
+        *family_accuracy(fit33), "",
+        f"Precision and recall now, per signature, over all {len(rows)} logs:", "", *precision_recall(rows), "",
+        f"Precision and recall of the issue-16 signatures on their {len(held16)} held-out logs, first try "
+        "(before any change made after reading them):", "", *precision_recall(held16), *lines])
 
 
 def test_docs_table_is_what_doctor_says_today():
@@ -120,21 +161,24 @@ def test_docs_table_is_what_doctor_says_today():
 def test_index_lists_every_fixture_once_with_a_source():
     listed = [entry["file"] for entry in INDEX]
     assert sorted(listed) == sorted(p.name for p in LOGS.glob("*.log")) and len(set(listed)) == len(listed)
-    assert all(re.match(r"https://github\.com/[^/]+/[^/]+/issues/\d+$", e["source"]) for e in INDEX)
+    assert all(re.match(r"https://github\.com/[^/]+/[^/]+/(?:issues|pull)/\d+$", e["source"]) for e in INDEX)
     known = {i.id for i in ISSUES}
     fields = ("expected", "before", "first_try", "doctor_says")
     assert all(set(e.get(f, [])) <= known for e in INDEX for f in fields) and all(e["cause"] for e in INDEX)
     assert all(e.get("set") in {key for _, key in SETS} for e in INDEX)
-    assert all(("first_try" in e) == (e.get("set") == "held-out-16") for e in INDEX)
+    assert all(("first_try" in e) == (e.get("set") in FIRST_TRY) for e in INDEX)
     assert all(sorted(e["doctor_says"]) != sorted(e["expected"]) for e in INDEX if "doctor_says" in e)
-    assert len(INDEX) >= 25 and known <= {i for e in INDEX for i in e["expected"]} | {"cpu-adam-illegal-instruction"}
+    # No public log shows these two; each is tested with a short log written here (and says so).
+    # peer-crashed is shown by the per-rank logs of a real gloo run made here (tests/fixtures/ranks).
+    written_here = {"cpu-adam-illegal-instruction", "nccl-net-not-found", "peer-crashed"}
+    assert len(INDEX) >= 25 and known <= {i for e in INDEX for i in e["expected"]} | written_here
 
 
 @pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
 def test_real_log_verdict(entry):
     """Doctor says what the thread names as the cause; `doctor_says` marks the documented misses."""
     findings = diagnose_log(str(LOGS / entry["file"]), ISSUES)
-    assert sorted(ids(findings)) == sorted(entry.get("doctor_says", entry["expected"])), entry["cause"]
+    assert sorted(set(ids(findings))) == sorted(entry.get("doctor_says", entry["expected"])), entry["cause"]
     if "ranks" in entry:
         assert [r for f in findings for r in f.ranks] == entry["ranks"]
 
@@ -309,10 +353,12 @@ def test_xformers_warning_is_a_mismatch_only_when_the_torch_differs():
 
 
 def test_abi_signature_leaves_torch_itself_and_torchvision_to_others():
-    """torch's own libraries missing a symbol is a broken torch (pytorch#32638), not an extension."""
+    """torch's own libraries missing a symbol is a broken torch (pytorch#32638), not an extension:
+    the symbol family names that (two torch installs mixed), not extension-torch-abi."""
     torch_itself = ("ImportError: /usr/lib/python3.8/site-packages/torch/lib/libtorch_python.so: undefined symbol: "
                     "_ZN5torch4cuda4nccl6detail16throw_nccl_errorE12ncclResult_t\n")
-    assert diagnose_text(torch_itself, ISSUES) == []
+    findings = diagnose_text(torch_itself, ISSUES)
+    assert ids(findings) == ["undefined-symbol"] and findings[0].title.startswith("One of torch's own libraries")
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -341,7 +387,7 @@ def test_ansi_escapes_are_stripped_and_never_echoed(tmp_path, cli):
                      b"on the device\x1b]0;title\x07\x1b[K\r\n")
     r = cli("doctor", str(path))
     assert r.returncode == 3 and "no-kernel-image" in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
-    finding = json.loads(cli("doctor", "--json", str(path)).stdout)[0]
+    finding = json.loads(cli("doctor", "--json", str(path)).stdout)["findings"][0]
     assert finding["excerpt"] == "RuntimeError: CUDA error: no kernel image is available for execution on the device"
 
 
@@ -385,12 +431,17 @@ def test_doctor_cli_text_and_exit_codes(cli, tmp_path):
 def test_doctor_cli_json(cli):
     r = cli("doctor", "--json", str(LOGS / "llamafactory-6269-nccl.log"))
     assert r.returncode == 3
-    (finding,) = json.loads(r.stdout)
-    assert set(finding) >= {"id", "title", "line", "count", "rank", "excerpt", "cause", "fix", "source"}
+    report = json.loads(r.stdout)
+    (finding,) = report["findings"]
+    assert set(finding) >= {"id", "family", "title", "certainty", "parts", "line", "count", "rank", "excerpt", "cause",
+                            "fix", "source"}
     assert finding["id"] == "nccl-watchdog-timeout" and finding["line"] == 1 and finding["count"] == 5
-    assert finding["rank"] == ["rank 0", "rank 3", "rank 4"]
+    assert finding["rank"] == ["rank 0", "rank 3", "rank 4"] and finding["family"] == "collective"
+    assert report["inputs"][0]["complete"] and report["flight_recorder"] is None
+    # every rank that says something only reports the collective it waited in: none failed on its own
+    assert report["order"]["first_to_fail"] == [] and report["order"]["followed"] == ["rank 0", "rank 3", "rank 4"]
     empty = cli("doctor", "--json", str(LOGS / "lmflow-219-loaded.log"))
-    assert empty.returncode == 0 and json.loads(empty.stdout) == []
+    assert empty.returncode == 0 and json.loads(empty.stdout)["findings"] == []
 
 
 def test_doctor_cli_reads_standard_input(cli):
@@ -404,7 +455,7 @@ def test_doctor_cli_reads_standard_input(cli):
 
 @pytest.mark.parametrize("make, words", [
     (lambda d: d / "missing.log", "cannot be read"),
-    (lambda d: d, "is a directory"),
+    (lambda d: d, "holds no log or flight-recorder dump"),
     (lambda d: (d / "core").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(200)) and d / "core", "ELF"),
     (lambda d: (d / "zeros").write_bytes(bytes(100_000)) and d / "zeros", "binary"),
     (lambda d: (d / "cut.gz").write_bytes(gzip.compress(os.urandom(400_000).hex().encode())[:200_000]) and d / "cut.gz",
@@ -419,7 +470,7 @@ def test_dev_zero_is_refused_quickly(cli):
     if not Path("/dev/zero").exists():
         pytest.skip("no /dev/zero")
     r = cli("doctor", "/dev/zero", timeout=30)
-    assert r.returncode == 2 and "binary" in r.stderr
+    assert r.returncode == 2 and "is a character device, not a regular file" in r.stderr
 
 
 def test_wait_signature_cannot_take_context(tmp_path):
@@ -435,3 +486,133 @@ def test_malformed_known_issues_is_an_error(tmp_path):
                                                 "    cause: c\n    fix: f\n    source: s\n")
     with pytest.raises(EnvbuildError, match="resolved_by"):
         load_issues(tmp_path)
+
+
+# --- families: the specific part named (issue 33) ------------------------------------------
+
+
+@pytest.mark.parametrize("log, issue_id, words", [
+    ("nnabla-1063-libcudart.log", "shared-library-missing", "A CUDA library cannot be found: libcudart.so.11.0"),
+    ("nlut-15-libtorch-cuda-cu.log", "shared-library-missing", "torch's own libraries cannot be found: libtorch_cuda_cu.so"),
+    ("nccl-872-libmpi.log", "shared-library-missing", "The MPI runtime cannot be found: libmpi.so.40"),
+    ("friendo-bot-68-libgl-gthread.log", "shared-library-missing", "OS graphics library cannot be found: libgthread-2.0.so.0"),
+    ("chatgpt-46-glibc-appimage.log", "glibc-too-old", "needs GLIBC_2.33, 2.32, 2.34"),
+    ("ktransformers-439-glibcxx-332.log", "glibcxx-too-old", "needs GLIBCXX_3.4.32"),
+    ("ragflow-4466-nvjitlink.log", "undefined-symbol", "needs a newer nvJitLink"),
+    ("tomotwin-42-cublaslt.log", "undefined-symbol", "Two cuBLAS releases are mixed"),
+    ("xformers-1057-cxx-runtime-symbol.log", "undefined-symbol", "newer GCC than the libstdc++ loaded"),
+    ("tinygrad-kmod-47-nvml.log", "nvml-driver-mismatch", "user-space NVML 570.124"),
+    ("hubert-1-no-nccl-windows.log", "cpu-only-torch", "has no NCCL"),
+    ("nvidia-docker-1137-driver-error.log", "container-runtime-no-driver", "driver error: failed to process request"),
+    ("mmpretrain-960-port-22.log", "rendezvous-port-in-use", "a port of a system service: 22"),
+    ("torchx-540-master-unresolved.log", "rendezvous-host-unresolved", "codeflare-ray-jiajie-csqcn-head-sjvwx"),
+    ("verl-2550-ipv6-literal.log", "rendezvous-host-unresolved", "IPv6 literal in brackets"),
+    ("openrlhf-1040-clients-joined.log", "rendezvous-node-missing", "1 of 3 joined in 1801 s"),
+    ("pyxis-127-sqsh-path.log", "pyxis-squashfs-path", "hello-world.sqsh"),
+    ("pyxis-168-registry-401.log", "pyxis-enroot-error", "another registry"),
+    ("triton-8539-ptxas-sm121a.log", "triton-ptxas-too-old", "sm_121a"),
+    ("apex-368-cuda-home-list.log", "no-cuda-toolkit", "CUDA_HOME is malformed"),
+    ("aws-ofi-nccl-889-efa-empty.log", "ofi-provider-unusable", "provider efa"),
+    ("nccl-1676-gdr-disabled.log", "gpudirect-rdma-off", "mlx5_0, mlx5_1, mlx5_2"),
+])
+def test_a_family_names_the_part_the_log_shows(log, issue_id, words):
+    """The library, version, port, host or architecture comes from the log, not from the signature."""
+    findings = [f for f in diagnose_log(str(LOGS / log), ISSUES) if f.issue.id == issue_id]
+    assert any(words in f"{f.title} | {f.detail}" for f in findings), [f.title for f in findings]
+
+
+def test_a_family_that_cannot_tell_says_likely_and_shows_the_line(cli):
+    """802 is the fabric manager on NVSwitch systems, and something else elsewhere: the report says so."""
+    r = cli("doctor", str(LOGS / "cupy-2845-802.log"))
+    assert r.returncode == 3 and "cause:  likely (the log does not say which)" in r.stdout
+    assert "> cupy.cuda.runtime.CUDARuntimeError: cudaErrorSystemNotReady" in r.stdout
+    certain = cli("doctor", str(LOGS / "pyxis-127-sqsh-path.log"))
+    assert "likely" not in certain.stdout
+
+
+def test_net_not_found_names_the_network():
+    """Short log written here from the message NCCL's net.cc prints (no public thread pastes it alone)."""
+    log = "nid006352:34157:34217 [1] net.cc:626 NCCL WARN Error: network AWS Libfabric not found.\n"
+    assert by_id(diagnose_text(log, ISSUES), "nccl-net-not-found").title.endswith("AWS Libfabric")
+
+
+def test_harmless_plugin_and_library_lines_are_not_findings():
+    """NCCL's own INFO lines about a missing optional plugin, and TensorFlow's CPU-only cudart warning."""
+    for log in ("nccl-162-net-plugin-info-clean.log", "nccl-1292-plugin-symbol-clean.log",
+                "aws-k8s-tester-464-libfabric-warn-clean.log"):
+        assert diagnose_log(str(LOGS / log), ISSUES) == [], log
+    tf_cpu = ("W tensorflow/stream_executor/platform/default/dso_loader.cc:60] Could not load dynamic library "
+              "'libcudart.so.11.0'; dlerror: libcudart.so.11.0: cannot open shared object file: No such file or directory\n"
+              "I tensorflow/stream_executor/cuda/cudart_stub.cc:29] Ignore above cudart dlerror if you do not have a GPU "
+              "set up on your machine.\n")  # TensorFlow 2.x's own pair of lines on a machine without a GPU
+    assert diagnose_text(tf_cpu, ISSUES) == []
+
+
+# --- wrapped, flattened and interleaved pastes ----------------------------------------------
+
+
+FAMILY_LOGS = [e for e in INDEX if e.get("set") in {"fit-33", "held-out-33"} and e["expected"]]
+
+
+def wrapped(text: str, width: int) -> str:
+    """The log as a terminal of `width` columns shows it: every long line cut into pieces."""
+    return "\n".join(line[i:i + width] for line in text.split("\n") for i in range(0, max(len(line), 1), width))
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_family_logs_wrapped_by_a_terminal_give_the_same_answer(width):
+    for e in FAMILY_LOGS:
+        text = (LOGS / e["file"]).read_text(errors="replace")
+        assert sorted(set(ids(diagnose_text(wrapped(text, width), ISSUES)))) == sorted(e["expected"]), e["file"]
+
+
+def test_family_logs_flattened_into_one_line_give_the_same_answer():
+    """A paste that lost its newlines (a web form, a chat message)."""
+    for e in FAMILY_LOGS:
+        text = (LOGS / e["file"]).read_text(errors="replace")
+        flat = " ".join(line.strip() for line in text.split("\n"))
+        assert sorted(set(ids(diagnose_text(flat, ISSUES)))) == sorted(e["expected"]), e["file"]
+
+
+@given(st.integers(min_value=45, max_value=240))
+@settings(max_examples=25, deadline=None)
+def test_a_wrapped_message_is_found_at_any_width(width):
+    """Every terminal width: the library and the symbol still come out whole."""
+    text = (LOGS / "ragflow-4466-nvjitlink.log").read_text()
+    finding = by_id(diagnose_text(wrapped(text, width), ISSUES), "undefined-symbol")
+    assert "__nvJitLinkAddData_12_1" in finding.detail
+
+
+def test_interleaved_ranks_are_not_joined_and_keep_their_labels():
+    """Two ranks' messages, each wrapped by the terminal, one rank's lines after the other's: each
+    finding is its own rank's, and no message is glued to another rank's line."""
+    a = "OSError: libcudnn_graph.so.9: cannot open shared object file: No such file or directory"
+    b = ("RuntimeError: The server socket has failed to listen on any local network address. port: 29500, "
+         "useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use.")
+    log = "\n".join([wrapped(f"[rank2]:{a}", 60), wrapped(f"[rank0]:{b}", 60), "[rank1]:step 3 loss 0.25",
+                     wrapped(f"[rank3]:{a}", 60)]) + "\n"
+    findings = diagnose_text(log, ISSUES)
+    assert by_id(findings, "shared-library-missing").ranks == ["rank 2", "rank 3"]
+    assert by_id(findings, "rendezvous-port-in-use").ranks == ["rank 0"]
+    assert by_id(findings, "shared-library-missing").other_ranks == ["rank 0", "rank 1"]
+
+
+def test_a_flattened_paste_of_several_ranks_is_cut_at_each_rank_prefix():
+    log = ("[rank1]:[E ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout "
+           "[rank3]:OSError: libcudnn.so.8: cannot open shared object file: No such file or directory\n")
+    findings = diagnose_text(log, ISSUES)
+    assert by_id(findings, "shared-library-missing").ranks == ["rank 3"]
+    assert by_id(findings, "nccl-watchdog-timeout").ranks == ["rank 1"]
+
+
+@given(st.lists(st.sampled_from(["[rank1]:step 3", "[rank12]:x", "[default2]:y", "plain line",
+                                 "x" * 45 + "[rank7]: deep in the line", "[pid 9] [rank3]:after a pid",
+                                 "[rank0]:[rank5]: two prefixes"]), max_size=12),
+       st.sets(st.sampled_from(["rank 0", "rank 1", "rank 3", "rank 7", "rank 12", "local rank 2"])))
+@settings(max_examples=200, deadline=None)
+def test_the_shortcut_of_labels_in_finds_what_the_exact_pass_finds(lines, known):
+    """Skipping the exact prefix pass when every marker names a known label loses no label."""
+    block = "\n".join(lines).encode()
+    exact, _ = RankStyle().labels_in(block)
+    quick, _ = RankStyle().labels_in(block, known, count=False)
+    assert quick | known == exact | known

@@ -164,21 +164,27 @@ def ci(output, check, matrix_dir):
 
 
 @main.command()
-@click.argument("log")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: a list of findings.")
+@click.argument("paths", nargs=-1, required=True, metavar="LOG|DIR...")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: findings, ranks, flight recorder.")
+@click.option("--max-bytes", default="16G", show_default=True, metavar="SIZE",
+              help="Stop reading after this much text (after decompression), over all inputs.")
+@click.option("--max-seconds", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
+              help="Stop reading after this many seconds.")
 @matrix_dir_option
-def doctor(log, as_json, matrix_dir):
-    """Recognise known hang/failure signatures in a training log and say what to do.
+def doctor(paths, as_json, max_bytes, max_seconds, matrix_dir):
+    """Recognise known hang/failure signatures in training logs and say what to do.
 
-    LOG is a file (text, gzip, bzip2 or xz; UTF-8 or UTF-16) or - for standard input.
-    Exit status: 0 nothing known found, 3 something found, 2 the log cannot be read.
+    Each LOG is a file (text, gzip, bzip2 or xz; UTF-8 or UTF-16) or - for standard input; a DIR
+    holds a job's per-rank logs (`srun --output=%x-%t.out`) and/or torch's flight-recorder dumps.
+    Exit status: 0 nothing known found, 3 something found, 2 an input cannot be read.
     """
-    from ..doctor import diagnose_log, load_issues, render_json, render_text
+    from ..doctor import Budget, examine, load_catalogue, parse_size, render_json, render_text
     from ..resources import matrices_dir
 
-    findings = diagnose_log(log, load_issues(Path(matrix_dir) if matrix_dir else matrices_dir()))
-    click.echo(render_json(findings) if as_json else render_text(findings))
-    if findings:
+    issues, families = load_catalogue(Path(matrix_dir) if matrix_dir else matrices_dir())
+    report = examine(list(paths), issues, families, Budget(parse_size(max_bytes), max_seconds))
+    click.echo(render_json(report) if as_json else render_text(report))
+    if report.found():
         sys.exit(3)
 
 

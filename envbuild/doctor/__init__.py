@@ -1,19 +1,27 @@
-"""`envbuild doctor`: recognise known failure signatures in a training log and say what to do.
+"""`envbuild doctor`: recognise known failure signatures in training logs and say what to do.
 
-signatures.py loads the signatures (matrices/known_issues.yaml), reading.py turns any log
-file into clean lines in bounded memory, ranks.py tells which rank printed a line, engine.py
-matches in one streaming pass, report.py prints the findings as text or JSON.
+signatures.py loads the signatures and their families (matrices/known_issues.yaml),
+reading.py turns any log file into clean blocks of lines in bounded memory and time, ranks.py
+tells which rank printed a line and when, engine.py matches in one streaming pass, flight.py
+reads torch's flight-recorder dumps safely, run.py puts several logs, ranks and dumps together,
+report.py prints the result as text or JSON.
 """
 
-from .engine import Finding, diagnose, diagnose_text
-from .reading import LogReader
+from .engine import Finding, diagnose_blocks
+from .reading import Budget, LogReader, parse_size, text_blocks
 from .report import render_json, render_text
-from .signatures import KnownIssue, load_issues
+from .run import Report, examine
+from .signatures import KnownIssue, load_catalogue, load_issues
 
-__all__ = ["Finding", "KnownIssue", "LogReader", "diagnose", "diagnose_log", "diagnose_text", "load_issues",
-           "render_json", "render_text"]
+__all__ = ["Budget", "Finding", "KnownIssue", "LogReader", "Report", "diagnose_log", "diagnose_text", "examine",
+           "load_catalogue", "load_issues", "parse_size", "render_json", "render_text"]
 
 
 def diagnose_log(log: str, issues: list[KnownIssue]) -> list[Finding]:
-    """Findings for LOG (a path, or "-" for standard input); EnvbuildError for input that is not a log."""
-    return diagnose(LogReader(log).lines(), issues)
+    """Findings for one LOG (a path, or "-" for standard input); EnvbuildError for input that is not a log."""
+    return diagnose_blocks(LogReader(log).blocks(), issues)[0]
+
+
+def diagnose_text(text: str, issues: list[KnownIssue]) -> list[Finding]:
+    """`diagnose_log` for a log already in memory (tests, small inputs)."""
+    return diagnose_blocks(text_blocks(text), issues)[0]

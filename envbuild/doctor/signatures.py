@@ -1,7 +1,17 @@
 """Known failure signatures, read from matrices/known_issues.yaml.
 
 A signature is data: regular expressions, the cause, the fix and the source, so a new field
-report is a new entry, not new code. Two kinds exist:
+report is a new entry, not new code. Each belongs to a family (a shared library missing, a
+symbol or version mismatch, the host's GPU stack, a launcher, the run-time toolchain, a
+fabric, ...), and a family member names the specific part the log shows: a pattern's named
+groups (`(?P<lib>lib\\S+\\.so\\S*)`) are the parts, `{lib}` in its title, cause or fix is
+replaced by what the log said, and `cases` pick a cause and fix by the part's value (libcuda
+comes from the driver, libcudnn from the image). A family that cannot tell the cause from the
+log says so: `certainty: likely`.
+
+Two kinds exist:
+
+`detail` is a template too; every value a part took in the log fills it (`GLIBC_2.32, 2.34`).
 
 - `match` (the default): every line matching `pattern` is a hit, unless `unless` appears later
   in the log (the step finished after all), and, when `context` is set, only if `context`
@@ -11,13 +21,15 @@ report is a new entry, not new code. Two kinds exist:
   `resolved_by` closes one, per rank. A wait still open at the end of the log is a hang, unless
   `moved_on` (training progress) appears after it or `quiet_lines` other lines of that rank
   follow it. `evidence` (e.g. a stack parked in the lock's wait loop) is a hang on its own.
+
+Any expression may be a list of alternatives; each keeps its own group names.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 try:  # Python >= 3.11
     from re import _constants as sre_constants, _parser as sre_parse
@@ -26,17 +38,63 @@ except ImportError:  # Python 3.10
     import sre_parse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import EnvbuildError
+from .reading import read_regular
 
 REGEX_FIELDS = ("pattern", "unless", "context", "excused_by", "resolved_by", "evidence", "moved_on")
+TEXT_FIELDS = ("title", "cause", "fix")
+KNOWN_ISSUES_LIMIT = 4 << 20  # the file is 0.1 MiB today
+PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
+ALTERNATIVE_SUFFIX = re.compile(r"__\d+$")
+GROUP_NAME = re.compile(r"(?<!\\)\(\?P([<=])([A-Za-z_]\w*)")
+
+Expression = Optional[Union[str, list[str]]]
+
+
+def merge_alternatives(value):
+    """One expression from a list of alternatives, each alternative's group names made unique
+    (`lib` in the second becomes `lib__2`; `part_name` strips the suffix again)."""
+    if not isinstance(value, list):
+        return value
+    parts = []
+    for number, alternative in enumerate(value, 1):
+        if not isinstance(alternative, str):
+            raise ValueError("every alternative of an expression must be a string")
+        if number > 1:
+            alternative = GROUP_NAME.sub(lambda m: f"(?P{m.group(1)}{m.group(2)}__{number}", alternative)
+        parts.append(f"(?:{alternative})")
+    return "|".join(parts)
+
+
+def part_name(group: str) -> str:
+    return ALTERNATIVE_SUFFIX.sub("", group)
+
+
+class Case(BaseModel):
+    """A cause and fix chosen by the value of a part (`when: {lib: '^libcuda\\.'}`)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    when: dict[str, str]
+    title: Optional[str] = None
+    cause: Optional[str] = None
+    fix: Optional[str] = None
+    certainty: Optional[Literal["certain", "likely"]] = None
+
+
+class Family(BaseModel):
+    """A family of causes, and what an envbuild image already does about it."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    title: str
+    envbuild: str
 
 
 class KnownIssue(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str
     title: str
+    family: str = "other"
     kind: Literal["match", "wait"] = "match"
     pattern: str
     unless: Optional[str] = None
@@ -48,9 +106,18 @@ class KnownIssue(BaseModel):
     evidence: Optional[str] = None
     moved_on: Optional[str] = None
     quiet_lines: int = Field(default=1000, ge=1)
+    certainty: Literal["certain", "likely"] = "certain"
+    follows: bool = False
+    cases: list[Case] = []
+    detail: Optional[str] = None
     cause: str
     fix: str
     source: str
+
+    @field_validator(*REGEX_FIELDS, mode="before")
+    @classmethod
+    def _alternatives(cls, value):
+        return merge_alternatives(value)
 
     @model_validator(mode="after")
     def _wait_needs_resolution(self):
@@ -58,8 +125,8 @@ class KnownIssue(BaseModel):
             raise ValueError(f"{self.id}: a `wait` signature needs `resolved_by`")
         if self.kind == "match" and (self.resolved_by or self.evidence or self.moved_on):
             raise ValueError(f"{self.id}: `resolved_by`, `evidence` and `moved_on` belong to `wait` signatures")
-        if self.kind == "wait" and (self.context or self.excused_by):
-            raise ValueError(f"{self.id}: `context` and `excused_by` belong to `match` signatures")
+        if self.kind == "wait" and (self.context or self.excused_by or self.cases):
+            raise ValueError(f"{self.id}: `context`, `excused_by` and `cases` belong to `match` signatures")
         return self
 
     def regex(self, name: str) -> Optional["GuardedRegex"]:
@@ -67,43 +134,95 @@ class KnownIssue(BaseModel):
         value = getattr(self, name)
         return GuardedRegex(value) if value else None
 
+    def parts(self) -> set[str]:
+        """The part names the pattern extracts (its named groups)."""
+        return {part_name(name) for name in re.compile(self.pattern).groupindex}
+
+    def texts(self) -> list[str]:
+        own = [getattr(self, f) for f in TEXT_FIELDS] + [self.detail or ""]
+        return own + [getattr(c, f) or "" for c in self.cases for f in TEXT_FIELDS]
+
+    def fill_detail(self, values: dict[str, list[str]]) -> str:
+        """`detail` with each `{part}` replaced by every value the log showed for it; a clause
+        (between semicolons) whose parts the log never showed is left out."""
+        if not self.detail:
+            return ""
+        clauses = [clause for clause in self.detail.split("; ")
+                   if all(values.get(name) for name in PLACEHOLDER.findall(clause))]
+        return PLACEHOLDER.sub(lambda m: ", ".join(values[m.group(1)]), "; ".join(clauses))
+
+    def resolve(self, parts: dict[str, str]) -> dict[str, str]:
+        """Title, cause, fix and certainty for the parts one log line showed: the first case
+        whose `when` expressions all match, else the signature's own; `{part}` filled in."""
+        chosen: dict[str, Optional[str]] = {}
+        for case in self.cases:
+            if all(re.search(expression, parts.get(name, "")) for name, expression in case.when.items()):
+                chosen = {"title": case.title, "cause": case.cause, "fix": case.fix, "certainty": case.certainty}
+                break
+        texts = {f: chosen.get(f) or getattr(self, f) for f in TEXT_FIELDS}
+        filled = {f: PLACEHOLDER.sub(lambda m: parts.get(m.group(1)) or "?", text) for f, text in texts.items()}
+        filled["certainty"] = chosen.get("certainty") or self.certainty
+        return filled
+
 
 MIN_GUARD = 3
 
 
-def _literal_runs(items) -> list[str]:
-    """The runs of plain characters in a parsed branch (anything else ends a run)."""
-    runs, run = [], ""
+def _better(a: Optional[tuple[str, ...]], b: Optional[tuple[str, ...]]) -> Optional[tuple[str, ...]]:
+    """The more selective of two guards: the longer shortest word, then fewer words."""
+    if a is None or b is None:
+        return a or b
+    return max(a, b, key=lambda g: (min(map(len, g)), -len(g)))
+
+
+def _guard_of(items) -> Optional[tuple[str, ...]]:
+    """Words one of which every match of the parsed sequence `items` contains (None: no such set)."""
+    best, run = None, ""
+
+    def take_run():
+        nonlocal best, run
+        if len(run) >= MIN_GUARD:
+            best = _better(best, (run,))
+        run = ""
+
     for op, arg in items:
         if op is sre_constants.LITERAL:
             run += chr(arg)
             continue
-        runs.append(run)
-        run = ""
-    return runs + [run]
+        take_run()
+        sub = None
+        if op is sre_constants.SUBPATTERN and not arg[1] and not arg[2]:  # a group without inline flags
+            sub = _guard_of(arg[3])
+        elif op is sre_constants.BRANCH:
+            guards = [_guard_of(branch) for branch in arg[1]]
+            if all(guards):
+                sub = tuple(dict.fromkeys(word for guard in guards for word in guard))
+        elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT) and arg[0] >= 1:
+            sub = _guard_of(arg[2])
+        best = _better(best, sub)
+    take_run()
+    return best
 
 
 def literal_guard(pattern: str) -> Optional[tuple[str, ...]]:
-    """Substrings one of which every match of `pattern` contains, or None if some branch has none.
+    """Substrings one of which every match of `pattern` contains, or None if there is no such set.
 
-    Each top-level alternative contributes its longest run of plain characters, so
-    `any(word in line for word in guard)` is a necessary condition for a match; testing it first
-    is far cheaper than running the regular expression on every line of a long log.
+    A sequence contributes its longest run of plain characters, or the guard of a group or an
+    alternation inside it, whichever is the more selective; an alternation needs a guard in
+    each branch. `any(word in line for word in guard)` is then a necessary condition for a
+    match, and testing it first is far cheaper than running the regular expression on every line.
+
+    >>> literal_guard(r"(?:PyTorch|CUDA) version mismatch!")
+    (' version mismatch!',)
+    >>> literal_guard(r"(?P<lib>lib\\w+\\.so): cannot open|Could not load (?P<lib__2>\\S+)")
+    (': cannot open', 'Could not load ')
+    >>> literal_guard(r"foo|\\bx") is None
+    True
     """
     tree = sre_parse.parse(pattern)
     if tree.state.flags & re.IGNORECASE:
         return None
-    items = list(tree)
-    if len(items) == 1 and items[0][0] is sre_constants.SUBPATTERN and not items[0][1][1] and not items[0][1][2]:
-        items = list(items[0][1][3])  # (?:a|b) around the whole pattern
-    branches = items[0][1][1] if len(items) == 1 and items[0][0] is sre_constants.BRANCH else [items]
-    guard = []
-    for branch in branches:
-        longest = max(_literal_runs(list(branch)), key=len)
-        if len(longest) < MIN_GUARD:
-            return None
-        guard.append(longest)
-    return tuple(dict.fromkeys(guard))
+    return _guard_of(list(tree))
 
 
 class GuardedRegex:
@@ -131,25 +250,59 @@ class GuardedRegex:
         return len(self.regex.findall(line)) if self.possible(line) else 0
 
 
-def load_issues(matrix_dir: Path) -> list[KnownIssue]:
-    """Every signature in `matrix_dir/known_issues.yaml`, validated and with its regexes compiled once."""
-    path = matrix_dir / "known_issues.yaml"
-    try:
-        data = yaml.safe_load(path.read_text())
-        issues = [KnownIssue.model_validate(i) for i in data["issues"]]
-        for issue in issues:
-            for name in REGEX_FIELDS:
-                issue.regex(name)
-    except ValidationError as e:
-        error = e.errors()[0]
-        where = ".".join(str(part) for part in error["loc"]) or "an entry"
-        raise EnvbuildError(f"known-issues file {path} is malformed: {where}: {error['msg']}.") from None
-    except (OSError, yaml.YAMLError, KeyError, TypeError, re.error) as e:
-        raise EnvbuildError(f"known-issues file {path} is malformed: {str(e).splitlines()[0]}.") from None
+def _malformed(path: Path, what: str) -> EnvbuildError:
+    return EnvbuildError(f"known-issues file {path} is malformed: {what}. Compare it with the one envbuild ships "
+                         "(matrices/known_issues.yaml), or leave out --matrix-dir to use that one.")
+
+
+def _check(issues: list[KnownIssue], families: list[Family], path: Path):
+    """What the models cannot check alone: unique ids, known families and parts, compilable expressions."""
     ids = [i.id for i in issues]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     unknown = sorted({s for i in issues for s in i.superseded_by} - set(ids))
     if duplicates or unknown:
-        problem = f"duplicate ids {duplicates}" if duplicates else f"superseded_by names unknown ids {unknown}"
-        raise EnvbuildError(f"known-issues file {path} is malformed: {problem}.")
-    return issues
+        raise _malformed(path, f"duplicate ids {duplicates}" if duplicates else f"superseded_by names unknown ids {unknown}")
+    known_families = {f.id for f in families}
+    for issue in issues:
+        if families and issue.family not in known_families:
+            raise _malformed(path, f"{issue.id}: family {issue.family!r} is not one of {sorted(known_families)}")
+        for name in REGEX_FIELDS:
+            issue.regex(name)
+        parts = issue.parts()
+        used = {name for text in issue.texts() for name in PLACEHOLDER.findall(text)}
+        used |= {name for case in issue.cases for name in case.when}
+        if used - parts:
+            raise _malformed(path, f"{issue.id}: {sorted(used - parts)} named in its texts or cases but not a "
+                             f"named group of its pattern (parts: {sorted(parts) or 'none'})")
+        for case in issue.cases:
+            for expression in case.when.values():
+                re.compile(expression)
+
+
+def load_catalogue(matrix_dir: Path) -> tuple[list[KnownIssue], list[Family]]:
+    """Every signature and family in `matrix_dir/known_issues.yaml`, validated, regexes compiled once."""
+    path = matrix_dir / "known_issues.yaml"
+    data = read_regular(path, "known-issues file", KNOWN_ISSUES_LIMIT)
+    try:
+        document = yaml.safe_load(data.decode("utf-8"))
+        if not isinstance(document, dict) or not isinstance(document.get("issues"), list):
+            raise _malformed(path, "it needs a list `issues:`")
+        families = [Family.model_validate(f) for f in document.get("families") or []]
+        issues = [KnownIssue.model_validate(i) for i in document["issues"]]
+        _check(issues, families, path)
+    except ValidationError as e:
+        error = e.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "an entry"
+        raise _malformed(path, f"{where}: {error['msg']}") from None
+    except UnicodeDecodeError as e:
+        raise _malformed(path, f"it is not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise _malformed(path, "it is nested too deeply") from None
+    except (yaml.YAMLError, TypeError, ValueError, re.error) as e:
+        raise _malformed(path, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    return issues, families
+
+
+def load_issues(matrix_dir: Path) -> list[KnownIssue]:
+    """Every signature in `matrix_dir/known_issues.yaml` (see load_catalogue)."""
+    return load_catalogue(matrix_dir)[0]

@@ -1,0 +1,282 @@
+"""`envbuild doctor` over several inputs: per-rank log directories, the flight recorder's dumps,
+and hostile files (FIFOs, devices, binary data, a gzip bomb, an endless stream).
+
+The per-rank logs (tests/fixtures/ranks/torchrun-gloo-libcudnn) and the flight-recorder dumps
+(tests/fixtures/flight_recorder) were made here by real torch 2.13.0 runs on the CPU (gloo); their
+READMEs say how. Short logs written here for one behaviour say so.
+"""
+
+import gzip
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from envbuild.doctor import Budget, LogReader, examine, load_catalogue, parse_size
+from envbuild.doctor.flight import load_dump, read_recording
+from envbuild.errors import EnvbuildError
+
+ISSUES, FAMILIES = load_catalogue(ROOT / "matrices")
+RANKS = ROOT / "tests" / "fixtures" / "ranks" / "torchrun-gloo-libcudnn" / "logs"
+DUMPS = ROOT / "tests" / "fixtures" / "flight_recorder"
+
+
+def report_of(cli, *args):
+    r = cli("doctor", "--json", *map(str, args))
+    return r, json.loads(r.stdout) if r.stdout.startswith("{") else None
+
+
+# --- per-rank logs ----------------------------------------------------------------------------
+
+
+def test_a_torchrun_log_directory_names_the_first_rank_to_fail(cli):
+    """Rank 2 could not load a cuDNN library; ranks 1 and 3 saw their peer go; rank 0 was stopped."""
+    r, report = report_of(cli, RANKS)
+    assert r.returncode == 3
+    assert report["order"]["first_to_fail"] == ["rank 2"] and report["order"]["followed"] == ["rank 1", "rank 3"]
+    assert report["order"]["no_finding"] == ["rank 0"]
+    assert [e["id"] for e in report["ranks"]["rank 2"]] == ["shared-library-missing"]
+    assert report["ranks"]["rank 3"][0]["file"].endswith("3/stderr.log.gz")  # read through gzip
+    assert {i["format"] for i in report["inputs"]} == {"text", "gzip"} and all(i["complete"] for i in report["inputs"])
+    text = cli("doctor", str(RANKS)).stdout
+    assert "first to fail: rank 2 (shared-library-missing" in text and "only followed: rank 1, rank 3" in text
+
+
+def test_slurm_per_task_files_are_labelled_by_their_task_number(tmp_path, cli):
+    """The same run's logs renamed as `srun --output=%x-%t.out --error=%x-%t.err` writes them."""
+    for rank in range(4):
+        source = next((RANKS / "attempt_0" / str(rank)).iterdir())
+        target = tmp_path / f"train-{rank}.{'err' if rank % 2 else 'out'}{'.gz' if source.suffix == '.gz' else ''}"
+        shutil.copy(source, target)
+    (tmp_path / "train-0.err").write_text("")  # stdout and stderr of one task are one stream
+    r, report = report_of(cli, tmp_path)
+    assert report["order"]["first_to_fail"] == ["rank 2"]  # the torchrun prefix inside the lines wins
+    assert {i["rank"] for i in report["inputs"]} == {"task 0", "task 1", "task 2", "task 3"}
+
+
+def test_timestamps_order_ranks_that_failed_on_their_own(tmp_path, cli):
+    """Short logs written here: two ranks fail for their own reasons; the earlier timestamp is first."""
+    (tmp_path / "job-0.out").write_text("2024-05-01 12:00:00,100 INFO step 10\n"
+                                        "2024-05-01 12:00:05,000 ERROR exited with code 137\n")
+    (tmp_path / "job-1.out").write_text("2024-05-01 12:00:01,250 ERROR ImportError: libcudnn.so.9: cannot open "
+                                        "shared object file: No such file or directory\n")
+    (tmp_path / "job-2.out").write_text("2024-05-01 12:00:09,000 [Rank 2] Watchdog caught collective operation timeout\n")
+    r, report = report_of(cli, tmp_path)
+    assert report["order"]["first_to_fail"] == ["task 1"] and report["order"]["followed"] == ["rank 2"]  # its own prefix
+    assert report["order"]["decided_by"].startswith("timestamps on the failure lines (2024-05-01 12:00:01.25")
+
+
+def test_when_every_rank_only_waited_the_quiet_rank_is_likely_the_culprit(tmp_path, cli):
+    """Short logs written here: ranks 0 and 1 report the watchdog, rank 2 printed nothing known."""
+    for rank in (0, 1):
+        (tmp_path / f"rank_{rank}.log").write_text(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:607] [Rank {rank}] "
+                                                   "Watchdog caught collective operation timeout\n")
+    (tmp_path / "rank_2.log").write_text("[rank2]:epoch 3 step 200 loss 1.93\n")
+    r, report = report_of(cli, tmp_path)
+    assert report["order"] == {"first_to_fail": ["rank 2"], "followed": ["rank 0", "rank 1"], "no_finding": ["rank 2"],
+                               "certainty": "likely", "decided_by": report["order"]["decided_by"]}
+
+
+def test_named_files_and_a_directory_together(tmp_path, cli):
+    (tmp_path / "a.log").write_text("fine\n")
+    r, report = report_of(cli, tmp_path / "a.log", DUMPS / "never-entered")
+    assert r.returncode == 3 and report["findings"] == [] and report["flight_recorder"]["hangs"]
+
+
+# --- the flight recorder ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["never-entered", "never-entered-json"])
+def test_the_dumps_name_the_collective_and_the_rank_that_never_entered_it(form):
+    (hang,) = read_recording(sorted(str(p) for p in (DUMPS / form).iterdir())).hangs
+    assert (hang.op, hang.seq, hang.pg) == ("gloo:all_gather", 4, "0 (default_pg)")
+    assert hang.entered == [0, 1, 3] and hang.never_entered == [2] and hang.no_dump == []
+    assert hang.last == {2: "#3 gloo:all_reduce (completed)"}
+
+
+def test_a_rank_that_called_another_collective_is_named(cli):
+    r, report = report_of(cli, DUMPS / "mismatch")
+    (hang,) = report["flight_recorder"]["hangs"]
+    assert hang["op"] == "gloo:all_gather" and hang["entered"] == [0, 2] and hang["other_op"] == {"1": "gloo:all_reduce"}
+
+
+def test_a_rank_without_a_dump_is_named(tmp_path):
+    for rank in (0, 1, 3):
+        shutil.copy(DUMPS / "never-entered" / f"rank_{rank}", tmp_path)
+    (hang,) = read_recording(sorted(str(p) for p in tmp_path.iterdir())).hangs
+    assert hang.no_dump == [2] and hang.never_entered == []
+
+
+def test_healthy_dumps_are_no_hang(cli):
+    r = cli("doctor", str(DUMPS / "healthy"))
+    assert r.returncode == 0 and "no hang recorded" in r.stdout
+
+
+def test_the_cli_names_the_hang(cli):
+    r = cli("doctor", str(DUMPS / "never-entered"))
+    assert r.returncode == 3
+    assert "collective #4 gloo:all_gather (input sizes [[1]]) did not complete" in r.stdout
+    assert "never entered it: rank 2" in r.stdout and "entered it:       rank 0, rank 1, rank 3" in r.stdout
+
+
+class _RunsCode:
+    """Pickles as a call of os.system: what a hostile dump would carry."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_dump_that_asks_for_code_is_refused_without_running_it(tmp_path, cli):
+    marker = tmp_path / "ran"
+    hostile = tmp_path / "dumps" / "rank_0"
+    hostile.parent.mkdir()
+    hostile.write_bytes(pickle.dumps({"entries": [_RunsCode(f"touch {marker}")], "version": "2.10"}, protocol=4))
+    r = cli("doctor", str(hostile))
+    assert r.returncode == 2 and "asks for" in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists()
+    shutil.copy(DUMPS / "never-entered" / "rank_1", hostile.parent)  # in a directory it is skipped, the rest read
+    r = cli("doctor", str(hostile.parent))
+    assert r.returncode == 3 and "Skipped:" in r.stdout and not marker.exists()
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"{" * 200_000, "cannot be read"),                               # JSON nested past the recursion limit
+    (b"\x80\x04\x95" + os.urandom(300), "cannot be read"),            # a pickle header and noise
+    (json.dumps({"version": "2.10"}).encode(), "no list of entries"),  # JSON, but not a dump
+])
+def test_a_broken_dump_is_one_paragraph(tmp_path, data, words):
+    path = tmp_path / "rank_0"
+    path.write_bytes(data if not data.startswith(b"{\"") else data)
+    with pytest.raises(EnvbuildError, match=words):
+        load_dump(str(path))
+
+
+def test_a_huge_dump_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "rank_0"
+    with open(path, "wb") as f:
+        f.truncate(65 << 20)  # sparse: no disk used
+    with pytest.raises(EnvbuildError, match="larger than"):
+        load_dump(str(path))
+
+
+# --- hostile inputs and bounds ------------------------------------------------------------------
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path, cli):
+    fifo = tmp_path / "train.log"
+    os.mkfifo(fifo)
+    r = cli("doctor", str(fifo), timeout=30)
+    assert r.returncode == 2 and "is a FIFO (named pipe), not a regular file" in r.stderr and "doctor -" in r.stderr
+    (tmp_path / "rank_1.log").write_text("OSError: libcudnn.so.8: cannot open shared object file: No such file\n")
+    r = cli("doctor", str(tmp_path), timeout=30)  # a FIFO inside a directory is skipped, the logs are read
+    assert r.returncode == 3 and "Skipped: " in r.stdout and "FIFO" in r.stdout
+
+
+def test_binary_files_in_a_directory_are_skipped_and_named(tmp_path, cli):
+    (tmp_path / "core.1234").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(500))
+    (tmp_path / "model.bin").write_bytes(bytes(20_000))
+    (tmp_path / "rank_0.log").write_bytes("RuntimeError: Distributed package doesn't have NCCL built in\r\n"
+                                          .encode("utf-16"))
+    r, report = report_of(cli, tmp_path)
+    skipped = {Path(s["path"]).name: s["why"] for s in report["skipped"]}
+    assert set(skipped) == {"core.1234", "model.bin"} and "ELF" in skipped["core.1234"] and "binary" in skipped["model.bin"]
+    assert [f["id"] for f in report["findings"]] == ["cpu-only-torch"]
+    assert report["inputs"][0]["format"] == "text, utf-16"
+
+
+def test_a_gzip_bomb_stops_at_the_size_limit(tmp_path, cli):
+    bomb = tmp_path / "bomb.log.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        for _ in range(256):
+            f.write(b"\n" * (1 << 20))  # 256 MiB of newlines in about 250 KB
+    assert bomb.stat().st_size < 1 << 20
+    r, report = report_of(cli, bomb, "--max-bytes", "32M")
+    (info,) = report["inputs"]
+    assert r.returncode == 0 and not info["complete"] and info["bytes"] == 32 << 20 and "size limit" in info["stopped"]
+    assert "Not read to the end" in cli("doctor", str(bomb), "--max-bytes", "32M").stdout
+
+
+def test_an_endless_stream_stops_at_the_time_limit():
+    endless = subprocess.Popen(["yes", "step 1 loss 0.5"], stdout=subprocess.PIPE)
+    try:
+        r = subprocess.run([sys.executable, "-m", "envbuild", "doctor", "--json", "--max-seconds", "1", "-"],
+                           stdin=endless.stdout, capture_output=True, cwd=ROOT, timeout=120)
+    finally:
+        endless.kill()
+        endless.wait()
+    (info,) = json.loads(r.stdout)["inputs"]
+    assert r.returncode == 0 and not info["complete"] and "time limit" in info["stopped"] and info["lines"] > 0
+
+
+def test_the_budget_counts_bytes_and_time_over_all_inputs():
+    now = [0.0]
+    budget = Budget(max_bytes=10, max_seconds=5, clock=lambda: now[0])
+    assert budget.take(b"12345") == (b"12345", None)
+    data, why = budget.take(b"1234567")
+    assert data == b"12345" and "size limit" in why
+    now[0] = 6
+    assert budget.take(b"x") == (b"", "the time limit (5 s, --max-seconds)")
+
+
+@pytest.mark.parametrize("text, size", [("16G", 16 << 30), ("512k", 512 << 10), ("1.5MiB", 3 << 19), ("100", 100)])
+def test_sizes_are_read_as_users_write_them(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1G", "0", "1X"])
+def test_a_bad_size_is_one_paragraph(cli, bad):
+    r = cli("doctor", str(RANKS), "--max-bytes", bad)
+    assert r.returncode == 2 and "--max-bytes" in r.stderr and "16G" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_log_cut_short_in_transfer_keeps_what_came_first(tmp_path):
+    """A gzip stream that ends early after data: the lines before are read, the report says where it stopped."""
+    noise = os.urandom(800_000).hex()
+    data = gzip.compress(b"OSError: libcudnn.so.8: cannot open shared object file: No such file or directory\n"
+                         + "\n".join(noise[i:i + 100] for i in range(0, len(noise), 100)).encode(), compresslevel=1)
+    path = tmp_path / "cut.log.gz"
+    path.write_bytes(data[:len(data) * 3 // 4])
+    report = examine([str(path)], ISSUES, FAMILIES)
+    assert [f.issue.id for f in report.findings] == ["shared-library-missing"]
+    assert "damaged gzip stream" in report.inputs[0].stopped
+
+
+def test_a_reader_never_opens_what_it_cannot_read_to_the_end_on_a_slow_fifo(tmp_path):
+    """The regular-file check happens on the descriptor: a FIFO with a writer that never writes is
+    refused at once. (Both ends are opened here without threads: a thread racing the reader for
+    the FIFO once left the suite blocked in open() when the machine was loaded.)"""
+    fifo = tmp_path / "slow"
+    os.mkfifo(fifo)
+    read_end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so the writer's open returns at once
+    write_end = os.open(fifo, os.O_WRONLY)  # a writer that never writes
+    try:
+        with pytest.raises(EnvbuildError, match="FIFO"):
+            LogReader(str(fifo))
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+
+
+# --- the signature file itself ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.write_bytes("issues: []\n".encode("utf-16")), "not UTF-8"),
+    (lambda p: p.write_text("issues: " + "[" * 50_000 + "]" * 50_000 + "\n"), "nested too deeply"),
+    (lambda p: p.write_text("issues: {}\n"), "a list `issues:`"),
+    (lambda p: os.mkfifo(p), "FIFO"),
+    (lambda p: p.symlink_to("/dev/zero"), "character device"),
+])
+def test_a_hostile_known_issues_file_is_refused(tmp_path, make, words):
+    make(tmp_path / "known_issues.yaml")
+    with pytest.raises(EnvbuildError, match=words):
+        load_catalogue(tmp_path)

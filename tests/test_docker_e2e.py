@@ -684,8 +684,8 @@ def test_a_killed_envbuild_leaves_no_build_running_in_the_daemon(tmp_path, how):
 
     nonce = f"envbuild-kill-{secrets.token_hex(4)}"
     (tmp_path / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo {nonce} && sleep 600\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, "/usr/bin/docker", str(tmp_path)], env=env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # what a SIGKILL leaves stays here
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, conftest.DOCKER, str(tmp_path)], env=env)
 
     def step_running():
         return subprocess.run(["pgrep", "-f", f"echo {nonce}"], capture_output=True).returncode == 0

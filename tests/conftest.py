@@ -185,6 +185,24 @@ def docker(*args, check=True, timeout=900, **kw) -> subprocess.CompletedProcess:
     return r
 
 
+def remove_images(repo: str) -> None:
+    """Untag every image of `repo`, under any registry prefix (`push` tags REGISTRY/REPO:TAG):
+    what a module built goes with it (BuildKit's cache stays, so the next run is fast). `repo`
+    is this run's own (unique), so no one else's image goes."""
+    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
+    mine = [ref for ref in refs if ref.rsplit(":", 1)[0].split("/")[-1] == repo]
+    if mine:
+        docker("rmi", *mine, check=False)
+
+
+@pytest.fixture(scope="module")
+def images_removed(request):
+    """At the end of a module (`pytest.mark.usefixtures("images_removed")`), its REPO's images
+    go: remove_images(module.REPO)."""
+    yield
+    remove_images(request.module.REPO)
+
+
 def ci_stack_id() -> str:
     """The production matrix's stack that CI builds for real (ci.real_build_stack)."""
     from envbuild.ci import real_build_stack

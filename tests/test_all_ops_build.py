@@ -16,6 +16,7 @@ from conftest import BASE_IMAGE, ci_stack_id, run_build, run_cli, unique
 
 pytestmark = [
     pytest.mark.docker,
+    pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_ALL_OPS") != "1",
                        reason="opt-in: builds every DeepSpeed op of the CI stack (about an hour); set ENVBUILD_ALL_OPS=1"),
 ]

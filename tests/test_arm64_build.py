@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import ci_stack_id, ROOT, run_build, run_cli, unique
+from conftest import ci_stack_id, ROOT, remove_images, run_build, run_cli, unique
 
 pytestmark = [
     pytest.mark.docker,
@@ -74,10 +74,7 @@ def image(tmp_path_factory, timings):
     assert r.returncode == 0, r.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     yield {"ref": manifest["image"], "out": out, "manifest": manifest, "env": {"ENVBUILD_STATE_DIR": str(state)}}
-    refs = [ref for ref in docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-            if ref.rsplit(":", 1)[0].split("/")[-1] == REPO]
-    if refs:
-        docker("rmi", *refs, check=False)
+    remove_images(REPO)
 
 
 def test_the_image_is_arm64_with_the_declared_target(image):

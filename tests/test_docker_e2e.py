@@ -29,7 +29,7 @@ import pytest
 
 import conftest
 from conftest import (BASE_IMAGE, CA_BUNDLE, ROOT, alarm_deadline, docker_socket, run_build, run_cli,
-                      run_extend_build, unique)
+                      run_extend_build, remove_images, unique)
 from envbuild.ci import real_build_stack
 from envbuild.engine.docker import OWNER_LABEL
 from envbuild.matrix import load_matrix
@@ -51,11 +51,7 @@ docker = conftest.docker
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     yield tmp_path_factory.mktemp("e2e")
-    # Untag what this module made (BuildKit's cache stays, so the next run is fast).
-    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-    mine = [r for r in refs if r.split(":")[0].split("/")[-1] == REPO or r.rsplit(":", 1)[0].endswith("/" + REPO)]
-    if mine:
-        docker("rmi", *mine, check=False)
+    remove_images(REPO)
 
 
 @pytest.fixture(scope="module")
@@ -590,7 +586,7 @@ def test_a_registry_failing_or_dropping_the_connection_mid_push_publishes_nothin
         reg.wait(timeout=10)
         refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
         stale = [t for t in refs if t.startswith("127.0.0.1:") and not t.startswith(REGISTRY)
-                 and t.rsplit(":", 1)[0].endswith("/" + REPO)]  # this run's, not another's on the shared engine
+                 and t.rsplit(":", 1)[0].endswith("/" + REPO)]  # this run's, not another's on a shared engine
         if stale:
             docker("rmi", *stale, check=False)
 

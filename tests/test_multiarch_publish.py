@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 import conftest
-from conftest import DOCKER, run_cli, unique
+from conftest import DOCKER, remove_images, run_cli, unique
 from envbuild.publish import DOCKER_LIST, OCI_INDEX, served_images
 
 pytestmark = pytest.mark.docker
@@ -39,10 +39,7 @@ def images(tmp_path_factory):
                        check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})  # DOCKER_HOST kept
         made[platform] = docker("image", "inspect", "--format", "{{.Id}}", f"{REPO}:{tag}").stdout.strip()
     yield made
-    refs = [r for r in docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-            if r.rsplit(":", 1)[0].split("/")[-1] == REPO]
-    if refs:
-        docker("rmi", *refs, check=False)
+    remove_images(REPO)
 
 
 def _record(state, image_id, platform, ok=True):

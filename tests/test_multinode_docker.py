@@ -28,7 +28,7 @@ import time
 import pytest
 
 import conftest
-from conftest import ci_stack_id, run_build, unique
+from conftest import ci_stack_id, remove_images, run_build, unique
 
 pytestmark = pytest.mark.docker
 
@@ -50,9 +50,7 @@ def ci_image(docker_engine, tmp_path_factory):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     image = f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"
     yield image
-    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", REPO, check=False).stdout.split()
-    if refs:
-        docker("rmi", *refs, check=False)
+    remove_images(REPO)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import DOCKER, run_build, run_cli, unique
+from conftest import remove_images, run_build, run_cli, unique
 from envbuild.ci import real_build_stack
 from envbuild.matrix import load_matrix
 
@@ -65,9 +65,7 @@ def staged(cluster, docker_engine, tmp_path_factory):
     dumps = work / "dumps"
     dumps.mkdir()
     yield {"image": image, "sqsh": sqsh, "work": work, "dumps": dumps, "export_s": time.monotonic() - started}
-    refs = _sh(DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}", REPO).stdout.split()
-    if refs:
-        _sh(DOCKER, "rmi", *refs)  # every tag the build gave it (readable and content), no one else's
+    remove_images(REPO)  # every tag the build gave it (readable and content), no one else's
 
 
 def _dumps(staged):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import shutil
 import subprocess
@@ -121,6 +122,60 @@ def cpu_target_env(name: str) -> dict[str, str]:
 
 DOCKER = "/usr/bin/docker"  # Debian's client: BuildKit builds go through it (scripts/host-setup.sh)
 
+# ---------------------------------------------------------------- real builds: the one place
+# Every test that builds an image with envbuild (`build`, `extend --build`) calls run_build or
+# run_extend_build, which add what a build on THIS machine needs; no test module names those
+# flags itself (tests/test_isolation.py fails one that does). So a module builds the same alone
+# (`python -m pytest -m docker tests/test_X.py`) as after another one, from an empty BuildKit
+# cache too; a machine that differs says so once, in the ENVBUILD_TEST_* variables below.
+DEBIAN_CA = "/etc/ssl/certs/ca-certificates.crt"  # a TLS proxy's CA is added to this bundle (update-ca-certificates)
+CA_BUNDLE = os.environ.get("ENVBUILD_TEST_CA_CERT") or DEBIAN_CA
+BASE_IMAGE = os.environ.get("ENVBUILD_TEST_BASE_IMAGE") or "local/debian:bookworm"  # scripts/host-setup.sh's import
+INDEX_FLAGS = {"--pip-index-url": "ENVBUILD_TEST_PIP_INDEX_URL", "--torch-index-url": "ENVBUILD_TEST_TORCH_INDEX_URL",
+               "--apt-mirror": "ENVBUILD_TEST_APT_MIRROR"}  # a mirror this machine must use, with its credentials
+INDEXES = {flag: os.environ[variable] for flag, variable in INDEX_FLAGS.items() if os.environ.get(variable)}
+RUN_ID = secrets.token_hex(3)  # one per pytest run: the names it gives in the shared engine and registry
+
+
+def unique(name: str) -> str:
+    """`name` made this run's own (an image repository, a registry path): the engine and the
+    registry are shared by concurrent runs, and a name an earlier run used holds its leftovers."""
+    return f"{name}-{RUN_ID}"
+
+
+def machine_build_args(ca_cert=None, base_image=None, indexes=None, stack_bases=False) -> list[str]:
+    """The flags a real build needs on this machine: the CA bundle (pip behind a TLS-intercepting
+    proxy cannot verify PyPI without it), the base image (none with `stack_bases`: the stack's
+    own), the index and mirror URLs with their credentials. What a test passes wins: its own
+    bundle, base, or `indexes` ({"--pip-index-url": URL, ...})."""
+    unknown = set(indexes or {}) - set(INDEX_FLAGS)
+    assert not unknown, f"not an index flag: {sorted(unknown)}"
+    base = [] if stack_bases else ["--base-image", base_image or BASE_IMAGE]
+    return ["--ca-cert", str(ca_cert or CA_BUNDLE), *base,
+            *(item for flag, url in {**INDEXES, **(indexes or {})}.items() for item in (flag, url))]
+
+
+def run_build(*args, ca_cert=None, base_image=None, indexes=None, stack_bases=False, env=None,
+              timeout=3600) -> subprocess.CompletedProcess:
+    """`envbuild build ARGS` for real, with machine_build_args added (the production matrix
+    unless ARGS name --matrix-dir)."""
+    flags = machine_build_args(ca_cert, base_image, indexes, stack_bases)
+    return run_cli("build", *args, *flags, env=env, timeout=timeout, production=True)
+
+
+def run_extend_build(*args, ca_cert=None, indexes=None, env=None, timeout=1800) -> subprocess.CompletedProcess:
+    """`envbuild extend ARGS --build` for real: FROM the stack image, so the base image is not
+    named; the CA bundle and index URLs are."""
+    flags = machine_build_args(ca_cert, None, indexes, stack_bases=True)
+    return run_cli("extend", *args, "--build", *flags, env=env, timeout=timeout, production=True)
+
+
+def docker_socket() -> str:
+    """The engine's unix socket as the docker CLI and SDK pick it: DOCKER_HOST, else the default."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    assert host.startswith("unix://"), f"DOCKER_HOST={host}: these tests need the engine's unix socket"
+    return host[len("unix://"):]
+
 
 def docker(*args, check=True, timeout=900, **kw) -> subprocess.CompletedProcess:
     """Run the docker client; with `check`, a failure raises with the end of its stderr."""
@@ -130,10 +185,38 @@ def docker(*args, check=True, timeout=900, **kw) -> subprocess.CompletedProcess:
     return r
 
 
+def remove_images(repo: str) -> None:
+    """Untag every image of `repo`, under any registry prefix (`push` tags REGISTRY/REPO:TAG):
+    what a module built goes with it (BuildKit's cache stays, so the next run is fast). `repo`
+    is this run's own (unique), so no one else's image goes."""
+    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
+    mine = [ref for ref in refs if ref.rsplit(":", 1)[0].split("/")[-1] == repo]
+    if mine:
+        docker("rmi", *mine, check=False)
+
+
+@pytest.fixture(scope="module")
+def images_removed(request):
+    """At the end of a module (`pytest.mark.usefixtures("images_removed")`), its REPO's images
+    go: remove_images(module.REPO)."""
+    yield
+    remove_images(request.module.REPO)
+
+
 def ci_stack_id() -> str:
     """The production matrix's stack that CI builds for real (ci.real_build_stack)."""
     from envbuild.ci import real_build_stack
     from envbuild.matrix import load_matrix
 
     return real_build_stack(load_matrix()).id
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """The engine DOCKER_HOST names (default: /var/run/docker.sock) answers and holds this
+    machine's base image; else a failure that says what to run."""
+    if docker("info", check=False, timeout=60).returncode != 0:
+        pytest.fail(f"no Docker engine answers at {docker_socket()}; run scripts/host-setup.sh (scripts/test.sh does)")
+    if docker("image", "inspect", BASE_IMAGE, check=False, timeout=60).returncode != 0:
+        pytest.fail(f"base image {BASE_IMAGE} missing; run scripts/host-setup.sh")
 

@@ -12,29 +12,28 @@ import os
 
 import pytest
 
-from conftest import ci_stack_id, run_cli
+from conftest import BASE_IMAGE, ci_stack_id, run_build, run_cli, unique
 
 pytestmark = [
     pytest.mark.docker,
+    pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_ALL_OPS") != "1",
                        reason="opt-in: builds every DeepSpeed op of the CI stack (about an hour); set ENVBUILD_ALL_OPS=1"),
 ]
 
-BASE = os.environ.get("ENVBUILD_ALL_OPS_BASE", "local/debian:bookworm")
-REPO = "envbuild-allops-test"
-CA = "/etc/ssl/certs/ca-certificates.crt"
+BASE = os.environ.get("ENVBUILD_ALL_OPS_BASE", BASE_IMAGE)
+REPO = unique("envbuild-allops-test")
 
 
 def test_every_op_all_selects_builds_and_loads_without_jit(tmp_path):
     out = tmp_path / "all"
-    args = ("--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", "all", "--base-image", BASE)
-    plan = run_cli("render", *args, "--json", "-o", str(tmp_path / "plan"), production=True)
+    args = ("--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", "all")
+    plan = run_cli("render", *args, "--base-image", BASE, "--json", "-o", str(tmp_path / "plan"), production=True)
     assert plan.returncode == 0, plan.stderr
     selected = json.loads(plan.stdout)
     ops = selected["ds_ops"]
     assert len(ops) > 10 and all(d["reason"] for d in selected["ds_ops_dropped"]), selected["ds_ops_dropped"]
-    r = run_cli("build", *args, "--ca-cert", CA, "--image-repo", REPO, "-o", str(out), timeout=4 * 3600,
-                production=True)
+    r = run_build(*args, "--image-repo", REPO, "-o", str(out), base_image=BASE, timeout=4 * 3600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["ds_ops"]) == sorted(ops)

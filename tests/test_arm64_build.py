@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import ci_stack_id, ROOT, run_cli
+from conftest import ci_stack_id, ROOT, remove_images, run_build, run_cli, unique
 
 pytestmark = [
     pytest.mark.docker,
@@ -39,11 +39,10 @@ pytestmark = [
 
 REGISTRY = "127.0.0.1:5000"
 BASE = f"{REGISTRY}/local/debian:bookworm-arm64"
-REPO = "envbuild-arm64"
+REPO = unique("envbuild-arm64")
 # Every CPU op by default. ENVBUILD_ARM64_OPS=cpu_adam builds one op: about 35 min less of
 # emulated compiling (bench/RESULTS.md), for a re-check of the rest of the path.
 OPS = os.environ.get("ENVBUILD_ARM64_OPS", "cpu_adam,cpu_adagrad,cpu_lion,utils")
-CA = "/etc/ssl/certs/ca-certificates.crt"
 RESULTS = ROOT / "bench" / "out" / "arm64-emulated.json"
 
 
@@ -69,17 +68,13 @@ def image(tmp_path_factory, timings):
     out = tmp_path_factory.mktemp("arm64") / "build"
     state = out.parent / "state"
     start = time.monotonic()
-    r = run_cli("build", "--gpu", "gh200", "--stack", ci_stack_id(), "--ds-ops", OPS, "--base-image", BASE,
-                "--ca-cert", CA, "--image-repo", REPO, "--qemu", "-o", str(out), env={"ENVBUILD_STATE_DIR": str(state)},
-                timeout=4 * 3600, production=True)
+    r = run_build("--gpu", "gh200", "--stack", ci_stack_id(), "--ds-ops", OPS, "--image-repo", REPO, "--qemu",
+                  "-o", str(out), base_image=BASE, env={"ENVBUILD_STATE_DIR": str(state)}, timeout=4 * 3600)
     timings["build_seconds"] = round(time.monotonic() - start)
     assert r.returncode == 0, r.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     yield {"ref": manifest["image"], "out": out, "manifest": manifest, "env": {"ENVBUILD_STATE_DIR": str(state)}}
-    refs = [ref for ref in docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-            if ref.rsplit(":", 1)[0].split("/")[-1] == REPO]
-    if refs:
-        docker("rmi", *refs, check=False)
+    remove_images(REPO)
 
 
 def test_the_image_is_arm64_with_the_declared_target(image):

@@ -1,26 +1,27 @@
 """Base images pinned by digest where one can be known (envbuild/digests.py), against the
-real local registry that scripts/host-setup.sh starts (Debian's docker-registry)."""
+real local registry that scripts/host-setup.sh starts (Debian's docker-registry), under a
+repository name of this run's own (the registry and the engine are shared)."""
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 
 import pytest
 
-from conftest import run_cli
+import conftest
+from conftest import BASE_IMAGE as BASE  # imported by debootstrap: no registry digest
+from conftest import run_cli, unique
 
 REGISTRY = "127.0.0.1:5000"
-BASE = "local/debian:bookworm"  # imported by debootstrap: no registry digest
+MIRROR = f"{REGISTRY}/{unique('envbuild-digest-test')}/debian"
 
-
-def docker(*args):
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=600, check=True)
+docker = functools.partial(conftest.docker, timeout=600)
 
 
 @pytest.mark.docker
 def test_a_named_base_in_a_registry_is_pinned_by_digest_and_an_imported_one_says_it_is_not(tmp_path):
-    mirror = f"{REGISTRY}/envbuild-digest-test/debian:bookworm"
+    mirror = f"{MIRROR}:bookworm"
     docker("tag", BASE, mirror)
     pushed = docker("push", mirror).stdout
     digest = next(word for word in pushed.split() if word.startswith("sha256:"))
@@ -56,7 +57,7 @@ def test_lock_bases_records_the_published_digest_and_renders_pin_to_it(tmp_path)
 
     from conftest import FIXTURE_MATRIX
 
-    mirror = f"{REGISTRY}/envbuild-digest-test/debian:bookworm-slim"
+    mirror = f"{MIRROR}:bookworm-slim"
     docker("tag", BASE, mirror)
     digest = next(word for word in docker("push", mirror).stdout.split() if word.startswith("sha256:"))
     matrix_dir = tmp_path / "m"

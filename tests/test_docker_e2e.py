@@ -4,7 +4,9 @@ One h20 image of the PyPI-CUDA-13 stack (cpu_adam + fused_adam for sm_90, and th
 extension causal-conv1d compiled for sm_90: about 8 minutes on 2 cores the first time) is
 built once per module, on the debootstrap base, with a throw-away CA and an index URL
 holding a credential passed as secrets. Everything below uses that image; only the h100 variant
-and the broken build build again (the first from cache).
+and the broken build build again (the first from cache). Every build goes through
+conftest.run_build; the image repository is this run's own (conftest.unique), in the engine and
+in the registry.
 """
 
 from __future__ import annotations
@@ -26,19 +28,18 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import DOCKER, ROOT, run_cli
+from conftest import (BASE_IMAGE, CA_BUNDLE, ROOT, alarm_deadline, docker_socket, run_build, run_cli,
+                      run_extend_build, remove_images, unique)
 from envbuild.ci import real_build_stack
+from envbuild.engine.docker import OWNER_LABEL
 from envbuild.matrix import load_matrix
 
 pytestmark = pytest.mark.docker
 
-BASE = "local/debian:bookworm"
-
-
 CI_MATRIX = load_matrix()
 CI_STACK = real_build_stack(CI_MATRIX)
 STACK = CI_STACK.id
-REPO = "envbuild-test"
+REPO = unique("envbuild-test")
 REGISTRY = "127.0.0.1:5000"
 OPS = "cpu_adam,fused_adam"
 EXT = "causal-conv1d"  # a small real CUDA extension, compiled for sm_90 only (about 8 minutes on 2 cores)
@@ -48,22 +49,9 @@ docker = conftest.docker
 
 
 @pytest.fixture(scope="module")
-def engine():
-    r = subprocess.run([DOCKER, "info"], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail("no Docker engine answers; run scripts/host-setup.sh (scripts/test.sh does)")
-    if docker("image", "inspect", BASE, check=False).returncode != 0:
-        pytest.fail(f"base image {BASE} missing; run scripts/host-setup.sh")
-
-
-@pytest.fixture(scope="module")
 def work(tmp_path_factory):
     yield tmp_path_factory.mktemp("e2e")
-    # Untag what this module made (BuildKit's cache stays, so the next run is fast).
-    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-    mine = [r for r in refs if r.split(":")[0].split("/")[-1] == REPO or r.rsplit(":", 1)[0].endswith("/" + REPO)]
-    if mine:
-        docker("rmi", *mine, check=False)
+    remove_images(REPO)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +64,14 @@ def state(work):
 
 @pytest.fixture(scope="module")
 def test_ca(work):
-    """The host's CA bundle (the TLS proxy's CA is in it) plus a throw-away CA made here,
+    """This machine's CA bundle (the TLS proxy's CA is in it) plus a throw-away CA made here,
     whose base64 body is a marker no image may contain."""
     key, crt = work / "ca.key", work / "ca.crt"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
                     f"/CN=envbuild-leak-test-{secrets.token_hex(4)}", "-keyout", str(key), "-out", str(crt)],
                    check=True, capture_output=True)
     bundle = work / "bundle.pem"
-    bundle.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes() + crt.read_bytes())
+    bundle.write_bytes(Path(CA_BUNDLE).read_bytes() + crt.read_bytes())
     body = [ln for ln in crt.read_text().splitlines() if ln and not ln.startswith("-----")]
     return {"bundle": bundle, "markers": [body[3], body[-3]]}
 
@@ -92,18 +80,17 @@ def test_ca(work):
 def credential():
     """Index and mirror URLs holding credentials (PyPI and Debian's mirror ignore them)."""
     tokens = {k: "tok" + secrets.token_hex(12) for k in ("pip", "torch", "apt")}
-    return {"args": ("--pip-index-url", f"https://envbuild-ci:{tokens['pip']}@pypi.org/simple",
-                     "--torch-index-url", f"https://envbuild-ci:{tokens['torch']}@pypi.org/simple",
-                     "--apt-mirror", f"http://envbuild-ci:{tokens['apt']}@deb.debian.org"),
+    return {"indexes": {"--pip-index-url": f"https://envbuild-ci:{tokens['pip']}@pypi.org/simple",
+                        "--torch-index-url": f"https://envbuild-ci:{tokens['torch']}@pypi.org/simple",
+                        "--apt-mirror": f"http://envbuild-ci:{tokens['apt']}@deb.debian.org"},
             "tokens": list(tokens.values())}
 
 
-def _build(work, state, gpu, extra=(), name=None, check=True):
+def _build(work, state, gpu, *extra, name=None, **machine_args):
     out = work / (name or gpu)
-    r = run_cli("build", "--gpu", gpu, "--stack", STACK, "--ds-ops", OPS, "--ext", EXT, "--base-image", BASE,
-                "--image-repo", REPO, "-o", str(out), *extra, env=state, timeout=3600, production=True)
-    if check:
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = run_build("--gpu", gpu, "--stack", STACK, "--ds-ops", OPS, "--ext", EXT, "--image-repo", REPO,
+                  "-o", str(out), *extra, env=state, **machine_args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r, out
 
 
@@ -116,8 +103,8 @@ def _tags(out: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def h20(engine, work, state, test_ca, credential):
-    r, out = _build(work, state, "h20", ("--ca-cert", str(test_ca["bundle"]), *credential["args"]))
+def h20(docker_engine, work, state, test_ca, credential):
+    r, out = _build(work, state, "h20", ca_cert=test_ca["bundle"], indexes=credential["indexes"])
     readable, content = _tags(out)
     return {"out": out, "image": readable, "content_tag": content, "stdout": r.stdout}
 
@@ -206,9 +193,8 @@ def test_the_guard_refuses_another_torch_and_admits_a_compatible_package(h20):
     """vllm#34224: a pip install that needs another torch silently replaced it under the
     pre-built ops. In the image, pip reads the constraints (PIP_CONSTRAINT): asking for another
     torch fails with the resolver's conflict and torch stays; a package that fits installs.
-    (PyPI through this machine's TLS proxy: the host's CA bundle is mounted for pip.)"""
-    ca = "/etc/ssl/certs/ca-certificates.crt"
-    run = ["run", "--rm", "--network", "host", "-v", f"{ca}:/host-ca.pem:ro", "-e", "PIP_CERT=/host-ca.pem",
+    (PyPI through this machine's TLS proxy: its CA bundle is mounted for pip.)"""
+    run = ["run", "--rm", "--network", "host", "-v", f"{CA_BUNDLE}:/host-ca.pem:ro", "-e", "PIP_CERT=/host-ca.pem",
            h20["image"], "bash", "-c"]
     script = ("pip install --dry-run torch==2.14.0 > /tmp/out 2>&1; echo rc=$?; cat /tmp/out; "
               "python -c 'import torch; print(\"torch\", torch.__version__)'")
@@ -309,13 +295,14 @@ def _scan_bytes(data: bytes, needles: list[bytes], where: str, hits: list):
             hits.append(f"{where}: {n[:12]!r}...")
 
 
-def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential, work):
+def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential):
     needles = [m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
     hits: list[str] = []
-    saved = work / "image.tar"
-    docker("save", "-o", str(saved), h20["image"], timeout=1800)
     scanned = 0
-    with tarfile.open(saved) as outer:
+    # `docker save` read as it streams: the image is several GB, which a saved file would need on disk.
+    with alarm_deadline(1800, "docker save"), \
+            subprocess.Popen([conftest.DOCKER, "save", h20["image"]], stdout=subprocess.PIPE) as save, \
+            tarfile.open(fileobj=save.stdout, mode="r|") as outer:
         for member in outer:
             if not member.isfile():
                 continue
@@ -329,7 +316,7 @@ def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential, work)
                             _scan_bytes(data, needles, f"{member.name}:{f.name}", hits)
             else:  # the image config (history, labels, env) and the manifest
                 _scan_bytes(outer.extractfile(member).read(), needles, member.name, hits)
-    assert scanned > 1_000_000_000  # the scan really read the layers
+    assert save.returncode == 0 and scanned > 1_000_000_000  # the scan really read the layers
     history = docker("history", "--no-trunc", h20["image"]).stdout.encode()
     inspect = docker("image", "inspect", h20["image"]).stdout.encode()
     _scan_bytes(history, needles, "docker history", hits)
@@ -337,13 +324,12 @@ def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential, work)
     for p in h20["out"].rglob("*"):
         if p.is_file():
             _scan_bytes(p.read_bytes(), needles, str(p), hits)
-    saved.unlink()
     assert hits == []
     # The scan can fail: the marker is really in the bundle the build used.
     assert all(n in test_ca["bundle"].read_bytes() for n in needles[:2])
 
 
-def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix_copy_module):
+def test_broken_build_fails_clearly_and_tags_nothing(docker_engine, work, state, matrix_copy_module):
     """An op that cannot compile: cutlass_ops without the closed deepspeed-kernels package
     (its is_compatible() does not check, so the compile itself fails)."""
     import yaml
@@ -353,9 +339,8 @@ def test_broken_build_fails_clearly_and_tags_nothing(engine, work, state, matrix
     assert data["ops"]["cutlass_ops"].pop("needs") == ["dskernels"]  # the rule that would stop it
     ds.write_text(yaml.safe_dump(data, sort_keys=False))
     out = work / "broken"
-    r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", "cutlass_ops", "--base-image", BASE,
-                "--image-repo", REPO, "--matrix-dir", str(matrix_copy_module), "-o", str(out),
-                env=state, timeout=3600, production=True)
+    r = run_build("--gpu", "h20", "--stack", STACK, "--ds-ops", "cutlass_ops", "--image-repo", REPO,
+                  "--matrix-dir", str(matrix_copy_module), "-o", str(out), env=state)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     msg = r.stderr
     assert "image build failed at step" in msg and "deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt" in msg
@@ -373,9 +358,8 @@ def test_extend_adds_one_layer_on_the_stack_image_and_passes_its_smoke_test(h20,
     requirements = work / "lab-requirements.txt"
     requirements.write_text("accelerate\nsafetensors\neinops\n")
     out = work / "extended"
-    r = run_cli("extend", "-r", str(requirements), "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--ext", EXT,
-                "--image-repo", REPO, "--name", "lab", "--ca-cert", str(test_ca["bundle"]), "--build", "-o", str(out),
-                env=state, timeout=1800, production=True)
+    r = run_extend_build("-r", str(requirements), "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--ext", EXT,
+                         "--image-repo", REPO, "--name", "lab", "-o", str(out), ca_cert=test_ca["bundle"], env=state)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     image = f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"
     stack_info = json.loads(docker("image", "inspect", h20["image"]).stdout)[0]
@@ -394,7 +378,7 @@ def test_extend_adds_one_layer_on_the_stack_image_and_passes_its_smoke_test(h20,
     assert checks["lock"]["ok"] and "and the extension's" in checks["lock"]["detail"], checks["lock"]
 
 
-def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engine, work, state, test_ca):
+def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, work, state, test_ca):
     """One changed sha256 (DeepSpeed's sdist) in a copy of the lock: pip refuses the file,
     names it and both hashes, envbuild says what that means, and no tag is applied. The
     torch layer is the h20 build's (its lock part is unchanged), so this fails in seconds."""
@@ -405,10 +389,8 @@ def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, engin
     good = re.search(r"^deepspeed==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", text, re.M).group(1)
     path.write_text(text.replace(good, "0" * 64))
     out = work / "tampered"
-    r = run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--ext", EXT, "--base-image", BASE,
-                "--image-repo", REPO, "--matrix-dir", str(matrix_dir), "--ca-cert", str(test_ca["bundle"]),
-                "-o", str(out),
-                env=state, timeout=3600, production=True)
+    r = run_build("--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--ext", EXT, "--image-repo", REPO,
+                  "--matrix-dir", str(matrix_dir), "-o", str(out), ca_cert=test_ca["bundle"], env=state)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     log = (out / "build.log").read_text()
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in log and "deepspeed" in log and good in log
@@ -603,18 +585,31 @@ def test_a_registry_failing_or_dropping_the_connection_mid_push_publishes_nothin
         reg.terminate()
         reg.wait(timeout=10)
         refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-        stale = [t for t in refs if t.startswith("127.0.0.1:") and not t.startswith(REGISTRY)]
+        stale = [t for t in refs if t.startswith("127.0.0.1:") and not t.startswith(REGISTRY)
+                 and t.rsplit(":", 1)[0].endswith("/" + REPO)]  # this run's, not another's on a shared engine
         if stale:
             docker("rmi", *stale, check=False)
 
 
-def _owned_containers() -> list[str]:
-    return docker("ps", "-aq", "--filter", "label=io.envbuild.owner", check=False).stdout.split()
+def _owned_containers(pid=None) -> list[str]:
+    """Containers envbuild runs: those of process `pid` of this host, else everyone's (the engine
+    is shared: another run's smoke container is not this test's)."""
+    label = OWNER_LABEL + (f"={socket.gethostname()}:{pid}" if pid else "")
+    return docker("ps", "-aq", "--filter", f"label={label}", check=False).stdout.split()
+
+
+def _orphans() -> list[str]:
+    """Containers of envbuild processes of this host that are gone: what a smoke run removes."""
+    rows = docker("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
+                  f'{{{{.ID}}}} {{{{.Label "{OWNER_LABEL}"}}}}', check=False).stdout.splitlines()
+    owners = [row.split(" ", 1) for row in rows if " " in row]
+    return [cid for cid, owner in owners
+            if owner.rpartition(":")[0] == socket.gethostname() and not Path(f"/proc/{owner.rpartition(':')[2]}").exists()]
 
 
 def _wait_for_container(proc, seconds=120) -> str:
     for _ in range(seconds * 5):
-        ids = _owned_containers()
+        ids = _owned_containers(proc.pid)
         if ids:
             return ids[0]
         assert proc.poll() is None, proc.communicate()
@@ -632,7 +627,6 @@ def test_a_smoke_test_killed_mid_run_records_no_pass_and_a_killed_envbuild_leave
     """The smoke container killed mid-run: exit 1 naming it, no record, push refuses. envbuild itself
     killed mid-run (its container orphaned): the next smoke run removes the orphan and passes."""
     state = {"ENVBUILD_STATE_DIR": str(work / "state-killed")}
-    assert _owned_containers() == []
     proc = _smoke_proc(h20["image"], state)
     docker("kill", _wait_for_container(proc))
     out, err = proc.communicate(timeout=300)
@@ -644,10 +638,10 @@ def test_a_smoke_test_killed_mid_run_records_no_pass_and_a_killed_envbuild_leave
     orphan = _wait_for_container(proc)
     proc.kill()
     proc.wait()
-    assert orphan in _owned_containers()  # left running by the killed process
+    assert orphan in _owned_containers(proc.pid) and orphan in _orphans()  # left running by the killed process
     r = run_cli("smoke", h20["image"], env=state, timeout=1200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert orphan not in _owned_containers() and _owned_containers() == []
+    assert orphan not in _owned_containers() and _orphans() == []
 
 
 def test_the_engine_going_away_mid_build_fails_clearly_tags_nothing_and_a_rerun_succeeds(h20, work, state, test_ca,
@@ -660,23 +654,20 @@ def test_the_engine_going_away_mid_build_fails_clearly_tags_nothing_and_a_rerun_
     sys.path.insert(0, str(Path(__file__).parent / "tools"))
     from faulty_proxy import SocketCutter
 
-    extra = ("--ca-cert", str(test_ca["bundle"]), *credential["args"],  # as the h20 image: its cache serves
-             "--env", f"ENVBUILD_FAULT_TEST={secrets.token_hex(4)}")
-    with SocketCutter("/var/run/docker.sock", work / "cut.sock", at_build=True) as cutter:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **state, "DOCKER_HOST": f"unix://{work / 'cut.sock'}"}
-        out = work / "cut-build"
-        proc = subprocess.Popen([sys.executable, "-m", "envbuild", "build", "--gpu", "h20", "--stack", STACK,
-                                 "--ds-ops", OPS, "--ext", EXT, "--base-image", BASE, "--image-repo", REPO,
-                                 "-o", str(out), *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        stdout, stderr = proc.communicate(timeout=600)
+    fault = ("--env", f"ENVBUILD_FAULT_TEST={secrets.token_hex(4)}")
+    as_h20 = {"ca_cert": test_ca["bundle"], "indexes": credential["indexes"]}  # its cache serves
+    out = work / "cut-build"
+    with SocketCutter(docker_socket(), work / "cut.sock", at_build=True) as cutter:
+        cut = run_build("--gpu", "h20", "--stack", STACK, "--ds-ops", OPS, "--ext", EXT, "--image-repo", REPO,
+                        "-o", str(out), *fault, env={**state, "DOCKER_HOST": f"unix://{work / 'cut.sock'}"},
+                        timeout=600, **as_h20)
+    stderr = cut.stderr
     assert cutter.build_requests and cutter.wait_cut(0), ("no build was cut", stderr[-3000:])
-    assert proc.returncode == 1, (proc.returncode, stdout[-2000:], stderr[-3000:])
+    assert cut.returncode == 1, (cut.returncode, cut.stdout[-2000:], stderr[-3000:])
     assert "Traceback" not in stderr and "internal error" not in stderr and stderr.startswith("envbuild:"), stderr
     tag = json.loads((out / "manifest.json").read_text())["tag"]
     assert docker("image", "inspect", f"{REPO}:{tag}", check=False).returncode != 0
-    r, _ = _build(work, state, "h20", extra, name="cut-build")
-    assert r.returncode == 0
+    _build(work, state, "h20", *fault, name="cut-build", **as_h20)
     assert docker("image", "inspect", f"{REPO}:{tag}", check=False).returncode == 0
 
 
@@ -689,9 +680,9 @@ def test_a_killed_envbuild_leaves_no_build_running_in_the_daemon(tmp_path, how):
     from test_engine import BUILD_RUNNER
 
     nonce = f"envbuild-kill-{secrets.token_hex(4)}"
-    (tmp_path / "Dockerfile").write_text(f"FROM local/debian:bookworm\nRUN echo {nonce} && sleep 600\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, "/usr/bin/docker", str(tmp_path)], env=env)
+    (tmp_path / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo {nonce} && sleep 600\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # what a SIGKILL leaves stays here
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, conftest.DOCKER, str(tmp_path)], env=env)
 
     def step_running():
         return subprocess.run(["pgrep", "-f", f"echo {nonce}"], capture_output=True).returncode == 0

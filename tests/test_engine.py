@@ -334,8 +334,11 @@ with open(os.environ["FAKE_DOCKER_CALLS"], "a") as f:
 mode = os.environ.get("FAKE_DOCKER_MODE", "ok")
 if args[0] == "build" and mode == "hang":  # a long RUN step; SIGINT cancels it, as the real CLI does
     import signal, time
-    def cancelled(signum, frame):
-        open(os.environ["FAKE_DOCKER_CALLS"] + ".cancelled", "w").write(str(signum))
+    def cancelled(signum, frame):  # written, then renamed: the marker appears whole, never empty
+        marker = os.environ["FAKE_DOCKER_CALLS"] + ".cancelled"
+        with open(marker + ".tmp", "w") as f:
+            f.write(str(signum))
+        os.rename(marker + ".tmp", marker)
         sys.exit(130)
     signal.signal(signal.SIGINT, cancelled)
     print("#5 [builder 16/20] RUN bash /opt/envbuild-setup/setup.sh extensions", flush=True)
@@ -430,19 +433,24 @@ def test_a_killed_envbuild_cancels_the_build_it_started(tmp_path, fake_cli, monk
     cli, calls = fake_cli
     monkeypatch.setenv("FAKE_DOCKER_MODE", "hang")
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # a SIGKILLed envbuild leaves its secrets directory: here, not in /tmp
     proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, str(cli), str(tmp_path)])
     log = tmp_path / "build.log"
-    for _ in range(200):
+    for _ in range(1200):  # deadlines, not timings: a busy machine is slow, never wrong
         if log.exists() and "setup.sh extensions" in log.read_text():
             break
         time.sleep(0.05)
+    else:
+        pytest.fail("the fake build step never started (no 'setup.sh extensions' in build.log)")
     proc.send_signal(getattr(signal, how))
     assert proc.wait(timeout=60) == (143 if how == "SIGTERM" else -9)
     cancelled = Path(str(tmp_path / "calls.jsonl") + ".cancelled")
-    for _ in range(200):
+    for _ in range(1200):
         if cancelled.exists():
             break
         time.sleep(0.05)
+    else:
+        pytest.fail("the docker CLI was never cancelled (no SIGINT reached it)")
     assert cancelled.read_text() == str(int(signal.SIGINT))
 
 

@@ -13,10 +13,9 @@ import sys
 
 import pytest
 
+from conftest import BASE_IMAGE as BASE
 from conftest import DOCKER, ROOT, run_cli
 from envbuild.enroot import enroot_files, sha256_file, stage
-
-BASE = "local/debian:bookworm"
 
 
 def _sqsh(path, size=3 * 2**20):

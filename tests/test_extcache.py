@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, docker, run_cli
+from conftest import BASE_IMAGE as BASE  # scripts/host-setup.sh's debootstrap image: sh, GNU cp, tar
+from conftest import DOCKER, ROOT, docker, run_cli
 from envbuild import extcache
 from envbuild.errors import EnvbuildError
 from envbuild.image import paths
 from envbuild.matrix import load_matrix
 from envbuild.plan import EXTENSION_CACHE_ID
-
-BASE = "local/debian:bookworm"  # scripts/host-setup.sh's debootstrap image: sh, GNU cp, tar
 
 
 def _tar(path, members, mode="w"):
@@ -179,9 +178,9 @@ def _in_cache(script: str) -> None:
     """Run `script` in a build step with the extension cache mounted (what extensions.py sees)."""
     context = {"Dockerfile": f"FROM {BASE}\nARG RUN\nRUN --mount=type=cache,id={EXTENSION_CACHE_ID},"
                              f"target={paths.EXTENSION_CACHE},sharing=locked sh -c '{script}'\n"}
-    proc = subprocess.run(["/usr/bin/docker", "build", "--network", "host", "--build-arg", f"RUN={secrets.token_hex(4)}",
+    proc = subprocess.run([DOCKER, "build", "--network", "host", "--build-arg", f"RUN={secrets.token_hex(4)}",
                            "-o", "type=tar,dest=/dev/null", "-"], input=context["Dockerfile"], text=True,
-                          capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"})
+                          capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})  # DOCKER_HOST kept
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

@@ -20,18 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_build, run_cli, unique
 
 pytestmark = [
     pytest.mark.docker,
+    pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_EFA") != "1",
                        reason="opt-in: builds the aws-efa fabric from source (about 15 min); set ENVBUILD_EFA=1"),
 ]
 
 SCRIPT = ROOT / "scripts" / "fabric-sources.sh"
 STACK = "torch2.15-cu132-py3.11-pypi"
-REPO = "envbuild-efa-test"
-CA = "/etc/ssl/certs/ca-certificates.crt"
+REPO = unique("envbuild-efa-test")
 
 
 def _free_port() -> int:
@@ -67,9 +67,8 @@ def _serve(folder: Path):
 
 
 def _build(out: Path, mirror: str, state: dict):
-    return run_cli("build", "--gpu", "h20", "--stack", STACK, "--ds-ops", "cpu_adam", "--fabric", "aws-efa",
-                   "--base-image", "local/debian:bookworm", "--image-repo", REPO, "--ca-cert", CA,
-                   "--source-mirror", mirror, "-o", str(out), env=state, timeout=3600, production=True)
+    return run_build("--gpu", "h20", "--stack", STACK, "--ds-ops", "cpu_adam", "--fabric", "aws-efa",
+                     "--image-repo", REPO, "--source-mirror", mirror, "-o", str(out), env=state)
 
 
 def _docker(*args, timeout=300):

@@ -17,25 +17,25 @@ import os
 import pytest
 from packaging.version import Version
 
-from conftest import docker, run_cli
+from conftest import docker, run_build, run_cli, unique
 
 pytestmark = [
     pytest.mark.docker,
+    pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_FLASH_ATTN") != "1",
                        reason="opt-in: compiles flash-attn (72 kernel files for sm_90); set ENVBUILD_FLASH_ATTN=1"),
 ]
 
 STACK = os.environ.get("ENVBUILD_FA_STACK")  # default: the newest the rules allow for h100 + flash-attn
 BASE = os.environ.get("ENVBUILD_FA_BASE")  # default: the stack's own base images
-REPO = "envbuild-fa-test"
-CA = "/etc/ssl/certs/ca-certificates.crt"
+REPO = unique("envbuild-fa-test")
 
 
 def test_flash_attn_builds_for_sm_90_only_imports_and_passes_the_smoke_test(tmp_path):
     out = tmp_path / "fa"
-    where = [*(["--stack", STACK] if STACK else []), *(["--base-image", BASE] if BASE else [])]
-    r = run_cli("build", "--gpu", "h100", *where, "--ds-ops", "cpu_adam", "--ext", "flash-attn",
-                "--ca-cert", CA, "--image-repo", REPO, "-o", str(out), timeout=6 * 3600, production=True)
+    r = run_build("--gpu", "h100", *(["--stack", STACK] if STACK else []), "--ds-ops", "cpu_adam", "--ext",
+                  "flash-attn", "--image-repo", REPO, "-o", str(out), base_image=BASE, stack_bases=not BASE,
+                  timeout=6 * 3600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     image = f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"
     (record,) = json.loads(docker("run", "--rm", image, "cat", "/opt/envbuild/built/extensions.json").stdout)

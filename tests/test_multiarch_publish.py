@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 
 import pytest
 
 import conftest
-from conftest import DOCKER, run_cli
+from conftest import DOCKER, remove_images, run_cli, unique
 from envbuild.publish import DOCKER_LIST, OCI_INDEX, served_images
 
 pytestmark = pytest.mark.docker
 
 REGISTRY = "127.0.0.1:5000"
-REPO = "envbuild-mtest"
+REPO = unique("envbuild-mtest")  # in the shared registry: this run's own, nothing an earlier run left
 
 
 docker = functools.partial(conftest.docker, timeout=300)
@@ -35,13 +36,10 @@ def images(tmp_path_factory):
     made = {}
     for tag, platform in (("a", "linux/amd64"), ("b", "linux/arm64")):
         subprocess.run([DOCKER, "build", "-q", "--platform", platform, "-t", f"{REPO}:{tag}", str(context)],
-                       check=True, capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"})
+                       check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})  # DOCKER_HOST kept
         made[platform] = docker("image", "inspect", "--format", "{{.Id}}", f"{REPO}:{tag}").stdout.strip()
     yield made
-    refs = [r for r in docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-            if r.rsplit(":", 1)[0].split("/")[-1] == REPO]
-    if refs:
-        docker("rmi", *refs, check=False)
+    remove_images(REPO)
 
 
 def _record(state, image_id, platform, ok=True):

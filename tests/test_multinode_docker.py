@@ -11,9 +11,10 @@ plain RANK/WORLD_SIZE), over gloo (no GPU here).
   it could not reach the rendezvous.
 
 Time: 32-55 s on this 2-core machine (9 + 6 + 14 s for the three tests when it is idle) once
-the CI image is built: the module fixture builds it as tests/test_docker_e2e.py does, which
-BuildKit's cache makes a few seconds after the first build (about an hour from nothing).
-Containers, the network and the derived image are removed in finally blocks, on failure too.
+the CI image is built: the module fixture builds it (conftest.run_build, as every real build),
+which BuildKit's cache makes a few seconds after the first build (the module alone from an
+empty cache: 8 min here, 2026-11-26, PyPI through a TLS proxy). Containers, the network and the images are this run's own (conftest.unique)
+and removed in finally blocks, on failure too.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ import time
 import pytest
 
 import conftest
-from conftest import ci_stack_id, run_cli
+from conftest import ci_stack_id, remove_images, run_build, unique
 
 pytestmark = pytest.mark.docker
 
-BASE = "local/debian:bookworm"
-REPO = "envbuild-multinode"
+REPO = unique("envbuild-multinode")
 OPS = "cpu_adam,fused_adam"
 SMOKE = ["python", "/opt/envbuild/smoke.py", "--multinode"]
 TIMEOUT = 8  # --timeout of the runs that must fail on a missing rank
@@ -43,19 +43,14 @@ docker = functools.partial(conftest.docker, timeout=300)
 
 
 @pytest.fixture(scope="module")
-def ci_image(tmp_path_factory):
-    """The CI image (h20, the CI stack), built as tests/test_docker_e2e.py builds it."""
-    if docker("info", check=False).returncode != 0:
-        pytest.fail("no Docker engine answers; run scripts/host-setup.sh (scripts/test.sh does)")
+def ci_image(docker_engine, tmp_path_factory):
+    """The CI image (h20, the CI stack, CPU and fused Adam ops)."""
     out = tmp_path_factory.mktemp("multinode") / "h20"
-    r = run_cli("build", "--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", OPS, "--base-image", BASE,
-                "--image-repo", REPO, "-o", str(out), timeout=3600, production=True)
+    r = run_build("--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", OPS, "--image-repo", REPO, "-o", str(out))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     image = f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"
     yield image
-    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", REPO, check=False).stdout.split()
-    if refs:
-        docker("rmi", *refs, check=False)
+    remove_images(REPO)
 
 
 @pytest.fixture(scope="module")

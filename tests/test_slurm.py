@@ -17,25 +17,20 @@ import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import DOCKER, run_cli
+from conftest import remove_images, run_build, run_cli, unique
 from envbuild.ci import real_build_stack
 from envbuild.matrix import load_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(os.environ.get("ENVBUILD_SLURM") != "1",
                                                      reason="opt-in: set ENVBUILD_SLURM=1 after scripts/slurm-setup.sh")]
-BASE = "local/debian:bookworm"
-REPO = "envbuild-slurm"
+REPO = unique("envbuild-slurm")
 # A CPU node: no libnvidia-container, so the job says it wants no GPU (the image asks for all,
 # and under pyxis the image's value wins unless the job names it), as `envbuild job` does.
 CPU = ("--container-env=NVIDIA_VISIBLE_DEVICES",)
 CPU_ENV = {**os.environ, "NVIDIA_VISIBLE_DEVICES": "void"}
-# pyxis starts the container read-only and mounts the home only of non-root users: the dumps go
-# to a directory the job mounts, named by ENVBUILD_DUMP_DIR (the image does not bake it).
-DUMPS = Path("/var/tmp/envbuild-slurm-dumps")
 
 
 def _sh(*args, **kw):
@@ -51,10 +46,10 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def staged(cluster, tmp_path_factory):
-    """The CI stack's image (CPU ops only: the builder's cache from the e2e tests serves most of it),
-    exported and staged on a 'shared' directory; or, with ENVBUILD_SLURM_IMAGE, the .sqsh
-    published beside that image, fetched from its registry."""
+def staged(cluster, docker_engine, tmp_path_factory):
+    """The CI stack's image (CPU ops only; from BuildKit's cache where an earlier build left it,
+    else built whole), exported and staged on a 'shared' directory; or, with ENVBUILD_SLURM_IMAGE,
+    the .sqsh published beside that image, fetched from its registry."""
     work = tmp_path_factory.mktemp("slurm")
     shared = work / "shared"
     shared.mkdir()
@@ -67,29 +62,34 @@ def staged(cluster, tmp_path_factory):
                "export_s": time.monotonic() - started}
         return
     stack = real_build_stack(load_matrix()).id
-    r = run_cli("build", "--gpu", "h20", "--stack", stack, "--ds-ops", "cpu_adam", "--base-image", BASE,
-                "--image-repo", REPO, "--ca-cert", "/etc/ssl/certs/ca-certificates.crt", "-o", str(work / "b"),
-                env={"ENVBUILD_STATE_DIR": str(work / "state")}, timeout=5400, production=True)
+    r = run_build("--gpu", "h20", "--stack", stack, "--ds-ops", "cpu_adam", "--image-repo", REPO, "-o", str(work / "b"),
+                  env={"ENVBUILD_STATE_DIR": str(work / "state")}, timeout=5400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     image = f"{REPO}:{json.loads((work / 'b' / 'manifest.json').read_text())['tag']}"
     started = time.monotonic()
     r = run_cli("stage", image, "--to", str(shared), timeout=3600)
     assert r.returncode == 0, r.stderr
     sqsh = next(shared.glob("*.sqsh"))
-    yield {"image": image, "sqsh": sqsh, "work": work, "export_s": time.monotonic() - started}
-    image_id = _sh(DOCKER, "image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
-    _sh(DOCKER, "rmi", "-f", image_id)  # every tag the build gave it (readable and content)
+    # pyxis starts the container read-only and mounts the home only of non-root users: the dumps go
+    # to a directory the job mounts, named by ENVBUILD_DUMP_DIR (the image does not bake it). This
+    # run's own: Slurm job ids start again at 1 on a new cluster, and an earlier run's dump
+    # directory of the same job id would pass for this run's.
+    dumps = work / "dumps"
+    dumps.mkdir()
+    yield {"image": image, "sqsh": sqsh, "work": work, "dumps": dumps, "export_s": time.monotonic() - started}
+    remove_images(REPO)  # every tag the build gave it (readable and content), no one else's
 
 
-def _dumps():
-    DUMPS.mkdir(exist_ok=True)
-    return (f"--container-mounts={DUMPS}:{DUMPS}",)
+def _dumps(staged):
+    """srun's flag that mounts the dump directory, and the variable that names it."""
+    dumps = staged["dumps"]
+    return (f"--container-mounts={dumps}:{dumps}",), {**CPU_ENV, "ENVBUILD_DUMP_DIR": str(dumps)}
 
 
 def test_srun_container_image_runs_the_smoke_test_inside(staged):
-    r = _sh("srun", f"--container-image={staged['sqsh']}", *CPU, *_dumps(), "bash", "-c",
-            ". /opt/envbuild/env.sh && exec python /opt/envbuild/smoke.py --json", timeout=1800,
-            env={**CPU_ENV, "ENVBUILD_DUMP_DIR": str(DUMPS)})
+    mount, env = _dumps(staged)
+    r = _sh("srun", f"--container-image={staged['sqsh']}", *CPU, *mount, "bash", "-c",
+            ". /opt/envbuild/env.sh && exec python /opt/envbuild/smoke.py --json", timeout=1800, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(r.stdout[r.stdout.index("{"):])
     assert result["ok"], [c for c in result["checks"] if not c.get("ok")]
@@ -98,15 +98,16 @@ def test_srun_container_image_runs_the_smoke_test_inside(staged):
 def test_the_job_sees_the_images_environment_without_the_entrypoint(staged):
     """pyxis runs the command, not the image's entrypoint: the baked environment (the guard) comes
     through enroot's /etc/environment, the per-job caches and the dump directory from env.sh."""
-    r = _sh("srun", f"--container-image={staged['sqsh']}", *CPU, *_dumps(), "bash", "-c",
-            ". /opt/envbuild/env.sh && env", timeout=600, env={**CPU_ENV, "ENVBUILD_DUMP_DIR": str(DUMPS)})
+    mount, environ = _dumps(staged)
+    r = _sh("srun", f"--container-image={staged['sqsh']}", *CPU, *mount, "bash", "-c",
+            ". /opt/envbuild/env.sh && env", timeout=600, env=environ)
     assert r.returncode == 0, r.stderr
     env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
     job = env["SLURM_JOB_ID"]
     assert env["PIP_CONSTRAINT"] == "/etc/pip/constraint.txt"  # the guard (envbuild/image/paths.py)
     assert env["TORCH_EXTENSIONS_DIR"].endswith(f"torch_extensions-{job}")
-    assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{DUMPS}/flight_recorder-{job}/rank_"
-    assert (DUMPS / f"flight_recorder-{job}").is_dir()  # on the host, after the step: the user keeps it
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{staged['dumps']}/flight_recorder-{job}/rank_"
+    assert (staged["dumps"] / f"flight_recorder-{job}").is_dir()  # on the host, after the step: the user keeps it
     assert env["PATH"].startswith("/opt/venv/bin:")
 
 

@@ -24,25 +24,24 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, ci_stack_id, docker, run_cli
+from conftest import BASE_IMAGE, CA_BUNDLE, ROOT, ci_stack_id, docker, run_build, run_cli, unique
 from envbuild import oslock
 
 pytestmark = pytest.mark.docker
 
-BASE = "local/debian:bookworm"
-REPO = "envbuild-oslock-test"
-BASE_ALIAS = f"{REPO}/base:bookworm"  # the lock's base name, moved to another image in one test
-CA = "/etc/ssl/certs/ca-certificates.crt"  # this machine reaches PyPI through a TLS proxy whose CA is here
+BASE = BASE_IMAGE
+REPO = unique("envbuild-oslock-test")
+BASE_ALIAS = f"{REPO}-base:bookworm"  # the lock's base name, moved to another image in one test
 OPS = "cpu_adam"  # no CUDA op: the image needs no nvcc, so the build is the OS, torch and one CPU op
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
+def work(docker_engine, tmp_path_factory):
     d = tmp_path_factory.mktemp("oslock")
     docker("tag", BASE, BASE_ALIAS)
     yield d
     refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-    mine = [r for r in refs if r.startswith(REPO)]
+    mine = [r for r in refs if r.startswith(REPO)]  # REPO is this run's own (conftest.unique)
     if mine:
         docker("rmi", *mine, check=False)
 
@@ -136,15 +135,14 @@ def repository(work, locked):
 def build(work, locked, repository, name, *extra, no_cache=False):
     env = {"ENVBUILD_DOCKER_BUILD_ARGS": "--no-cache"} if no_cache else {}
     out = work / name
-    r = run_cli("build", "--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", OPS, "--base-image", BASE_ALIAS,
-                "--matrix-dir", str(locked["dir"]), "--image-repo", f"{REPO}/{name}", "--ca-cert", CA,
-                "--apt-snapshot", repository.url, "--apt-key", str(repository.key), "-o", str(out), *extra,
-                env=env, timeout=3600, production=True)
+    r = run_build("--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", OPS, "--matrix-dir", str(locked["dir"]),
+                  "--image-repo", f"{REPO}-{name}", "--apt-snapshot", repository.url, "--apt-key", str(repository.key),
+                  "-o", str(out), *extra, base_image=BASE_ALIAS, env=env, timeout=3600)
     return r, out
 
 
 def tagged(name: str) -> list[str]:
-    return docker("images", "-q", f"{REPO}/{name}").stdout.split()
+    return docker("images", "-q", f"{REPO}-{name}").stdout.split()
 
 
 # The failures first, each from a clean cache: they stop in the first OS step, before torch.
@@ -201,7 +199,7 @@ def image(work, locked, repository):
     r, out = build(work, locked, repository, "ok")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
-    return {"ref": f"{REPO}/ok:{manifest['tag']}", "out": out, "manifest": manifest}
+    return {"ref": f"{REPO}-ok:{manifest['tag']}", "out": out, "manifest": manifest}
 
 
 def test_the_image_holds_exactly_the_locked_packages(image, locked):
@@ -222,13 +220,13 @@ def test_the_image_holds_exactly_the_locked_packages(image, locked):
 
 
 def test_rebuild_from_the_images_record_gives_the_same_content(work, image, locked, repository):
-    r = run_cli("rebuild", image["ref"], "--matrix-dir", str(locked["dir"]), "--ca-cert", CA,
+    r = run_cli("rebuild", image["ref"], "--matrix-dir", str(locked["dir"]), "--ca-cert", CA_BUNDLE,
                 "--apt-snapshot", repository.url, "--apt-key", str(repository.key), "-o", str(work / "rebuilt"),
                 "--json", timeout=3600, production=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert doc["equal"] and doc["compared"]["files"] > 1000 and doc["compared"]["os"] > 100
-    assert "re-rendered" in r.stderr and f"{REPO}/ok-rebuild:" in r.stderr
+    assert "re-rendered" in r.stderr and f"{REPO}-ok-rebuild:" in r.stderr
 
 
 def test_rebuild_with_another_matrix_stops_before_building(work, image):
@@ -247,9 +245,9 @@ def test_diff_names_what_changed(work, image):
     derived.mkdir()
     (derived / "Dockerfile").write_text(f"FROM {image['ref']}\nENV EXTRA=1\n"
                                         "RUN rm /opt/envbuild/os-lock.txt && /opt/venv/bin/pip uninstall -y -q hjson\n")
-    docker("build", "--network", "host", "-t", f"{REPO}/derived:1", str(derived),
+    docker("build", "--network", "host", "-t", f"{REPO}-derived:1", str(derived),
            env={**os.environ, "DOCKER_BUILDKIT": "1"})
-    r = run_cli("diff", image["ref"], f"{REPO}/derived:1", "--json")
+    r = run_cli("diff", image["ref"], f"{REPO}-derived:1", "--json")
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     keys = {(d["section"], d["key"]) for d in doc["differences"]}

@@ -41,9 +41,9 @@ JOB = f"{STACK}-amd64"
 docker = conftest.docker
 
 
-# What every image-building test passes (as tests/test_docker_e2e.py does, until one place gives
-# them): the debootstrap base, and the host's CA bundle for pip behind this machine's TLS proxy.
-BUILD_ARGS = ("--base-image", BASE, "--ca-cert", "/etc/ssl/certs/ca-certificates.crt")
+# What every image-building test passes, from the one place (conftest): this machine's base,
+# its CA bundle for pip behind the TLS proxy, its index URLs.
+BUILD_ARGS = tuple(conftest.machine_build_args())
 
 
 def _free_port() -> int:
@@ -83,7 +83,7 @@ def registry(work):
     proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=subprocess.DEVNULL,
                             stderr=open(d / "registry.log", "w"))
     bundle = d / "bundle.pem"
-    bundle.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes() + (d / "ca.crt").read_bytes())
+    bundle.write_bytes(Path(conftest.CA_BUNDLE).read_bytes() + (d / "ca.crt").read_bytes())
     try:
         for _ in range(100):
             r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", str(d / "ca.crt"),

@@ -493,12 +493,15 @@ def test_cpu_adam_tolerance():
     assert checks.check_cpu_adam({"state": "timeout", "rc": None})[0] is False
 
 
-def test_fused_adam_numerics_verdict():
-    ok = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 1e-9}}
-    bad = {"fused_adam": {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 0.5}}
-    assert checks.check_fused_adam(ok)[0] is True and "FusedAdam" in checks.check_fused_adam(ok)[1]
-    assert checks.check_fused_adam(bad)[0] is False
-    assert checks.check_fused_adam({"state": "hung", "rc": None})[0] is False
+@pytest.mark.parametrize("op, label", [("fused_adam", "FusedAdam - torch.optim.Adam"),
+                                       ("fused_lamb", "FusedLamb - LAMB in torch"),
+                                       ("fused_lion", "FusedLion - Lion in torch")])
+def test_gpu_optimizer_numerics_verdict(op, label):
+    ok = {op: {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 1e-9}}
+    bad = {op: {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 0.5}}
+    assert checks.check_gpu_optimizer(ok, op)[0] is True and label in checks.check_gpu_optimizer(ok, op)[1]
+    assert checks.check_gpu_optimizer(bad, op)[0] is False
+    assert checks.check_gpu_optimizer({"state": "hung", "rc": None}, op)[0] is False
 
 
 # --------------------------------------------------------------------------- timeouts (real subprocesses)
@@ -539,6 +542,20 @@ def test_dead_rank_fails_fast_with_its_output(tmp_path, guard):
     ok, detail = collectives.check_collectives("gloo", 2, args_ns(timeout=60.0), str(tmp_path), command=dying)
     assert ok is False and "exited 3" in detail and "rank broke" in detail
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_one_rank_reports_no_bus_bandwidth(tmp_path, guard, nproc):
+    """A single-GPU node runs NCCL with one rank: nothing crosses a bus, and a 'busbw 0.00 GB/s'
+    would read as a broken link (seen on a one-H100 machine)."""
+    def stand_in(rank, result):
+        body = {"ok": True, "size_bytes": 2**26, "all_reduce_s": 0.001, "all_gather_s": 0.002}
+        return [sys.executable, "-c", f"import json; json.dump({body!r}, open({result!r}, 'w'))"]
+
+    ok, detail = collectives.check_collectives("nccl", nproc, args_ns(timeout=60.0), str(tmp_path), command=stand_in)
+    assert ok is True
+    assert ("busbw" in detail) is (nproc == 2)
+    assert ("no bus bandwidth" in detail) is (nproc == 1)
 
 
 def test_hung_op_loader_reports_jit_hang(tmp_path, monkeypatch, guard):
@@ -615,6 +632,27 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
                                                   "guard", "lock", "torch_compile", "env", "fabric", "transport", "driver", "node_env",
                                                   "collectives", "p2p"]
     assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls
+
+
+def test_gpu_mode_checks_each_cuda_optimizer_against_its_reference(monkeypatch, tmp_path):
+    """On a GPU each pre-built CUDA optimizer gets its own numerics check (FusedLamb and FusedLion
+    were only loaded before: a mis-built kernel could load and compute garbage)."""
+    from envbuild.image import transport
+
+    step = {"ok": True, "detail": "", "seconds": 0.1, "max_abs_diff": 1e-9}
+    ops = ["fused_adam", "fused_lamb", "fused_lion"]
+    child = dict(fake_child(ops={op: OK_OP for op in ops}), **{op: dict(step) for op in ops})
+    monkeypatch.setattr(checks, "run_ops_child", lambda *a: child)
+    for module, name in ((checks, "check_versions"), (checks, "check_ds_record"), (checks, "check_gpu_arch"),
+                         (collectives, "check_collectives"), (transport, "check_transport")):
+        monkeypatch.setattr(module, name, lambda *a: (True, "stand-in"))
+    monkeypatch.setenv("ENVBUILD_NODE_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ops}, args_ns(), "m.json", gpus=1)
+    by_name = {c["name"]: c for c in rep["checks"]}
+    assert rep["mode"] == "gpu"
+    for op, label in (("fused_adam", "FusedAdam"), ("fused_lamb", "FusedLamb"), ("fused_lion", "FusedLion")):
+        assert by_name[op]["ok"] is True and label in by_name[op]["detail"]
 
 
 def test_guard_check_needs_the_built_torch_and_deepspeed_pinned_and_read(tmp_path):

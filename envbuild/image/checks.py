@@ -17,6 +17,7 @@ import sys
 
 from . import node, paths, sandbox
 from .arch import arch_runs_on
+from .children import GPU_OPTIMIZERS
 from .report import Skipped
 from .versions import major_minor, normalize_version, version_matches
 
@@ -156,19 +157,21 @@ def check_no_jit(res: dict, ops: list[str], timeout: float) -> tuple[bool, str]:
     return all(v["ok"] for v in done.values()), "; ".join(parts) or "no ops in manifest"
 
 
-def check_cpu_adam(res: dict, key: str = "adam", label: str = "DeepSpeedCPUAdam") -> tuple[bool, str, float]:
+def check_cpu_adam(res: dict, key: str = "adam", label: str = "DeepSpeedCPUAdam",
+                   reference: str = "torch.optim.Adam") -> tuple[bool, str, float]:
     adam = res.get(key)
     if not adam:
         return False, f"no result from the op child ({res.get('state')}, rc={res.get('rc')})", 0.0
     if not adam["ok"]:
         return False, adam["detail"], adam["seconds"]
     diff = adam["max_abs_diff"]
-    detail = f"max|{label} - torch.optim.Adam| = {diff:.2e} (tol {ADAM_TOLERANCE:g})"
+    detail = f"max|{label} - {reference}| = {diff:.2e} (tol {ADAM_TOLERANCE:g})"
     return diff <= ADAM_TOLERANCE, detail, adam["seconds"]
 
 
-def check_fused_adam(res: dict) -> tuple[bool, str, float]:
-    return check_cpu_adam(res, "fused_adam", "FusedAdam")
+def check_gpu_optimizer(res: dict, op: str) -> tuple[bool, str, float]:
+    """One step of a pre-built CUDA optimizer on this GPU equals its reference in plain torch."""
+    return check_cpu_adam(res, op, *GPU_OPTIMIZERS[op][1:])
 
 
 # Tolerances of the extensions' GPU checks against plain torch (fp16 attention: flash-attn's own
@@ -213,7 +216,7 @@ def check_extensions(manifest: dict, res: dict, record_path: str | None = None) 
             tol = EXTENSION_TOLERANCE[ext["gpu_check"]]
             good = gpu["ok"] and gpu["max_abs_diff"] <= tol
             ok &= good
-            part += (f"; GPU max|diff| vs torch {gpu['max_abs_diff']:.2e} (tol {tol:g})" if gpu["ok"]
+            part += (f"; GPU forward+backward max|diff| vs torch {gpu['max_abs_diff']:.2e} (tol {tol:g})" if gpu["ok"]
                      else f"; GPU check FAILED {gpu['detail']}")
         elif got.get("gpu_skipped"):
             part += f"; GPU check not run ({got['gpu_skipped']})"

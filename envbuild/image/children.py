@@ -89,21 +89,65 @@ def adam_numerics() -> dict:
     return {"max_abs_diff": (ds_p.detach() - ref_p.detach()).abs().max().item()}
 
 
+def _one_step(optimizer, **hp) -> tuple:
+    """One step of `optimizer` on a CUDA parameter with a seeded gradient: (before, gradient, after)."""
+    import torch
+
+    torch.manual_seed(0)
+    init, grad = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    param = torch.nn.Parameter(init.clone())
+    param.grad = grad.clone()
+    optimizer([param], **hp).step()
+    torch.cuda.synchronize()
+    return init, grad, param.detach()
+
+
 def fused_adam_numerics() -> dict:
     """On a GPU, one FusedAdam step must equal torch.optim.Adam: the pre-built sm_XX code
     really runs on this device."""
     import torch
     from deepspeed.ops.adam import FusedAdam
 
-    torch.manual_seed(0)
-    init, grad = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
-    ds_p, ref_p = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
-    ds_p.grad, ref_p.grad = grad.clone(), grad.clone()
     hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    FusedAdam([ds_p], adam_w_mode=False, **hp).step()
-    torch.optim.Adam([ref_p], **hp).step()
-    torch.cuda.synchronize()
-    return {"max_abs_diff": (ds_p.detach() - ref_p.detach()).abs().max().item()}
+    _, _, fused = _one_step(FusedAdam, adam_w_mode=False, **hp)
+    _, _, ref = _one_step(torch.optim.Adam, **hp)
+    return {"max_abs_diff": (fused - ref).abs().max().item()}
+
+
+def fused_lion_numerics() -> dict:
+    """On a GPU, one FusedLion step against Lion's first step written out in torch, as DeepSpeed's
+    csrc/lion/multi_tensor_lion.cu computes it: p = p*(1 - lr*wd) - lr*sign(c), where c is
+    (1 - beta1)*g (the moment starts at zero) and c <= 0 counts as negative."""
+    import torch
+    from deepspeed.ops.lion import FusedLion
+
+    lr, beta1, wd = 1e-3, 0.9, 0.01
+    init, grad, fused = _one_step(FusedLion, lr=lr, betas=(beta1, 0.99), weight_decay=wd)
+    c = (1 - beta1) * grad
+    ref = init * (1 - lr * wd) + torch.where(c > 0, -lr, lr)
+    return {"max_abs_diff": (fused - ref).abs().max().item()}
+
+
+def fused_lamb_numerics() -> dict:
+    """On a GPU, one FusedLamb step against LAMB's first step written out in torch, as DeepSpeed's
+    csrc/lamb/fused_lamb_cuda_kernel.cu computes it: the update m/(sqrt(v)+eps) + wd*p, the
+    trust ratio |p|/|update| clamped to [min_coeff, max_coeff], the bias correction folded
+    into the step size lr*sqrt(1-beta2)/(1-beta1)."""
+    from deepspeed.ops.lamb import FusedLamb
+
+    lr, (b1, b2), eps, wd = 1e-3, (0.9, 0.999), 1e-8, 0.01
+    init, grad, fused = _one_step(FusedLamb, lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    m, v = (1 - b1) * grad, (1 - b2) * grad * grad
+    update = m / (v.sqrt() + eps) + wd * init
+    ratio = (init.norm() / update.norm()).clamp(0.01, 10.0)
+    ref = init - lr * (1 - b2) ** 0.5 / (1 - b1) * ratio * update
+    return {"max_abs_diff": (fused - ref).abs().max().item()}
+
+
+# The CUDA optimizers' one-step checks (GPU mode): op -> (check, class, its reference in plain torch).
+GPU_OPTIMIZERS = {"fused_adam": (fused_adam_numerics, "FusedAdam", "torch.optim.Adam"),
+                  "fused_lamb": (fused_lamb_numerics, "FusedLamb", "LAMB in torch"),
+                  "fused_lion": (fused_lion_numerics, "FusedLion", "Lion in torch")}
 
 
 def _numerics(fn) -> dict:
@@ -143,8 +187,8 @@ def child_ops(args) -> int:
     if "cpu_adam" in ops:
         out["adam"] = _numerics(adam_numerics)
         write_json(args.result, out)
-    if "fused_adam" in ops and args.gpu_numerics:
-        out["fused_adam"] = _numerics(fused_adam_numerics)
+    for op in [o for o in GPU_OPTIMIZERS if o in ops and args.gpu_numerics]:
+        out[op] = _numerics(GPU_OPTIMIZERS[op][0])
         write_json(args.result, out)
     out["extensions"] = {}
     for ext in json.loads(getattr(args, "extensions", None) or "[]"):
@@ -230,19 +274,25 @@ def attention_numerics() -> dict:
 
 
 def causal_conv1d_numerics() -> dict:
-    """On a GPU, causal_conv1d_fn (with SiLU) against the same causal convolution in plain torch."""
+    """On a GPU, causal_conv1d_fn (with SiLU) forward and backward against the same causal
+    convolution in plain torch: the output and the gradients of the input, weight and bias
+    (training runs the backward kernel, a separate compile: causal_conv1d_bwd)."""
     import torch
     import torch.nn.functional as F
     from causal_conv1d import causal_conv1d_fn
 
     torch.manual_seed(0)
     batch, dim, length, width = 2, 64, 128, 4
-    x = torch.randn(batch, dim, length, device="cuda")
-    weight, bias = torch.randn(dim, width, device="cuda"), torch.randn(dim, device="cuda")
+    x = torch.randn(batch, dim, length, device="cuda", requires_grad=True)
+    weight = torch.randn(dim, width, device="cuda", requires_grad=True)
+    bias = torch.randn(dim, device="cuda", requires_grad=True)
     out = causal_conv1d_fn(x, weight, bias, activation="silu")
     ref = F.silu(F.conv1d(x, weight.unsqueeze(1), bias, padding=width - 1, groups=dim)[..., :length])
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, weight, bias), grad)
+    want = torch.autograd.grad(ref, (x, weight, bias), grad)
     torch.cuda.synchronize()
-    return {"max_abs_diff": float((out - ref).abs().max())}
+    return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *got), (ref, *want)))}
 
 
 GPU_CHECKS = {"attention": attention_numerics, "causal-conv1d": causal_conv1d_numerics}

@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 from . import checks, collectives, fabric, node, transport
-from .children import child_collective, child_compile, child_ops
+from .children import GPU_OPTIMIZERS, child_collective, child_compile, child_ops
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, exit_code, render_text, run_check
 
@@ -88,8 +88,8 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
         results.append(run_check("no_jit", no_jit))
         if "cpu_adam" in ops:
             results.append(run_check("cpu_adam", checks.check_cpu_adam, res))
-        if "fused_adam" in ops and gpus:
-            results.append(run_check("fused_adam", checks.check_fused_adam, res))
+        for op in [o for o in GPU_OPTIMIZERS if o in ops and gpus]:
+            results.append(run_check(op, checks.check_gpu_optimizer, res, op))
         if manifest.get("extensions"):
             results.append(run_check("extensions", checks.check_extensions, manifest, res))
         results.append(run_check("compilers", checks.check_compilers, manifest))

@@ -89,6 +89,10 @@ def check_collectives(backend: str, nproc: int, args, work: str, env: dict | Non
     if run.state != "ok":
         return False, run.detail
     size = run.result["size_bytes"]
+    if nproc == 1:  # nothing crosses a bus: a busbw of 0 would read as a broken link
+        parts = [f"{op} {run.result[op + '_s'] * 1e3:.2f} ms" for op in ("all_reduce", "all_gather")]
+        return True, (f"{backend} x1, {size / 2**20:g} MiB: " + "; ".join(parts) + "; values ok (one rank: no "
+                      "traffic between GPUs, so no bus bandwidth; it needs two or more ranks)")
     parts = [f"{op} {run.result[op + '_s'] * 1e3:.2f} ms busbw {run.busbw(op):.2f} GB/s"
              for op in ("all_reduce", "all_gather")]
     return True, f"{backend} x{nproc}, {size / 2**20:g} MiB: " + "; ".join(parts) + "; values ok"

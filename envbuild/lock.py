@@ -438,6 +438,7 @@ class LockOutcome:
     path: Path
     state: str  # "written", "unchanged", "current", "stale", "unreachable", "failed"
     detail: str = ""
+    hosts: tuple[str, ...] = ()  # unreachable: the index hosts that could not be reached
 
 
 # uv's and urllib's words for an index this machine cannot reach (DNS, refused, timed out, proxy):
@@ -456,6 +457,24 @@ def unreachable(message: str) -> bool:
     (True, False)
     """
     return bool(_UNREACHABLE.search(message))
+
+
+_URL_HOST = re.compile(r"https?://([A-Za-z0-9.-]+)")
+
+
+def unreachable_hosts(message: str, indexes: tuple[str, ...]) -> list[str]:
+    """The index hosts a resolution could not reach: those of `indexes` (and PyPI's file host)
+    the error names, else all of them (a DNS or proxy error may name none, or only the proxy).
+
+    >>> unreachable_hosts("error sending request for url (https://download.pytorch.org/whl/cu126/torch/)",
+    ...                   ("https://download.pytorch.org/whl/cu126", PYPI_SIMPLE))
+    ['download.pytorch.org']
+    >>> unreachable_hosts("dns error: failed to lookup address information", (PYPI_SIMPLE,))
+    ['pypi.org']
+    """
+    known = [urlsplit(i).hostname or i for i in indexes]
+    named = [h.lower() for h in _URL_HOST.findall(message) if h.lower() in (*known, "files.pythonhosted.org")]
+    return list(dict.fromkeys(named or known))
 
 
 def unlocked_reason(stack_id: str, torch_index: Optional[str], alternative: Optional[str] = None) -> str:
@@ -492,11 +511,11 @@ def lock_summary(outcomes: list, check: bool, command: str = "envbuild lock") ->
                    f"{', '.join(dict.fromkeys(o.stack for o in far))}. Run it where the bases' registries and the "
                    f"snapshot service are reachable (the publish CI), or give --apt-snapshot a mirror.")
     elif far:
+        hosts = ", ".join(dict.fromkeys(h for o in far for h in o.hosts))
         out.append(f"{len(far)} of {total} locks cannot be {'checked' if check else 'made'} from here (an index "
                    f"they resolve from cannot be reached; this says nothing about whether they are current): "
-                   f"{', '.join(dict.fromkeys(o.stack for o in far))}. Run it where PyPI"
-                   f"{' and download.pytorch.org are' if any('pytorch.org' in o.detail for o in far) else ' is'} "
-                   f"reachable (the publish CI).")
+                   f"{', '.join(dict.fromkeys(o.stack for o in far))}. Run it where {hosts or 'PyPI'} "
+                   f"{'are' if ', ' in hosts else 'is'} reachable (the publish CI).")
     failed = [o for o in outcomes if o.state == "failed"]
     if failed:
         out.append(f"{len(failed)} of {total} locks failed: {', '.join(dict.fromkeys(o.stack for o in failed))} "
@@ -541,10 +560,14 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
             progress(f"resolving {stack.id} ({arch}) as of {date}")
             text = write_lock(lock_inputs(matrix, stack, requires_cache[stack.deepspeed], arch), date)
         except EnvbuildError as e:
-            state = "unreachable" if unreachable(str(e)) else "failed"
-            detail = (f"cannot be checked from here: an index it resolves from cannot be reached "
-                      f"({_first_line(str(e))})" if state == "unreachable" else str(e))
-            outcomes.append(LockOutcome(stack.id, arch, path, state, detail))
+            if not unreachable(str(e)):
+                outcomes.append(LockOutcome(stack.id, arch, path, "failed", str(e)))
+                continue
+            torch_index = matrix.torch_index(matrix.torch_release(stack.torch), stack.cuda)
+            hosts = unreachable_hosts(str(e), ((torch_index,) if torch_index else ()) + (PYPI_SIMPLE,))
+            outcomes.append(LockOutcome(stack.id, arch, path, "unreachable",
+                                        f"cannot be {'checked' if check else 'made'} from here: {' or '.join(hosts)} "
+                                        f"cannot be reached ({_first_line(str(e))})", tuple(hosts)))
             continue
         same = existing is not None and normalized(existing.text) == normalized(text)
         if check:

@@ -353,9 +353,11 @@ class OutOfScope(_Strict):
     suggesting a similar-looking NVIDIA name."""
 
     vendor: str
+    what: str = ""  # what is refused, when not all of the vendor's GPUs ("the P100 (Pascal, sm_60)")
     names: list[str]  # spellings as gpu_spellings() reads them: mi300x, instinct-mi300x ...
     prefixes: list[str] = []
     why: str
+    source: str = ""
 
 
 class GpusFile(_Strict):
@@ -398,6 +400,7 @@ class CudaFile(_Strict):
     sources: dict[str, str]
     driver_floors: list[DriverFloor]
     generation_driver_floors: dict[str, GenerationDriverFloor] = {}
+    gpu_driver_floors: dict[str, GenerationDriverFloor] = {}  # by gpus.yaml profile name, where NVIDIA names one
     forward_compat: str
 
 
@@ -857,7 +860,9 @@ class Matrix:
                 return names[key]
         for scope in self.gpus_file.out_of_scope:
             if any(s in scope.names or any(s.startswith(p) for p in scope.prefixes) for s in spellings):
-                raise EnvbuildError(f"--gpu {name}: {scope.vendor} GPUs are out of scope: {scope.why}")
+                source = f" (source: {scope.source})" if scope.source else ""
+                what = f"{scope.what} is" if scope.what else f"{scope.vendor} GPUs are"
+                raise EnvbuildError(f"--gpu {name}: {what} out of scope: {scope.why.rstrip('.')}{source}.")
         raise unknown_gpu(name, spellings, [p.name for p in self.gpus], str(self.directory / "gpus.yaml"))
 
     @property
@@ -948,15 +953,18 @@ class Matrix:
 
     def driver_floor(self, cuda: str, gpu: Optional[GpuProfile] = None) -> DriverFloor:
         """The oldest driver that runs CUDA `cuda` ('13.0' -> the CUDA 13 floor), and, with `gpu`,
-        knows that GPU: the larger of the stack's floor and the GPU generation's."""
+        knows that GPU: the largest of the stack's floor, the GPU generation's and the GPU's own."""
         major = cuda.split(".")[0]
         floor = next((f for f in self.cuda_file.driver_floors if f.cuda == major), None)
         if floor is None:
             raise KeyError(cuda)
-        own = self.cuda_file.generation_driver_floors.get(gpu.generation) if gpu else None
-        if own and Version(own.min_driver) > Version(floor.min_driver):
-            return DriverFloor(cuda=major, min_driver=own.min_driver, branch=own.branch,
-                               source=f"{gpu.generation} GPUs ({gpu.name}): {own.source}")
+        if gpu is None:
+            return floor
+        for what, own in ((f"{gpu.generation} GPUs ({gpu.name})", self.cuda_file.generation_driver_floors.get(gpu.generation)),
+                          (gpu.name, self.cuda_file.gpu_driver_floors.get(gpu.name))):
+            if own and Version(own.min_driver) > Version(floor.min_driver):
+                floor = DriverFloor(cuda=major, min_driver=own.min_driver, branch=own.branch,
+                                    source=f"{what}: {own.source}")
         return floor
 
     def torch_index(self, release: TorchRelease, cuda: str) -> Optional[str]:
@@ -1079,6 +1087,9 @@ def _check_references(m: Matrix) -> None:
         if gen not in generations:
             problems.append(f"{d/'cuda.yaml'}: generation_driver_floors names '{gen}', a generation no gpus.yaml "
                             f"profile has (known: {', '.join(sorted(generations))})")
+    for name in m.cuda_file.gpu_driver_floors:
+        if name not in {p.name for p in m.gpus}:
+            problems.append(f"{d/'cuda.yaml'}: gpu_driver_floors names '{name}', which is not a gpus.yaml profile")
     for rel in m.torch_file.releases:
         if "aarch64" in rel.cuda_platforms and not rel.aarch64_arches:
             problems.append(f"{d/'torch.yaml'}: torch {rel.torch} has aarch64 in cuda_platforms but no aarch64_arches")

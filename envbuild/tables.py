@@ -245,7 +245,9 @@ def generated_blocks(m: Matrix) -> dict[str, str]:
     floors = markdown(("CUDA", "min driver (Linux)", "branch", "source"),
                       [(f"{f.cuda}.x", f.min_driver, f.branch, f.source) for f in m.cuda_file.driver_floors]
                       + [(f"any, on {gen} GPUs", f.min_driver, f.branch, f.source)
-                         for gen, f in m.cuda_file.generation_driver_floors.items()])
+                         for gen, f in m.cuda_file.generation_driver_floors.items()]
+                      + [(f"any, on {gpu}", f.min_driver, f.branch, f.source)
+                         for gpu, f in m.cuda_file.gpu_driver_floors.items()])
     notes = "\n".join(f"- `{sid}`: {note}" for sid, note in stack_notes(m))
     example = "torch2.15.0-cu132-py3.12-ds0.19.8-h20"
     jobs = {"job_apptainer": job_script(Job(f"/shared/images/{example}.sif", "apptainer")),

@@ -186,6 +186,9 @@ def test_a_lock_that_cannot_be_checked_from_here_is_not_called_stale(matrix_copy
     assert result.stdout.startswith("unreachable") and "stale" not in result.stdout, result.stdout
     said = " ".join(result.stderr.split())
     assert "2 of 2 locks cannot be checked from here" in said and "says nothing about whether they are current" in said
+    # it names the index that could not be reached (this stack resolves from PyPI only), not the proxy
+    assert "pypi.org cannot be reached" in result.stdout and "Run it where pypi.org is reachable" in said, said
+    assert "127.0.0.1" not in said
     assert "--offline" not in result.stdout + result.stderr and "Refresh with" not in said
 
 
@@ -196,12 +199,52 @@ def test_unreachable_is_told_from_no_solution():
                        "(https://download.pytorch.org/whl/cu126/torch/)\n  Caused by: tcp connect error")
     assert not unreachable("× No solution found when resolving dependencies:\n  ╰─▶ Because torch==2.6.0 ...")
     outcomes = [LockOutcome("a", "x86_64", Path("a"), "stale"), LockOutcome("b", "x86_64", Path("b"), "unreachable",
-                                                                           "download.pytorch.org refused"),
+                                                                           "refused", ("download.pytorch.org",)),
                 LockOutcome("c", "x86_64", Path("c"), "current")]
     said = lock_summary(outcomes, check=True)
     assert said[0].startswith("1 of 3 locks are stale") and "envbuild lock --stack a" in said[0]
-    assert said[1].startswith("1 of 3 locks cannot be checked from here") and "download.pytorch.org" in said[1]
+    assert said[1].startswith("1 of 3 locks cannot be checked from here") and "download.pytorch.org is reachable" in said[1]
     assert lock_summary([outcomes[2]], check=True) == []
+
+
+@pytest.mark.parametrize("message, hosts", [
+    # uv, PyTorch's index down (the stack's own index named)
+    ("error: Request failed after 3 retries\n  Caused by: error sending request for url "
+     "(https://download.pytorch.org/whl/cu126/torch/)\n  Caused by: tcp connect error", ["download.pytorch.org"]),
+    # uv, a wheel on PyPI's file host
+    ("error: Failed to fetch: `https://files.pythonhosted.org/packages/ab/cd/six-1.17.0-py2.py3-none-any.whl`",
+     ["files.pythonhosted.org"]),
+    # envbuild's own PyPI read behind a dead proxy: the proxy is not the index
+    ("GET https://pypi.org/simple/deepspeed/ failed: [Errno 111] Connection refused (proxy http://127.0.0.1:9). "
+     "PyPI must be reachable.", ["pypi.org"]),
+    # a DNS error names no host: every index the stack resolves from
+    ("error: dns error: failed to lookup address information: Temporary failure in name resolution",
+     ["download.pytorch.org", "pypi.org"]),
+])
+def test_an_unreachable_lock_names_the_index_host(message, hosts):
+    from envbuild.lock import PYPI_SIMPLE, unreachable, unreachable_hosts
+
+    assert unreachable(message)
+    assert unreachable_hosts(message, ("https://download.pytorch.org/whl/cu126", PYPI_SIMPLE)) == hosts
+
+
+def test_lock_check_names_the_host_of_the_index_it_could_not_reach(matrix, monkeypatch):
+    """lock_stacks itself: the outcome of a stack whose index failed names that index's host
+    (uv stands in for a refused index: it cannot be made to fail that way here without the network)."""
+    import envbuild.lock as lock
+
+    def refuse(inputs, date):
+        raise EnvbuildError("error: Request failed after 3 retries\n  Caused by: error sending request for url "
+                            f"({inputs.indexes[0]}/torch/)\n  Caused by: tcp connect error")
+
+    monkeypatch.setattr(lock, "fetch_deepspeed_requires", lambda version, progress=None: ([], "stub"))
+    monkeypatch.setattr(lock, "write_lock", refuse)
+    stack = next(s for s in matrix.stacks if matrix.torch_index(matrix.torch_release(s.torch), s.cuda))
+    [outcome] = [o for o in lock.lock_stacks(matrix, (stack.id,), check=True) if o.arch == "x86_64"]
+    host = "download.pytorch.org"
+    assert outcome.state == "unreachable" and outcome.hosts == (host,), outcome
+    assert f"{host} cannot be reached" in outcome.detail
+    assert f"Run it where {host} is reachable" in " ".join(lock.lock_summary([outcome], check=True))
 
 
 def test_render_and_matrix_say_honestly_whether_a_stack_is_locked(tmp_path):

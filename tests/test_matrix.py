@@ -14,10 +14,12 @@ EXPECTED_GPUS = {"v100": "7.0", "t4": "7.5", "a10": "8.6", "a100": "8.0", "a800"
                      "h100": "9.0", "h200": "9.0", "gh200": "9.0", "h800": "9.0", "h20": "9.0",
                      "b200": "10.0", "gb200": "10.0", "b300": "10.3", "gb300": "10.3", "rtx5090": "12.0",
                      "gb10": "12.1", "a30": "8.0", "a40": "8.6", "rtx-a6000": "8.6", "rtx6000-ada": "8.9",
-                     "rtx-pro-6000": "12.0"}
+                     "rtx-pro-6000": "12.0", "rtx-pro-5000": "12.0", "rtx-pro-4500": "12.0", "rtx5000-ada": "8.9",
+                     "rtx-a5000": "8.6", "rtx-a4000": "8.6", "dgx-station": "10.3"}
 # Memory per variant (GB), as NVIDIA's datasheets and product pages state it.
 EXPECTED_MEMORY = {"a30": [24], "a40": [48], "rtx-a6000": [48], "rtx6000-ada": [48], "rtx-pro-6000": [96],
-                   "h100": [80, 94], "h20": [96, 141], "b200": [180], "rtx5090": [32], "gb10": [128]}
+                   "h100": [80, 94], "h20": [96, 141], "b200": [180], "rtx5090": [32], "gb10": [128],
+                   "rtx-pro-5000": [48, 72], "rtx-pro-4500": [32], "rtx5000-ada": [32], "rtx-a5000": [24], "rtx-a4000": [16]}
 
 
 def test_every_target_gpu_has_its_compute_capability(production_matrix):
@@ -34,6 +36,65 @@ def test_every_profile_records_its_memory(production_matrix):
                                      "NVIDIA RTX A6000", "NVIDIA A40", "NVIDIA A30"])
 def test_the_new_profiles_are_found_by_the_name_nvidia_smi_prints(production_matrix, printed):
     assert production_matrix.gpu(printed).name in {"rtx-pro-6000", "rtx6000-ada", "rtx-a6000", "a40", "a30"}
+
+
+@pytest.mark.parametrize("printed, name", [
+    ("NVIDIA RTX PRO 5000 Blackwell", "rtx-pro-5000"), ("NVIDIA RTX PRO 4500 Blackwell", "rtx-pro-4500"),
+    ("NVIDIA RTX 5000 Ada Generation", "rtx5000-ada"), ("NVIDIA RTX A5000", "rtx-a5000"), ("NVIDIA RTX A4000", "rtx-a4000"),
+    ("NVIDIA GeForce RTX 4090 D", "rtx4090"), ("NVIDIA GeForce RTX 5090 D", "rtx5090"), ("4090d", "rtx4090"),
+    ("5090-d", "rtx5090"), ("gb300-dgx-station", "dgx-station")])
+def test_round_three_profiles_and_aliases_are_found_by_what_nvidia_smi_prints(production_matrix, printed, name):
+    assert production_matrix.gpu(printed).name == name
+
+
+@pytest.mark.parametrize("name, why", [
+    ("p100", r"the P100 \(Pascal, sm_60\) is out of scope: .*pytorch#157517.*V100"),
+    ("Tesla P100-PCIE-16GB", r"P100 .* out of scope: .*Triton"),
+    ("NVIDIA Jetson AGX Thor", r"Jetson Thor .* out of scope: .*L4T"), ("jetson-t5000", r"Jetson Thor"), ("thor", r"sm_110")])
+def test_p100_and_jetson_thor_are_refused_by_name_with_the_reason(production_matrix, name, why):
+    with pytest.raises(EnvbuildError, match=why) as e:
+        production_matrix.gpu(name)
+    assert "unknown GPU" not in e.value.message and "did you mean" not in e.value.message
+    assert "(source: https://" in e.value.message
+
+
+@pytest.mark.parametrize("gpu, cuda, floor", [
+    ("b200", "12.8", "570.133.20"), ("gb200", "12.8", "570.133.20"), ("rtx-pro-6000", "12.8", "575.51.03"),
+    ("rtx-pro-5000", "12.8", "575.57.08"), ("rtx-pro-4500", "12.8", "575.64"), ("b300", "12.9", "580.82.07"),
+    ("b300", "13.0", "580.82.07"), ("dgx-station", "13.0", "595.58.03"),
+    # GPUs NVIDIA gives no floor of their own: the generation's, or the stack's where larger
+    ("rtx5090", "12.8", "570.26"), ("gb300", "12.9", "570.26"), ("b200", "13.0", "580.65.06"), ("h100", "12.8", "525.60.13")])
+def test_blackwell_driver_floors_are_per_gpu(production_matrix, gpu, cuda, floor):
+    """NVIDIA's MIG user guide (Deployment Considerations) lists the oldest driver per Blackwell GPU."""
+    got = production_matrix.driver_floor(cuda, production_matrix.gpu(gpu))
+    assert got.min_driver == floor
+    assert "mig-user-guide" in got.source or floor in ("570.26", "580.65.06", "525.60.13")
+
+
+def test_a_per_gpu_driver_floor_for_no_profile_is_an_inconsistent_matrix(tmp_path):
+    import shutil
+
+    from conftest import ROOT
+
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "matrices", d)
+    path = d / "cuda.yaml"
+    path.write_text(path.read_text().replace("  b300: {min_driver", "  b3000: {min_driver"))
+    with pytest.raises(EnvbuildError, match="gpu_driver_floors names 'b3000', which is not a gpus.yaml profile"):
+        load_matrix(d)
+
+
+def test_round_three_facts_at_their_source(production_matrix):
+    """The corrections of issue 34's audit, each where the fact lives."""
+    m = production_matrix
+    assert m.bases.families["ubuntu24.04"].gcc == "13.3" and "noble-updates" in m.bases.families["ubuntu24.04"].source
+    ndv5 = m.fabric("azure-ndv5")
+    assert "NCCL_IB_PCI_RELAXED_ORDERING" not in {e.name for e in ndv5.env}  # 1 is NCCL's default 2
+    assert any("NCCL_IB_PCI_RELAXED_ORDERING" in n and "net_ib/init.cc" in n for n in ndv5.notes)
+    [h20_p2p] = [e for e in m.gpu("h20").env if e.name == "NCCL_P2P_DISABLE"]
+    assert h20_p2p.value == "1" and "overturn" in h20_p2p.reason and "envbuild smoke IMAGE --gpus all" in h20_p2p.reason
+    pro = " ".join(m.gpu("rtx-pro-6000").notes)
+    assert "NVIDIA/nccl#1999" in pro and "envbuild smoke IMAGE --gpus all" in pro
 
 
 @pytest.mark.parametrize("name", ["mi300x", "MI250X", "AMD Instinct MI300X", "instinct-mi355x", "Radeon RX 7900 XTX"])

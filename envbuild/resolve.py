@@ -53,7 +53,7 @@ class Request:
     cpu_target: Optional[str] = None  # None: the image architecture's default for the GPU's host CPU
     keep_toolchain: bool = False
     no_compiler: bool = False  # a final image without a C compiler: torch.compile cannot run
-    qemu: bool = False  # an arm64 image built under qemu-user emulation: bind a stub CPU sysfs (plan.py)
+    qemu: bool = False  # an arm64 image built under qemu-user emulation: bind a stub CPU sysfs (plan/components/deepspeed.py)
     image_repo: str = "envbuild"
     fabric: Optional[str] = None  # None: fabrics.yaml's default (the verbs user space for InfiniBand/RoCE)
     extensions: tuple[str, ...] = ()  # CUDA extensions to pre-build (extensions.yaml names)

@@ -1,0 +1,70 @@
+"""The fabric between nodes: its user space as an OS layer of its own after the runtime's OS
+step, or (aws-efa) built in the builder from pinned sources and copied into the final image,
+then registered with the dynamic linker; its vendored files (a topology) into the image."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ...image import paths
+from ..blocks import FileCopy, Step, step_files
+from .base import Context, Part
+from .ospackages import apt_step, fabric_packages
+
+FABRIC_SECRETS = ("ca_cert", "pip_index_url", "source_mirror")
+FABRIC_HEADERS = "fabric/headers.txt"  # under envbuild/ in the build directory: the fabric's pip header lines
+
+
+def _build_step(fabric, cuda_home: Optional[str]) -> Step:
+    """The builder compiles a fabric from its pinned sources (fabric.sh): four arguments per
+    source, the real URL (the source_mirror secret may replace its GitHub base) and the sha256
+    of its tar stream, checked either way."""
+    build = fabric.build
+    if cuda_home is None:  # rules.nvcc_required gives a source-built fabric the toolchain
+        raise AssertionError(f"fabric {fabric.name} is built from source but the builder has no CUDA_HOME")
+    env = [("CUDA_HOME", cuda_home), ("ENVBUILD_EFA_PREFIX", build.prefix),
+           ("ENVBUILD_OFI_NCCL_PREFIX", build.plugin_prefix), ("ENVBUILD_FABRIC_LD_CONF", build.ld_conf)]
+    files = step_files("fabric.sh", "fabric-install.sh")
+    if build.headers:
+        env.append(("ENVBUILD_FABRIC_HEADERS", f"{paths.SETUP_DIR}/fabric-headers.txt"))
+        files += (FileCopy(f"envbuild/{FABRIC_HEADERS}", f"{paths.SETUP_DIR}/fabric-headers.txt"),)
+    args = tuple(word for src in build.sources for word in (src.name, src.version, src.url, src.tar_sha256))
+    return Step("fabric", args, files=files, env=tuple(env), secrets=FABRIC_SECRETS,
+                comment=f"fabric {fabric.name}: {', '.join(f'{s.name} {s.version}' for s in build.sources)} from "
+                        f"pinned sources, each tar's sha256 checked ({build.time})")
+
+
+def _install_step(fabric) -> Step:
+    """After the runtime copied the fabric's prefixes: register their libraries with the dynamic
+    linker (NCCL dlopens its plugin by name) and put the fabric's tools on PATH."""
+    build = fabric.build
+    return Step("fabric-install", (build.ld_conf, f"{build.prefix}/bin", f"{build.prefix}/lib",
+                                   f"{build.plugin_prefix}/lib"),
+                comment=f"fabric {fabric.name}: its libraries in the loader's cache, its tools on PATH")
+
+
+def _user_space(ctx: Context) -> tuple[Step, ...]:
+    """The fabric's user space as a layer of its own, after the OS: fabric variants of a stack
+    share everything below it, and its size is one layer's (bench/image_size.py). The runtime
+    stage binds the step scripts, so nothing is copied. (--keep-toolchain: the builder's OS step
+    installs it.)"""
+    packages = fabric_packages(ctx.resolution)
+    if not packages or ctx.keep:
+        return ()
+    fabric = ctx.resolution.fabric
+    return (apt_step(ctx.resolution, packages, f"fabric {fabric.name}: {fabric.description}", "runtime"),)
+
+
+def part(ctx: Context) -> Part:
+    fabric = ctx.resolution.fabric
+    if fabric is None:
+        return Part()
+    build = fabric.build
+    copied = not ctx.keep and build is not None
+    return Part(builder_steps=(_build_step(fabric, ctx.toolchain_home),) if build else (),
+                runtime_steps=_user_space(ctx),
+                after_copy=(_install_step(fabric),) if copied else (),
+                from_builder=(build.prefix, build.plugin_prefix) if copied else (),
+                image_files=tuple(FileCopy(f"envbuild/{f.vendored}", f.path) for f in fabric.files),
+                generated=((f"envbuild/{FABRIC_HEADERS}", "".join(f"{line}\n" for line in build.headers)),)
+                if build and build.headers else ())

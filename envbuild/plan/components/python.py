@@ -1,0 +1,56 @@
+"""Python and the virtual environment with torch: the venv, then torch and everything of the
+stack's lock but DeepSpeed, each hash checked (the lock's parts are generated here)."""
+
+from __future__ import annotations
+
+import posixpath
+
+from ...image import paths
+from ..blocks import FileCopy, Step, step_files
+from .base import Context, Part
+
+PIP_SECRETS = ("ca_cert", "pip_index_url")
+# The lock's parts in the build directory (under envbuild/), one per step that installs one.
+LOCK_PARTS = {"venv": "lock/venv.txt", "deepspeed": "lock/deepspeed.txt", "toolchain": "lock/toolchain.txt"}
+
+
+def lock_part(name: str) -> tuple[str, FileCopy]:
+    """A lock part's path in the image and the copy that puts it there."""
+    target = f"{paths.SETUP_DIR}/{LOCK_PARTS[name]}"
+    return target, FileCopy(f"envbuild/{LOCK_PARTS[name]}", target)
+
+
+def _lock_files(lock) -> tuple[tuple[str, str], ...]:
+    """The whole lock (copied into the image) and its parts: the venv but DeepSpeed (the torch
+    step), DeepSpeed alone (built after torch, --no-build-isolation), the PyPI toolchain."""
+    if lock is None:
+        return ()
+    files = [(f"envbuild/{posixpath.basename(paths.LOCK)}", lock.text),
+             (f"envbuild/{LOCK_PARTS['venv']}", lock.requirements("venv", exclude=("deepspeed",))),
+             (f"envbuild/{LOCK_PARTS['deepspeed']}", lock.requirements("venv", only=("deepspeed",)))]
+    if lock.sections.get("toolchain"):
+        files.append((f"envbuild/{LOCK_PARTS['toolchain']}", lock.requirements("toolchain")))
+    return tuple(files)
+
+
+def part(ctx: Context) -> Part:
+    resolution, lock = ctx.resolution, ctx.lock
+    stack = resolution.stack
+    if lock:
+        target, copy = lock_part("venv")
+        venv_install, venv_files = ("--require-hashes", "--no-deps", "-r", target), (copy,)
+    else:
+        venv_install, venv_files = (f"torch=={stack.torch}", f"torchvision=={resolution.torchvision}"), ()
+    steps = (
+        Step("venv", (f"/usr/bin/{ctx.python_pkg}",), files=step_files("venv.sh"),
+             comment="one virtual environment holds the whole stack"),
+        Step("torch", (resolution.torch_index or "-", *venv_install),
+             files=step_files("torch.sh") + venv_files, secrets=(*PIP_SECRETS, "torch_index_url"),
+             comment=f"torch first: DeepSpeed's ops compile against it (CUDA {stack.cuda}"
+                     f"{', ' + resolution.torch_index if resolution.torch_index else ', the PyPI default wheel'})"
+                     + ("; the whole venv but DeepSpeed, from the stack's lock, every hash checked" if lock else
+                        "; NOT hash-locked: this stack has no lock in matrices/locks")),
+    )
+    # --keep-toolchain keeps the step scripts too (Apptainer copies what Docker's FROM builder has).
+    return Part(builder_steps=steps, from_builder=(paths.VENV, paths.SETUP_DIR) if ctx.keep else (paths.VENV,),
+                generated=_lock_files(lock))

@@ -99,6 +99,21 @@ def test_aws_efa_apptainer_copies_the_prefixes_before_registering_them(matrix, t
     assert (tmp_path / "o" / "envbuild" / "fabric" / "headers.txt").is_file()
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_aws_efa_apptainer_takes_the_built_fabric_with_or_without_keep_toolchain(matrix, keep):
+    """--keep-toolchain: Docker's runtime is the builder itself, but Apptainer's starts again
+    from the builder's base, so it must copy the built prefixes and register them like the lean
+    image does; before, its standalone definition had neither, and the image had no EFA."""
+    plan = stack_plan(resolve(matrix, Request(gpu="h20", fabric="aws-efa", ds_ops="cpu_adam", keep_toolchain=keep)))
+    sections = plan.runtime.apptainer()
+    assert {"/opt/amazon/efa /opt/amazon/efa", "/opt/amazon/ofi-nccl /opt/amazon/ofi-nccl"} <= set(sections["from_builder"])
+    post = "\n".join(sections["post"])
+    assert "fabric-install.sh /etc/ld.so.conf.d/000-aws-efa.conf" in post
+    if keep:  # the setup scripts are copied, registration runs, then they go
+        assert post.index("fabric-install.sh") < post.index("rm -rf /opt/envbuild-setup")
+        assert plan.runtime.docker() == "FROM builder AS runtime"
+
+
 def test_the_source_mirror_is_a_secret_never_rendered(tmp_path):
     r = run_cli("render", "--gpu", "h20", "--fabric", "aws-efa", "--matrix-dir", str(_fixture_dir()),
                 "--source-mirror", "http://127.0.0.1:8799", "-o", str(tmp_path / "o"))

@@ -60,7 +60,10 @@ def part(ctx: Context) -> Part:
     if fabric is None:
         return Part()
     build = fabric.build
-    copied = not ctx.keep and build is not None
+    # Built from source: the runtime copies its prefixes and registers them. With --keep-toolchain
+    # Docker's runtime is the builder itself (fabric.sh registered them there), but Apptainer's
+    # starts again from the builder's base and must take them like any other product.
+    copied = build is not None
     return Part(builder_steps=(_build_step(fabric, ctx.toolchain_home),) if build else (),
                 runtime_steps=_user_space(ctx),
                 after_copy=(_install_step(fabric),) if copied else (),

@@ -392,6 +392,19 @@ def test_a_baked_file_missing_or_changed_fails_the_check(tmp_path):
     assert ok is False and f"NCCL_TOPO_FILE={topo} names no file" in detail and "No such file" in detail
 
 
+def test_a_baked_file_over_one_mib_is_hashed_whole(tmp_path):
+    """Only the first MiB was hashed: a pinned file larger than that never matched its pin, and a
+    change after the first MiB went unseen."""
+    import hashlib
+
+    big = tmp_path / "topo.xml"
+    big.write_bytes(b"<system>" + b" " * (1 << 20) + b"</system>\n")
+    fabric = dict(files=[{"path": str(big), "sha256": hashlib.sha256(big.read_bytes()).hexdigest()}])
+    assert image_fabric.file_problems(fabric) == []
+    big.write_bytes(b"<system>" + b" " * (1 << 20) + b"</changed>\n")
+    assert "is not the one the fabric pins" in image_fabric.file_problems(fabric)[0]
+
+
 def test_a_plugin_with_a_missing_library_is_named(tmp_path):
     """A stand-in `ldd` prints what the real one prints for an unresolved dependency (building a
     plugin with a dangling DT_NEEDED would need a compiler the CI machine may lack)."""

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 
 from .report import Skipped
-from .sandbox import unresolved_libraries
+from .sandbox import sha256_of, unresolved_libraries
 
 DRIVER_DIR = "/etc/libibverbs.d"  # rdma-core: one `driver NAME` file per provider
 PROVIDER_GLOBS = ("/usr/lib/*/libibverbs/lib{name}-rdmav*.so", "/usr/lib64/libibverbs/lib{name}-rdmav*.so",
@@ -145,14 +145,12 @@ def env_problems(fabric: dict, environ) -> list[str]:
 
 
 def file_problems(fabric: dict, root: str = "") -> list[str]:
-    """The fabric's baked files (a VM size's topology file) are there, unchanged."""
-    import hashlib
-
+    """The fabric's baked files (a VM size's topology file) are there, unchanged (the whole file:
+    a pinned file over 1 MiB once could never match, only its first MiB was hashed)."""
     out = []
     for f in fabric.get("files") or []:
         try:
-            with open(root + f["path"], "rb") as handle:
-                digest = hashlib.sha256(handle.read(1 << 20)).hexdigest()
+            digest = sha256_of(root + f["path"])
         except OSError as error:
             out.append(f"file {f['path']}: {error.strerror}")
             continue

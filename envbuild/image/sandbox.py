@@ -136,16 +136,21 @@ def write_json(path: str, data: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def sha256_of(path: str) -> str:
+    """sha256 of a whole file's bytes, read in blocks (OSError when it cannot be read)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def sha256_file(path: str) -> str | None:
     """sha256 of a file's bytes, or None when it cannot be read."""
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        return sha256_of(path)
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 
+from .collectives import run_collectives
 from .sandbox import HANG_ENV, sha256_file, unresolved_libraries, write_json
 
 JIT_ENTRY_POINTS = ("load", "load_inline", "_jit_compile")
@@ -335,7 +336,8 @@ def child_compile(args) -> int:
 
 
 def child_collective(args) -> int:
-    """One rank: all_reduce(sum) and all_gather with value checks, timed over a few iterations."""
+    """One rank: all_reduce(sum) and all_gather with value checks, timed over a few iterations
+    (collectives.run_collectives, the loop the multi-node ranks run too)."""
     from datetime import timedelta
 
     if os.environ.get(HANG_ENV) == "collective":
@@ -344,37 +346,14 @@ def child_collective(args) -> int:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cpu")
     if args.backend == "nccl":
         torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dist.init_process_group(args.backend, rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
-    numel = max(world, int(args.size_mb * 2**20) // 4 // world * world)
-    out = {"ok": True, "detail": "", "size_bytes": numel * 4}
-    x = torch.empty(numel, dtype=torch.float32, device=device)
-    chunk = torch.full((numel // world,), float(rank), device=device)
-    gathered = [torch.empty_like(chunk) for _ in range(world)]
-    times = {}
-    for op, iters in (("all_reduce", 5), ("all_gather", 5)):
-        for i in range(iters + 1):  # the first iteration is warm-up (connection set-up)
-            if i == 1:
-                dist.barrier()
-                sync()
-                start = time.perf_counter()
-            if op == "all_reduce":
-                x.fill_(rank + 1)
-                dist.all_reduce(x)
-            else:
-                dist.all_gather(gathered, chunk)
-        sync()
-        times[op + "_s"] = (time.perf_counter() - start) / iters
-        want = world * (world + 1) / 2
-        if op == "all_reduce" and not bool((x == want).all()):
-            out.update(ok=False, detail=f"all_reduce sum wrong: got {x[0].item()} want {want}")
-        if op == "all_gather" and not all(bool((g == r).all()) for r, g in enumerate(gathered)):
-            out.update(ok=False, detail="all_gather contents wrong")
-    out.update(times)
+    size = max(world, int(args.size_mb * 2**20) // 4 // world * world) * 4
+    res = run_collectives(rank, world, args.backend, rank, [size], 5)
+    out = {"ok": res["ok"], "detail": res["detail"], "size_bytes": size}
+    if res["ok"]:
+        out.update({op + "_s": res["times"][op][str(size)] for op in ("all_reduce", "all_gather")})
     write_json(args.result, out)
     dist.destroy_process_group()
     return 0

@@ -10,6 +10,7 @@ costs.
 from __future__ import annotations
 
 import os
+import time
 
 from . import sandbox
 from .report import Skipped
@@ -23,6 +24,61 @@ def bus_bandwidth(op: str, size_bytes: float, seconds: float, nranks: int) -> fl
         return 0.0
     factor = {"all_reduce": 2.0 * (nranks - 1) / nranks, "all_gather": (nranks - 1) / nranks}[op]
     return size_bytes * factor / seconds / 1e9
+
+
+def size_words(size: int) -> str:
+    """A byte count as people write it, to 4 digits (the report's data keeps the exact bytes).
+
+    >>> size_words(1048576), size_words(16380), size_words(12)
+    ('1 MiB', '16 KiB', '12 B')
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} B"
+
+
+def run_collectives(rank: int, world: int, backend: str, device, sizes: list[int], iterations: int) -> dict:
+    """all_reduce(sum) and all_gather for each size: an untimed first round checks the values,
+    then `iterations` timed rounds (mean seconds per round, this rank's clock). The one timed
+    loop: the single-node child (children.py) and the multi-node ranks (multinode.py) both run it."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", device) if backend == "nccl" else torch.device("cpu")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    token = torch.zeros(1, device=dev)
+    times: dict = {"all_reduce": {}, "all_gather": {}}
+    gather = getattr(dist, "all_gather_into_tensor", None)
+    for size in sizes:
+        numel = size // 4
+        buf = torch.full((numel,), float(rank + 1), device=dev)
+        chunk = torch.full((numel // world,), float(rank), device=dev)
+        out = torch.empty(numel, device=dev)
+        for op in ("all_reduce", "all_gather"):
+            for i in range(iterations + 1):
+                if i == 1:
+                    dist.all_reduce(token)  # line the ranks up before the clock starts
+                    sync()
+                    start = time.perf_counter()
+                if op == "all_reduce":
+                    dist.all_reduce(buf)
+                elif gather is not None:
+                    gather(out, chunk)
+                else:
+                    dist.all_gather(list(out.chunk(world)), chunk)
+                if i == 0:
+                    sync()
+                    if op == "all_reduce" and not bool((buf == world * (world + 1) / 2).all()):
+                        return {"ok": False, "detail": f"all_reduce of {size_words(size)}: wrong sum "
+                                f"{buf[0].item()} (want {world * (world + 1) / 2:g})", "times": times}
+                    if op == "all_gather" and not bool((out.view(world, -1) == torch.arange(
+                            world, device=dev, dtype=out.dtype).view(world, 1)).all()):
+                        return {"ok": False, "detail": f"all_gather of {size_words(size)}: wrong contents",
+                                "times": times}
+            sync()
+            times[op][str(size)] = (time.perf_counter() - start) / iterations
+    return {"ok": True, "detail": "", "times": times}
 
 
 def hang_hint(backend: str, timeout: float) -> str:

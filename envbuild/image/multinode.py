@@ -27,7 +27,7 @@ import time
 from collections import Counter
 
 from . import node, paths
-from .collectives import bus_bandwidth
+from .collectives import bus_bandwidth, run_collectives, size_words
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, render_text
 from .sandbox import sha256_file
@@ -401,18 +401,6 @@ def summarize(results: list[dict], hosts: list[str], world: int) -> list[dict]:
     return rows
 
 
-def size_words(size: int) -> str:
-    """A byte count as people write it, to 4 digits (the report's data keeps the exact bytes).
-
-    >>> size_words(1048576), size_words(16380), size_words(12)
-    ('1 MiB', '16 KiB', '12 B')
-    """
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.4g} {unit}"
-    return f"{size} B"
-
-
 def op_detail(rows: list[dict], op: str, backend: str, world: int) -> str:
     """One line per op: each size's time, algbw and busbw, and the slowest rank."""
     mine = [r for r in rows if r["op"] == op]
@@ -422,48 +410,6 @@ def op_detail(rows: list[dict], op: str, backend: str, world: int) -> str:
 
 
 # ----------------------------------------------------------------------------- torch side
-def run_collectives(rank: int, world: int, backend: str, device, sizes: list[int], iterations: int) -> dict:
-    """all_reduce(sum) and all_gather for each size: an untimed first round checks the values,
-    then `iterations` timed rounds (mean seconds per round, this rank's clock)."""
-    import torch
-    import torch.distributed as dist
-
-    dev = torch.device("cuda", device) if backend == "nccl" else torch.device("cpu")
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    token = torch.zeros(1, device=dev)
-    times: dict = {"all_reduce": {}, "all_gather": {}}
-    gather = getattr(dist, "all_gather_into_tensor", None)
-    for size in sizes:
-        numel = size // 4
-        buf = torch.full((numel,), float(rank + 1), device=dev)
-        chunk = torch.full((numel // world,), float(rank), device=dev)
-        out = torch.empty(numel, device=dev)
-        for op in ("all_reduce", "all_gather"):
-            for i in range(iterations + 1):
-                if i == 1:
-                    dist.all_reduce(token)  # line the ranks up before the clock starts
-                    sync()
-                    start = time.perf_counter()
-                if op == "all_reduce":
-                    dist.all_reduce(buf)
-                elif gather is not None:
-                    gather(out, chunk)
-                else:
-                    dist.all_gather(list(out.chunk(world)), chunk)
-                if i == 0:
-                    sync()
-                    if op == "all_reduce" and not bool((buf == world * (world + 1) / 2).all()):
-                        return {"ok": False, "detail": f"all_reduce of {size_words(size)}: wrong sum "
-                                f"{buf[0].item()} (want {world * (world + 1) / 2:g})", "times": times}
-                    if op == "all_gather" and not bool((out.view(world, -1) == torch.arange(
-                            world, device=dev, dtype=out.dtype).view(world, 1)).all()):
-                        return {"ok": False, "detail": f"all_gather of {size_words(size)}: wrong contents",
-                                "times": times}
-            sync()
-            times[op][str(size)] = (time.perf_counter() - start) / iterations
-    return {"ok": True, "detail": "", "times": times}
-
-
 def wait_for_port(addr: str, port: int, seconds: float, poll: float = 0.5) -> str:
     """Wait until something accepts TCP connections at addr:port; '' then, else why not.
 

@@ -147,6 +147,12 @@ def parse_os_lock(text: str, path: str = "<os lock>") -> OsLock:
     if not text.startswith(MAGIC):
         raise EnvbuildError(f"{path} is not an envbuild OS lock (it does not start with '{MAGIC}'); "
                             f"regenerate it with `envbuild lock --os`.")
+    header, sources, stages = _read_lines(text, path)
+    return _checked(path, text, header, sources, stages)
+
+
+def _read_lines(text: str, path: str) -> tuple[dict, list, dict]:
+    """The header fields, the sources and each stage's fields and lines, every line by its grammar."""
     header: dict[str, str] = {}
     sources: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
     stages: dict[str, dict] = {}
@@ -195,6 +201,12 @@ def parse_os_lock(text: str, path: str = "<os lock>") -> OsLock:
         else:
             raise bad(number, line, "not 'base NAME ARCH VERSION' nor 'deb NAME ARCH VERSION SHA256 SIZE ARCHIVE "
                                     "POOL-PATH' (a sha256 is 64 lower-case hex digits)")
+    return header, sources, stages
+
+
+def _checked(path: str, text: str, header: dict, sources: list, stages: dict) -> OsLock:
+    """The lock as a whole: its required fields, its snapshot's moment, each stage's base, and no
+    package from an archive no source names."""
     for key in ("stack", "arch", "snapshot"):
         if key not in header:
             raise EnvbuildError(f"{path}: no '# {key}:' line; regenerate it with `envbuild lock --os`.")

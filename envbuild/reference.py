@@ -1,10 +1,12 @@
-"""The command-line reference, docs/cli.md, generated from the click commands themselves: every
+"""The references generated from what they describe: docs/cli.md from the click commands, and
+docs/manifest.md from the manifest's schema (envbuild/plan/schema.py). For the CLI: every
 command, argument and option is declared once (envbuild/cli/), and this module renders what the
 declarations say (usage, help, value type or choices, default, environment variable). The output
 depends on nothing but the declarations, so a test can compare it with the committed file.
 
     python -m envbuild.reference docs/cli.md          # write it
     python -m envbuild.reference docs/cli.md --check  # exit 1 if it is stale
+    python -m envbuild.reference docs/manifest.md     # the manifest's keys and labels
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import click
 
 from . import cli
+from .plan import schema
 
 COMMAND = "python -m envbuild.reference docs/cli.md"
 
@@ -197,15 +200,15 @@ def reference() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envbuild.reference", description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", type=Path, help="the Markdown file to write (docs/cli.md)")
+    parser.add_argument("path", type=Path, help="the Markdown file to write (docs/cli.md or docs/manifest.md)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
     args = parser.parse_args(argv)
-    text = reference()
+    text = schema.reference() if args.path.name == "manifest.md" else reference()
     current = args.path.read_text(encoding="utf-8") if args.path.is_file() else None
     if current == text:
         return 0
     if args.check:
-        print(f"{args.path} is stale: it differs from the CLI's declarations; run `python -m envbuild.reference "
+        print(f"{args.path} is stale: it differs from what it is generated from; run `python -m envbuild.reference "
               f"{args.path}`.", file=sys.stderr)
         return 1
     args.path.write_text(text, encoding="utf-8")

@@ -25,6 +25,14 @@ def test_cli_reference_is_current():
     assert text == reference(), f"docs/cli.md is stale: run `{REGENERATE}`"
 
 
+def test_manifest_reference_is_current():
+    """docs/manifest.md is generated from the manifest's schema (envbuild/plan/schema.py)."""
+    from envbuild.plan import schema
+
+    text = (ROOT / "docs" / "manifest.md").read_text()
+    assert text == schema.reference(), "docs/manifest.md is stale: run `python -m envbuild.reference docs/manifest.md`"
+
+
 def test_cli_reference_lists_every_command_and_option():
     """Nothing declared is missing from the page: each command has its section, each option its line."""
     from envbuild.cli import main

@@ -251,3 +251,23 @@ def test_a_locked_stack_ships_its_lock_and_names_its_digest(ci_plan):
     assert dict(ci_plan.labels.pairs)["io.envbuild.lock"] == f"sha256:{lock.sha256}"
     assert ci_plan.manifest["lock"]["sha256"] == lock.sha256 and ci_plan.manifest["lock"]["dropped"] == ["ninja"]
     assert ci_plan.manifest["dropped_requirements"][0]["package"] == "ninja"
+
+
+def test_the_manifest_follows_its_schema_and_the_labels_are_derived_from_it(ci_plan, matrix):
+    """One declaration (plan/schema.py) gives the manifest's keys in order, the io.envbuild.*
+    labels and docs/manifest.md: a label can no longer drift from the key it shows."""
+    from envbuild.plan import schema
+
+    assert list(ci_plan.manifest) == [k.name for k in schema.MANIFEST]
+    ours = [(k, v) for k, v in ci_plan.labels.pairs if k.startswith(schema.LABEL_PREFIX)]
+    assert ours == schema.labels(ci_plan.manifest)
+    shown = dict(ours)
+    m = ci_plan.manifest
+    assert shown["io.envbuild.ds-ops"] == ",".join(m["ds_ops"])
+    assert shown["io.envbuild.min-driver"] == m["driver"]["min_driver"]
+    assert shown["io.envbuild.lock"] == f"sha256:{m['lock']['sha256']}"
+    assert "io.envbuild.extensions" not in shown  # no extension: no label
+    ext = stack_plan(resolve(matrix, Request(gpu="h100", extensions=("causal-conv1d",))))
+    assert dict(ext.labels.pairs)["io.envbuild.extensions"] == "causal-conv1d==" + ext.manifest["extensions"][0]["version"]
+    with pytest.raises(AssertionError, match="differ from the schema"):
+        schema.ordered({**ci_plan.manifest, "undeclared": 1})

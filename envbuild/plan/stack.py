@@ -39,13 +39,14 @@ def stack_plan(resolution: Resolution) -> BuildPlan:
     image_env = record.image_env(resolution, ctx.kept_toolchain_home)
     image_files = Copy(tuple(f for p in parts.values() for f in p.image_files))
     generated = dict(item for p in parts.values() for item in p.generated)
+    manifest = record.manifest(ctx, image_env)
     return BuildPlan(
         image=record.image_facts(resolution), builder=builder, runtime=runtime, toolchain_home=ctx.toolchain_home,
         kept_toolchain_home=ctx.kept_toolchain_home, image_env=image_env, image_files=image_files,
         # the in-image package (envbuild/image, stdlib only) as /opt/envbuild/lib/envbuild_image
         image_package=Copy((FileCopy(f"envbuild/lib/{paths.PACKAGE}", f"{paths.LIB}/{paths.PACKAGE}"),)),
         manifest_file=Copy((FileCopy(MANIFEST_NAME, paths.MANIFEST),)),
-        labels=Label(tuple(record.labels(resolution))), manifest=record.manifest(ctx, image_env),
+        labels=Label(tuple(record.labels(resolution, manifest))), manifest=manifest,
         build_files=build_files(steps, image_files, qemu=bool(ctx.emulation), generated=generated),
         generated_files=generated, dropped=ctx.ds_build_only, node_env=tuple(resolution.node_env),
         lock=ctx.lock)

@@ -15,6 +15,7 @@ from ...image import paths
 from ...registry import local_only
 from ...resolve import EnvVar, Resolution
 from ..blocks import SYSTEM_PATH, FileCopy
+from .. import schema
 from ..model import ImageFacts
 from .base import Context, Part
 from .ospackages import OS_LOCK_FILE, fabric_packages
@@ -64,8 +65,9 @@ def image_env(resolution: Resolution, kept_toolchain_home: Optional[str]) -> tup
     return tuple(env) + tuple(resolution.env)
 
 
-def labels(resolution: Resolution) -> list[tuple[str, str]]:
-    """The image's labels: what a registry shows of its record without pulling it."""
+def labels(resolution: Resolution, manifest: dict) -> list[tuple[str, str]]:
+    """The image's labels: the OCI ones, then the manifest's keys that a registry should show
+    without a pull (schema.py declares which)."""
     stack = resolution.stack
     return [
         ("org.opencontainers.image.title", f"envbuild {resolution.tag}"),
@@ -75,23 +77,7 @@ def labels(resolution: Resolution) -> list[tuple[str, str]]:
          + "".join(f" + {e.name} {e.version}" for e in resolution.extensions)),
         ("org.opencontainers.image.version", resolution.tag),
         ("org.opencontainers.image.base.name", resolution.base_images["runtime"]),
-        ("io.envbuild.version", __version__),
-        ("io.envbuild.stack", stack.id),
-        ("io.envbuild.gpu", resolution.gpu.name),
-        ("io.envbuild.python", stack.python),
-        ("io.envbuild.cuda", stack.cuda),
-        ("io.envbuild.torch", stack.torch),
-        ("io.envbuild.torchvision", resolution.torchvision),
-        ("io.envbuild.deepspeed", stack.deepspeed),
-        ("io.envbuild.ds-ops", ",".join(resolution.ops)),
-        ("io.envbuild.torch-cuda-arch-list", resolution.arch_list),
-        ("io.envbuild.cpu-target", resolution.cpu_target),
-        ("io.envbuild.min-driver", resolution.driver.min_driver),
-        ("io.envbuild.lock", f"sha256:{resolution.lock.sha256}" if resolution.lock else "none"),
-        ("io.envbuild.os-lock", f"sha256:{resolution.os_lock.sha256}" if resolution.os_lock else "none"),
-        ("io.envbuild.fabric", resolution.fabric.name if resolution.fabric else "none"),
-        *((("io.envbuild.extensions", ",".join(f"{e.name}=={e.version}" for e in resolution.extensions)),)
-          if resolution.extensions else ()),
+        *schema.labels(manifest),
     ]
 
 
@@ -99,7 +85,7 @@ def manifest(ctx: Context, image_env: tuple[EnvVar, ...]) -> dict:
     """The resolved build; also copied into the image as /opt/envbuild/manifest.json."""
     resolution = ctx.resolution
     stack = resolution.stack
-    return {
+    return schema.ordered({
         "schema": 1,
         "envbuild": __version__,
         "tag": resolution.tag,
@@ -148,7 +134,7 @@ def manifest(ctx: Context, image_env: tuple[EnvVar, ...]) -> dict:
                         "packages": e.packages, "modules": e.modules, "arch_list": resolution.arch_list,
                         "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
                         "lock": paths.EXTENSIONS_LOCK} for e in resolution.extensions],
-    }
+    })
 
 
 def _lock_record(ctx: Context) -> Optional[dict]:

@@ -27,6 +27,7 @@ Any expression may be a list of alternatives; each keeps its own group names.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -204,8 +205,11 @@ def _guard_of(items) -> Optional[tuple[str, ...]]:
     return best
 
 
+@functools.lru_cache(maxsize=None)
 def literal_guard(pattern: str) -> Optional[tuple[str, ...]]:
     """Substrings one of which every match of `pattern` contains, or None if there is no such set.
+    Cached: a pure function of the pattern, and parsing every signature's expressions again for
+    each log (each rank's, in a multi-rank run) was most of doctor's start-up.
 
     A sequence contributes its longest run of plain characters, or the guard of a group or an
     alternation inside it, whichever is the more selective; an alternation needs a guard in

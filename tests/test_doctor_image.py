@@ -119,6 +119,9 @@ def test_an_nccl_that_is_not_a_version_is_refused(value):
 def test_a_manifest_that_is_not_a_regular_file_is_refused(tmp_path):
     with pytest.raises(EnvbuildError, match="not a regular file"):
         read_image(str(tmp_path))
+    with pytest.raises(EnvbuildError, match="is a character device, not a regular file; give the file itself") as e:
+        read_image("/dev/zero")
+    assert "doctor -" not in e.value.message  # standard input is for logs, not the manifest
 
 
 def test_inside_an_image_its_own_manifest_is_read(tmp_path):

@@ -160,9 +160,12 @@ def test_smoke_passes_on_cpu(smoked, state):
     rep = json.loads(r.stdout)
     checks = {c["name"]: c for c in rep["checks"]}
     assert rep["ok"] and rep["mode"] == "cpu"
-    for name in ("versions", "ds_record", "no_jit", "cpu_adam", "extensions", "compilers", "guard", "lock", "env",
-                 "fabric", "collectives"):
+    for name in ("versions", "nccl", "nccl_copies", "ds_record", "no_jit", "cpu_adam", "extensions", "compilers", "guard",
+                 "lock", "env", "fabric", "collectives"):
         assert checks[name]["ok"] and not checks[name].get("skipped"), checks[name]
+    # the wheel's libnccl, asked its own version after `import torch`, and the only one in the image
+    assert checks["nccl"]["data"]["linked"] == "dynamic" and "/nvidia/nccl/lib/libnccl.so" in checks["nccl"]["data"]["path"]
+    assert checks["nccl_copies"]["detail"].startswith("one NCCL in "), checks["nccl_copies"]
     assert "fabric ib (NCCL net IB)" in checks["fabric"]["detail"]
     assert "fused_adam" in checks["no_jit"]["detail"]
     records = list(Path(state["ENVBUILD_STATE_DIR"], "smoke").glob("*.json"))
@@ -440,16 +443,20 @@ def test_the_image_has_the_verbs_user_space_nccl_dlopens(h20):
     assert labels["io.envbuild.fabric"] == "ib"
 
 
+def _derived_image(h20, work, tag: str, run: str) -> str:
+    """The h20 image with one more RUN line, tagged REPO:tag (what a broken image looks like)."""
+    image = f"{REPO}:{tag}"
+    ctx = work / f"{tag}-ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {h20['image']}\nRUN {run}\n")
+    docker("build", "--network", "host", "-t", image, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    return image
+
+
 def test_an_image_without_its_verbs_libraries_fails_smoke_and_is_not_pushed(h20, state, work):
     """The same image with rdma-core's libraries deleted: the smoke test's fabric check fails,
     naming the library, and push refuses the image; the registry gains nothing."""
-    bad = f"{REPO}:no-verbs"
-    ctx = work / "no-verbs-ctx"
-    ctx.mkdir()
-    (ctx / "Dockerfile").write_text(
-        f"FROM {h20['image']}\n"
-        "RUN rm -f /usr/lib/*/libibverbs.so.1* /usr/lib/*/libmlx5.so.1*\n")
-    docker("build", "--network", "host", "-t", bad, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    bad = _derived_image(h20, work, "no-verbs", "rm -f /usr/lib/*/libibverbs.so.1* /usr/lib/*/libmlx5.so.1*")
     before = _registry_tags(REPO)
     r = run_cli("smoke", bad, "--json", env=state, timeout=1200)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
@@ -462,17 +469,30 @@ def test_an_image_without_its_verbs_libraries_fails_smoke_and_is_not_pushed(h20,
     docker("rmi", bad, check=False)
 
 
+def test_an_image_with_a_second_nccl_fails_smoke_naming_both(h20, state, work):
+    """A copy of the wheel's libnccl.so.2 planted where the loader looks (as an OS package or a
+    second wheel would put one): the smoke test's nccl_copies check fails naming both files, and
+    push refuses the image."""
+    bad = _derived_image(h20, work, "two-nccl",
+                         "cp /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2 /usr/local/lib/")
+    r = run_cli("smoke", bad, "--json", env=state, timeout=1200)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    detail = checks["nccl_copies"]["detail"]
+    assert not checks["nccl_copies"]["ok"] and "/usr/local/lib/libnccl.so.2 (" in detail, detail
+    assert "/site-packages/nvidia/nccl/lib/libnccl.so.2" in detail
+    assert checks["nccl"]["ok"], checks["nccl"]  # torch still loads the wheel's, by its RPATH
+    r = run_cli("push", bad, "--registry", REGISTRY, env=state)
+    assert r.returncode == 1 and "nccl_copies" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    docker("rmi", bad, check=False)
+
+
 def test_failing_smoke_test_blocks_push(h20, state, work):
     """An image whose pre-built cpu_adam went missing fails its smoke test (the op would
     JIT-compile, which the smoke test refuses), and push refuses it; an image never
     smoke-tested is refused too. The registry gains nothing."""
-    bad = f"{REPO}:broken-smoke"
-    ctx = work / "bad-ctx"
-    ctx.mkdir()
-    (ctx / "Dockerfile").write_text(
-        f"FROM {h20['image']}\n"
-        "RUN rm /opt/venv/lib/python3.11/site-packages/deepspeed/ops/adam/cpu_adam_op*.so\n")
-    docker("build", "--network", "host", "-t", bad, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    bad = _derived_image(h20, work, "broken-smoke", "rm /opt/venv/lib/python3.11/site-packages/deepspeed/ops/adam/cpu_adam_op*.so")
     before = _registry_tags(REPO)
     r = run_cli("push", bad, "--registry", REGISTRY, env=state)
     assert r.returncode == 1 and "no smoke test has been recorded" in r.stderr, r.stderr

@@ -171,7 +171,10 @@ def test_index_lists_every_fixture_once_with_a_source():
     # No public log shows these two; each is tested with a short log written here (and says so).
     # peer-crashed is shown by the per-rank logs of a real gloo run made here (tests/fixtures/ranks).
     written_here = {"cpu-adam-illegal-instruction", "nccl-net-not-found", "peer-crashed"}
-    assert len(INDEX) >= 25 and known <= {i for e in INDEX for i in e["expected"]} | written_here
+    # A signature comparing a log with its image runs only with a manifest: tests/test_doctor_image.py
+    # measures it on its own real logs (tests/fixtures/nccl-version).
+    with_image = {i.id for i in ISSUES if i.image}
+    assert len(INDEX) >= 25 and known - with_image <= {i for e in INDEX for i in e["expected"]} | written_here
 
 
 @pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT, alarm_deadline, kill_processes_mentioning
-from envbuild.image import arch, checks, cli, collectives, manifest as manifest_mod, paths, report, sandbox, versions
+from envbuild.image import arch, checks, cli, collectives, manifest as manifest_mod, nccl, paths, report, sandbox, versions
 from envbuild.render import render_files, write_build_dir
 from envbuild.resolve import Request, resolve
 
@@ -598,7 +598,7 @@ def test_full_run_without_torch_fails_cleanly(build_dir, tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     names = [c["name"] for c in doc["checks"]]
-    assert names == ["cpu_arch", "versions", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock",
+    assert names == ["cpu_arch", "versions", "nccl", "nccl_copies", "ds_record", "no_jit", "cpu_adam", "compilers", "guard", "lock",
                      "torch_compile", "env", "fabric", "transport", "driver", "node_env", "collectives", "p2p"]
     assert doc["ok"] is False and doc["mode"] == "cpu"
     assert "No module named 'torch'" in doc["checks"][1]["detail"]
@@ -621,6 +621,8 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
 
     for name in ("check_versions", "check_ds_record", "check_compilers", "check_env", "check_gpu_arch"):
         monkeypatch.setattr(checks, name, record(name))
+    for name in ("check_loaded", "check_copies"):
+        monkeypatch.setattr(nccl, name, record(name))
     monkeypatch.setattr(checks, "run_ops_child", lambda *a: fake_child(ops={"cpu_adam": OK_OP},
                                                                        adam={"ok": True, "max_abs_diff": 0.0,
                                                                              "seconds": 0.1}))
@@ -628,7 +630,7 @@ def test_run_all_orders_checks_and_skips_gpu_ones_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVBUILD_NODE_ROOT", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))
     rep = cli.run_all({**GOOD_MANIFEST, "ds_ops": ["cpu_adam"]}, args_ns(), "m.json", gpus=0)
-    assert [c["name"] for c in rep["checks"]] == ["cpu_arch", "versions", "ds_record", "no_jit", "cpu_adam", "compilers",
+    assert [c["name"] for c in rep["checks"]] == ["cpu_arch", "versions", "nccl", "nccl_copies", "ds_record", "no_jit", "cpu_adam", "compilers",
                                                   "guard", "lock", "torch_compile", "env", "fabric", "transport", "driver", "node_env",
                                                   "collectives", "p2p"]
     assert rep["ok"] and rep["mode"] == "cpu" and "check_gpu_arch" not in calls

@@ -170,19 +170,22 @@ def ci(output, check, matrix_dir):
               help="Stop reading after this much text (after decompression), over all inputs.")
 @click.option("--max-seconds", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
               help="Stop reading after this many seconds.")
+@click.option("--manifest", metavar="PATH",
+              help="The manifest.json of the image the job ran (default: the image's own, when run inside one): "
+                   "the log's NCCL version is compared with the image's.")
 @matrix_dir_option
-def doctor(paths, as_json, max_bytes, max_seconds, matrix_dir):
+def doctor(paths, as_json, max_bytes, max_seconds, manifest, matrix_dir):
     """Recognise known hang/failure signatures in training logs and say what to do.
 
     Each LOG is a file (text, gzip, bzip2 or xz; UTF-8 or UTF-16) or - for standard input; a DIR
     holds a job's per-rank logs (`srun --output=%x-%t.out`) and/or torch's flight-recorder dumps.
     Exit status: 0 nothing known found, 3 something found, 2 an input cannot be read.
     """
-    from ..doctor import Budget, examine, load_catalogue, parse_size, render_json, render_text
+    from ..doctor import Budget, examine, find_image, load_catalogue, parse_size, render_json, render_text
     from ..resources import matrices_dir
 
     issues, families = load_catalogue(Path(matrix_dir) if matrix_dir else matrices_dir())
-    report = examine(list(paths), issues, families, Budget(parse_size(max_bytes), max_seconds))
+    report = examine(list(paths), issues, families, Budget(parse_size(max_bytes), max_seconds), find_image(manifest))
     click.echo(render_json(report) if as_json else render_text(report))
     if report.found():
         sys.exit(3)

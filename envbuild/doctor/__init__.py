@@ -4,17 +4,18 @@ signatures.py loads the signatures and their families (matrices/known_issues.yam
 reading.py turns any log file into clean blocks of lines in bounded memory and time, ranks.py
 tells which rank printed a line and when, engine.py matches in one streaming pass, flight.py
 reads torch's flight-recorder dumps safely, run.py puts several logs, ranks and dumps together,
-report.py prints the result as text or JSON.
+report.py prints the result as text or JSON, image.py reads the manifest of the image a log came from.
 """
 
 from .engine import Finding, diagnose_blocks
+from .image import Image, find_image, read_image
 from .reading import Budget, LogReader, parse_size, text_blocks
 from .report import render_json, render_text
 from .run import Report, examine
 from .signatures import KnownIssue, load_catalogue, load_issues
 
-__all__ = ["Budget", "Finding", "KnownIssue", "LogReader", "Report", "diagnose_log", "diagnose_text", "examine",
-           "load_catalogue", "load_issues", "parse_size", "render_json", "render_text"]
+__all__ = ["Budget", "Finding", "Image", "KnownIssue", "LogReader", "Report", "diagnose_log", "diagnose_text", "examine",
+           "find_image", "load_catalogue", "load_issues", "parse_size", "read_image", "render_json", "render_text"]
 
 
 def diagnose_log(log: str, issues: list[KnownIssue]) -> list[Finding]:

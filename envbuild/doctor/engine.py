@@ -24,7 +24,7 @@ import ahocorasick_rs
 
 from .ranks import SNIFF_LINES, RankStyle, split_flattened, timestamp
 from .reading import MAX_LINE, printable
-from .signatures import MIN_GUARD, REGEX_FIELDS, KnownIssue, literal_guard
+from .signatures import MIN_GUARD, REGEX_FIELDS, KnownIssue, applicable, literal_guard
 
 MAX_LABELS = 4096
 MAX_KEYS = 16  # findings one signature can make with different titles (libraries, hosts, ...)
@@ -363,6 +363,7 @@ class Screen:
     """
 
     def __init__(self, issues: list[KnownIssue]):
+        issues = applicable(issues)
         always = [name for name in REGEX_FIELDS if name != "moved_on"]
         self.everything = False
         self.words, self.owners, self.pattern_owners, self.wraps = self._index(issues, always, wraps=True)
@@ -413,6 +414,7 @@ class Scan:
     """One log's pass: its trackers, fed block by block."""
 
     def __init__(self, issues: list[KnownIssue], screen: Screen, default_rank: Optional[str] = None):
+        issues = applicable(issues)
         self.issues = issues
         self.screen = screen
         self.default_rank = default_rank

@@ -116,7 +116,8 @@ def open_regular(path: str, what: str) -> BinaryIO:
     if not stat.S_ISREG(mode):
         os.close(fd)
         kind = next((name for test, name in NOT_REGULAR.items() if test(mode)), "not a regular file")
-        hint = " (pipe it in instead: ... | envbuild doctor -)" if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) else ""
+        streamed = stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+        hint = " (pipe it in instead: ... | envbuild doctor -)" if streamed and what == "log" else ""
         raise EnvbuildError(f"{what} {path} is {kind}, not a regular file{hint}; give the file itself.")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")

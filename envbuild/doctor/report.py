@@ -107,18 +107,19 @@ def _reading(report: Report) -> list[str]:
 
 def render_text(report: Report) -> str:
     """One block per finding (title, where, ranks, the line itself, cause, fix, family, source),
-    then the ranks' order, the flight recorder's verdict and what was not read."""
+    then the ranks' order, the flight recorder's verdict, what was not read and the image compared with."""
     blocks = [_finding(f, report) for f in report.findings]
     if not blocks and not (report.recording and report.recording.hangs):
         blocks.append(NOTHING)
-    for part in (_order(report), _recording(report.recording) if report.recording else [], _reading(report)):
+    reading = _reading(report) + ([report.image.describe()] if report.image else [])
+    for part in (_order(report), _recording(report.recording) if report.recording else [], reading):
         if part:
             blocks.append("\n".join(part))
     return "\n\n".join(blocks)
 
 
 def render_json(report: Report) -> str:
-    """The run as one JSON object: findings, ranks, order, flight_recorder, inputs, skipped."""
+    """The run as one JSON object: findings, ranks, order, flight_recorder, inputs, skipped, image."""
     return json.dumps({
         "findings": [f.as_dict() for f in report.findings],
         "ranks": report.ranks,
@@ -126,4 +127,5 @@ def render_json(report: Report) -> str:
         "flight_recorder": report.recording.as_dict() if report.recording else None,
         "inputs": [info.as_dict() for info in report.inputs],
         "skipped": [{"path": path, "why": why} for path, why in report.skipped],
+        "image": report.image.as_dict() if report.image else None,
     }, indent=2, ensure_ascii=False)

@@ -21,7 +21,8 @@ from .engine import MAX_VALUES, Finding, Screen, diagnose_blocks, rank_order, so
 from .flight import Recording, is_dump, read_recording
 from .ranks import file_rank, stream_of, time_text
 from .reading import Budget, LogReader, open_regular, sniff_binary
-from .signatures import Family, KnownIssue
+from .image import Image
+from .signatures import Family, KnownIssue, bind_image
 
 MAX_FILES = 10_000
 MAX_DEPTH = 8
@@ -73,6 +74,7 @@ class Report:
     order: Optional[Order] = None
     recording: Optional[Recording] = None
     families: dict[str, Family] = field(default_factory=dict)
+    image: Optional[Image] = None  # the image the logs were compared with (--manifest)
 
     def found(self) -> bool:
         return bool(self.findings) or bool(self.recording and self.recording.hangs)
@@ -229,11 +231,13 @@ def _rank_table(findings: list[Finding]) -> dict[str, list[dict]]:
 
 
 def examine(paths: list[str], issues: list[KnownIssue], families: list[Family] = (),
-            budget: Optional[Budget] = None) -> Report:
-    """Read every input and put the findings, the ranks and the flight recorder's verdict together."""
+            budget: Optional[Budget] = None, image: Optional[Image] = None) -> Report:
+    """Read every input and put the findings, the ranks and the flight recorder's verdict
+    together; with an `image`, the signatures that compare a log with its image apply too."""
     budget = budget or Budget()
     sources, skipped = expand(paths)
-    report = Report(skipped=skipped, families={f.id: f for f in families})
+    report = Report(skipped=skipped, families={f.id: f for f in families}, image=image)
+    issues = bind_image(issues, image.facts if image else None)
     screen = Screen(issues)
     findings: list[Finding] = []
     all_ranks: set[str] = set()

@@ -23,6 +23,11 @@ Two kinds exist:
   follow it. `evidence` (e.g. a stack parked in the lock's wait loop) is a hang on its own.
 
 Any expression may be a list of alternatives; each keeps its own group names.
+
+`image` (a fact of the image's manifest, such as `nccl`) makes a signature compare the log with
+the image it ran in: it applies only when doctor knows the image (`--manifest`), and `{image}`
+in its pattern (escaped) and its texts is replaced by the image's value first, so a pattern
+such as `NCCL version (?!{image}\b)` matches only another version than the image's.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ REGEX_FIELDS = ("pattern", "unless", "context", "excused_by", "resolved_by", "ev
 TEXT_FIELDS = ("title", "cause", "fix")
 KNOWN_ISSUES_LIMIT = 4 << 20  # the file is 0.1 MiB today
 PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
+IMAGE_PLACEHOLDER = "{image}"  # the image's value of a signature's `image` fact
 ALTERNATIVE_SUFFIX = re.compile(r"__\d+$")
 GROUP_NAME = re.compile(r"(?<!\\)\(\?P([<=])([A-Za-z_]\w*)")
 
@@ -111,6 +117,7 @@ class KnownIssue(BaseModel):
     follows: bool = False
     cases: list[Case] = []
     detail: Optional[str] = None
+    image: Optional[Literal["nccl"]] = None
     cause: str
     fix: str
     source: str
@@ -128,7 +135,20 @@ class KnownIssue(BaseModel):
             raise ValueError(f"{self.id}: `resolved_by`, `evidence` and `moved_on` belong to `wait` signatures")
         if self.kind == "wait" and (self.context or self.excused_by or self.cases):
             raise ValueError(f"{self.id}: `context`, `excused_by` and `cases` belong to `match` signatures")
+        if self.image and IMAGE_PLACEHOLDER not in self.pattern:
+            raise ValueError(f"{self.id}: a signature with `image` compares through {IMAGE_PLACEHOLDER} in its pattern")
         return self
+
+    def bound(self, value: str) -> "KnownIssue":
+        """This signature for an image whose `image` fact is `value`: `{image}` filled in."""
+        def fill(text):
+            return text.replace(IMAGE_PLACEHOLDER, value) if text else text
+
+        update = {name: fill(getattr(self, name)) for name in (*TEXT_FIELDS, "detail")}
+        update["pattern"] = self.pattern.replace(IMAGE_PLACEHOLDER, re.escape(value))
+        update["cases"] = [c.model_copy(update={f: fill(getattr(c, f)) for f in TEXT_FIELDS}) for c in self.cases]
+        update["image"] = None  # bound: an ordinary signature now
+        return self.model_copy(update=update)
 
     def regex(self, name: str) -> Optional["GuardedRegex"]:
         """The compiled regular expression of field `name` (None where the field is unset)."""
@@ -164,6 +184,20 @@ class KnownIssue(BaseModel):
         filled = {f: PLACEHOLDER.sub(lambda m: parts.get(m.group(1)) or "?", text) for f, text in texts.items()}
         filled["certainty"] = chosen.get("certainty") or self.certainty
         return filled
+
+
+def applicable(issues: list[KnownIssue]) -> list[KnownIssue]:
+    """The signatures a scan runs: one still waiting for its image's value (not bound with
+    bind_image) would take every version for another one, so it is left out."""
+    return [issue for issue in issues if not issue.image]
+
+
+def bind_image(issues: list[KnownIssue], facts: Optional[dict]) -> list[KnownIssue]:
+    """The signatures that apply to a log of an image with these manifest `facts` (None: no image
+    known): the others as they are, each `image` signature bound to its fact or left out."""
+    facts = facts or {}
+    return [issue if not issue.image else issue.bound(facts[issue.image])
+            for issue in issues if not issue.image or facts.get(issue.image)]
 
 
 MIN_GUARD = 3
@@ -275,6 +309,8 @@ def _check(issues: list[KnownIssue], families: list[Family], path: Path):
         parts = issue.parts()
         used = {name for text in issue.texts() for name in PLACEHOLDER.findall(text)}
         used |= {name for case in issue.cases for name in case.when}
+        if issue.image:
+            used.discard("image")
         if used - parts:
             raise _malformed(path, f"{issue.id}: {sorted(used - parts)} named in its texts or cases but not a "
                              f"named group of its pattern (parts: {sorted(parts) or 'none'})")

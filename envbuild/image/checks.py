@@ -71,19 +71,10 @@ def check_cpu_arch(manifest: dict, machine: str | None = None, ops_dir: str | No
 
 # ----------------------------------------------------------------------------- versions and record
 def check_versions(manifest: dict) -> tuple[bool, str]:
-    """The pinned stack must be the one installed: op .so files are only valid for it."""
-    import importlib.metadata as md
-
+    """The pinned stack must be the one installed: op .so files are only valid for it. NCCL is
+    the `nccl` check's (nccl.py): torch's own report of it is not the library it loaded."""
     import torch  # first: a missing torch is the root cause to report, not DeepSpeed's import of it
     import deepspeed  # noqa: I001
-
-    def nccl_version():
-        with contextlib.suppress(Exception):
-            return torch.cuda.nccl.version()
-        for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
-            with contextlib.suppress(md.PackageNotFoundError):
-                return md.version(dist)
-        return None
 
     def same_minor(expected, actual):
         return actual is not None and major_minor(expected) == major_minor(actual)
@@ -92,8 +83,6 @@ def check_versions(manifest: dict) -> tuple[bool, str]:
             ("torch", manifest["torch"], torch.__version__, version_matches),
             ("cuda", manifest["cuda"], torch.version.cuda, same_minor),
             ("deepspeed", manifest["deepspeed"], deepspeed.__version__, version_matches)]
-    if manifest.get("nccl") is not None:
-        rows.append(("nccl", manifest["nccl"], nccl_version(), version_matches))
     parts, ok = [], True
     for name, want, have, match in rows:
         if want is None:

@@ -5,7 +5,8 @@
 
 Run by `envbuild smoke` (docker run IMAGE python /opt/envbuild/smoke.py --json) and by
 Apptainer `%test`. Checks the image against /opt/envbuild/manifest.json (or
-$ENVBUILD_MANIFEST): versions, the DeepSpeed op record, op loading with JIT made impossible
+$ENVBUILD_MANIFEST): versions, the NCCL torch loads (its own ncclGetVersion) and the one
+libnccl on the library paths, the DeepSpeed op record, op loading with JIT made impossible
 and stale locks planted (the hang of field reports 1/2), cpu_adam numerics, absence of
 compilers, the CPU architecture of the image and of its op libraries, the baked env, the node's driver against the image's floor, the node's conditional
 env, and real collectives under a hard timeout (NCCL across local GPUs, else gloo on
@@ -26,7 +27,7 @@ import os
 import sys
 import tempfile
 
-from . import checks, collectives, fabric, node, transport
+from . import checks, collectives, fabric, nccl, node, transport
 from .children import GPU_OPTIMIZERS, child_collective, child_compile, child_ops
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, exit_code, render_text, run_check
@@ -73,6 +74,8 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
     """Every check, in order; GPU checks only where torch sees a GPU."""
     results = [run_check("cpu_arch", checks.check_cpu_arch, manifest),
                run_check("versions", checks.check_versions, manifest),
+               run_check("nccl", nccl.check_loaded, manifest),
+               run_check("nccl_copies", nccl.check_copies, manifest),
                run_check("ds_record", checks.check_ds_record, manifest, args.accelerator)]
     ops = list(manifest.get("ds_ops") or [])
     gpus = count_gpus() if gpus is None else gpus

@@ -3,10 +3,13 @@ smoke records. The registry and engine paths run for real in test_docker_e2e.py;
 boundary itself is in test_engine.py."""
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from envbuild import build, publish
 from envbuild import verdict as smoke
 from envbuild.engine import docker as docker_engine
@@ -245,3 +248,28 @@ def test_pip_check_names_nvidia_s_sbsa_wheel_tag_and_fails_everything_else(tmp_p
                            env=env)
     problems, tolerated = pip_check.sort_lines(check.stdout, "aarch64", tags_of=tags.get)
     assert len(tolerated) == 1 and problems == ["envbuild-probe 1.0 requires envbuild-not-installed, which is not installed."]
+
+
+def _stub(bin_dir, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("status, purged", [("installed", "--purge --force-hold libnccl2 libnccl-dev"),
+                                            ("not-installed", None)])
+def test_os_drop_purges_only_the_installed_matches(tmp_path, status, purged):
+    """--keep-toolchain: the kept nvidia/cuda devel base's libnccl2 goes (a held package: the
+    hold is forced), and a base without it is left alone; dpkg is a stand-in recording its argv
+    (no Debian package database to purge from here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "dpkg-query", f"printf 'libnccl2\\t{status}\\nlibnccl-dev\\t{status}\\n'\n")
+    _stub(bin_dir, "dpkg", f'echo "$@" > {tmp_path}/dpkg.argv\n')
+    script = ROOT / "templates" / "files" / "steps" / "os-drop.sh"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(script), "libnccl2", "libnccl-dev"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    argv = tmp_path / "dpkg.argv"
+    assert (argv.read_text().strip() if argv.exists() else None) == purged
+    assert ("purged the base image's libnccl2 libnccl-dev" in r.stderr) is (purged is not None)

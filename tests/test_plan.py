@@ -271,3 +271,14 @@ def test_the_manifest_follows_its_schema_and_the_labels_are_derived_from_it(ci_p
     assert dict(ext.labels.pairs)["io.envbuild.extensions"] == "causal-conv1d==" + ext.manifest["extensions"][0]["version"]
     with pytest.raises(AssertionError, match="differ from the schema"):
         schema.ordered({**ci_plan.manifest, "undeclared": 1})
+
+
+def test_a_kept_builder_drops_its_base_images_own_nccl(matrix):
+    """--keep-toolchain: the final image is the builder, whose nvidia/cuda base carries libnccl2
+    beside the nvidia-nccl wheel; both stages' steps purge it (Apptainer starts from the base
+    again), a lean image has no such step."""
+    kept = stack_plan(resolve(matrix, Request(gpu="h20", keep_toolchain=True)))
+    assert [s.args for s in kept.builder.steps if s.name == "os-drop"] == [("libnccl2", "libnccl-dev")]
+    assert [s.name for s in kept.runtime.steps] == ["os", "os-drop"]
+    lean = stack_plan(resolve(matrix, Request(gpu="h20")))
+    assert not [s for s in (*lean.builder.steps, *lean.runtime.steps) if s.name == "os-drop"]

@@ -17,6 +17,9 @@ APT_SECRETS = ("ca_cert", "apt_mirror")
 OS_SECRETS = ("ca_cert", "apt_snapshot", "apt_key", "apt_mirror")
 OS_LOCK_FILE = "envbuild/os-lock.txt"  # the whole OS lock in the build directory (copied into the image)
 OS_LOCK_PART = STEPS_SOURCE + "/os-lock-{stage}.txt"  # a stage's part, beside os.sh (the runtime binds that folder)
+# What a kept builder's base brings that the final image must not have: the nvidia/cuda images'
+# own NCCL beside the nvidia-nccl wheel torch loads (two libnccl: the smoke test's nccl_copies).
+KEPT_BASE_DROPS = ("libnccl2", "libnccl-dev")
 
 
 def fabric_packages(resolution: Resolution) -> list[str]:
@@ -75,7 +78,12 @@ def part(ctx: Context) -> Part:
     builder = apt_step(resolution, builder_pkgs, f"{python_pkg} with headers and a host compiler for the DeepSpeed ops",
                        "builder", files=step_files("lib.sh", "os.sh"))
     if ctx.keep:
-        runtime = replace(builder, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
+        drop = Step("os-drop", KEPT_BASE_DROPS, files=step_files("os-drop.sh"),
+                    comment="--keep-toolchain: the final image is this builder; its base's own NCCL goes "
+                            "(torch loads the venv's nvidia-nccl wheel)")
+        again = replace(builder, files=(), comment="--keep-toolchain: the compilers of the builder base stay.")
+        return Part(builder_steps=(builder, drop), runtime_steps=(again, replace(drop, files=())),
+                    generated=_lock_files(resolution))
     else:
         runtime = apt_step(resolution, runtime_pkgs,
                            f"{python_pkg} runtime only: no compiler, no headers" if request.no_compiler

@@ -181,3 +181,15 @@ def test_an_nccl_only_ldconfig_knows_counts_and_none_fails_where_one_is_pinned(t
 def test_search_dirs_put_ld_library_path_first_and_fill_in_the_triplet():
     dirs = nccl.search_dirs({"LD_LIBRARY_PATH": "/opt/nccl/lib::relative:/usr/lib"}, ("/usr/lib", "/usr/lib/{triplet}"))
     assert dirs[:2] == ["/opt/nccl/lib", "/usr/lib"] and dirs[2].endswith("-linux-gnu") and len(dirs) == 3
+
+
+@needs_gcc
+def test_the_multinode_fingerprint_names_the_loaded_nccl_not_torch_s_header(tmp_path, monkeypatch):
+    """Ranks compare the NCCL they loaded: torch.cuda.nccl.version() is the header torch was
+    built with, the same on every rank even where one loads another library."""
+    lib = build_library(tmp_path / "libnccl.so.2", 22809)
+    monkeypatch.setattr(nccl, "_read_maps", lambda: maps_of(str(lib)))
+    monkeypatch.setattr(nccl, "_torch_reports", lambda: "2.21.5")
+    assert nccl.loaded_version() == "2.28.9"
+    monkeypatch.setattr(nccl, "_read_maps", lambda: maps_of())  # nothing mapped: a static NCCL
+    assert nccl.loaded_version() == "2.21.5"

@@ -27,6 +27,7 @@ import time
 from collections import Counter
 
 from . import node, paths
+from .nccl import loaded_version
 from .collectives import bus_bandwidth, run_collectives, size_words
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, render_text
@@ -229,8 +230,8 @@ def stack_fingerprint(local_rank: int) -> dict:
         deepspeed = None
     nccl = None
     try:
-        if torch.distributed.is_nccl_available():
-            nccl = normalize_version(torch.cuda.nccl.version())
+        if torch.distributed.is_nccl_available():  # the library loaded, not the header torch was built with
+            nccl = loaded_version()
     except Exception:  # noqa: BLE001 - a torch without NCCL: None says so
         nccl = None
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

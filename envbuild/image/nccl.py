@@ -103,6 +103,21 @@ def _torch_reports():
         return None
 
 
+def loaded_version() -> str | None:
+    """The version of the one libnccl this process has mapped (after `import torch`), else
+    torch's own report (a static NCCL, or two mapped: check_loaded says which); None without NCCL."""
+    try:
+        files = mapped(_read_maps())
+    except OSError:
+        files = []
+    if len(files) == 1:
+        try:
+            return library_version(files[0])
+        except (OSError, AttributeError):
+            pass
+    return _torch_reports()
+
+
 def _read_maps() -> str:
     with open(MAPS, encoding="utf-8", errors="replace") as handle:
         return handle.read()

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from ..errors import EnvbuildError
 from .app import err, main, out
 
 COMPRESSION = click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default="zstd",
@@ -64,20 +63,20 @@ def _image_id(image: str) -> str:
               help="pyxis: a staged .sqsh, an enroot URI (ghcr.io#acme/envbuild:TAG) or dockerd://REF; apptainer: a .sif.")
 @click.option("--runtime", type=click.Choice(["pyxis", "apptainer"]), default="pyxis", show_default=True,
               help="How the nodes start the image: pyxis/enroot (srun --container-image) or Apptainer.")
-@click.option("--nodes", type=click.IntRange(1), default=2, show_default=True, help="#SBATCH --nodes.")
-@click.option("--gpus-per-node", type=click.IntRange(0), default=8, show_default=True,
+@click.option("--nodes", type=int, default=2, show_default=True, help="#SBATCH --nodes.")
+@click.option("--gpus-per-node", type=int, default=8, show_default=True,
               help="0: a CPU job (the smoke test and torchrun with gloo).")
-@click.option("--tasks-per-node", type=click.IntRange(0), default=0,
+@click.option("--tasks-per-node", type=int, default=0,
               help="Smoke-test ranks per node (default: the GPUs, or 2 on CPU).")
-@click.option("--time", "time_limit", default="24:00:00", show_default=True, help="#SBATCH --time.")
-@click.option("--train", default="train.py", show_default=True, help="The script torchrun starts.")
+@click.option("--time", "time_limit", default="24:00:00", show_default=True,
+              help="#SBATCH --time: MINUTES, HOURS:MINUTES:SECONDS, DAYS-HOURS[:MINUTES[:SECONDS]] or UNLIMITED.")
+@click.option("--train", default="train.py", show_default=True,
+              help="The command torchrun starts, split into words as a shell would; each word arrives as "
+                   "written (nothing in it is run or expanded).")
 def job(image, runtime, nodes, gpus_per_node, tasks_per_node, time_limit, train):
     """Print the Slurm job script for an image: the multi-node smoke test as the first step, then
     one torchrun per node (c10d rendezvous on the first node), the image's environment in every
     step, for pyxis/enroot or Apptainer. The README's Slurm sections are this command's output."""
     from ..jobs import Job, job_script
 
-    if not image.strip():
-        raise EnvbuildError("--image is empty; give a staged .sqsh (envbuild stage), an enroot URI such as "
-                            "ghcr.io#acme/envbuild:TAG, or a .sif for --runtime apptainer.")
     click.echo(job_script(Job(image, runtime, nodes, gpus_per_node, tasks_per_node, time_limit, train)), nl=False)

@@ -25,10 +25,13 @@ import fcntl
 import os
 import re
 import secrets
+import stat
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
+
+import yaml
 
 from .errors import EnvbuildError
 
@@ -61,35 +64,68 @@ def _size_text(n: int) -> str:
     return f"{n / MIB:.0f} MiB" if n >= MIB else f"{n} bytes"
 
 
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+# What each kind of file is, and an example of one, for the messages.
+_NOUN = {"ca": "CA bundle", "requirements": "requirements file", "project": "project file",
+         "matrix": "matrix file", "markdown": "Markdown page", "record": "record",
+         "key": "key"}
+_EXAMPLE = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt",
+            "requirements": "a requirements file of the packages to add (one per line)",
+            "project": "an envbuild.yaml of a few lines",
+            "matrix": "a matrix directory of YAML files such as the shipped matrices/",
+            "markdown": "a Markdown file with envbuild's generated blocks",
+            "record": "the file envbuild wrote",
+            "key": "the PEM key file itself (openssl genpkey / openssl pkey -pubout write one)"}
+
+
+def _not_regular(path, what: str, kind: str, mode: int) -> EnvbuildError:
+    name = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return EnvbuildError(f"{what} {path} is {name}, not a regular file: envbuild reads the files it is given whole, "
+                         f"and a pipe or device may never end (or never start); give {_EXAMPLE[kind]}.")
+
+
+def open_regular(path: Path | str, what: str, kind: str):
+    """A binary file object of `path`, refused (exit 2) unless it is a regular file: checked with
+    stat before opening, opened without blocking (a FIFO put there in between opens at once
+    instead of waiting for a writer) and checked again on what was opened."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, what, kind, mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        missing = isinstance(e, FileNotFoundError) and not os.path.lexists(path)
+        why = "no such file" if missing else (e.strerror or str(e))
+        raise EnvbuildError(f"{what} {path}: cannot read it ({why}); check the path and its permissions.") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, what, kind, mode)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def read_bytes(path: Path | str, what: str, kind: str) -> bytes:
-    """The bytes of a file the user named, refused (exit 2) when it is larger than
-    ``LIMITS[kind]`` or cannot be read; devices and pipes are read up to the bound too.
+    """The bytes of a file the user named, refused (exit 2) when it is not a regular file (a FIFO
+    with no writer would block, a device may never end), is larger than ``LIMITS[kind]`` or
+    cannot be read.
 
     >>> read_bytes("/dev/zero", "--ca-cert", "ca")
     Traceback (most recent call last):
     ...
-    envbuild.errors.EnvbuildError: --ca-cert /dev/zero is larger than 8 MiB (read 8 MiB and more), which no CA bundle is; give the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt.
+    envbuild.errors.EnvbuildError: --ca-cert /dev/zero is a character device, not a regular file: envbuild reads the files it is given whole, and a pipe or device may never end (or never start); give the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt.
     """
     limit = LIMITS[kind]
-    try:
-        with open(path, "rb") as f:
+    with open_regular(path, what, kind) as f:
+        try:
             data = f.read(limit + 1)
-    except OSError as e:
-        raise EnvbuildError(f"{what} {path}: cannot read it ({e.strerror or e}); check the path and its "
-                            f"permissions.") from None
+        except OSError as e:
+            raise EnvbuildError(f"{what} {path}: cannot read it ({e.strerror or e}); check the path and its "
+                                f"permissions.") from None
     if len(data) > limit:
-        example = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt",
-                   "requirements": "a requirements file of the packages to add (one per line)",
-                   "project": "an envbuild.yaml of a few lines",
-                   "matrix": "a matrix directory of YAML files such as the shipped matrices/",
-                   "markdown": "a Markdown file with envbuild's generated blocks",
-                   "record": "the file envbuild wrote",
-                   "key": "the PEM key file itself (openssl genpkey / openssl pkey -pubout write one)"}[kind]
-        noun = {"ca": "CA bundle", "requirements": "requirements file", "project": "project file",
-                "matrix": "matrix file", "markdown": "Markdown page", "record": "record",
-                "key": "key"}[kind]
         raise EnvbuildError(f"{what} {path} is larger than {_size_text(limit)} (read {_size_text(limit)} and more), "
-                            f"which no {noun} is; give {example}.")
+                            f"which no {_NOUN[kind]} is; give {_EXAMPLE[kind]}.")
     return data
 
 
@@ -97,14 +133,67 @@ def read_text(path: Path | str, what: str, kind: str, encoding: str = "utf-8") -
     """:func:`read_bytes`, decoded; a file in another encoding (UTF-16, binary) is refused with
     the byte where decoding failed. A UTF-8 byte-order mark is dropped (editors on Windows
     write one)."""
-    data = read_bytes(path, what, kind)
+    return decode(read_bytes(path, what, kind), f"{what} {path}", encoding)
+
+
+def decode(data: bytes, named: str, encoding: str = "utf-8") -> str:
+    """`data` as text, or EnvbuildError naming `named` (the input) and the byte that failed."""
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as e:
         utf16 = " (it looks like UTF-16: save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise EnvbuildError(f"{what} {path} is not {encoding.upper()} text: byte {e.start} cannot be decoded{utf16}; "
+        raise EnvbuildError(f"{named} is not {encoding.upper()} text: byte {e.start} cannot be decoded{utf16}; "
                             f"give a text file in {encoding.upper()}.") from None
+    if "\0" in text:
+        raise EnvbuildError(f"{named} holds a NUL byte (at character {text.index(chr(0))}), so it is not a text file; "
+                            f"give a text file in {encoding.upper()}.")
     return text.removeprefix("\ufeff")
+
+
+# ---------------------------------------------------------------- YAML, bounded
+
+YAML_DEPTH = 64  # nesting deeper than any matrix file's (5 today); a deeper file is refused, not recursed into
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with two bounds its own composer lacks: nesting depth (it recurses
+    once per level: 50,000 levels are a RecursionError) and aliases (refused: no envbuild file
+    uses them, and a few nested ones expand to billions of nodes for whoever walks the result)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "an alias (*name): envbuild's YAML files hold no anchors or "
+                                              "aliases; write the value out", event.start_mark)
+        depth = getattr(self, "_envbuild_depth", 0)
+        if depth >= YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nesting deeper than {YAML_DEPTH} levels",
+                                              self.peek_event().start_mark)
+        self._envbuild_depth = depth + 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._envbuild_depth = depth
+
+
+def parse_yaml(text: str, named: str):
+    """`text` as YAML (safe types only, bounded depth, no aliases); EnvbuildError naming `named`
+    and the line where it is not."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506  (a SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise EnvbuildError(f"{named} is not valid YAML{where}: {problem}.") from None
+    except RecursionError:  # the scanner's own recursion, should a future PyYAML have one
+        raise EnvbuildError(f"{named} is not valid YAML: nesting deeper than {YAML_DEPTH} levels.") from None
+
+
+def read_yaml(path: Path | str, what: str, kind: str = "matrix"):
+    """A YAML file a user (or a lab's matrix directory) names: a regular file, read with a size
+    bound, decoded as UTF-8 and parsed with :func:`parse_yaml`."""
+    return parse_yaml(read_text(path, what, kind), f"{what} {path}")
 
 
 # ---------------------------------------------------------------- the lock and temporary names

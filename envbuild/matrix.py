@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from pathlib import Path
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from . import rules
+from . import grammar, rules
 from .errors import EnvbuildError, nearest
-from .files import read_text
+from .files import read_yaml
+from .registry import reference_problems
 from .resources import matrices_dir
 from .validate import gpu_spellings, unknown_gpu
 
@@ -94,8 +95,30 @@ def _url_template(v: str, timestamp: bool) -> str:
     return v
 
 
+def _text(value, field: str):
+    """Every string of a matrix field (in lists and mappings too) is one line of text: a matrix
+    value reaches comments, labels and shell lines of the rendered files, where a newline or
+    another control character would end the line and start an instruction of its own."""
+    if isinstance(value, str):
+        grammar.one_line(value, "a matrix value")
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _text(item, field)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _text(key, field)
+            _text(item, field)
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _multiline: ClassVar[tuple[str, ...]] = ()  # fields whose text may span lines (a patch's old and new source)
+
+    @field_validator("*")
+    @classmethod
+    def _one_line(cls, v, info):
+        return v if info.field_name in cls._multiline else _text(v, info.field_name)
 
 
 # ---------------------------------------------------------------- torch.yaml
@@ -225,12 +248,15 @@ def _env_name(v: str) -> str:
 
 
 def _env_value(v: str) -> str:
-    """A value written into a Dockerfile ENV line and Apptainer's %environment: one line of
-    printable text (a newline would end the line and start a Dockerfile instruction of its own)."""
-    bad = sorted({c for c in v if ord(c) < 32 or ord(c) == 127})
-    if bad:
-        raise ValueError(f"holds the control character(s) {' '.join(repr(c) for c in bad)}; an environment value is "
-                         f"one line of text")
+    """A value written into a Dockerfile ENV line and Apptainer's %environment: the grammar of
+    --env values (grammar.env_value)."""
+    return grammar.env_value(v)
+
+
+def _env_pairs(v: dict[str, str]) -> dict[str, str]:
+    for name, value in v.items():
+        _env_name(name)
+        grammar.env_value(value, name)
     return v
 
 
@@ -273,8 +299,9 @@ class ImageEnv(_Strict):
 
     @field_validator("value", "reason", "source")
     @classmethod
-    def _fields(cls, v: str) -> str:
-        _env_value(v)
+    def _fields(cls, v: str, info) -> str:
+        if info.field_name == "value":  # the value once its {field} names are filled in
+            grammar.env_value(re.sub(r"\{\w+\}", "x", v))
         unknown = sorted(set(re.findall(r"\{(\w+)\}", v)) - set(IMAGE_ENV_FIELDS))
         if unknown:
             raise ValueError(f"names {', '.join('{' + u + '}' for u in unknown)}; an image_env text may name "
@@ -360,6 +387,34 @@ class OutOfScope(_Strict):
     source: str = ""
 
 
+class VariableGrammar(_Strict):
+    """The values a variable of the image's environment can take, as the code that reads it
+    parses them (`source`): a value outside them is refused, in --env and in the matrix's own
+    defaults alike (NCCL reads text as 0, torch stops at start-up, PYTHONHOME stops Python)."""
+
+    pattern: Optional[str] = None  # a regular expression the whole value must match
+    means: Optional[str] = None  # the same in words, for the message: "0 or 1"
+    refused: Optional[str] = None  # set: no value is accepted; why, and what to do instead
+    source: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v):
+        try:
+            re.compile(v or "")
+        except re.error as e:
+            raise ValueError(f"{v!r} is not a regular expression ({e})") from None
+        return v
+
+    def problem(self, name: str, value: str) -> Optional[str]:
+        """Why `value` cannot work for `name` (None: it can)."""
+        if self.refused:
+            return f"{name} cannot be baked into an image: {self.refused} ({self.source})"
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            return f"{name} takes {self.means or self.pattern}, not {grammar.shown(value)} ({self.source})"
+        return None
+
+
 class GpusFile(_Strict):
     sources: dict[str, str]
     image_env: list[ImageEnv]
@@ -368,6 +423,7 @@ class GpusFile(_Strict):
     default_cpu_targets: dict[Literal["x86_64", "aarch64"], list[str]]  # preference, first the OS's GCC knows
     profiles: list[GpuProfile]
     not_baked: list[NotBaked] = []
+    variables: dict[str, VariableGrammar] = {}  # what each known variable's value may be
     out_of_scope: list[OutOfScope] = []
 
 
@@ -484,6 +540,7 @@ class ToolchainInstall(_Strict):
     audit_source: Optional[str] = None
 
     _v = field_validator("audit_since")(lambda v: v if v is None else _version(v))
+    _p = field_validator("prefix")(lambda v: grammar.path_word(v))
 
     def extras_for(self, cuda_toolkit: Optional[str]) -> list[str]:
         """The extras to install for this toolkit release: the audit's where it exists."""
@@ -499,6 +556,8 @@ class Toolchain(_Strict):
     install: Optional[ToolchainInstall] = None
     min_cuda: Optional[str] = None
     source: Optional[str] = None
+
+    _p = field_validator("cuda_home")(lambda v: grammar.path_word(v))
 
     def audit_missing(self, cuda_toolkit: Optional[str]) -> Optional[str]:
         """Why this toolchain has no cuobjdump for the SASS audit (None: it has; a devel image does)."""
@@ -560,12 +619,7 @@ class FabricBuild(_Strict):
     time: str  # measured build time, with the machine
     source: str
 
-    @field_validator("prefix", "plugin_prefix", "ld_conf")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/") or ".." in v.split("/"):
-            raise ValueError(f"expected an absolute path without '..', got {v!r}")
-        return v
+    _p = field_validator("prefix", "plugin_prefix", "ld_conf")(lambda v: grammar.path_word(v))
 
 
 class FabricRequires(_Strict):
@@ -589,6 +643,7 @@ class FabricFile(_Strict):
     source: str
 
     _sha = field_validator("sha256")(lambda v: _sha256_hex(v))
+    _p = field_validator("path")(lambda v: grammar.path_word(v))
 
 
 class Fabric(_Strict):
@@ -617,6 +672,8 @@ class Fabric(_Strict):
     size: str  # what it adds to the image, measured
     source: str
     notes: list[str] = []
+
+    _e = field_validator("net_env")(lambda v: _env_pairs(v))
 
     @field_validator("name", "tag")
     @classmethod
@@ -651,6 +708,8 @@ class SourcePatch(_Strict):
     torch releases `torch` names: upstream's own fix, merged after the sdist was released (its
     `source`). The build fails unless `old` occurs exactly once in `file`, so a patch never
     silently does nothing."""
+
+    _multiline: ClassVar[tuple[str, ...]] = ("old", "new")  # lines of source code
 
     file: str  # relative to the sdist's top directory
     torch: str  # the torch releases that need it
@@ -698,6 +757,7 @@ class CudaExtension(_Strict):
     build_time: str  # measured, with the machine
     sources: dict[str, str]  # fact -> public source (a URL, a file of a named release)
 
+    _e = field_validator("build_env")(lambda v: _env_pairs(v))
     _v = field_validator("version")(lambda v: _version(v))
     _c = field_validator("min_cc", "max_cc")(lambda v: v if v is None else _cc(v))
     _s = field_validator("torch", "cuda", "python")(_specifier)
@@ -734,6 +794,14 @@ class ExtensionsFile(_Strict):
 class BaseImages(_Strict):
     builder: str
     runtime: str
+
+    @field_validator("builder", "runtime")
+    @classmethod
+    def _reference(cls, v: str) -> str:
+        problems = reference_problems(v)
+        if problems:
+            raise ValueError(f"{grammar.shown(v)} is not an image reference: {'; '.join(problems)}")
+        return v
 
 
 class Stack(_Strict):
@@ -996,14 +1064,7 @@ def _locate(loc: tuple, data) -> str:
 
 
 def _load_yaml(path: Path):
-    text = read_text(path, "matrix file", "matrix")
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise EnvbuildError(f"matrix file {path} is not valid YAML{where}: {problem}.") from None
+    return read_yaml(path, "matrix file")
 
 
 def _load_file(path: Path):
@@ -1081,6 +1142,14 @@ def _check_references(m: Matrix) -> None:
     if m.fabrics_file.default not in fabric_names:
         problems.append(f"{d/'fabrics.yaml'}: default '{m.fabrics_file.default}' is not a fabric "
                         f"(known: {', '.join(f.name for f in m.fabrics)})")
+    defaults = [("gpus.yaml", "common_env", e) for e in m.gpus_file.common_env]
+    defaults += [("gpus.yaml", f"{p.name}.env", e) for p in m.gpus for e in p.env]
+    defaults += [("fabrics.yaml", f"{f.name}.env", e) for f in m.fabrics for e in f.env]
+    for file, where, default in defaults:  # the matrix's own defaults in the grammar --env is held to
+        known = m.gpus_file.variables.get(default.name)
+        why = known.problem(default.name, default.value) if known else None
+        if why:
+            problems.append(f"{d / file}: {where}: {why}")
     majors = {f.cuda for f in m.cuda_file.driver_floors}
     generations = {p.generation for p in m.gpus}
     for gen in m.cuda_file.generation_driver_floors:
@@ -1133,7 +1202,7 @@ def _check_references(m: Matrix) -> None:
 def _base_digests(directory: Path) -> dict[str, str]:
     """ref -> digest recorded by `envbuild lock --bases` (empty when none were reachable)."""
     path = Path(directory) / BASE_DIGESTS
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
     data = _load_yaml(path) or {}
     try:
@@ -1146,19 +1215,22 @@ def _base_digests(directory: Path) -> dict[str, str]:
 def load_publish(directory: Path) -> PublishFile:
     """The matrix directory's publish.yaml, read and checked in one place (defaults without one)."""
     path = Path(directory) / PUBLISH
-    return _load_file(path) if path.is_file() else PublishFile()
+    return _load_file(path) if os.path.lexists(path) else PublishFile()
 
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(directory: str) -> Matrix:
     d = Path(directory)
-    missing = [f for f in FILES if not (d / f).is_file()]
+    if not d.is_dir():
+        raise EnvbuildError(f"matrix directory {d} {'is not a directory' if d.exists() else 'does not exist'}; give "
+                            f"--matrix-dir a directory of matrix files such as a copy of the shipped matrices/.")
+    missing = [f for f in FILES if not os.path.lexists(d / f)]
     if missing:
         raise EnvbuildError(f"matrix directory {d} lacks {', '.join(missing)}; it needs {', '.join(FILES)}.")
     loaded = {f: _load_file(d / f) for f in FILES}
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
                loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"],
-               _load_file(d / EXTENSIONS) if (d / EXTENSIONS).is_file() else None)
+               _load_file(d / EXTENSIONS) if os.path.lexists(d / EXTENSIONS) else None)
     _check_references(m)
     return m
 

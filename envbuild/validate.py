@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from packaging.version import Version
 
-from . import rules
+from . import grammar, rules
 from .errors import EnvbuildError, nearest
 from .registry import check_image_reference, check_image_repo
 
@@ -86,18 +86,18 @@ def check_mirror_options(options: dict) -> None:
 
 # ---------------------------------------------------------------- --env
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# '$', '"', '\\' and '`' break Dockerfile ENV quoting; '}' and "'" break the Apptainer
-# %environment line NAME="${NAME:-value}" (bash and Apptainer's interpreter read them).
-_ENV_FORBIDDEN = set('$"\\`}\'')
-
-
-def check_env(env: tuple[tuple[str, str], ...], runtime_path: str) -> None:
+def check_env(env: tuple[tuple[str, str], ...], runtime_path: str, variables=None) -> None:
+    """--env NAME=VALUE: a name, a value in the grammar of values a Dockerfile ENV line and
+    Apptainer's %environment hold as text (grammar.env_value), and, for a variable the matrix
+    knows (gpus.yaml `variables`), a value its reader accepts."""
     for name, value in env:
-        if not _ENV_NAME.match(name):
+        try:
+            grammar.env_name(name)
+        except grammar.GrammarError:
             fixed = re.sub(r"[^A-Za-z0-9_]", "_", name.strip()).lstrip("0123456789") or "NAME"
-            raise EnvbuildError(f"--env '{name}' is not a valid environment variable name (letters, digits and '_', "
-                                f"not starting with a digit); use NAME=VALUE, e.g. --env {fixed}={value}.")
+            raise EnvbuildError(f"--env {grammar.shown(name)} is not a valid environment variable name (letters, "
+                                f"digits and '_', not starting with a digit); use NAME=VALUE, e.g. --env "
+                                f"{fixed}={grammar.shown(value)[1:-1]}.") from None
         if name == "PATH":
             raise EnvbuildError(
                 f"--env PATH=... is not supported: envbuild sets PATH itself ({runtime_path}: the venv first) and "
@@ -105,11 +105,15 @@ def check_env(env: tuple[tuple[str, str], ...], runtime_path: str) -> None:
                 f"put the tools in /usr/local/bin (already on PATH) in a derived image, or per job: "
                 f"`apptainer exec --env PREPEND_PATH=/your/bin ...` or `docker run -e PATH=/your/bin:{runtime_path} "
                 f"...`.")
-        bad = sorted({c for c in value if c in _ENV_FORBIDDEN or ord(c) < 32 or ord(c) == 127})
-        if bad:
-            raise EnvbuildError(f"--env {name}: the value may not contain {' '.join(repr(c) for c in bad)} (it is "
-                                f"written into Dockerfile ENV lines and Apptainer %environment shell code); use "
-                                f"plain text.")
+        try:
+            grammar.env_value(value, name)
+        except grammar.GrammarError as e:
+            raise EnvbuildError(f"--env {name}={grammar.shown(value)}: {e}.") from None
+        known = (variables or {}).get(name)
+        why = known.problem(name, value) if known else None
+        if why:
+            raise EnvbuildError(f"--env {name}={grammar.shown(value)[1:-1]}: {why}. "
+                                + ("Leave it out." if known.refused else "Give one of those values, or leave it out."))
 
 
 _SHARED = ("~", "/home/", "/root/", "/gpfs/", "/lustre/", "/nfs/", "/shared/")
@@ -306,7 +310,7 @@ def check_request(m, req, runtime_path: str) -> None:
     check_image_repo(req.image_repo)
     check_image_reference("--base-image", req.base_image)
     check_image_reference("--builder-image", req.builder_image)
-    check_env(req.env, runtime_path)
+    check_env(req.env, runtime_path, m.gpus_file.variables)
 
 
 # ---------------------------------------------------------------- GPU names

@@ -26,11 +26,13 @@ BIG = "big.txt"  # 30 MB of zeros, made in the test's directory (a file no comma
 # (plus BIG, req.txt and mine.yml where named): afterwards it holds nothing new.
 BAD_INPUT = [
     # endless or huge files a user names: refused at a bound, not after the memory is gone
-    (["render", "--gpu", "h20", "--ca-cert", "/dev/zero"], ["--ca-cert /dev/zero is larger than 8 MiB"]),
+    (["render", "--gpu", "h20", "--ca-cert", "/dev/zero"], ["--ca-cert /dev/zero is a character device, not a regular"]),
     (["render", "--gpu", "h20", "--ca-cert", BIG], ["--ca-cert big.txt is larger than"]),
-    (["extend", "--gpu", "h100", "-r", "/dev/zero"], ["-r /dev/zero is larger than 2 MiB"]),
-    (["extend", "--gpu", "h100", "-f", "/dev/zero"], ["-f /dev/zero is larger than 1 MiB"]),
-    (["readme-tables", "--check", "/dev/zero"], ["/dev/zero is larger than 8 MiB"]),
+    (["extend", "--gpu", "h100", "-r", "/dev/zero"], ["-r /dev/zero is a character device"]),
+    (["extend", "--gpu", "h100", "-r", BIG], ["-r big.txt is larger than 2 MiB"]),
+    (["extend", "--gpu", "h100", "-f", "/dev/zero"], ["-f /dev/zero is a character device"]),
+    (["extend", "--gpu", "h100", "-f", BIG], ["-f big.txt is larger than 1 MiB"]),
+    (["readme-tables", "--check", "/dev/zero"], ["/dev/zero is a character device"]),
     # names the operating system refuses: exit 2, not "internal error"
     (["render", "--gpu", "h20", "-o", "x" * 300], ["cannot be written", "File name too long"]),
     (["ci", "-o", ""], ["-o/--output '' names no file"]),

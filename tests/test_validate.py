@@ -82,8 +82,8 @@ REFUSED = [
                                                         "apptainer exec --env PREPEND_PATH=/your/bin",
                                                         f"docker run -e PATH=/your/bin:{RUNTIME_PATH}"]),
     (["--gpu", "h20", "--env", "PATH=/x:$PATH"], ["--env PATH=... is not supported"]),
-    (["--gpu", "h20", "--env", "X=a}b"], ["--env X: the value may not contain '}'", "%environment"]),
-    (["--gpu", "h20", "--env", "X=it's"], ["may not contain \"'\""]),
+    (["--gpu", "h20", "--env", "X=a}b"], ["--env X='a}b': it holds '}'", "%environment"]),
+    (["--gpu", "h20", "--env", "X=it's"], ["it holds \"'\""]),
     (["--gpu", "h20", "--env", "MY-VAR=1"], ["--env 'MY-VAR' is not a valid environment variable name",
                                              "--env MY_VAR=1."]),
     # empty values are refused, not ignored

@@ -63,10 +63,20 @@ def _split_domain(name: str) -> tuple[str, str]:
 
 
 def valid_repository(name: str) -> bool:
-    """An OCI repository name: [host[:port]/]path, at most 255 characters."""
+    """An OCI repository name: [host[:port]/]path, at most 255 characters, a port a TCP port."""
     domain, path = _split_domain(name)
     return (len(name) <= NAME_MAX and bool(re.fullmatch(_PATH, path))
-            and (not domain or bool(re.fullmatch(_HOST, domain))))
+            and (not domain or (bool(re.fullmatch(_HOST, domain)) and bad_port(domain) is None)))
+
+
+def bad_port(host: str) -> Optional[str]:
+    """The port of `host` ('registry:99999') when it is no TCP port (1 to 65535), else None.
+
+    >>> bad_port("127.0.0.1:5000"), bad_port("localhost:99999")
+    (None, '99999')
+    """
+    port = host.rpartition(":")[2] if re.search(r":[0-9]+$", host) else None
+    return port if port is not None and not 0 < int(port) < 65536 else None
 
 
 def split_reference(ref: str) -> tuple[str, Optional[str], Optional[str]]:
@@ -93,6 +103,8 @@ def sanitize_repository(text: str, default: str = "envbuild") -> str:
             parts.append(comp)
     if not parts:
         parts = [default]
+    if domain and bad_port(domain):
+        domain = domain.rpartition(":")[0] + ":5000"
     if domain and re.fullmatch(_HOST, domain):
         parts.insert(0, domain)
     return "/".join(parts)
@@ -116,6 +128,11 @@ def check_image_repo(repo: Optional[str], flag: str = "--image-repo", suffix: st
             f"{flag} '{repo}' holds a shell variable: `$OWNER` in matrices/publish.yaml is filled in by CI "
             f"(the GitHub owner, lower-cased); give the real name, e.g. ghcr.io/acme"
             f"{'/' + LOCAL_REPO if flag == '--image-repo' else ''}.")
+    port = bad_port(_split_domain(repo + (suffix or "/x"))[0])
+    if port:
+        raise EnvbuildError(f"{flag} '{repo}': the port {port} is not a TCP port (1 to 65535), so nothing can listen "
+                            f"there; nearest valid choice: {flag} {repo.replace(':' + port, ':5000', 1)} (a local "
+                            f"registry's usual port), or the host without a port for 443.")
     if suffix:
         if valid_repository(repo + suffix):
             return repo
@@ -139,6 +156,23 @@ def check_image_repo(repo: Optional[str], flag: str = "--image-repo", suffix: st
     return repo
 
 
+def reference_problems(ref: str) -> list[str]:
+    """What makes `ref` no image reference (name[:tag][@digest]); empty when it is one."""
+    name, tag, digest = split_reference(ref)
+    problems = []
+    domain = _split_domain(name)[0]
+    if domain and bad_port(domain):
+        problems.append(f"the registry port {bad_port(domain)} is not a TCP port (1 to 65535)")
+    elif not name or not valid_repository(name):
+        problems.append(f"the name '{name}' is not a valid repository ({_GRAMMAR})")
+    if tag is not None and not TAG_RE.match(tag):
+        problems.append(f"the tag '{tag}' is not valid (letters, digits, '_', '.', '-', not starting with '.' or "
+                        f"'-', at most 128)")
+    if digest is not None and not DIGEST_RE.match(digest):
+        problems.append(f"the digest '{digest}' is not sha256:<64 lower-case hex digits> (or sha512:<128>)")
+    return problems
+
+
 def check_image_reference(flag: str, ref: Optional[str]) -> None:
     """--base-image / --builder-image: name[:tag][@sha256:digest] as Docker and Apptainer take it."""
     if ref is None:
@@ -147,14 +181,7 @@ def check_image_reference(flag: str, ref: Optional[str]) -> None:
         raise EnvbuildError(f"{flag} is empty; give an image reference such as ubuntu:24.04 or "
                             f"registry.example.com/mirror/ubuntu:24.04@sha256:<64 hex digits>.")
     name, tag, digest = split_reference(ref)
-    problems = []
-    if not name or not valid_repository(name):
-        problems.append(f"the name '{name}' is not a valid repository ({_GRAMMAR})")
-    if tag is not None and not TAG_RE.match(tag):
-        problems.append(f"the tag '{tag}' is not valid (letters, digits, '_', '.', '-', not starting with '.' or "
-                        f"'-', at most 128)")
-    if digest is not None and not DIGEST_RE.match(digest):
-        problems.append(f"the digest '{digest}' is not sha256:<64 lower-case hex digits> (or sha512:<128>)")
+    problems = reference_problems(ref)
     if problems:
         fixed = sanitize_repository(name, default="ubuntu")
         if tag is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -433,5 +434,27 @@ def ca_file(path: Optional[str]) -> Optional[Path]:
     p = Path(path)
     text = read_bytes(p, "--ca-cert", "ca").decode("ascii", errors="replace")
     if "-----BEGIN CERTIFICATE-----" not in text:
-        raise EnvbuildError(f"--ca-cert {path} holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' line).")
+        raise EnvbuildError(f"--ca-cert {path} holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' line); give "
+                            f"the CA's certificate in PEM, such as /etc/ssl/certs/ca-certificates.crt.")
+    try:  # OpenSSL reads every certificate of the bundle, as pip, uv and apt inside the build will
+        count = _certificates(text)
+    except ssl.SSLError as e:
+        why = e.reason or str(e).split(" (_ssl")[0]
+        raise EnvbuildError(f"--ca-cert {path} is not a PEM certificate bundle OpenSSL can read ({why}): a "
+                            f"block between its BEGIN and END lines is not a certificate; give the CA's certificate "
+                            f"as its issuer exported it (`openssl x509 -in CA.crt -text` prints it), such as "
+                            f"/etc/ssl/certs/ca-certificates.crt.") from None
+    if count == 0:
+        raise EnvbuildError(f"--ca-cert {path} holds no certificate OpenSSL can read; give the CA's certificate in "
+                            f"PEM, such as /etc/ssl/certs/ca-certificates.crt.")
     return p
+
+
+def _certificates(pem: str) -> int:
+    """How many certificates OpenSSL reads from `pem` (ssl.SSLError: a block that is not one)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    blocks = re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", pem, re.S)
+    if not blocks:
+        return 0
+    context.load_verify_locations(cadata="\n".join(blocks))
+    return context.cert_store_stats()["x509"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .app import main, out
-from .options import matrix_dir_option
+from .options import matrix_dir_option, not_empty
 
 
 @main.group("ext-cache")
@@ -20,10 +20,12 @@ def ext_cache():
 
 
 def _image_options(f):
-    f = click.option("--stack", "stack_id", help="The stack whose builder base image runs the copy (default: the "
-                                                 "newest stack); it needs only sh, cp and tar.")(f)
-    f = click.option("--base-image", help="Run the copy on this image instead (any with sh, GNU cp and tar; wins "
-                                          "over --stack), e.g. a local mirror of the stack's base.")(f)
+    f = click.option("--stack", "stack_id", callback=not_empty,
+                     help="The stack whose builder base image runs the copy (default: the newest stack); it needs "
+                          "only sh, cp and tar.")(f)
+    f = click.option("--base-image", callback=not_empty,
+                     help="Run the copy on this image instead (any with sh, GNU cp and tar; wins over --stack), e.g. "
+                          "a local mirror of the stack's base.")(f)
     return matrix_dir_option(f)
 
 

@@ -9,13 +9,26 @@ from pathlib import Path
 
 import click
 
+from ..errors import EnvbuildError
 from ..rules import DEFAULT_CPU_TARGET, DEFAULT_OPS
 from .app import err
+
+
+def not_empty(ctx, param, value):
+    """An option given as '' is refused: click would hand the command an empty string, which the
+    command's `if value:` then reads as the default, silently (`--matrix-dir ''`, `--fabric ''`)."""
+    if value is not None and not str(value).strip():
+        flag = max(param.opts, key=len)
+        command = " ".join(["envbuild", *ctx.command_path.split()[1:]])
+        raise EnvbuildError(f"{flag} is empty; give a value (`{command} --help` says what it takes), or leave the "
+                            f"option out for its default.")
+    return value
 
 
 def matrix_dir_option(f):
     """--matrix-dir, declared once for every command that reads the matrix."""
     return click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+                        callback=not_empty,
                         help="Use another matrix directory instead of the built-in one. Env: ENVBUILD_MATRIX_DIR.")(f)
 
 
@@ -29,7 +42,7 @@ def secret_options(f):
         click.option("--apt-snapshot", metavar="URL",
                      help="Where a stack with an OS lock installs its OS packages from instead of the snapshot "
                           "service: a mirror of the lock's moment, {archive} and {timestamp} in the URL (a secret)."),
-        click.option("--apt-key", type=click.Path(dir_okay=False),
+        click.option("--apt-key", type=click.Path(dir_okay=False), callback=not_empty,
                      help="The public key that signs --apt-snapshot's Release files, when not the distro's (a secret)."),
         click.option("--source-mirror", help="Replaces https://github.com in a fabric's source URLs, e.g. "
                                              "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
@@ -73,7 +86,7 @@ def request_options(f=None, gpu_required=True):
         click.option("--no-compiler", is_flag=True,
                      help="Leave the C compiler and Python headers out of the final image (smaller; "
                           "torch.compile then cannot run)."),
-        click.option("--fabric", default=None, metavar="NAME",
+        click.option("--fabric", default=None, metavar="NAME", callback=not_empty,
                      help="How NCCL reaches other nodes: ib (default: InfiniBand/RoCE verbs user space in every "
                           "image), none, or a cloud fabric (`envbuild fabrics` lists them with what each adds)."),
         click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",

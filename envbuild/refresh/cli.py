@@ -54,11 +54,19 @@ def pin_summary(moves: list[writer.PinMove]) -> str:
     return f"; {len(moves)} stack {noun} in stacks.yaml follow torch {', '.join(releases)}"
 
 
+def _not_empty(flag: str, value: Optional[str]) -> Optional[str]:
+    """'' is refused: the command would read it as the default matrix, silently."""
+    if value is not None and not value.strip():
+        raise EnvbuildError(f"{flag} is empty; give a matrix directory, or leave the option out for the built-in one.")
+    return value
+
+
 @click.command("refresh")
 @click.option("--write", is_flag=True, help="Write the refreshed files (atomically) instead of only showing the diff.")
 @click.option("--offline", "offline", type=click.Path(file_okay=False),
               help="Read saved fixtures from this directory instead of PyPI (tests).")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+              callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
               help="Matrix directory to refresh (default: the built-in one).")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Where artifact reads are cached (default ~/.cache/envbuild/pypi).")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import time
@@ -30,7 +31,7 @@ from typing import Callable, Optional
 from .artifacts import Descriptor, client as registry_client, is_index
 from .engine import RegistryError, get_engine
 from .errors import EnvbuildError
-from .files import locked, remove_stale_temps, sha256_file, temp_path, write_atomic
+from .files import locked, open_regular, remove_stale_temps, sha256_file, temp_path, write_atomic
 from .registry import ANY_MANIFEST, registry_of, split_reference
 
 COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
@@ -287,6 +288,43 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
         return Staged(final, expected, copied=True)
 
 
+# The squashfs superblock (Linux fs/squashfs/squashfs_fs.h, struct squashfs_super_block): 96
+# bytes, little-endian; what `stage` checks before it copies a .sqsh to shared storage.
+SQUASHFS_MAGIC = b"hsqs"
+SUPERBLOCK = struct.Struct("<4sIIIIHHHHHHQQQQQQQQ")  # magic ... lookup_table_start
+
+
+def check_squashfs(path: Path) -> None:
+    """`path` is a squashfs image that enroot can mount: a regular file with the squashfs magic,
+    a version 4 superblock whose block size is a power of two from 4 KiB to 1 MiB and whose
+    filesystem fits in the file; and, where unsquashfs is installed, one it reads. Checked
+    before anything is copied to shared storage (random bytes or an empty file named .sqsh
+    were staged with the sha256 of whatever they held)."""
+    refusal = ("give a .sqsh that `envbuild export --enroot` (or `enroot import`) wrote, or the image itself: "
+               "`envbuild stage IMAGE --to DIR` exports it")
+    with open_regular(path, "stage", "squashfs") as f:
+        head = f.read(SUPERBLOCK.size)
+        size = os.fstat(f.fileno()).st_size
+    if len(head) < SUPERBLOCK.size or head[:4] != SQUASHFS_MAGIC:
+        what = "empty" if not head else f"{len(head)} bytes long" if len(head) < SUPERBLOCK.size else "not a squashfs"
+        raise EnvbuildError(f"stage {path} is {what}: a squashfs image starts with a {SUPERBLOCK.size}-byte superblock "
+                            f"and the magic 'hsqs'; nothing was staged. {refusal[0].upper()}{refusal[1:]}.")
+    fields = SUPERBLOCK.unpack(head)
+    block_size, block_log, major, bytes_used = fields[3], fields[6], fields[9], fields[12]
+    problem = (f"its squashfs version is {major}, not 4 (enroot's mksquashfs writes 4)" if major != 4 else
+               f"its block size {block_size} is not a power of two from 4 KiB to 1 MiB"
+               if block_size not in [1 << n for n in range(12, 21)] or 1 << block_log != block_size else
+               f"its superblock says the filesystem is {bytes_used} bytes and the file has {size}: it is cut short"
+               if bytes_used > size else None)
+    if problem is None and shutil.which("unsquashfs"):
+        done = subprocess.run(["unsquashfs", "-s", str(path)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            problem = f"unsquashfs -s cannot read it ({(done.stderr or done.stdout).strip().splitlines()[-1:]})"
+    if problem:
+        raise EnvbuildError(f"stage {path} is not a squashfs image enroot can mount: {problem}; nothing was "
+                            f"staged. {refusal[0].upper()}{refusal[1:]}.")
+
+
 def copy_producer(source: Path) -> Callable[[Path], str]:
     """Stage an existing .sqsh: copy it (its own sha256 is what the copy must have)."""
     want = sha256_file(source)
@@ -372,7 +410,8 @@ def staging_source(source: str, compression: str, platform: Optional[str] = None
     """(staged name, bytes needed, producer) for what `envbuild stage` is given: a .sqsh file
     (copied), a published image (its attached .sqsh downloaded; pulled and exported only when none
     is published, and said so), or a local image (exported)."""
-    if source.endswith(SUFFIX) and Path(source).is_file():
+    if source.endswith(SUFFIX) and os.path.lexists(source):
+        check_squashfs(Path(source))  # before anything is copied: a .sqsh that is none is refused
         return Path(source).name, Path(source).stat().st_size, copy_producer(Path(source))
     if is_registry_reference(source):
         try:

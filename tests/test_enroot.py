@@ -19,7 +19,13 @@ from envbuild.enroot import enroot_files, sha256_file, stage
 
 
 def _sqsh(path, size=3 * 2**20):
-    path.write_bytes(os.urandom(size))
+    """A real squashfs of `size` random bytes (stage checks its superblock before copying)."""
+    content = path.parent / f".{path.name}.content"
+    content.mkdir()
+    (content / "data").write_bytes(os.urandom(size))
+    subprocess.run(["mksquashfs", str(content), str(path), "-noappend", "-quiet", "-noI", "-noD", "-noF", "-noX"],
+                   check=True, capture_output=True)
+    shutil.rmtree(content)
     return path
 
 

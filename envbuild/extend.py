@@ -35,6 +35,7 @@ from .errors import EnvbuildError
 from .files import read_text
 from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
 from .matrix import Matrix
+from .registry import CONTENT_TAG_DIGITS, split_reference
 from .resolve import Resolution, resolve
 
 EXTEND_LOCK_SOURCE = "envbuild/extend-lock.txt"  # the name parse errors of an extension lock give
@@ -373,6 +374,27 @@ def check_stack_image(ref: str, labels: dict[str, str], resolution: Resolution) 
         raise EnvbuildError(f"--from {ref} was built as {', '.join(wrong)}, not as stack {stack.id}, which these "
                             f"requirements were resolved against; give that stack's image, or --stack "
                             f"{labels['io.envbuild.stack']} to extend the image you named.")
+
+
+def check_stack_image_name(ref: str, resolution: Resolution) -> None:
+    """--from, where this machine's engine does not hold it (nothing to read labels from): its tag
+    must be the resolved stack image's readable or content tag; a digest alone is checked by the
+    build (extend.sh compares the image's manifest). `ubuntu:24.04` or another stack's image
+    would otherwise reach the build, which pulls it and fails late, or installs a lock made for
+    another torch."""
+    _, tag, digest = split_reference(ref)
+    want = resolution.tag
+    if tag is None and digest is not None:
+        return
+    if tag is not None and re.fullmatch(rf"{re.escape(want)}(-[0-9a-f]{{{CONTENT_TAG_DIGITS}}})?", tag):
+        return
+    other = (f"its tag {tag} is another stack's or GPU's image" if tag and tag.startswith("torch") else
+             f"its tag ({tag or 'none: latest'}) is not stack {resolution.stack.id}'s")
+    raise EnvbuildError(f"--from {ref} is not on this machine (the engine does not hold it, so its labels cannot be "
+                        f"read) and {other}: an extension is a layer on the stack image its requirements were "
+                        f"resolved against, tagged {want} (or {want}-<content tag>). Nearest valid choice: --from "
+                        f"{resolution.image_ref} (build it first: `envbuild build {resolution.request.describe()}`), "
+                        f"or leave --from out.")
 
 
 def _name(text: str) -> str:

@@ -75,12 +75,13 @@ def _check_from(from_image, r):
     """The image named by --from, where this machine's engine has it, must be the stack's image;
     returns the resolution."""
     from ..engine import get_engine
-    from ..extend import check_stack_image
+    from ..extend import check_stack_image, check_stack_image_name
 
     if from_image:
         try:
             info = get_engine().inspect(from_image)
-        except EnvbuildError:  # no engine here, or the image is only in a registry: the build checks it
+        except EnvbuildError:  # no engine here, or the image is only in a registry: its name must say it
+            check_stack_image_name(from_image, r)
             return r
         check_stack_image(from_image, dict(info.labels), r)
     return r

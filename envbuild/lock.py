@@ -18,17 +18,17 @@ appends for a CUDA torch) and handed to uv as the package's static metadata.
 ... # arch: x86_64
 ... # [venv]
 ... torch==2.15.0 \\\\
-...     --hash=sha256:aa
+...     --hash=sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 ...     # via -r inputs
 ... ninja==1.13.2 \\\\
-...     --hash=sha256:bb
+...     --hash=sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
 ... '''
 >>> lock = parse_lock(text, "s1.x86_64.txt")
 >>> lock.pins()
 {'torch': '2.15.0', 'ninja': '1.13.2'}
 >>> print(lock.requirements("venv", exclude=("ninja",)).strip())
 torch==2.15.0 \\
-    --hash=sha256:aa
+    --hash=sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
     # via -r inputs
 """
 
@@ -59,6 +59,7 @@ except ImportError:  # pragma: no cover - uv is a dependency
     find_uv_bin = None
 
 from .errors import EnvbuildError, nearest
+from . import grammar
 from .files import read_text, write_owned
 from .resources import is_installed_copy
 from .refresh.pypi import PyPI, default_cache_dir
@@ -69,6 +70,8 @@ SECTIONS = ("venv", "toolchain")
 _SECTION = re.compile(r"^# \[(?P<name>[a-z]+)\]")
 _HEADER = re.compile(r"^# (?P<key>[a-z-]+): (?P<value>.*)$")
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(?P<version>[^ \\;]+)")
+# A pin's continuation lines: its hashes (pip's --hash=sha256:<64 hex digits>) and uv's comments.
+_HASH_LINE = re.compile(r"^\s+(--hash=sha256:[0-9a-f]{64}( \\)?|#.*)\s*$")
 
 
 def lock_path(matrix_dir: Path, stack_id: str, arch: str) -> Path:
@@ -151,6 +154,10 @@ def parse_lock(text: str, path: str = "<lock>") -> Lock:
                 header[field_match.group("key")] = field_match.group("value")
             continue
         if line[:1] in (" ", "\t") and current is not None:
+            if not _HASH_LINE.match(line):
+                raise EnvbuildError(f"{path}:{number}: {grammar.shown(line.strip(), 100)} is not a hash line of {current[0]}: a lock's hashes are "
+                                    f"--hash=sha256:<64 lower-case hex digits>, which pip --require-hashes checks; "
+                                    f"regenerate the lock with `envbuild lock`.")
             current[2].append(line)
             continue
         if not line.strip() or line.startswith("#"):

@@ -88,14 +88,14 @@ def test_a_lock_that_disagrees_with_its_row_stops_the_render_with_the_refresh_co
 
 
 def test_disagreements_name_each_field():
-    lock = parse_lock("# stack: a\n# arch: x86_64\n# python: 3.12\n# [venv]\ntorch==2.15.0 \\\n    --hash=sha256:00\n")
+    lock = parse_lock("# stack: a\n# arch: x86_64\n# python: 3.12\n# [venv]\ntorch==2.15.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
     assert disagreements(lock, {"stack": "a", "arch": "x86_64", "python": "3.11", "torch": "2.15.0",
                                 "deepspeed": "0.19.8"}) == [
         "python 3.12 in the lock, 3.11 in the stack", "deepspeed missing in the lock, 0.19.8 in the stack"]
 
 
 @pytest.mark.parametrize("text, message", [
-    ("# [venv]\ntorch>=2.0 \\\n    --hash=sha256:00\n", "not a pinned requirement"),
+    ("# [venv]\ntorch>=2.0 \\\n    --hash=sha256:" + "0" * 64 + "\n", "not a pinned requirement"),
     ("# [nope]\n", "unknown lock section"),
     ("# stack: a\n", r"no \[venv\] section"),
 ])
@@ -148,7 +148,7 @@ def _lock_check_round_trip(matrix_dir, env):
     # An edited lock is not current, and --check says which command refreshes it.
     path = lock_path(matrix_dir, CI_STACK, "x86_64")
     text = path.read_text()
-    path.write_text(text.replace("# [venv]\n", "# [venv]\nsix==1.17.0 \\\n    --hash=sha256:00\n"))
+    path.write_text(text.replace("# [venv]\n", "# [venv]\nsix==1.17.0 \\\n    --hash=sha256:" + "0" * 64 + "\n"))
     result = run_cli("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300, env=env)
     assert result.returncode == 1 and result.stdout.startswith("stale")
     assert f"envbuild lock --stack {CI_STACK}" in result.stderr

@@ -11,6 +11,7 @@ registry API: registry.py; reading the recorded digests: the matrix loader.)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -18,6 +19,7 @@ import yaml
 
 from .engine import get_engine
 from .errors import EnvbuildError
+from .files import read_yaml
 from .matrix import BASE_DIGESTS
 from .registry import published_digest, remote_digest, repo_of
 
@@ -47,7 +49,11 @@ def record_base_digests(matrix_dir, refs, today: str) -> tuple[dict[str, str], l
     """Look up each base's published digest and write base-digests.yaml; an unreachable
     registry keeps what was recorded before. Returns (recorded, unreachable refs)."""
     path = Path(matrix_dir) / BASE_DIGESTS
-    old = (yaml.safe_load(path.read_text()) or {}).get("bases", {}) if path.is_file() else {}
+    data = (read_yaml(path, "matrix file") if os.path.lexists(path) else None) or {}
+    old = (data.get("bases") or {}) if isinstance(data, dict) else None
+    if not isinstance(old, dict) or not all(isinstance(e, dict) for e in old.values()):
+        raise EnvbuildError(f"matrix file {path} is malformed: it needs a `bases:` mapping of image references to "
+                            f"{{digest, checked}}; remove it and run `envbuild lock --bases` again.")
     entries, unreachable = dict(old), []
     for ref in sorted(set(refs)):
         digest = published_digest(ref)

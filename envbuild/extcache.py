@@ -31,7 +31,7 @@ from typing import Optional
 
 from .engine import BuildFailed, BuildSecrets, Engine, get_engine
 from .errors import EnvbuildError
-from .files import locked, read_text, remove_stale_temps, temp_path
+from .files import locked, open_regular, read_text, remove_stale_temps, temp_path
 from .image import paths
 from .matrix import Matrix
 from .plan import EXTENSION_CACHE_ID, EXTENSION_SPEC, cache_mount
@@ -105,18 +105,19 @@ def wheels_in(file: Path) -> tuple[str, ...]:
     """The NAME/KEY/WHEEL members of a file `save` wrote; EnvbuildError (exit 2) naming the file
     when it is not one."""
     refusal = "name a file `envbuild ext-cache save` wrote, or save one first"
-    if not file.is_file():
+    if not os.path.lexists(file):
         raise EnvbuildError(f"{file}: no such file; {refusal}.")
-    size = file.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise EnvbuildError(f"{file} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for an "
-                            f"extension cache file; {refusal}.")
-    try:  # "r:": plain tar only, as `save` writes it; a compressed file could unpack to any size
-        with tarfile.open(file, "r:") as tar:
-            members = tar.getmembers()
-    except (tarfile.TarError, OSError):
-        raise EnvbuildError(f"{file} is not a plain (uncompressed) tar file, so not an extension cache; "
-                            f"{refusal}.") from None
+    with open_regular(file, "extension cache file", "ext-cache") as f:  # /dev/null: a device, not "no such file"
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_FILE_BYTES:
+            raise EnvbuildError(f"{file} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for "
+                                f"an extension cache file; {refusal}.")
+        try:  # "r:": plain tar only, as `save` writes it; a compressed file could unpack to any size
+            with tarfile.open(fileobj=f, mode="r:") as tar:
+                members = tar.getmembers()
+        except (tarfile.TarError, OSError):
+            raise EnvbuildError(f"{file} is not a plain (uncompressed) tar file, so not an extension cache; "
+                                f"{refusal}.") from None
     odd = [m.name for m in members if not (m.isfile() or m.isdir()) or m.issparse() or m.name.startswith("/")
            or ".." in Path(m.name).parts]
     if odd:  # what `save` never writes, and what could reach outside the directory it is unpacked in
@@ -129,6 +130,7 @@ def wheels_in(file: Path) -> tuple[str, ...]:
 
 
 def _build(engine: Engine, context: Path, output: str, log: Path, build_args: dict[str, str]) -> None:
+    engine.check_usable()  # no daemon: exit 2 (an unusable environment), not a failed copy (exit 1)
     args = [a for name, value in {"ENVBUILD_RUN": secrets.token_hex(8), **build_args}.items()
             for a in ("--build-arg", f"{name}={value}")]
     try:

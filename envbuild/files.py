@@ -76,7 +76,9 @@ _EXAMPLE = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.c
             "matrix": "a matrix directory of YAML files such as the shipped matrices/",
             "markdown": "a Markdown file with envbuild's generated blocks",
             "record": "the file envbuild wrote",
-            "key": "the PEM key file itself (openssl genpkey / openssl pkey -pubout write one)"}
+            "key": "the PEM key file itself (openssl genpkey / openssl pkey -pubout write one)",
+            "squashfs": "a .sqsh that `envbuild export --enroot` wrote",
+            "ext-cache": "a file `envbuild ext-cache save` wrote"}
 
 
 def _not_regular(path, what: str, kind: str, mode: int) -> EnvbuildError:

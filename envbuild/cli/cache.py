@@ -32,8 +32,10 @@ def _image_options(f):
 def _image(stack_id, base_image, matrix_dir) -> str:
     from ..extcache import copy_image
     from ..matrix import load_matrix
+    from ..registry import check_image_reference
 
     if base_image:
+        check_image_reference("--base-image", base_image)  # before Docker is asked anything
         return base_image
     return copy_image(load_matrix(Path(matrix_dir) if matrix_dir else None), stack_id)
 
@@ -61,8 +63,9 @@ def load_cmd(file, stack_id, base_image, matrix_dir):
     """Put the wheels of FILE (written by `ext-cache save`) into this machine's build cache; a
     cache key that has a wheel here already keeps it. The next build takes them instead of
     compiling."""
-    from ..extcache import load
+    from ..extcache import load, wheels_in
 
+    wheels_in(Path(file))  # the file first: a wrong one is refused before the matrix or Docker is read
     done = load(Path(file), _image(stack_id, base_image, matrix_dir))
     out.print(f"loaded {done.moved} of {len(done.wheels)} wheel(s) from {done.file} (a key with a wheel here "
               f"already keeps it)", markup=False)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -143,19 +144,26 @@ def _fields(title: str, description: str, rows) -> None:
 def ci(output, check, matrix_dir):
     """Generate the GitHub Actions workflows: the one that builds, smoke-tests and publishes
     the matrix, and beside it the weekly one that refreshes the matrix from PyPI."""
-    from ..ci import workflows_for, write_workflows
+    from ..ci import is_generated_workflow, workflows_for, write_workflows
     from ..files import read_bytes
     from ..matrix import load_matrix
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     workflows = workflows_for(m, output)
     if check:
-        stale = [str(p) for p, text in workflows.items()
-                 if not p.is_file() or read_bytes(p, "workflow", "markdown") != text.encode()]
-        if stale:
-            missing = [s for s in stale if not Path(s).is_file()]
-            what = f"{', '.join(stale)} {'is' if len(stale) == 1 else 'are'} " + ("missing" if missing else "stale")
-            raise EnvbuildError(f"{what}; run `envbuild ci -o {output}`.", 1)
+        present = {p: read_bytes(p, "workflow", "markdown") for p in workflows if os.path.lexists(p)}
+        foreign = [str(p) for p, data in present.items() if not is_generated_workflow(data)]
+        if foreign:  # the user's own file: not envbuild's to call missing or stale
+            raise EnvbuildError(f"{', '.join(foreign)} exists and envbuild did not write it (its first line does not "
+                                f"say `envbuild ci` generated it), so --check has no workflow of envbuild's there to "
+                                f"compare; give -o the file `envbuild ci` writes (default .github/workflows/publish.yml, "
+                                f"with matrix-refresh.yml beside it).")
+        missing = [str(p) for p in workflows if p not in present]
+        stale = [str(p) for p, text in workflows.items() if p in present and present[p] != text.encode()]
+        if missing or stale:
+            said = [f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} {state}"
+                    for names, state in ((missing, "missing"), (stale, "stale")) if names]
+            raise EnvbuildError(f"{'; '.join(said)}; run `envbuild ci -o {output}`.", 1)
         out.print(f"{', '.join(map(str, workflows))} are current")
         return
     changed = write_workflows(workflows)

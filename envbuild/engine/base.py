@@ -109,6 +109,9 @@ class Engine(Protocol):
 
     name: str
 
+    def check_usable(self) -> None:
+        """EnvbuildError (exit 2) when the engine cannot be used at all (no daemon answers)."""
+
     def build(self, context: Path, tags: Sequence[str], secrets: BuildSecrets, log_path: Path,
               on_step: Optional[StepCallback] = None, extra_args: Sequence[str] = ()) -> BuildOutcome:
         """Build `context`, write the full log to `log_path`, then (only after success) apply `tags`.

@@ -207,6 +207,9 @@ class DockerEngine:
             self._client = client
         return self._client
 
+    def check_usable(self) -> None:
+        self.client  # noqa: B018  (pings the daemon: EnvbuildError when none answers)
+
     def _get(self, ref: str):
         try:
             return self.client.images.get(ref)

@@ -25,8 +25,10 @@ import fcntl
 import os
 import re
 import secrets
+import signal
 import stat
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -196,6 +198,31 @@ def read_yaml(path: Path | str, what: str, kind: str = "matrix"):
     """A YAML file a user (or a lab's matrix directory) names: a regular file, read with a size
     bound, decoded as UTF-8 and parsed with :func:`parse_yaml`."""
     return parse_yaml(read_text(path, what, kind), f"{what} {path}")
+
+
+# ---------------------------------------------------------------- a write phase that completes
+
+
+@contextlib.contextmanager
+def signals_held(signums=(signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM for the block, then deliver them: a write phase (files moved into
+    place, old ones put back on failure) runs to its end or its undo, whatever the moment a signal
+    comes; the run stops right after. A signal caught in the middle of the swap or of its undo
+    left the old files under their temporary names. SIGKILL cannot be held: what it leaves, the
+    next run removes (:func:`remove_stale_temps`). Outside the main thread (where Python cannot
+    set handlers) the block runs unguarded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)  # the handler it had: KeyboardInterrupt, SystemExit(143) ...
 
 
 # ---------------------------------------------------------------- the lock and temporary names

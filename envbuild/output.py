@@ -37,7 +37,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from .errors import EnvbuildError
-from .files import is_temp_name, locked, remove_stale_temps, sha256_file, temp_path, write_temp
+from .files import is_temp_name, locked, remove_stale_temps, sha256_file, signals_held, temp_path, write_temp
 
 RECORD = ".envbuild-files"
 _RECORD_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
@@ -342,7 +342,8 @@ def write_build_dir(files: dict[str, bytes], out: Path) -> Path:
             for directory in sorted({target} | {(target / rel).parent for rel in [*(old or {}), *files]}):
                 if directory.is_dir() and not directory.is_symlink():
                     remove_stale_temps(directory, recursive=False)
-            _swap(target, old, files)
+            with signals_held():  # a Ctrl-C lands after the swap (or its undo), never in it
+                _swap(target, old, files)
     except BaseException as e:
         for directory in reversed(made):
             try:

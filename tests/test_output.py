@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -265,6 +266,59 @@ def test_ctrl_c_while_swapping_files_puts_the_old_ones_back(h100, h20, tmp_path,
         write_build_dir(h20, out)
     assert tree(out) == before
     _no_temporaries(out)
+
+
+_FS_CALLS = ("open", "replace", "link", "unlink", "rename", "mkdir", "rmdir", "chmod")
+
+
+def _signal_at(monkeypatch, moments: set[int]) -> list[int]:
+    """A real SIGINT, sent to this process just before the n-th filesystem call (n in `moments`)
+    of the write: its handler runs at the next bytecode, exactly there. Returns the call count."""
+    calls = [0]
+
+    def hooked(real):
+        def call(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] in moments:
+                os.kill(os.getpid(), signal.SIGINT)
+            return real(*args, **kwargs)
+        return call
+
+    for name in _FS_CALLS:
+        monkeypatch.setattr(os, name, hooked(getattr(os, name)))
+    return calls
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["one Ctrl-C", "a second Ctrl-C right after"])
+def test_a_ctrl_c_at_any_filesystem_call_of_the_write_completes_or_restores(h100, h20, tmp_path, monkeypatch,
+                                                                           signals):
+    """SIGINT delivered before each filesystem call of a render over an older one, in turn (and a
+    second one right after the first, as an impatient user sends): the directory ends as the old
+    tree or the new one, its record verifies, and no temporary name is left. Before the write
+    phase held signals, a Ctrl-C in the swap's cleanup left `.NAME.envbuild-old-*` files."""
+    first = write_build_dir(h100, tmp_path / "count")
+    with monkeypatch.context() as m:
+        total = _signal_at(m, set())
+        write_build_dir(h20, first)
+    assert total[0] > 20
+    for n in range(1, total[0] + 1):
+        out = write_build_dir(h100, tmp_path / f"b{n}")
+        (out / "torch.sif").write_bytes(b"SIF")  # the user's
+        old = tree(out)
+        with monkeypatch.context() as m:
+            _signal_at(m, set(range(n, n + signals)))
+            try:
+                write_build_dir(h20, out)
+                interrupted = False
+            except KeyboardInterrupt:
+                interrupted = True
+        assert interrupted, f"the SIGINT before call {n} was lost"
+        now = tree(out)
+        assert now == old or now == {**{k: v for k, v in h20.items()}, "torch.sif": b"SIF",
+                                     RECORD: now.get(RECORD)}, f"call {n}: neither the old tree nor the new one"
+        assert subprocess.run(["sha256sum", "-c", "--quiet", RECORD], cwd=out).returncode == 0, n
+        _no_temporaries(out)
+        shutil.rmtree(out)
 
 
 def test_a_failure_in_a_new_directory_leaves_nothing(h20, tmp_path, monkeypatch):

@@ -25,14 +25,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import rules
 from .errors import EnvbuildError
-from .files import read_text
+from .files import parse_yaml, read_text
 from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
 from .matrix import Matrix
 from .registry import CONTENT_TAG_DIGITS, split_reference
@@ -60,11 +59,12 @@ class Project(BaseModel):
 
 def load_project(path: Path) -> tuple[Project, list[str], str]:
     """(project, its requirements, where they came from)."""
+    text = read_text(path, "-f", "project")
     try:
-        data = yaml.safe_load(read_text(path, "-f", "project")) or {}
-    except yaml.YAMLError as e:
-        raise EnvbuildError(f"-f {path}: not valid YAML ({str(e).splitlines()[0]}). A project file looks like:\n"
-                            f"  gpu: h100\n  requirements: [accelerate, einops]") from None
+        data = parse_yaml(text, f"-f {path}") or {}
+    except EnvbuildError as e:
+        raise EnvbuildError(f"{e.message} A project file looks like: `gpu: h100` and `requirements: [accelerate, "
+                            f"einops]` on lines of their own.") from None
     try:
         project = Project.model_validate(data)
     except ValidationError as e:

@@ -204,6 +204,7 @@ class Op(_Strict):
 
     _v = field_validator("since", "until", "cuda_extension_until")(lambda v: v if v is None else _version(v))
     _c = field_validator("min_cc")(lambda v: v if v is None else _cc(v))
+    _e = field_validator("env")(lambda v: _op_switch(v))
     _s = field_validator("torch")(lambda v: v if v is None else _specifier(v))
 
 
@@ -242,8 +243,15 @@ class NodeCondition(_Strict):
 
 
 def _env_name(v: str) -> str:
-    if not re.match(r"^[A-Z_][A-Z0-9_]*$", v):
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", v):
         raise ValueError(f"expected an environment variable name like NCCL_DEBUG, got {v!r}")
+    return v
+
+
+def _op_switch(v: str) -> str:
+    """An op's build switch, DS_BUILD_<env>: a build argument and an environment name."""
+    if not re.fullmatch(r"[A-Z0-9_]+", v):
+        raise ValueError(f"expected the part after DS_BUILD_ of a DeepSpeed build switch, like FUSED_ADAM, got {v!r}")
     return v
 
 
@@ -1052,7 +1060,7 @@ def _locate(loc: tuple, data) -> str:
             label = ""
             if isinstance(node, list) and part < len(node) and isinstance(node[part], dict):
                 key = node[part].get("id") or node[part].get("name")
-                label = f" ({key})" if key else ""
+                label = f" ({grammar.shown(str(key))[1:-1]})" if key else ""
             out += f"[{part}]{label}"
         else:
             out += f".{part}" if out else str(part)

@@ -32,8 +32,13 @@ def shown(value: str, limit: int = 80) -> str:
     >>> shown("1:00\\n#SBATCH --wrap=id")
     "'1:00\\\\n#SBATCH --wrap=id'"
     """
-    text = value if len(value) <= limit else value[:limit] + "..."
-    return "'" + "".join(repr(c)[1:-1] if _control(c) else c for c in text) + "'"
+    return "'" + escaped(value if len(value) <= limit else value[:limit] + "...") + "'"
+
+
+def escaped(text: str, keep: str = "") -> str:
+    """`text` with its control characters, but those in `keep`, written as escapes: a value's
+    carriage return or ESC cannot move the cursor or recolour the terminal."""
+    return "".join(repr(c)[1:-1] if _control(c) and c not in keep else c for c in text)
 
 
 def refuse(what: str, value: str, reason: str, choice: str) -> EnvbuildError:
@@ -63,7 +68,7 @@ def one_line(value: str, what: str = "a value") -> str:
 
 # ---------------------------------------------------------------- environment variables
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # '$', '"', '\\' and '`' break Dockerfile ENV quoting (Docker substitutes $NAME even in quotes);
 # '}' and "'" break the Apptainer %environment line NAME="${NAME:-value}" (bash reads it).
 ENV_FORBIDDEN = '$"\\`}\''
@@ -98,7 +103,7 @@ def env_value(value: str, name: str = "NAME") -> str:
 
 PATH_MAX = 4096  # linux/limits.h: a path, in bytes, with its NUL
 NAME_MAX = 255   # linux/limits.h: one component, in bytes
-PATH_WORD = re.compile(r"^[A-Za-z0-9._+@%=,:/~-]+$")  # what COPY, %files and a shell word take unquoted
+PATH_WORD = re.compile(r"^[A-Za-z0-9._+@%=,:/~-]+\Z")  # what COPY, %files and a shell word take unquoted
 
 
 def path(value: str, absolute: bool = False) -> str:
@@ -135,7 +140,7 @@ def path_word(value: str) -> str:
 # "days-hours:minutes", "days-hours:minutes:seconds" (slurm.schedmd.com/sbatch.html#OPT_time),
 # or UNLIMITED/INFINITE; src/common/parse_time.c time_str2secs adds them up in a C int.
 _SLURM_TIME = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                         r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)$")
+                         r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)\Z")
 SLURM_UNLIMITED = ("UNLIMITED", "INFINITE")
 INT_MAX = 2**31 - 1
 

@@ -57,8 +57,8 @@ def _specifier(v: str) -> str:
     return str(v)
 
 
-_CC = re.compile(r"^\d+\.\d+$")
-_DRIVER = re.compile(r"^\d{3}(\.\d+){1,2}$")
+_CC = re.compile(r"^\d+\.\d+\Z")
+_DRIVER = re.compile(r"^\d{3}(\.\d+){1,2}\Z")
 
 
 def _driver(v: str) -> str:
@@ -73,7 +73,7 @@ def _cc(v: str) -> str:
     return str(v)
 
 
-_APT_WORD = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
+_APT_WORD = re.compile(r"^[a-z0-9][a-z0-9.+-]*\Z")
 
 
 def _apt_words(v):
@@ -86,7 +86,7 @@ def _apt_words(v):
 
 def _url_template(v: str, timestamp: bool) -> str:
     """An http(s) archive URL with {archive} (and, for a snapshot, {timestamp}) in it."""
-    if not re.match(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~{}/-]*)?$", v):
+    if not re.match(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~{}/-]*)?\Z", v):
         raise ValueError(f"expected an http(s) URL such as 'http://deb.debian.org/{{archive}}', got {v!r}")
     needed = ["{archive}"] + (["{timestamp}"] if timestamp else [])
     missing = [p for p in needed if p not in v]
@@ -378,7 +378,7 @@ class CpuTarget(_Strict):
     @field_validator("flag")
     @classmethod
     def _flag(cls, v: str) -> str:
-        if not re.match(r"^-m(arch|cpu)=[a-z0-9.+-]+$", v):
+        if not re.match(r"^-m(arch|cpu)=[a-z0-9.+-]+\Z", v):
             raise ValueError(f"expected -march=NAME or -mcpu=NAME, got {v!r}")
         return v
 
@@ -584,7 +584,7 @@ class BasesFile(_Strict):
 
 
 def _sha256_hex(v: str) -> str:
-    if not re.match(r"^[0-9a-f]{64}$", v):
+    if not re.match(r"^[0-9a-f]{64}\Z", v):
         raise ValueError(f"expected 64 lower-case hex digits, got {v!r}")
     return v
 
@@ -607,7 +607,7 @@ class FabricSource(_Strict):
     @field_validator("commit")
     @classmethod
     def _commit(cls, v: str) -> str:
-        if not re.match(r"^[0-9a-f]{40}$", v):
+        if not re.match(r"^[0-9a-f]{40}\Z", v):
             raise ValueError(f"expected a 40-hex-digit git commit, got {v!r}")
         return v
 
@@ -686,7 +686,7 @@ class Fabric(_Strict):
     @field_validator("name", "tag")
     @classmethod
     def _name(cls, v: str) -> str:
-        if v and not re.match(r"^[a-z0-9][a-z0-9-]*$", v):
+        if v and not re.match(r"^[a-z0-9][a-z0-9-]*\Z", v):
             raise ValueError(f"expected lower-case letters, digits and '-', got {v!r}")
         return v
 
@@ -773,7 +773,7 @@ class CudaExtension(_Strict):
     @field_validator("name", "tag")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.match(r"^[a-z][a-z0-9-]*[a-z0-9]$", v):
+        if not re.match(r"^[a-z][a-z0-9-]*[a-z0-9]\Z", v):
             raise ValueError(f"expected lower-case letters, digits and '-', got {v!r}")
         return v
 
@@ -809,6 +809,9 @@ class BaseImages(_Strict):
         problems = reference_problems(v)
         if problems:
             raise ValueError(f"{grammar.shown(v)} is not an image reference: {'; '.join(problems)}")
+        why = rules.unpinned(v)
+        if why:
+            raise ValueError(f"{grammar.shown(v)} {why}; name a release tag or a digest")
         return v
 
 
@@ -829,7 +832,7 @@ class Stack(_Strict):
     @field_validator("id")
     @classmethod
     def _id(cls, v: str) -> str:
-        if not re.match(r"^[a-z0-9][a-z0-9._-]*$", v):
+        if not re.match(r"^[a-z0-9][a-z0-9._-]*\Z", v):
             raise ValueError(f"expected lower-case letters, digits, '.', '_' or '-', got {v!r}")
         return v
 

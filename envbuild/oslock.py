@@ -60,7 +60,7 @@ from .resources import is_installed_copy, templates_dir
 OS_LOCK_DIR = "locks/os"
 STAGES = ("builder", "runtime")
 MAGIC = "# envbuild os lock"
-TIMESTAMP = re.compile(r"^\d{8}T\d{6}Z$")  # the snapshot services' moment: YYYYMMDDTHHMMSSZ (UTC)
+TIMESTAMP = re.compile(r"^\d{8}T\d{6}Z\Z")  # the snapshot services' moment: YYYYMMDDTHHMMSSZ (UTC)
 # Debian's grammar for the parts of a line (deb-version(7), the archive's pool paths): what the
 # build's shell reads as one word each; anything else in a lock is refused where it is read.
 _NAME = r"[a-z0-9][a-z0-9+.-]+"

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from . import grammar
 from .errors import EnvbuildError
 
 LOCAL_REPO = "envbuild"  # the repository of an image no --image-repo or --registry names
@@ -32,8 +33,13 @@ _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
 _PATH = rf"{_COMPONENT}(?:/{_COMPONENT})*"
 TAG_MAX = 128  # Docker's and the distribution spec's limit on a tag
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # [a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}
-DIGEST_RE = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$")
+def _shown(value: str) -> str:
+    """A value quoted in a message, its control characters escaped (one paragraph)."""
+    return grammar.shown(value, limit=300)
+
+
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")  # [a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}
+DIGEST_RE = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})\Z")
 NAME_MAX = 255
 CONTENT_TAG_DIGITS = 12  # the content tag: the readable tag, '-', 12 hex digits of the rendered files
 READABLE_TAG_MAX = TAG_MAX - 1 - CONTENT_TAG_DIGITS
@@ -46,7 +52,7 @@ def check_readable_tag(tag: str, what: str) -> str:
     'torch2.15.0-cu132-py3.11-ds0.19.8-h20'
     """
     if not TAG_RE.match(tag) or len(tag) > READABLE_TAG_MAX:
-        raise EnvbuildError(f"{what} '{tag}' is not a usable image tag: it needs letters, digits, '_', '.' and '-' "
+        raise EnvbuildError(f"{what} {_shown(tag)} is not a usable image tag: it needs letters, digits, '_', '.' and '-' "
                             f"only, not starting with '.' or '-', and at most {READABLE_TAG_MAX} characters (Docker's "
                             f"limit is {TAG_MAX}, and the content tag adds {CONTENT_TAG_DIGITS + 1}); it has "
                             f"{len(tag)}.")
@@ -125,12 +131,12 @@ def check_image_repo(repo: Optional[str], flag: str = "--image-repo", suffix: st
                             "registry.example.com/team/envbuild.")
     if "$" in repo:
         raise EnvbuildError(
-            f"{flag} '{repo}' holds a shell variable: `$OWNER` in matrices/publish.yaml is filled in by CI "
+            f"{flag} {_shown(repo)} holds a shell variable: `$OWNER` in matrices/publish.yaml is filled in by CI "
             f"(the GitHub owner, lower-cased); give the real name, e.g. ghcr.io/acme"
             f"{'/' + LOCAL_REPO if flag == '--image-repo' else ''}.")
     port = bad_port(_split_domain(repo + (suffix or "/x"))[0])
     if port:
-        raise EnvbuildError(f"{flag} '{repo}': the port {port} is not a TCP port (1 to 65535), so nothing can listen "
+        raise EnvbuildError(f"{flag} {_shown(repo)}: the port {port} is not a TCP port (1 to 65535), so nothing can listen "
                             f"there; nearest valid choice: {flag} {repo.replace(':' + port, ':5000', 1)} (a local "
                             f"registry's usual port), or the host without a port for 443.")
     if suffix:
@@ -139,19 +145,19 @@ def check_image_repo(repo: Optional[str], flag: str = "--image-repo", suffix: st
         guess = sanitize_repository(repo + suffix).removesuffix(suffix)
         hint = f"; nearest valid: {guess}" if valid_repository(guess + suffix) else ""
         raise EnvbuildError(
-            f"{flag} '{repo}' is not a valid registry: expected HOST[:PORT][/NAMESPACE] with lower-case names "
+            f"{flag} {_shown(repo)} is not a valid registry: expected HOST[:PORT][/NAMESPACE] with lower-case names "
             f"(letters, digits, '.', '_', '-') and no tag{hint}.")
     name, tag, digest = split_reference(repo)
     if (tag is not None or digest is not None) and valid_repository(name):
         if digest is None and tag and tag.isdigit() and "/" not in name:  # 'localhost:5000': a registry
-            raise EnvbuildError(f"{flag} '{repo}' is a registry host:port without a repository; "
+            raise EnvbuildError(f"{flag} {_shown(repo)} is a registry host:port without a repository; "
                                 f"nearest valid choice: {flag} {repo}/envbuild.")
         what = f"a digest (@{digest})" if digest is not None else f"a tag (:{tag})"
-        raise EnvbuildError(f"{flag} '{repo}' carries {what}; it takes a repository only, envbuild writes the "
+        raise EnvbuildError(f"{flag} {_shown(repo)} carries {what}; it takes a repository only, envbuild writes the "
                             f"tags itself (the readable tag and a content tag). Nearest valid choice: "
                             f"{flag} {name}.")
     if not valid_repository(repo):
-        raise EnvbuildError(f"{flag} '{repo}' is not a valid OCI repository name ({_GRAMMAR}; at most "
+        raise EnvbuildError(f"{flag} {_shown(repo)} is not a valid OCI repository name ({_GRAMMAR}; at most "
                             f"{NAME_MAX} characters); nearest valid choice: {flag} {sanitize_repository(repo)}.")
     return repo
 
@@ -164,12 +170,12 @@ def reference_problems(ref: str) -> list[str]:
     if domain and bad_port(domain):
         problems.append(f"the registry port {bad_port(domain)} is not a TCP port (1 to 65535)")
     elif not name or not valid_repository(name):
-        problems.append(f"the name '{name}' is not a valid repository ({_GRAMMAR})")
+        problems.append(f"the name {_shown(name)} is not a valid repository ({_GRAMMAR})")
     if tag is not None and not TAG_RE.match(tag):
-        problems.append(f"the tag '{tag}' is not valid (letters, digits, '_', '.', '-', not starting with '.' or "
+        problems.append(f"the tag {_shown(tag)} is not valid (letters, digits, '_', '.', '-', not starting with '.' or "
                         f"'-', at most 128)")
     if digest is not None and not DIGEST_RE.match(digest):
-        problems.append(f"the digest '{digest}' is not sha256:<64 lower-case hex digits> (or sha512:<128>)")
+        problems.append(f"the digest {_shown(digest)} is not sha256:<64 lower-case hex digits> (or sha512:<128>)")
     return problems
 
 
@@ -189,7 +195,7 @@ def check_image_reference(flag: str, ref: Optional[str]) -> None:
             fixed += f":{clean}" if clean else ""
         if digest is not None and DIGEST_RE.match(digest):
             fixed += f"@{digest}"
-        raise EnvbuildError(f"{flag} '{ref}' is not a valid image reference: {'; '.join(problems)}. Nearest "
+        raise EnvbuildError(f"{flag} {_shown(ref)} is not a valid image reference: {'; '.join(problems)}. Nearest "
                             f"valid choice: {flag} {fixed}.")
 
 

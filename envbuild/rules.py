@@ -32,8 +32,9 @@ Rules that refuse the request itself, before or after a stack is chosen (an erro
 rule, not a Rejection): ``torch-python`` and ``os-python`` for a --python no stack could have,
 ``cpu-target`` for a target the matrix does not know, ``base-os`` (a --base-image or
 --builder-image must be the stack's distro release) and ``base-cuda`` (a named CUDA image must be
-the stack's CUDA, and a devel one where the builder needs nvcc), ``qemu`` (--qemu only for an
-arm64 image, where it does something).
+the stack's CUDA, and a devel one where the builder needs nvcc), ``base-pinned`` (a base image
+names a release tag or a digest: no tag means the tag latest, which moves), ``qemu`` (--qemu only
+for an arm64 image, where it does something).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import Optional
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from . import grammar
 from .errors import EnvbuildError, nearest
 from .registry import split_reference
 from .image.arch import arch_runs_on  # the gpu-arch rule, defined once with the in-image smoke test
@@ -430,7 +432,7 @@ def check_request(m, req) -> None:
         did = f" did you mean {', '.join(hint)}?" if hint else ""
         by_arch = "; ".join(f"{arch}: {', '.join(n for n, t in targets.items() if t.arch == arch)}"
                             for arch in PLATFORMS)
-        raise EnvbuildError(f"--cpu-target '{req.cpu_target}' is not a known CPU target;{did} Known targets by "
+        raise EnvbuildError(f"--cpu-target {grammar.shown(req.cpu_target)} is not a known CPU target;{did} Known targets by "
                             f"architecture: {by_arch} (default: {DEFAULT_CPU_TARGET} on x86_64, the GPU's host "
                             f"CPU on aarch64: neoverse-v2 for Grace).")
     pspec = user_specifier("--python", req.python) if req.python else None
@@ -528,6 +530,20 @@ def _retag(ref: str, want: tuple[str, str]) -> Optional[str]:
     return f"{name}:{new}" if new != tag else None
 
 
+def unpinned(ref: str) -> Optional[str]:
+    """Why image `ref` may be another image tomorrow (rule base-pinned), or None: it names no tag
+    (Docker reads `latest`) or the tag `latest`, and no digest. hadolint refuses both in a
+    FROM line (DL3006, DL3007)."""
+    _, tag, digest = split_reference(ref)
+    if digest:
+        return None
+    if tag is None:
+        return "names no tag, so a build takes whatever `latest` is that day"
+    if tag == "latest":
+        return "names the tag `latest`, which moves"
+    return None
+
+
 def check_base_images(m, stack, req) -> None:
     """A --base-image/--builder-image must be the stack's distro release (the venv is built
     with that release's Python and copied between the stages); a named CUDA builder must be
@@ -538,6 +554,12 @@ def check_base_images(m, stack, req) -> None:
     for flag, ref, own in images:
         if not ref:
             continue
+        why = unpinned(ref)
+        if why:
+            name = split_reference(ref)[0]
+            raise EnvbuildError(f"{flag} {ref!r} {why} (rule base-pinned: the image built would not be the one "
+                                f"rendered, and hadolint refuses such a FROM line). Nearest valid choices: {flag} "
+                                f"{name}:<release tag> or {name}@sha256:<digest>, or leave it out for the stack's {own}.")
         have = image_release(ref)
         if want and have and have != want:
             same_release = sorted(s.id for s in m.stacks if _family_release(s.os) == have)

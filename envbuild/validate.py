@@ -10,8 +10,9 @@ What is checked here, and what is not:
   the distro release its name or tag names (``ubuntu:22.04``, ``...-ubuntu22.04``,
   ``debian:bookworm-slim``, ``python:3.11-slim-trixie``) must be the stack's; a builder
   named ``.../cuda:X.Y...`` must be a ``devel`` image of the stack's CUDA. Nothing is
-  pulled: a name that carries no release (a private mirror's ``base:v3``, a digest, a
-  moving tag such as ``latest``) is accepted without a claim.
+  pulled: a name that carries no release (a private mirror's ``base:v3``, a digest) is
+  accepted without a claim; one with no tag, or the tag ``latest``, and no digest is refused
+  (it moves: the rule base-pinned).
 - ``--apt-mirror`` / ``--pip-index-url`` / ``--torch-index-url``: http(s) URLs.
 - ``--env``: names, characters that would break the Dockerfile or ``%environment``,
   ``PATH`` (refused: see :func:`check_env`); warnings for overrides that bring back what
@@ -45,14 +46,14 @@ def check_url(flag: str, url: Optional[str]) -> None:
     """--pip-index-url / --torch-index-url / --apt-mirror / --source-mirror: an http(s) URL with a host."""
     if url is None:
         return
-    shown = _redact(url)
+    shown = grammar.shown(_redact(url), limit=200)[1:-1]  # control characters escaped: one paragraph
     example = {"--apt-mirror": "https://mirror.example.com",
                "--pip-index-url": "https://pypi.example.com/simple",
                "--torch-index-url": "https://mirror.example.com/whl/cu128",
                "--source-mirror": "http://127.0.0.1:8765"}[flag]
     if not url.strip():
         raise EnvbuildError(f"{flag} is empty; give an http(s) URL such as {example}, or leave the option out.")
-    bad = sorted({c for c in url if c.isspace() or ord(c) < 32 or ord(c) == 127})
+    bad = sorted({c for c in url if c.isspace()} | set(grammar.control_characters(url)))
     if bad:
         raise EnvbuildError(f"{flag} '{shown}' contains {' '.join(repr(c) for c in bad)}; a URL has no spaces or "
                             f"control characters (write a space as %20), e.g. {example}.")

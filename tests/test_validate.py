@@ -36,6 +36,9 @@ def _render(monkeypatch, capsys, tmp_path, *args):
 
 
 REFUSED = [
+    (["--gpu", "h20", "--base-image", "ubuntu:latest"], ["--base-image 'ubuntu:latest' names the tag `latest`",
+                                                         "rule base-pinned", "ubuntu@sha256:<digest>"]),
+    (["--gpu", "h20", "--builder-image", "registry.corp/cuda"], ["names no tag", "registry.corp/cuda:<release tag>"]),
     # (arguments, words the one-paragraph message must contain)
     # --image-repo: OCI repository grammar, no tag or digest
     (["--gpu", "h20", "--image-repo", "My Repo"], ["--image-repo 'My Repo' is not a valid OCI repository name",
@@ -146,7 +149,6 @@ ACCEPTED = [
     ["--gpu", "h20", "--image-repo", "localhost/x__y.z"],
     ["--gpu", "h20", "--base-image", "registry.corp/base:v3"],  # no release in the name: no claim
     ["--gpu", "h20", "--base-image", f"ubuntu@{SHA}"],
-    ["--gpu", "h20", "--base-image", "ubuntu:latest"],
     ["--gpu", "h20", "--base-image", "mirror.example.com/library/ubuntu:24.04"],
     ["--gpu", "h20", "--builder-image", "nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04"],
     ["--gpu", "h20", "--stack", "torch2.11-cu130-py3.11-pypi", "--base-image", "local/debian:12-slim"],

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import __version__
+from .. import __version__, grammar
 from ..errors import EnvbuildError
 
 out = Console(highlight=False, soft_wrap=True)
@@ -154,7 +154,9 @@ def run():
     try:
         main.main(standalone_mode=False)
     except EnvbuildError as e:
-        err.print(f"envbuild: error: {e.message}", markup=False)
+        # Whatever a message quotes (a value, a tool's output), no control character but a line
+        # break or a tab reaches the terminal; the places that quote a value escape those too.
+        err.print(f"envbuild: error: {grammar.escaped(e.message, keep=chr(10) + chr(9))}", markup=False)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:  # click's name for a Ctrl-C inside a command
         err.print("envbuild: interrupted", markup=False)

@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import yaml
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import EnvbuildError, nearest
-from .files import read_text
+from .files import read_text, read_yaml
 from .lock import LOCK_DIR, Lock, parse_lock
 
 ALLOWLIST = "vulnerabilities.yaml"  # in the matrix directory; optional
@@ -43,7 +42,7 @@ SERVICE_ENV = "ENVBUILD_VULNERABILITY_SERVICE"
 SERVICES = ("pypi", "osv")  # pip-audit's names: PyPI's JSON API (the default), api.osv.dev
 # Advisory ids as the databases write them: PYSEC-2017-94, GHSA-cq27-v7xp-c356, CVE-2013-7459,
 # and OSV's other prefixes (PREFIX-...), upper-case letters, digits and '-'.
-ADVISORY_ID = re.compile(r"^(GHSA(-[23456789cfghjmpqrvwx]{4}){3}|[A-Z][A-Z0-9]*(-[A-Za-z0-9._]+)+)$")
+ADVISORY_ID = re.compile(r"^(GHSA(-[23456789cfghjmpqrvwx]{4}){3}|[A-Z][A-Z0-9]*(-[A-Za-z0-9._]+)+)\Z")
 PIP_AUDIT_TIMEOUT = 900  # seconds for one pip-audit run (a lock of 50 packages: about 5 s)
 
 
@@ -92,14 +91,12 @@ def load_allowlist(matrix_dir: Path) -> list[Allowance]:
     """The matrix's allowlist (none without the file), each entry checked: a malformed one is
     refused with its place in the file, never ignored."""
     path = Path(matrix_dir) / ALLOWLIST
-    if not path.is_file():
+    if not os.path.lexists(path):  # a FIFO or a device there is refused below, not read as "no allowlist"
         return []
-    text = read_text(path, "vulnerability allowlist", "matrix")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise EnvbuildError(f"vulnerability allowlist {path} is not YAML ({str(e).splitlines()[0]}); it holds a "
-                            f"list `allow` of entries such as:\n{EXAMPLE}") from None
+        data = read_yaml(path, "vulnerability allowlist")  # regular, bounded, UTF-8, bounded YAML
+    except EnvbuildError as e:
+        raise EnvbuildError(f"{e.message} It holds a list `allow` of entries such as:\n{EXAMPLE}") from None
     try:
         return AllowFile.model_validate(data if data is not None else {}).allow
     except ValidationError as e:
@@ -119,7 +116,7 @@ def service_from(value: Optional[str]) -> str:
     """--vulnerability-service (or $ENVBUILD_VULNERABILITY_SERVICE): pypi (default), osv, or the
     URL of an OSV-compatible query endpoint (a mirror of api.osv.dev/v1/query)."""
     value = (value or os.environ.get(SERVICE_ENV) or "pypi").strip()
-    if value in SERVICES or re.match(r"^https?://[^\s/]+(/\S*)?$", value):
+    if value in SERVICES or re.match(r"^https?://[^\s/]+(/\S*)?\Z", value):
         return value
     raise EnvbuildError(f"--vulnerability-service '{value}' is not pypi (PyPI's vulnerability data, the default), "
                         f"osv (api.osv.dev) or the http(s) URL of an OSV-compatible query endpoint, such as "

@@ -37,7 +37,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from .errors import EnvbuildError
-from .files import is_temp_name, locked, remove_stale_temps, sha256_file, signals_held, temp_path, write_temp
+from .files import is_temp_name, locked, read_bytes, remove_stale_temps, sha256_file, signals_held, temp_path, write_temp
 
 RECORD = ".envbuild-files"
 _RECORD_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
@@ -116,9 +116,9 @@ def _output_dir(out: Path) -> Path:
 
 
 def _looks_like_old_render(out: Path) -> bool:
-    try:
-        return "envbuild" in json.loads((out / "manifest.json").read_text())
-    except (OSError, ValueError, TypeError):
+    try:  # a FIFO or a device named manifest.json is no old render (and must not block the read)
+        return "envbuild" in json.loads(read_bytes(out / "manifest.json", "manifest", "record"))
+    except (EnvbuildError, ValueError, TypeError):
         return False
 
 

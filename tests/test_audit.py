@@ -88,7 +88,7 @@ def test_an_entry_for_another_package_does_not_allow_the_advisory(vulnerable, os
     ("allow:\n  - id: PYSEC-2017-94\n    reason: ' '\n    expires: 2099-01-01\n", "the reason is empty"),
     ("allow:\n  - id: PYSEC-2017-94\n    reason: r\n    expires: next year\n", "at allow.0.expires"),
     ("allow:\n  - id: PYSEC-2017-94\n    reason: r\n    expires: 2099-01-01\n    until: x\n", "allow.0.until"),
-    ("allow: [\n", "is not YAML"),
+    ("allow: [\n", "is not valid YAML"),
     ("ignore: [PYSEC-2017-94]\n", "at ignore"),
 ])
 def test_a_malformed_allowlist_is_refused_with_exit_2_naming_the_entry(vulnerable, osv, text, said):

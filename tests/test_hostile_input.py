@@ -198,6 +198,49 @@ def test_a_newline_in_a_labs_base_image_is_refused_by_the_loader_naming_file_and
     assert not (tmp_path / "o").exists()
 
 
+# ---------------------------------------------------------------- hostile YAML in every matrix file
+
+from conftest import ROOT  # noqa: E402
+
+SHIPPED = ROOT / "matrices"
+# Structure no matrix file has: nesting 50,000 deep (PyYAML's composer recursed once per level:
+# RecursionError), aliases (a few nested ones expand to billions of nodes), another encoding,
+# random bytes, a link to an endless device, a FIFO no one writes, a list where a mapping is due.
+YAML_HOSTILE = {
+    "nested 50,000 deep": (lambda p: p.write_text("x: " + "[" * 50_000 + "]" * 50_000 + "\n"), "nesting deeper than"),
+    "aliases": (lambda p: p.write_text("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nc: [*b, *b]\n"), "alias"),
+    "UTF-16": (lambda p: p.write_bytes(p.read_text().encode("utf-16")), "not UTF-8 text"),
+    "binary": (lambda p: p.write_bytes(bytes(range(256)) * 4), "not UTF-8 text"),
+    "a link to /dev/zero": (lambda p: (p.unlink(), p.symlink_to("/dev/zero")), "is a character device"),
+    "a FIFO": (lambda p: (p.unlink(), os.mkfifo(p)), "is a FIFO"),
+    "a list": (lambda p: p.write_text("- 1\n- 2\n"), ""),
+}
+# The command that reads each file (every matrix file the shipped matrix has).
+READER = {"known_issues.yaml": ["doctor", "{log}"], "publish.yaml": ["ci", "-o", "{out}/publish.yml"],
+          "vulnerabilities.yaml": ["audit", "--vulnerability-service", "http://127.0.0.1:9/v1/query"]}
+YAML_CASES = [(name, kind) for name in sorted(p.name for p in SHIPPED.glob("*.yaml")) for kind in YAML_HOSTILE]
+
+
+def test_every_matrix_file_is_covered():
+    assert {name for name, _ in YAML_CASES} >= {"stacks.yaml", "known_issues.yaml", "publish.yaml", "gpus.yaml"}
+
+
+@pytest.mark.parametrize("name, kind", YAML_CASES, ids=[f"{n} {k}" for n, k in YAML_CASES])
+def test_hostile_yaml_in_any_matrix_file_is_exit_2_naming_it(tmp_path, name, kind):
+    matrix = tmp_path / "matrices"
+    shutil.copytree(SHIPPED, matrix)
+    make, words = YAML_HOSTILE[kind]
+    make(matrix / name)
+    log = tmp_path / "train.log"
+    log.write_text("step 1\n")
+    out = tmp_path / "out"
+    command = [a.format(log=log, out=out) for a in READER.get(name, ["render", "--gpu", "h20", "-o", "{out}"])]
+    with alarm_deadline(60, f"envbuild {' '.join(command)} blocked on {name} ({kind})"):
+        r = envbuild(*command, "--matrix-dir", str(matrix))
+    refused(r, str(matrix / name), words)
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------- what a rendered file holds
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -371,3 +414,68 @@ def test_any_matrix_string_field_is_refused_naming_it_or_rendered_as_data(tmp_pa
         assert not out.exists()
         return
     assert_holds_as_data(out, baselines[request_index])
+
+
+# Every string option of `render` that reaches a rendered file or a build secret, with a value a
+# render accepts (the baseline): a hostile value, alone or around that one, is refused naming
+# the option or rendered as data, never a new instruction.
+OPTION_BASELINES = {
+    "--env": "ENVBUILD_PROBE=benign",
+    "--base-image": "nvidia/cuda:13.0.2-base-ubuntu24.04",
+    "--builder-image": "nvidia/cuda:13.0.2-devel-ubuntu24.04",
+    "--registry": "127.0.0.1:5000",
+    "--image-repo": "localhost:5000/envbuild",
+    "--pip-index-url": "https://pypi.example/simple",
+    "--torch-index-url": "https://download.example/whl",
+    "--apt-mirror": "https://mirror.example",
+    "--source-mirror": "http://127.0.0.1:8799",
+    "--cpu-target": "x86-64-v3",
+}
+
+
+@pytest.fixture(scope="module")
+def option_baselines(tmp_path_factory):
+    out = {}
+    for option, value in OPTION_BASELINES.items():
+        d = tmp_path_factory.mktemp("baseline") / "o"
+        r = envbuild("render", "--gpu", "h20", option, value, "--matrix-dir", str(FIXTURE_MATRIX), "-o", str(d))
+        assert r.code == 0, (option, r.err)
+        out[option] = {p.name: p.read_text() for p in d.iterdir() if p.is_file() and p.suffix in ("", ".def")}
+    return out
+
+
+@st.composite
+def option_values(draw):
+    option = draw(st.sampled_from(sorted(OPTION_BASELINES)))
+    benign, hostile = OPTION_BASELINES[option], draw(HOSTILE)
+    return option, draw(st.sampled_from([hostile, benign + hostile, hostile + benign]))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(option_value=option_values())
+def test_any_string_option_is_refused_naming_it_or_rendered_as_data(tmp_path_factory, option_baselines, option_value):
+    option, value = option_value
+    out = tmp_path_factory.mktemp("o") / "o"
+    r = envbuild("render", "--gpu", "h20", option, value, "--matrix-dir", str(FIXTURE_MATRIX), "-o", str(out))
+    assert r.code in (0, 2), (r.code, r.err[-3000:])
+    if r.code == 2:
+        refused(r, option)
+        # The value is quoted with its control characters escaped (a newline cannot be told from
+        # the terminal's own wrapping here; test_jobs.py checks it for --time and --image).
+        assert not [c for c in value if c not in "\n\t" and (ord(c) < 32 or 127 <= ord(c) < 160) and c in r.err], r.err
+        assert not out.exists()
+        return
+    assert_holds_as_data(out, option_baselines[option])
+
+
+def test_a_fifo_named_manifest_json_in_the_output_directory_does_not_block_render(work):
+    """render asks whether -o holds an old render by reading its manifest.json: a FIFO there
+    blocked it for ever."""
+    (work / "o").mkdir()
+    os.mkfifo(work / "o" / "manifest.json")
+    before = listing(work)
+    with alarm_deadline(60, "render blocked on a FIFO named manifest.json"):
+        r = envbuild("render", "--gpu", "h20", "-o", "o")
+    refused(r, "o")
+    assert listing(work) == before

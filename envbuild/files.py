@@ -47,6 +47,7 @@ LIMITS = {
     "markdown": 8 * MIB,      # README.md / docs pages with generated blocks
     "record": 16 * MIB,       # an image's build record / a render's file record
     "key": 1 * MIB,           # a PEM signing or verification key: a few KiB (RSA-4096: 3 KiB)
+    "workflow": 1 * MIB,      # a GitHub Actions workflow `envbuild ci` writes: 20 KiB
 }
 LOCK_WAIT_S = 120  # how long a run waits for another one writing into the same directory
 
@@ -71,7 +72,7 @@ _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device
 # What each kind of file is, and an example of one, for the messages.
 _NOUN = {"ca": "CA bundle", "requirements": "requirements file", "project": "project file",
          "matrix": "matrix file", "markdown": "Markdown page", "record": "record",
-         "key": "key"}
+         "key": "key", "workflow": "workflow"}
 _EXAMPLE = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt",
             "requirements": "a requirements file of the packages to add (one per line)",
             "project": "an envbuild.yaml of a few lines",
@@ -79,6 +80,7 @@ _EXAMPLE = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.c
             "markdown": "a Markdown file with envbuild's generated blocks",
             "record": "the file envbuild wrote",
             "key": "the PEM key file itself (openssl genpkey / openssl pkey -pubout write one)",
+            "workflow": "the workflow `envbuild ci -o FILE` wrote",
             "squashfs": "a .sqsh that `envbuild export --enroot` wrote",
             "ext-cache": "a file `envbuild ext-cache save` wrote"}
 

@@ -138,6 +138,7 @@ CASES = [
     (["readme-tables", "--check", "fifo.md"], ["fifo.md is a FIFO"]),
     (["rebuild", "fifo.json"], ["fifo.json is a FIFO"]),
     (["ext-cache", "load", "fifo.txt"], ["fifo.txt is a FIFO"]),
+    (["ci", "--check", "-o", "fifo.md"], ["workflow fifo.md is a FIFO", "the workflow `envbuild ci -o FILE` wrote"]),
     # messages that named the wrong thing
     (["ext-cache", "load", "/dev/null"], ["/dev/null is a character device, not a regular file", "ext-cache save"]),
     (["ci", "--check", "-o", "mine.yml"], ["mine.yml exists and envbuild did not write it", "--check"]),

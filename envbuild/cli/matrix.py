@@ -151,7 +151,7 @@ def ci(output, check, matrix_dir):
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     workflows = workflows_for(m, output)
     if check:
-        present = {p: read_bytes(p, "workflow", "markdown") for p in workflows if os.path.lexists(p)}
+        present = {p: read_bytes(p, "workflow", "workflow") for p in workflows if os.path.lexists(p)}
         foreign = [str(p) for p, data in present.items() if not is_generated_workflow(data)]
         if foreign:  # the user's own file: not envbuild's to call missing or stale
             raise EnvbuildError(f"{', '.join(foreign)} exists and envbuild did not write it (its first line does not "

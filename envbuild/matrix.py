@@ -242,17 +242,24 @@ class NodeCondition(_Strict):
     _v = field_validator("driver_below")(lambda v: v if v is None else _driver(v))
 
 
-def _env_name(v: str) -> str:
-    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", v):
-        raise ValueError(f"expected an environment variable name like NCCL_DEBUG, got {v!r}")
-    return v
+def _matching(pattern: str, like: str, prepare=lambda v: v):
+    """A field validator: the value, if `prepare(value)` is all of `pattern`; else why not."""
+    def check(v: str) -> str:
+        if not re.fullmatch(pattern, prepare(v)):
+            raise ValueError(f"expected {like}, got {v!r}")
+        return v
+    return check
 
 
-def _op_switch(v: str) -> str:
-    """An op's build switch, DS_BUILD_<env>: a build argument and an environment name."""
-    if not re.fullmatch(r"[A-Z0-9_]+", v):
-        raise ValueError(f"expected the part after DS_BUILD_ of a DeepSpeed build switch, like FUSED_ADAM, got {v!r}")
-    return v
+_env_name = _matching(r"[A-Z_][A-Z0-9_]*", "an environment variable name like NCCL_DEBUG")
+# An op's build switch, DS_BUILD_<env>: a build argument and an environment name.
+_op_switch = _matching(r"[A-Z0-9_]+", "the part after DS_BUILD_ of a DeepSpeed build switch, like FUSED_ADAM")
+# A Debian package name (Debian Policy 5.6.1), `{python}` standing for the family's Python
+# package: a word of an apt-get line in a RUN instruction and %post.
+_package = _matching(r"[a-z0-9][a-z0-9+.-]+", "a Debian package name like 'libaio-dev' or '{python}-dev'",
+                     lambda v: v.replace("{python}", "python3"))
+_host = _matching(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*",
+                  "a host name like 'deb.debian.org'")
 
 
 def _env_value(v: str) -> str:
@@ -533,6 +540,11 @@ class Family(_Strict):
     source: str
 
     _g = field_validator("gcc")(_version)
+    _p = field_validator("python")(lambda v: {_version(k): _package(p) for k, p in v.items()})
+    _k = field_validator("builder_packages", "runtime_packages", "compiler_packages")(lambda v: [_package(p) for p in v])
+    _c = field_validator("capabilities")(lambda v: {c: {s: [_package(p) for p in ps] for s, ps in by.items()}
+                                                    for c, by in v.items()})
+    _h = field_validator("mirror_hosts")(lambda v: [_host(h) for h in v])
 
 
 class ToolchainInstall(_Strict):

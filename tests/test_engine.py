@@ -48,6 +48,9 @@ class FakeEngine:
         self.pulled_id = pulled_id
         self.calls: list[tuple] = []
 
+    def check_usable(self):
+        pass  # always usable: the images live in this object
+
     def build(self, context, tags, secrets, log_path, on_step=None, extra_args=()):
         self.calls.append(("build", str(context), list(tags)))
         Path(log_path).write_text("log\n")

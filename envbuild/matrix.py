@@ -1101,6 +1101,8 @@ def _load_file(path: Path):
         for err in errs[:3]:
             where = _locate(err["loc"], data) or "(top level)"
             msg = err["msg"].removeprefix("Value error, ")
+            if isinstance((err.get("ctx") or {}).get("error"), grammar.GrammarError) and isinstance(err["input"], str):
+                msg = f"{grammar.shown(err['input'])}: {msg}"  # a grammar's reason names no value: name it here
             parts.append(f"at {where}: {msg}")
         more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
         raise EnvbuildError(f"matrix file {path} is malformed {'; '.join(parts)}{more}.") from None

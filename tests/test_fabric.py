@@ -130,7 +130,7 @@ def test_a_fabric_build_path_must_be_absolute(matrix_copy):
     (matrix_copy / "fabrics.yaml").write_text(text)
     with pytest.raises(EnvbuildError) as e:
         load_matrix(matrix_copy)
-    assert "expected an absolute path" in e.value.message and "opt/amazon/efa" in e.value.message
+    assert "build.prefix: 'opt/amazon/efa': it is not an absolute path" in e.value.message
 
 
 @pytest.fixture
@@ -270,11 +270,18 @@ def test_render_summary_and_json_name_the_fabric(tmp_path):
     assert "fabric       ib: NCCL net IB (libibverbs1" in r.stdout
 
 
+class _NoAliases(yaml.SafeDumper):
+    """Writes a value shared by two entries out twice: envbuild's loader refuses YAML aliases."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
 def _with_fabric(matrix_dir: Path, **changes) -> None:
     path = matrix_dir / "fabrics.yaml"
     data = yaml.safe_load(path.read_text())
     data["fabrics"].append({**data["fabrics"][0], "name": "test-fabric", "aliases": [], "tag": "tf", **changes})
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml.dump(data, Dumper=_NoAliases, sort_keys=False))
 
 
 def test_a_fabric_the_os_cannot_carry_is_rejected_by_rule_fabric_os(matrix_copy):

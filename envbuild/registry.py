@@ -191,7 +191,7 @@ def check_image_reference(flag: str, ref: Optional[str]) -> None:
     if problems:
         fixed = sanitize_repository(name, default="ubuntu")
         if tag is not None:
-            clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag).lstrip(".-")[:TAG_MAX]
+            clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag).strip(".-")[:TAG_MAX]  # a stray newline is no "-" to keep
             fixed += f":{clean}" if clean else ""
         if digest is not None and DIGEST_RE.match(digest):
             fixed += f"@{digest}"

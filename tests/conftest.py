@@ -18,6 +18,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# The property tests: the same examples every run of the fast suite (a property that found a bug
+# in one run and not the next would be a flaky test), fresh ones in the long opt-in run
+# (ENVBUILD_PROPERTY_EXAMPLES, tests/property_settings.py), where exploring is the point.
+hypothesis_settings.register_profile("fast", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore", derandomize=False, database=None)
+hypothesis_settings.load_profile("explore" if os.environ.get("ENVBUILD_PROPERTY_EXAMPLES") else "fast")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_MATRIX = ROOT / "tests" / "fixtures" / "matrix"

@@ -36,8 +36,8 @@ def test_the_layers_contract_can_fail(tmp_path):
     copy = tmp_path / "src"
     shutil.copytree(ROOT / "envbuild", copy / "envbuild", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    matrix = copy / "envbuild" / "matrix.py"
-    matrix.write_text(matrix.read_text() + "\nfrom . import render  # noqa: E402,F401\n")
+    matrix = copy / "envbuild" / "matrix" / "loader.py"
+    matrix.write_text(matrix.read_text() + "\nfrom .. import render  # noqa: E402,F401\n")
     r = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=copy, capture_output=True, text=True,
                        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0 and "envbuild.matrix is not allowed to import envbuild.render" in r.stdout, r.stdout

@@ -1,0 +1,30 @@
+"""The compatibility matrix (``matrices/*.yaml``), loaded and validated.
+
+The matrix is data, not code: four YAML files validated by pydantic models, so a
+malformed file fails with the file, the path of the bad field and what was expected.
+Cross-file checks (a stack naming an unknown torch release, a stack that breaks a rule)
+run once here, at load time, so the resolver can trust what it gets.
+
+The package in layers (import-linter holds them): ``fields`` (the grammar of each kind of
+value and the strict base model), ``files/`` (one module of models per YAML file), ``core``
+(the ``Matrix`` and its lookups), ``loader`` (reading, validating, the checks across files).
+
+Examples
+--------
+>>> m = load_matrix()
+>>> m.gpu("H20").cc
+'9.0'
+"""
+
+from .core import BASE_DIGESTS, Matrix
+from .files.torch_yaml import TorchFile, TorchRelease
+from .files.deepspeed_yaml import Aarch64Facts, DeepspeedFile, DsRelease, Op, TritonRule
+from .files.gpus_yaml import CpuTarget, EnvDefault, GpuProfile, GpuRequires, GpusFile, IMAGE_ENV_FIELDS, ImageEnv, NodeCondition, NotBaked, OutOfScope, VariableGrammar
+from .files.cuda_yaml import CudaFile, DriverFloor, GenerationDriverFloor
+from .files.bases_yaml import AptArchive, AptPorts, AptSource, BasesFile, Family, Toolchain, ToolchainInstall
+from .files.fabrics_yaml import Fabric, FabricBuild, FabricFile, FabricRequires, FabricSource, FabricsFile
+from .files.extensions_yaml import CudaExtension, ExtensionSdist, ExtensionsFile, NotPrebuilt, SourcePatch
+from .files.stacks_yaml import BaseImages, EXTENSIONS, PUBLISH, PublishFile, Stack, StacksFile
+from .loader import FILES, load_matrix, load_publish
+
+__all__ = ["Aarch64Facts", "AptArchive", "AptPorts", "AptSource", "BASE_DIGESTS", "BaseImages", "BasesFile", "CpuTarget", "CudaExtension", "CudaFile", "DeepspeedFile", "DriverFloor", "DsRelease", "EXTENSIONS", "EnvDefault", "ExtensionSdist", "ExtensionsFile", "FILES", "Fabric", "FabricBuild", "FabricFile", "FabricRequires", "FabricSource", "FabricsFile", "Family", "GenerationDriverFloor", "GpuProfile", "GpuRequires", "GpusFile", "IMAGE_ENV_FIELDS", "ImageEnv", "Matrix", "NodeCondition", "NotBaked", "NotPrebuilt", "Op", "OutOfScope", "PUBLISH", "PublishFile", "SourcePatch", "Stack", "StacksFile", "Toolchain", "ToolchainInstall", "TorchFile", "TorchRelease", "TritonRule", "VariableGrammar", "load_matrix", "load_publish"]

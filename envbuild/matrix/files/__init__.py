@@ -1,0 +1,1 @@
+"""The models of the matrix files, one module per YAML file."""

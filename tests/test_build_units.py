@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from envbuild import build, publish
+from envbuild import build, buildsteps, publish
 from envbuild import verdict as smoke
 from envbuild.engine import docker as docker_engine
 from envbuild.errors import EnvbuildError
@@ -143,13 +143,12 @@ def test_verify_ops_reads_the_record_without_importing_deepspeed(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
     pkg = tmp_path / "deepspeed"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise RuntimeError('no driver')\n")
     (pkg / "git_version_info_installed.py").write_text(
         "installed_ops = {'cpu_adam': 1, 'fused_adam': 0}\naccelerator_name = 'cuda'\n")
-    script = ROOT / "templates" / "files" / "steps" / "verify_ops.py"
+    script = buildsteps.path("verify_ops.py")
     run = lambda *ops: subprocess.run([sys.executable, str(script), *ops], capture_output=True, text=True,  # noqa: E731
                                       env={"PYTHONPATH": str(tmp_path)})
     assert run("cpu_adam").returncode == 0
@@ -209,7 +208,7 @@ def test_pip_check_names_nvidia_s_sbsa_wheel_tag_and_fails_everything_else(tmp_p
     import sys
 
     from conftest import ROOT
-    script = ROOT / "templates" / "files" / "steps" / "pip_check.py"
+    script = buildsteps.path("pip_check.py")
     spec = importlib.util.spec_from_file_location("pip_check", script)
     pip_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pip_check)
@@ -273,3 +272,15 @@ def test_os_drop_purges_only_the_installed_matches(tmp_path, status, purged):
     argv = tmp_path / "dpkg.argv"
     assert (argv.read_text().strip() if argv.exists() else None) == purged
     assert ("purged the base image's libnccl2 libnccl-dev" in r.stderr) is (purged is not None)
+
+
+@pytest.mark.parametrize("name", ["pip_check.py", "sass_audit.py"])
+def test_the_build_stage_scripts_examples_hold(name):
+    """Their doctests, which pytest does not collect (the package holds scripts that run at import)."""
+    import doctest
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), buildsteps.path(name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert doctest.testmod(module).attempted > 0 and doctest.testmod(module).failed == 0

@@ -27,8 +27,9 @@ from envbuild.plan import stack_plan
 from envbuild.resolve import Request, explain_rows, resolve
 
 STEPS = ROOT / "templates" / "files" / "steps"
-sys.path.insert(0, str(STEPS))
-import sass_audit  # noqa: E402  (a build step script: stdlib only, run in the builder)
+BUILD_PYTHON = ROOT / "envbuild" / "buildsteps"
+sys.path.insert(0, str(BUILD_PYTHON))
+import sass_audit  # noqa: E402  (a build step script: stdlib only, run in the builder as a top-level module)
 
 FIXTURES = ROOT / "tests" / "fixtures" / "extensions"
 
@@ -221,7 +222,7 @@ def _step():
     """The build step extensions.py (stdlib only, run in the builder), as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("envbuild_extensions_step", STEPS / "extensions.py")
+    spec = importlib.util.spec_from_file_location("envbuild_extensions_step", BUILD_PYTHON / "extensions.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from conftest import ROOT, tree
+from envbuild import buildsteps
 from envbuild.errors import EnvbuildError
 from envbuild.extend import EXTEND_LOCK_SOURCE, Extension
 from envbuild.lock import parse_lock
@@ -59,7 +60,16 @@ def test_golden(matrix, case):
         elif k.startswith(VERBATIM + "steps/os-lock-"):  # a stage's part of it (tests/test_oslock.py)
             continue
         elif k.startswith(VERBATIM) and k not in GENERATED:
-            assert v == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
+            assert v == _source(k).read_bytes()
+
+
+def _source(build_path: str):
+    """What a verbatim file of the build directory is a copy of: a bash step or other file of
+    templates/files, or a build-stage script of envbuild/buildsteps."""
+    name = build_path.rsplit("/", 1)[1]
+    if build_path.startswith(VERBATIM + "steps/") and name in buildsteps.SCRIPTS:
+        return buildsteps.path(name)
+    return ROOT / "templates" / "files" / build_path[len(VERBATIM):]
 
 
 # An extension image is a plan like any other: one stage on the stack image, rendered by the same
@@ -87,7 +97,7 @@ def test_golden_extension(matrix):
     steps = {k for k in files if k.startswith(VERBATIM + "steps/")}
     assert steps == {f"envbuild/steps/{n}" for n in ("lib.sh", "extend.sh", "import_check.py", "pip_check.py")}
     for k in steps:
-        assert files[k] == (ROOT / "templates" / "files" / k[len(VERBATIM):]).read_bytes()
+        assert files[k] == _source(k).read_bytes()
 
 
 def test_an_extension_tag_obeys_the_one_tag_rule(matrix):

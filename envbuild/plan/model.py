@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .. import buildsteps
 from .. import image as image_package
 from ..emulation import QEMU_CPU_SYSFS, qemu_cpu_stub
 from ..image import paths
@@ -141,8 +142,8 @@ def build_files(steps, image_files: Copy, qemu: bool = False, generated=(), pack
         name = posixpath.basename(copy.source)
         if copy.source in generated or copy.source == MANIFEST_NAME:  # written from the plan
             continue
-        if copy.source.startswith(STEPS_SOURCE + "/"):
-            out[copy.source] = files / "steps" / name
+        if copy.source.startswith(STEPS_SOURCE + "/"):  # a bash step, or the build stage's Python
+            out[copy.source] = buildsteps.path(name) if name in buildsteps.SCRIPTS else files / "steps" / name
         else:
             out[copy.source] = files / name
     return out

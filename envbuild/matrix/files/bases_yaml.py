@@ -86,7 +86,7 @@ class ToolchainInstall(_Strict):
     package: str
     extras: list[str]
     prefix: str
-    # NVIDIA's cuobjdump for the SASS audit (steps/sass_audit.py): the extra that installs it, and the
+    # NVIDIA's cuobjdump for the SASS audit (envbuild/buildsteps/sass_audit.py): the extra that installs it, and the
     # first toolkit release whose package offers it.
     audit_extra: Optional[str] = None
     audit_since: Optional[str] = None

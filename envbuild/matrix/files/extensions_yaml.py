@@ -47,7 +47,7 @@ class SourcePatch(_Strict):
 
 class CudaExtension(_Strict):
     """A CUDA extension compiled from its sdist in the builder stage, against the image's torch,
-    for the GPU profile's arches only (templates/files/steps/extensions.py), then verified:
+    for the GPU profile's arches only (envbuild/buildsteps/extensions.py), then verified:
     it imports with no undefined symbol and every shared library carries SASS for the GPU."""
 
     name: str  # the PyPI distribution name, as users write it in requirements

@@ -1,6 +1,6 @@
 """The CUDA extensions (--ext: flash-attn, causal-conv1d): compiled from their hash-checked
 sdists for the GPU's arches only, after DeepSpeed (an image without extensions shares every
-layer before), cached by what determines each wheel (steps/extensions.py), and recorded in the
+layer before), cached by what determines each wheel (envbuild/buildsteps/extensions.py), and recorded in the
 image (/opt/envbuild/built), which the final image copies from the builder."""
 
 from __future__ import annotations

@@ -336,15 +336,16 @@ def runs(shell: str, marker: str = MARKER) -> bool:
     return False
 
 
-def assert_holds_as_data(out: Path, baseline: dict[str, str]) -> None:
+def assert_holds_as_data(out: Path, baseline: dict[str, str], same_layout: bool = True) -> None:
     """A render that took a hostile value: its files pass their linters and keep the baseline's
     instructions, sections and shell commands; the value is text wherever it landed."""
     from spython.main.parse.parsers import SingularityParser
 
     files = {p.name: p.read_text(errors="replace") for p in out.iterdir() if p.suffix in ("", ".def") and p.is_file()}
-    assert instructions(files["Dockerfile"]) == instructions(baseline["Dockerfile"])
+    if same_layout:
+        assert instructions(files["Dockerfile"]) == instructions(baseline["Dockerfile"])
     for name in ("Singularity.def", "Singularity.standalone.def"):
-        if name in baseline:
+        if name in baseline and same_layout:
             assert definition_layout(files[name]) == definition_layout(baseline[name]), name
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 SingularityParser(str(out / name))  # spython's warnings: not failures
@@ -414,7 +415,9 @@ def test_any_matrix_string_field_is_refused_naming_it_or_rendered_as_data(tmp_pa
         assert name in r.message, (name, path, r.message)
         assert not out.exists()
         return
-    assert_holds_as_data(out, baselines[request_index])
+    # Another stack id is another stack: its lock (matrices/locks/<id>.<arch>.txt) is not found, and
+    # the image is rendered unlocked, as the summary says; the layout is not the baseline's then.
+    assert_holds_as_data(out, baselines[request_index], same_layout=not (name == "stacks.yaml" and path[-1] == "id"))
 
 
 # Every string option of `render` that reaches a rendered file or a build secret, with a value a

@@ -167,6 +167,22 @@ def test_one_nccl_passes_and_links_to_it_are_the_same_file(tmp_path):
     assert f"one NCCL in 1 site-packages, 2 library directories and ldconfig's cache: {lib} (also {lib_dir}/libnccl.so) (2.28.9)" == detail
 
 
+@needs_gcc
+def test_the_wheel_s_nccl_moved_to_its_layer_is_found_through_the_venv_s_symlink(tmp_path):
+    """layers.sh moves site-packages/nvidia/nccl to /opt/envbuild-layers/nccl/nvidia/nccl and leaves
+    a symlink: the walk follows it (the real CI image failed with 'no libnccl.so*' before), once."""
+    layer = tmp_path / "layers" / "nccl" / "nvidia" / "nccl"
+    lib = build_library(layer / "lib" / "libnccl.so.2", 23007)
+    site = tmp_path / "venv" / "site-packages"
+    (site / "nvidia").mkdir(parents=True)
+    os.symlink(layer, site / "nvidia" / "nccl")
+    os.symlink(site, site / "nvidia" / "loop")  # a link back into the tree is walked once
+    ok, detail = nccl.check_copies(MANIFEST, trees=[str(site)], dirs=[], ldconfig_text="")
+    assert ok, detail
+    assert str(site / "nvidia" / "nccl" / "lib" / "libnccl.so.2") in detail and "(2.30.7)" in detail
+    assert os.path.realpath(lib) == str(layer / "lib" / "libnccl.so.2")
+
+
 def test_an_nccl_only_ldconfig_knows_counts_and_none_fails_where_one_is_pinned(tmp_path):
     elsewhere = tmp_path / "opt" / "nccl"
     elsewhere.mkdir(parents=True)

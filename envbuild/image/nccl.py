@@ -188,7 +188,7 @@ def site_dirs() -> list[str]:
 
 
 def nccl_files(trees, dirs, listed=()) -> dict[tuple[int, int], list[str]]:
-    """Every libnccl.so* file under `trees` (recursively), in `dirs` (one level) and `listed`,
+    """Every libnccl.so* file under `trees` (recursively, through symlinked folders), in `dirs` (one level) and `listed`,
     grouped by the file they are (libnccl.so -> libnccl.so.2 -> libnccl.so.2.21.5 is one)."""
     found: dict[tuple[int, int], list[str]] = {}
 
@@ -201,8 +201,16 @@ def nccl_files(trees, dirs, listed=()) -> dict[tuple[int, int], list[str]]:
         if path not in names:
             names.append(path)
 
+    seen: set[str] = set()
     for tree in trees:
-        for root, subdirs, files in os.walk(tree):
+        # Through symlinks: layers.sh moves each nvidia-* wheel's package out of the venv into a
+        # layer of its own and leaves a symlink in its place (site-packages/nvidia/nccl -> ...).
+        for root, subdirs, files in os.walk(tree, followlinks=True):
+            real = os.path.realpath(root)
+            if real in seen:  # a link back into the tree: walked already
+                subdirs[:] = []
+                continue
+            seen.add(real)
             subdirs.sort()
             for name in sorted(files):
                 if LIBRARY.fullmatch(name):

@@ -18,7 +18,7 @@
 # The mirrors: git repositories (bare or not) holding the pinned commits, at
 # $FABRIC_MIRRORS/OWNER+REPO/repo: `git clone --mirror https://github.com/OWNER/REPO
 # $FABRIC_MIRRORS/OWNER+REPO/repo` wherever GitHub is reachable, then copy the directory over.
-# Default /work/.mirror: where the development machine without GitHub access keeps them.
+# FABRIC_MIRRORS has no default: `make` names it when it is not set.
 #
 # Why the sha256 is of the tar stream, not of the .tar.gz: GitHub makes /archive/ tarballs with
 # `git archive` (prefix REPO-COMMIT/, export-ignore honoured), so the uncompressed tar is the
@@ -27,7 +27,7 @@
 # templates/files/steps/fabric.sh checks the tar stream for that reason.
 set -euo pipefail
 
-MIRRORS=${FABRIC_MIRRORS:-/work/.mirror}
+MIRRORS=${FABRIC_MIRRORS:-}
 
 # name owner/repo commit tag tar-sha256 (tar-sha256: the uncompressed `git archive` stream),
 # one line per source of every fabric built from source, read from matrices/fabrics.yaml (the
@@ -50,6 +50,7 @@ die() { printf 'fabric-sources: %s\n' "$*" >&2; exit 1; }
 
 make_dir() {
     local dir=$1 name slug commit tag want git_dir repo out tar_sha gz_sha
+    [[ -n $MIRRORS ]] || die "set FABRIC_MIRRORS to the directory of git mirrors holding OWNER+REPO/repo for each source"
     mkdir -p "$dir"
     : > "$dir/SOURCES.tmp"
     for pin in "${PINS[@]}"; do

@@ -45,12 +45,15 @@ class OsvServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                query = json.loads(body)
-                served.queries.append(query)
-                vulns = [r for r in records if matches(r, query["package"]["name"], query["version"])]
-                data = json.dumps({"vulns": vulns} if vulns else {}, default=str).encode()
-                self.send_response(200)
+                try:
+                    body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    query = json.loads(body)
+                    served.queries.append(query)
+                    vulns = [r for r in records if matches(r, query["package"]["name"], query["version"])]
+                    data, status = json.dumps({"vulns": vulns} if vulns else {}, default=str).encode(), 200
+                except Exception as error:  # noqa: BLE001 - said to the client, not a dropped connection
+                    data, status = f"osv_server: {type(error).__name__}: {error}".encode(), 500
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -59,7 +62,10 @@ class OsvServer:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # a burst of connections waits instead of being refused
+
+        self.server = Server(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/query"
 
     def __enter__(self) -> "OsvServer":

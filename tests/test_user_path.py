@@ -340,6 +340,7 @@ def test_readme_fast_test_command_needs_only_the_test_extras():
     providers = metadata.packages_distributions()
     local = ({p.stem for p in (ROOT / "tests").glob("*.py")} | {"envbuild", "conftest"}
              | {p.stem for p in (ROOT / "templates" / "files").rglob("*.py")}  # in-image scripts, stdlib only
+             | {p.stem for p in (ROOT / "envbuild" / "buildsteps").glob("*.py")}  # build-stage scripts, the same
              | {p.stem for p in (ROOT / "tests" / "tools").glob("*.py")})
     for path in (ROOT / "tests").glob("test_*.py"):
         for node in ast.walk(ast.parse(path.read_text())):  # code only: not scripts held in strings

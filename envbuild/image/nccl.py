@@ -103,16 +103,27 @@ def _torch_reports():
         return None
 
 
+def loaded_library(maps_text: str) -> tuple[list[str], str | None]:
+    """(the libnccl files mapped, the file whose ncclGetVersion answers for this process): the one
+    mapped libnccl, else the libtorch_cuda.so that has NCCL linked in statically; None for none
+    (or for two mapped: which one a call reaches is the loader's choice)."""
+    libraries = mapped(maps_text)
+    if libraries:
+        return libraries, libraries[0] if len(libraries) == 1 else None
+    hosts = [p for p in mapped(maps_text, STATIC_HOST) if _exports_nccl(p)]
+    return [], hosts[0] if hosts else None
+
+
 def loaded_version() -> str | None:
-    """The version of the one libnccl this process has mapped (after `import torch`), else
-    torch's own report (a static NCCL, or two mapped: check_loaded says which); None without NCCL."""
+    """The version of the NCCL this process has loaded (after `import torch`), else torch's own
+    report (two mapped, or none readable: check_loaded says which); None without NCCL."""
     try:
-        files = mapped(_read_maps())
+        _, path = loaded_library(_read_maps())
     except OSError:
-        files = []
-    if len(files) == 1:
+        path = None
+    if path is not None:
         try:
-            return library_version(files[0])
+            return library_version(path)
         except (OSError, AttributeError):
             pass
     return _torch_reports()
@@ -131,18 +142,14 @@ def check_loaded(manifest: dict, maps_text: str | None = None, torch_reports: st
     if maps_text is None:
         torch_reports = _torch_reports()  # imports torch: what it loads is then mapped
         maps_text = _read_maps()
-    libraries = mapped(maps_text)
+    libraries, path = loaded_library(maps_text)
     if len(libraries) > 1:
         named = ", ".join(f"{path} ({_version_or_why(path)})" for path in libraries)
         return False, f"{len(libraries)} NCCL libraries are loaded in one process: {named}"
-    if libraries:
-        path, how = libraries[0], "loaded dynamically"
-    else:
-        hosts = [p for p in mapped(maps_text, STATIC_HOST) if _exports_nccl(p)]
-        if not hosts:
-            return False, ("torch loaded no libnccl.so* and no libtorch_cuda.so exporting ncclGetVersion: "
-                           f"this torch has no NCCL, but the image pins NCCL {want}")
-        path, how = hosts[0], "linked statically into torch"
+    if path is None:
+        return False, ("torch loaded no libnccl.so* and no libtorch_cuda.so exporting ncclGetVersion: "
+                       f"this torch has no NCCL, but the image pins NCCL {want}")
+    how = "loaded dynamically" if libraries else "linked statically into torch"
     have = library_version(path)
     data = {"path": path, "version": have, "linked": "dynamic" if libraries else "static",
             "torch_reports": torch_reports}

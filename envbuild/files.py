@@ -85,31 +85,51 @@ _EXAMPLE = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.c
             "ext-cache": "a file `envbuild ext-cache save` wrote"}
 
 
+def kind_of(mode: int) -> str:
+    """What a file of this mode is, in the words of the messages ('a FIFO (named pipe)')."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
 def _not_regular(path, what: str, kind: str, mode: int) -> EnvbuildError:
-    name = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-    return EnvbuildError(f"{what} {path} is {name}, not a regular file: envbuild reads the files it is given whole, "
-                         f"and a pipe or device may never end (or never start); give {_EXAMPLE[kind]}.")
+    return EnvbuildError(f"{what} {path} is {kind_of(mode)}, not a regular file: envbuild reads the files it is given "
+                         f"whole, and a pipe or device may never end (or never start); give {_EXAMPLE[kind]}.")
+
+
+class NotRegularFile(Exception):
+    """What :func:`open_checked` opened is not a regular file (its mode says what it is)."""
+
+    def __init__(self, mode: int):
+        super().__init__(kind_of(mode))
+        self.mode = mode
+
+
+def open_checked(path: Path | str):
+    """A binary file object of `path` if it is a regular file, checked on the descriptor: opened
+    without blocking (a FIFO with no writer opens at once instead of waiting for one), then made
+    blocking again. OSError as open raises it; NotRegularFile for anything but a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(mode)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def open_regular(path: Path | str, what: str, kind: str):
     """A binary file object of `path`, refused (exit 2) unless it is a regular file: checked with
-    stat before opening, opened without blocking (a FIFO put there in between opens at once
-    instead of waiting for a writer) and checked again on what was opened."""
+    stat before opening, and again on what was opened (:func:`open_checked`)."""
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
             raise _not_regular(path, what, kind, mode)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return open_checked(path)
+    except NotRegularFile as e:  # a FIFO put there in between
+        raise _not_regular(path, what, kind, e.mode) from None
     except OSError as e:
         missing = isinstance(e, FileNotFoundError) and not os.path.lexists(path)
         why = "no such file" if missing else (e.strerror or str(e))
         raise EnvbuildError(f"{what} {path}: cannot read it ({why}); check the path and its permissions.") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise _not_regular(path, what, kind, mode)
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def read_bytes(path: Path | str, what: str, kind: str) -> bytes:

@@ -17,7 +17,6 @@ import codecs
 import gzip
 import io
 import lzma
-import os
 import re
 import stat
 import sys
@@ -26,6 +25,7 @@ import zlib
 from typing import BinaryIO, Callable, Iterator, Optional
 
 from ..errors import EnvbuildError
+from ..files import NotRegularFile, kind_of, open_checked
 
 MAX_LINE = 64 * 1024
 CHUNK = 1 << 20
@@ -42,9 +42,6 @@ COMPRESSED = {
 UNSUPPORTED = {b"\x28\xb5\x2f\xfd": "zstd (decompress it first: zstd -d LOG)",
                b"PK\x03\x04": "a zip archive (unzip it first)",
                b"\x7fELF": "an ELF binary or core file"}
-NOT_REGULAR = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device",
-               stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
-
 # CSI sequences (colours, cursor moves), OSC sequences (titles, hyperlinks), other 2-byte escapes;
 # none reaches past the end of its line.
 ANSI_TEXT = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]"
@@ -109,18 +106,13 @@ class Budget:
 def open_regular(path: str, what: str) -> BinaryIO:
     """PATH opened for reading, if it is a regular file (checked on the descriptor: no FIFO can block)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        return open_checked(path)
+    except NotRegularFile as e:
+        streamed = stat.S_ISFIFO(e.mode) or stat.S_ISCHR(e.mode)
+        hint = " (pipe it in instead: ... | envbuild doctor -)" if streamed and what == "log" else ""
+        raise EnvbuildError(f"{what} {path} is {kind_of(e.mode)}, not a regular file{hint}; give the file itself.") from None
     except OSError as e:
         raise EnvbuildError(f"{what} {path} cannot be read: {e.strerror}; check the path and its permissions.") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = next((name for test, name in NOT_REGULAR.items() if test(mode)), "not a regular file")
-        streamed = stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
-        hint = " (pipe it in instead: ... | envbuild doctor -)" if streamed and what == "log" else ""
-        raise EnvbuildError(f"{what} {path} is {kind}, not a regular file{hint}; give the file itself.")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def read_regular(path, what: str, limit: int) -> bytes:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian 12 machine (root, no systemd, no GPU) for real Docker tests:
 #   - installs docker.io, docker-registry, debootstrap, binutils, curl
-#   - starts dockerd (no iptables, no bridge, overlay2) if it is not answering
+#   - starts dockerd (no iptables, no bridge, overlay2, builder cache kept to 20 GB) if it is
+#     not answering
 #   - starts a plain docker-registry on 127.0.0.1:5000 if nothing listens there
 #   - builds the base image local/debian:bookworm with debootstrap if it is missing
 # Safe to run again: every step checks first and skips what is already done.
@@ -12,6 +13,8 @@ set -euo pipefail
 
 DOCKER=/usr/bin/docker
 DOCKERD_LOG=/var/log/envbuild-dockerd.log
+DOCKERD_STATE=/var/tmp/envbuild-dockerd
+BUILD_CACHE_KEEP=${ENVBUILD_BUILD_CACHE_KEEP:-20GB}
 REGISTRY_ADDR=127.0.0.1:5000
 REGISTRY_LOG=/var/log/envbuild-registry.log
 REGISTRY_STATE=/var/tmp/envbuild-registry
@@ -56,9 +59,23 @@ else
     if pgrep -x dockerd >/dev/null; then
         log "dockerd process exists but does not answer yet; waiting"
     else
-        log "starting dockerd (log: ${DOCKERD_LOG})"
+        # BuildKit keeps every layer it ever built unless its garbage collector is on (it is off
+        # by default in 20.10): on a machine that runs the suite again and again (a CI runner
+        # that keeps its disk) the cache grows by every image a changed step makes, until the
+        # disk is full. The engine this script starts keeps at most BUILD_CACHE_KEEP of it;
+        # a daemon.json the machine already has wins (its cache policy is its owner's).
+        config=()
+        if [[ -e /etc/docker/daemon.json ]]; then
+            log "using /etc/docker/daemon.json (the builder cache is bounded, or not, by it)"
+        else
+            mkdir -p "${DOCKERD_STATE}"
+            printf '{"builder": {"gc": {"enabled": true, "defaultKeepStorage": "%s"}}}\n' "${BUILD_CACHE_KEEP}" \
+                >"${DOCKERD_STATE}/daemon.json"
+            config=(--config-file "${DOCKERD_STATE}/daemon.json")
+        fi
+        log "starting dockerd (log: ${DOCKERD_LOG}; builder cache kept to ${BUILD_CACHE_KEEP})"
         nohup setsid /usr/sbin/dockerd --iptables=false --bridge=none \
-            --storage-driver=overlay2 >>"${DOCKERD_LOG}" 2>&1 </dev/null &
+            --storage-driver=overlay2 "${config[@]}" >>"${DOCKERD_LOG}" 2>&1 </dev/null &
     fi
     deadline=$((SECONDS + WAIT_SECONDS))
     until "${DOCKER}" info >/dev/null 2>&1; do

@@ -198,14 +198,26 @@ def docker(*args, check=True, timeout=900, **kw) -> subprocess.CompletedProcess:
     return r
 
 
-def remove_images(repo: str) -> None:
-    """Untag every image of `repo`, under any registry prefix (`push` tags REGISTRY/REPO:TAG):
-    what a module built goes with it (BuildKit's cache stays, so the next run is fast). `repo`
-    is this run's own (unique), so no one else's image goes."""
-    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-    mine = [ref for ref in refs if ref.rsplit(":", 1)[0].split("/")[-1] == repo]
+def remove_images(repo: str, registry: str | None = None) -> None:
+    """Remove every reference to an image of `repo`, under any registry prefix (`push` tags
+    REGISTRY/REPO:TAG, a pull by digest leaves REGISTRY/REPO@sha256:... with no tag): what a
+    module built or pulled goes with it (BuildKit's cache stays, so the next run is fast). An
+    image is removed by its references, never by ID, so one that another name still holds (the
+    base image) stays; `repo` is this run's own (unique), so no one else's image goes. With
+    `registry` (a registry this run started, on its own port), only REGISTRY/REPO: a name like
+    `envbuild` is not unique, the port is."""
+    rows = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False).stdout
+    mine = []
+    for row in rows.splitlines():
+        name, tag, digest = row.split()
+        if (name != f"{registry}/{repo}") if registry else (name.split("/")[-1] != repo):
+            continue
+        if tag != "<none>":
+            mine.append(f"{name}:{tag}")
+        if digest != "<none>":
+            mine.append(f"{name}@{digest}")
     if mine:
-        docker("rmi", *mine, check=False)
+        docker("rmi", *sorted(set(mine)), check=False)
 
 
 @pytest.fixture(scope="module")
@@ -232,4 +244,10 @@ def docker_engine():
         pytest.fail(f"no Docker engine answers at {docker_socket()}; run scripts/host-setup.sh (scripts/test.sh does)")
     if docker("image", "inspect", BASE_IMAGE, check=False, timeout=60).returncode != 0:
         pytest.fail(f"base image {BASE_IMAGE} missing; run scripts/host-setup.sh")
+    yield
+    # Every name this run gave carries RUN_ID (unique): one still in the engine at the end is an
+    # image a module left behind, several GB each on a machine that runs the suite again and again.
+    rows = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False).stdout
+    left = [row for row in rows.splitlines() if RUN_ID in row.split()[0]]
+    assert not left, f"images this run made are still in the engine (remove_images misses them): {left}"
 

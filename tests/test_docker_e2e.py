@@ -604,11 +604,7 @@ def test_a_registry_failing_or_dropping_the_connection_mid_push_publishes_nothin
     finally:
         reg.terminate()
         reg.wait(timeout=10)
-        refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-        stale = [t for t in refs if t.startswith("127.0.0.1:") and not t.startswith(REGISTRY)
-                 and t.rsplit(":", 1)[0].endswith("/" + REPO)]  # this run's, not another's on a shared engine
-        if stale:
-            docker("rmi", *stale, check=False)
+        remove_images(REPO, registry=f"127.0.0.1:{port}")  # the tags the push left, the pull by digest
 
 
 def _owned_containers(pid=None) -> list[str]:

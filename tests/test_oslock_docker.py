@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BASE_IMAGE, CA_BUNDLE, ROOT, ci_stack_id, docker, run_build, run_cli, unique
+from conftest import BASE_IMAGE, CA_BUNDLE, ROOT, ci_stack_id, docker, remove_images, run_build, run_cli, unique
 from envbuild import oslock
 
 pytestmark = pytest.mark.docker
@@ -40,10 +40,8 @@ def work(docker_engine, tmp_path_factory):
     d = tmp_path_factory.mktemp("oslock")
     docker("tag", BASE, BASE_ALIAS)
     yield d
-    refs = docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-    mine = [r for r in refs if r.startswith(REPO)]  # REPO is this run's own (conftest.unique)
-    if mine:
-        docker("rmi", *mine, check=False)
+    for repo in (REPO, BASE_ALIAS.split(":")[0]):  # REPO is this run's own (conftest.unique)
+        remove_images(repo)
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,8 @@ def registry(work):
         proc.terminate()
         proc.wait(timeout=30)
         shutil.rmtree(d / "store", ignore_errors=True)
+        for repo in ("envbuild", "envbuild-plain"):  # what the job built and pushed, what a test pushed
+            conftest.remove_images(repo, registry=f"127.0.0.1:{port}")
 
 
 @pytest.fixture(scope="module")

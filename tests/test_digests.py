@@ -19,6 +19,13 @@ MIRROR = f"{REGISTRY}/{unique('envbuild-digest-test')}/debian"
 docker = functools.partial(conftest.docker, timeout=600)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _mirror_removed():
+    """The mirror's tags go with the module (the engine's copy of the base stays: the base holds it)."""
+    yield
+    conftest.remove_images("debian", registry=MIRROR.rsplit("/", 1)[0])
+
+
 @pytest.mark.docker
 def test_a_named_base_in_a_registry_is_pinned_by_digest_and_an_imported_one_says_it_is_not(tmp_path):
     mirror = f"{MIRROR}:bookworm"

@@ -282,3 +282,26 @@ def test_a_kept_builder_drops_its_base_images_own_nccl(matrix):
     assert [s.name for s in kept.runtime.steps] == ["os", "os-drop"]
     lean = stack_plan(resolve(matrix, Request(gpu="h20")))
     assert not [s for s in (*lean.builder.steps, *lean.runtime.steps) if s.name == "os-drop"]
+
+
+def test_the_curand_ops_take_the_locks_curand_section_link_it_and_find_it_at_run_time(matrix_copy):
+    """The ops that link -lcurand, on the PyPI toolchain: the torch step installs the lock's
+    [curand] section into the venv with the rest (hash-locked), the toolchain step links its
+    library under the name -lcurand finds, and DeepSpeed's link records the venv's CUDA library
+    directory as the ops' RUNPATH (torch 2.15 loads no libcurand, so nothing else would find it).
+    An image without those ops has none of it."""
+    from test_rules import CURAND_OPS, with_curand_section
+
+    from envbuild.matrix import load_matrix
+
+    m = load_matrix(with_curand_section(matrix_copy))
+    plan = stack_plan(resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops=",".join(CURAND_OPS))))
+    venv = plan.generated_files["envbuild/lock/venv.txt"]
+    assert venv.endswith(plan.lock.requirements("curand")) and venv.count("nvidia-curand==") == 1
+    steps = {s.name: s.render("docker") for s in plan.builder.steps}
+    assert "ENVBUILD_TOOLCHAIN_ADDS=libcurand" in steps["cuda-toolkit"]
+    assert "LDFLAGS=-Wl,-rpath,/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib" in steps["deepspeed"]
+    assert "with its [curand] section" in steps["torch"]
+    plain = stack_plan(resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam")))
+    assert "curand" not in plain.generated_files["envbuild/lock/venv.txt"]
+    assert not any("TOOLCHAIN_ADDS" in s.render("docker") or "LDFLAGS" in s.render("docker") for s in plain.builder.steps)

@@ -42,7 +42,7 @@ def test_the_curand_ops_build_and_load_without_jit(tmp_path):
     parts = {part.split()[0]: part for part in checks["no_jit"]["detail"].split("; ")}
     assert all(parts[op].startswith(f"{op} ok") for op in OPS), parts
     # One libcurand, the lock's, where the ops' RUNPATH points; and its size, for bench/RESULTS.md.
-    found = docker("run", "--rm", "--entrypoint", "/bin/sh", image, "-c",
+    found = docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c",
                    "find / -xdev -name 'libcurand.so*' -exec du -bL {} +; "
                    "du -sbL /opt/venv/lib/python3.11/site-packages/deepspeed/ops").stdout
     print("sizes:", found)

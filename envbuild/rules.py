@@ -273,6 +273,9 @@ def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64",
         return Rejection("ds-op", f"{op_name} was removed in DeepSpeed {op.until}")
     if op.torch and not contains(op.torch, s.torch):
         return Rejection("ds-op", f"{op_name}: {op.reason or f'needs torch {op.torch}'}")
+    if op.cuda and not contains(op.cuda, s.cuda):  # the builder's nvcc is the stack's CUDA (rule toolchain)
+        return Rejection("ds-op", f"{op_name} compiles with CUDA {op.cuda} only and the stack has CUDA {s.cuda}: "
+                                  f"{op.cuda_reason}")
     missing = [n for n in op.needs if n not in capabilities(m, s, sections)]
     if missing:
         known = {n: _unlocked_add(m, s, n) for n in m.bases.toolchains[s.toolchain].adds}  # how it adds them

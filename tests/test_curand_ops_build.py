@@ -1,4 +1,4 @@
-"""Opt-in (ENVBUILD_CURAND_OPS=1; about 40 minutes on 2 cores, see bench/RESULTS.md): the five
+"""Opt-in (ENVBUILD_CURAND_OPS=1; about 40 minutes on 2 cores, see bench/RESULTS.md): four of the five
 DeepSpeed ops that link -lcurand, built for real on the CI stack (PyPI toolchain, torch 2.15,
 whose wheels bring no cuRAND) for H20 (sm_90). The lock's [curand] section must reach the venv,
 every op must be recorded as pre-built for CUDA and load in the smoke test's no-JIT sandbox
@@ -18,12 +18,14 @@ pytestmark = [
     pytest.mark.docker,
     pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_CURAND_OPS") != "1",
-                       reason="opt-in: builds the five cuRAND ops of the CI stack (about 40 minutes); set "
+                       reason="opt-in: builds the four cuRAND ops of the CI stack (about 40 minutes); set "
                               "ENVBUILD_CURAND_OPS=1"),
 ]
 
 REPO = unique("envbuild-curand-test")
-OPS = ("fp_quantizer", "random_ltd", "stochastic_transformer", "transformer", "transformer_inference")
+# fp_quantizer, the fifth op that links -lcurand, is refused on this stack's CUDA 13.2 (its
+# sources do not compile with nvcc 13.2: deepspeed.yaml says why).
+OPS = ("random_ltd", "stochastic_transformer", "transformer", "transformer_inference")
 
 
 def test_the_curand_ops_build_and_load_without_jit(tmp_path):

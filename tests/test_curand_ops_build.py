@@ -1,4 +1,4 @@
-"""Opt-in (ENVBUILD_CURAND_OPS=1; about 40 minutes on 2 cores, see bench/RESULTS.md): four of the five
+"""Opt-in (ENVBUILD_CURAND_OPS=1; 13 minutes on 2 cores with the lower layers cached, see bench/RESULTS.md): four of the five
 DeepSpeed ops that link -lcurand, built for real on the CI stack (PyPI toolchain, torch 2.15,
 whose wheels bring no cuRAND) for H20 (sm_90). The lock's [curand] section must reach the venv,
 every op must be recorded as pre-built for CUDA and load in the smoke test's no-JIT sandbox
@@ -18,7 +18,7 @@ pytestmark = [
     pytest.mark.docker,
     pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_CURAND_OPS") != "1",
-                       reason="opt-in: builds the four cuRAND ops of the CI stack (about 40 minutes); set "
+                       reason="opt-in: builds the four cuRAND ops of the CI stack (15 minutes or more); set "
                               "ENVBUILD_CURAND_OPS=1"),
 ]
 

@@ -144,8 +144,9 @@ def parse_lock(text: str, path: str = "<lock>") -> Lock:
             close()
             current = None
             section = marker.group("name")
-            if section not in SECTIONS:
-                raise EnvbuildError(f"{path}:{number}: unknown lock section [{section}] (known: {', '.join(SECTIONS)}).")
+            known = (*SECTIONS, *added_sections(header))
+            if section not in known:
+                raise EnvbuildError(f"{path}:{number}: unknown lock section [{section}] (known: {', '.join(known)}).")
             sections.setdefault(section, [])
             continue
         if section is None:
@@ -172,6 +173,16 @@ def parse_lock(text: str, path: str = "<lock>") -> Lock:
     if "venv" not in sections:
         raise EnvbuildError(f"{path}: no [venv] section; regenerate it with `envbuild lock`.")
     return Lock(path=path, text=text, header=header, sections={k: tuple(v) for k, v in sections.items()})
+
+
+def added_sections(header: dict[str, str]) -> tuple[str, ...]:
+    """The sections the header's `toolchain-adds` declares (NEED=REQUIREMENT words): one per
+    CUDA library an extra of the toolchain adds for the ops that need it.
+
+    >>> added_sections({"toolchain-adds": "curand=cuda-toolkit[nvcc,curand]==13.2.2"})
+    ('curand',)
+    """
+    return tuple(word.split("=", 1)[0] for word in header.get("toolchain-adds", "").split())
 
 
 def load_lock(matrix_dir: Path, stack_id: str, arch: str) -> Optional[Lock]:
@@ -210,6 +221,7 @@ class LockInputs:
     platform: str  # uv's --python-platform, e.g. x86_64-manylinux_2_36
     venv: tuple[str, ...]  # requirements of the venv
     toolchain: tuple[str, ...] = ()  # requirements installed outside the venv (PyPI nvcc)
+    adds: tuple[tuple[str, str], ...] = ()  # (need, the toolchain with its extra): a section each
     indexes: tuple[str, ...] = (PYPI_SIMPLE,)  # searched first to last
     deepspeed: str = ""  # the DeepSpeed version, whose requirements come from its sdist
     deepspeed_requires: tuple[str, ...] = ()
@@ -287,6 +299,8 @@ def write_lock(inputs: LockInputs, exclude_newer: str) -> str:
         directory = Path(tmp)
         venv = compile_requirements(inputs.venv, inputs, exclude_newer, directory)
         toolchain = compile_requirements(inputs.toolchain, inputs, exclude_newer, directory) if inputs.toolchain else ""
+        adds = {need: _beyond(compile_requirements((requirement,), inputs, exclude_newer, directory), venv + toolchain)
+                for need, requirement in inputs.adds}
     lines = [
         f"# envbuild lock: every Python distribution the image of stack {inputs.stack} ({inputs.arch}) installs,",
         "# each == with its sha256 hashes; the build installs it with pip --require-hashes --no-deps.",
@@ -303,6 +317,8 @@ def write_lock(inputs: LockInputs, exclude_newer: str) -> str:
     ]
     if inputs.toolchain:
         lines.append(f"# toolchain-inputs: {' '.join(inputs.toolchain)}")
+    if inputs.adds:
+        lines.append(f"# toolchain-adds: {' '.join(f'{need}={requirement}' for need, requirement in inputs.adds)}")
     if inputs.deepspeed_requires:
         lines.append(f"# deepspeed-requires: {' '.join(inputs.deepspeed_requires)} ({inputs.deepspeed_requires_source})")
     if inputs.build_only:
@@ -310,7 +326,17 @@ def write_lock(inputs: LockInputs, exclude_newer: str) -> str:
     text = "\n".join(lines) + "\n\n# [venv]\n" + venv
     if toolchain:
         text += "\n# [toolchain]\n" + toolchain
+    for need, section in adds.items():
+        text += f"\n# [{need}]\n" + section
     return text
+
+
+def _beyond(compiled: str, locked: str) -> str:
+    """The blocks of `compiled` (uv's output for the toolchain with one more extra) that the
+    venv and toolchain sections (`locked`) do not hold: what the extra adds (nothing where
+    torch's own wheels already bring it, as torch 2.11's nvidia-curand)."""
+    have = set(parse_lock("# [venv]\n" + locked).pins())
+    return "".join(p.block for p in parse_lock("# [venv]\n" + compiled).sections["venv"] if p.key not in have)
 
 
 def today() -> str:
@@ -407,13 +433,17 @@ def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str
             *sorted(ds.build_requires))
     toolchain = matrix.bases.toolchains[stack.toolchain]
     toolchain_inputs: tuple[str, ...] = ()
+    adds: tuple[tuple[str, str], ...] = ()
     if toolchain.install is not None:
         install = toolchain.install
-        toolchain_inputs = (f"{install.package}[{','.join(install.extras_for(stack.cuda_toolkit))}]=={stack.cuda_toolkit}",)
+        extras = install.extras_for(stack.cuda_toolkit)
+        toolchain_inputs = (f"{install.package}[{','.join(extras)}]=={stack.cuda_toolkit}",)
+        adds = tuple((need, f"{install.package}[{','.join([*extras, add.extra])}]=={stack.cuda_toolkit}")
+                     for need, add in toolchain.adds.items())
     requires, source = deepspeed_requires or fetch_deepspeed_requires(stack.deepspeed)
     return LockInputs(
         stack=stack.id, arch=arch, python=stack.python, platform=fields["platform"],
-        venv=venv, toolchain=toolchain_inputs,
+        venv=venv, toolchain=toolchain_inputs, adds=adds,
         indexes=((torch_index,) if torch_index else ()) + (PYPI_SIMPLE,),
         deepspeed=stack.deepspeed, deepspeed_requires=tuple(requires), deepspeed_requires_source=source,
         build_only=tuple(sorted(ds.build_only)),

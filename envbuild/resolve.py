@@ -130,6 +130,7 @@ class Resolution:
     os_locked: tuple[str, ...] = ()  # the stages whose OS packages the OS lock pins (their base is the lock's)
     os_unlocked: Optional[str] = None  # why some stage's OS packages are not pinned (None: all are)
     matrix_sha256: str = ""  # the matrix it was resolved from (Matrix.sha256): recorded in the image
+    toolchain_adds: tuple[str, ...] = ()  # needs of the chosen ops an extra of the toolchain adds (curand)
 
     @property
     def image_ref(self) -> str:
@@ -232,6 +233,16 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
     return out
 
 
+def _lock_sections(m: Matrix, s: Stack, arch: Optional[str]) -> frozenset[str]:
+    """The section names of a stack's lock (what it adds beyond the venv; none without a lock,
+    or with one that would not load: that is said where the lock is used)."""
+    try:
+        lock = stack_lock(m, s, arch or "x86_64")
+    except EnvbuildError:
+        return frozenset()
+    return frozenset(lock.sections) if lock else frozenset()
+
+
 def _locked_names(m: Matrix, s: Stack, arch: Optional[str]) -> Optional[set[str]]:
     """The canonical names a stack's lock holds (None: no lock, or one that would not load)."""
     try:
@@ -305,9 +316,17 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     rules.check_emulation(m, req, gpu, arch)
     default_target = m.cpu_target_for(arch, gpu, m.bases.families[s.os])
     cpu_target = req.cpu_target or default_target
-    ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops, arch)
+    sections: dict[str, frozenset[str]] = {}  # stack id -> its lock's sections, read once
+
+    def sections_of(t: Stack) -> frozenset[str]:
+        if t.id not in sections:
+            sections[t.id] = _lock_sections(m, t, arch)
+        return sections[t.id]
+
+    ops, dropped = rules.select_ops(m, s, arch_list, req.ds_ops, arch, sections_of)
     extensions = tuple(m.extension(name) for name in req.extensions)
-    default_ops, _ = rules.select_ops(m, s, arch_list, rules.DEFAULT_OPS, arch)
+    default_ops, _ = rules.select_ops(m, s, arch_list, rules.DEFAULT_OPS, arch, sections_of)
+    toolchain = m.bases.toolchains[s.toolchain]
     # The matrix's own bases, pinned to the digests the publishing CI recorded (if any).
     published = m.base_digests
     base_images = {stage: f"{ref}@{published[ref]}" if ref in published else ref
@@ -327,6 +346,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
         nccl=rel.nccl if s.cuda == rel.default_cuda else None,
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
+        toolchain_adds=tuple(sorted({n for o in ops for n in m.ops[o].needs if n in toolchain.adds})),
         nvcc_reason=rules.nvcc_required(m, s, ops, fabric, req.extensions),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),

@@ -241,15 +241,27 @@ def gpu_rejections(m, s, gpu) -> list[Rejection]:
 # ---------------------------------------------------------------- DeepSpeed ops
 
 
-def capabilities(m, s) -> set[str]:
+def capabilities(m, s, sections: frozenset[str] = frozenset()) -> set[str]:
     """What the stack's build can provide to ops that need something (`needs:`): the OS
-    family's packages and the toolchain's CUDA libraries."""
-    return set(m.bases.families[s.os].capabilities) | set(m.bases.toolchains[s.toolchain].provides)
+    family's packages, the toolchain's CUDA libraries, and those an extra of the toolchain adds
+    where the stack's lock holds that extra's section (`sections`: the lock's section names)."""
+    toolchain = m.bases.toolchains[s.toolchain]
+    return (set(m.bases.families[s.os].capabilities) | set(toolchain.provides)
+            | {need for need in toolchain.adds if need in sections})
 
 
-def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64") -> Optional[Rejection]:
+def _unlocked_add(m, s, need: str) -> str:
+    """Why a need the toolchain adds is missing: the stack's lock has no section for it."""
+    toolchain = m.bases.toolchains[s.toolchain]
+    return (f"the {s.toolchain} toolchain adds {need} from {toolchain.install.package}[{toolchain.adds[need].extra}], "
+            f"hash-locked in the stack's lock, and the lock of {s.id} has no [{need}] section: "
+            f"`envbuild lock --stack {s.id}` writes it")
+
+
+def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64",
+                 sections: frozenset[str] = frozenset()) -> Optional[Rejection]:
     """Why `op_name` cannot be pre-built for this stack, GPU arch list and CPU architecture
-    (None: it can)."""
+    (None: it can). `sections`: the section names of the stack's lock (what it adds)."""
     op = m.ops[op_name]
     if cpu_arch == "aarch64" and op_name in m.deepspeed_file.aarch64.not_buildable:
         return Rejection("ds-op", f"{op_name} cannot be built for aarch64: "
@@ -261,9 +273,12 @@ def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64") -
         return Rejection("ds-op", f"{op_name} was removed in DeepSpeed {op.until}")
     if op.torch and not contains(op.torch, s.torch):
         return Rejection("ds-op", f"{op_name}: {op.reason or f'needs torch {op.torch}'}")
-    missing = [n for n in op.needs if n not in capabilities(m, s)]
+    if op.cuda and not contains(op.cuda, s.cuda):  # the builder's nvcc is the stack's CUDA (rule toolchain)
+        return Rejection("ds-op", f"{op_name} compiles with CUDA {op.cuda} only and the stack has CUDA {s.cuda}: "
+                                  f"{op.cuda_reason}")
+    missing = [n for n in op.needs if n not in capabilities(m, s, sections)]
     if missing:
-        known = m.bases.toolchains[s.toolchain].lacks  # the needs the toolchain says why it lacks
+        known = {n: _unlocked_add(m, s, n) for n in m.bases.toolchains[s.toolchain].adds}  # how it adds them
         why = [known[n] for n in missing if n in known]  # each missing need with its own reason
         if op.reason and any(n not in known for n in missing):
             why.insert(0, op.reason)  # the op's curated reason covers the needs no toolchain explains
@@ -282,8 +297,8 @@ def op_rejection(m, s, op_name: str, arch_list: str, cpu_arch: str = "x86_64") -
     return None
 
 
-def select_ops(m, s, arch_list: str, choice: str,
-               cpu_arch: str = "x86_64") -> tuple[list[str], list[tuple[str, str]]]:
+def select_ops(m, s, arch_list: str, choice: str, cpu_arch: str = "x86_64",
+               sections_of=lambda stack: frozenset()) -> tuple[list[str], list[tuple[str, str]]]:
     """Resolve ``--ds-ops`` into (ops to pre-build, [(op dropped from a preset, why)]).
 
     Presets (``training``, ``none``, the computed ``all``) quietly drop what the stack
@@ -292,21 +307,22 @@ def select_ops(m, s, arch_list: str, choice: str,
     """
     choice = (choice or DEFAULT_OPS).strip()
     presets = m.deepspeed_file.presets
+    sections = sections_of(s)  # `sections_of(stack)`: its lock's section names (what the lock adds)
     if choice == "all" or choice in presets:
         names = list(m.ops) if choice == "all" else presets[choice]
         chosen, dropped = [], []
         for n in names:
-            why = op_rejection(m, s, n, arch_list, cpu_arch)
+            why = op_rejection(m, s, n, arch_list, cpu_arch, sections)
             (dropped.append((n, why.message)) if why else chosen.append(n))
         return sorted(chosen), dropped
     names = [n.strip() for n in choice.split(",") if n.strip()]  # known op names: validate.check_ds_ops
     chosen = []
     for n in names:
-        why = op_rejection(m, s, n, arch_list, cpu_arch)
+        why = op_rejection(m, s, n, arch_list, cpu_arch, sections)
         if why:
-            ok = [o for o in m.ops if not op_rejection(m, s, o, arch_list, cpu_arch)]
+            ok = [o for o in m.ops if not op_rejection(m, s, o, arch_list, cpu_arch, sections)]
             builds = [t.id for t in reversed(m.stacks)  # newest last in the matrix: the nearest first
-                      if t.id != s.id and not op_rejection(m, t, n, arch_list, cpu_arch)][:3]
+                      if t.id != s.id and not op_rejection(m, t, n, arch_list, cpu_arch, sections_of(t))][:3]
             raise EnvbuildError(
                 f"--ds-ops: op '{n}' cannot be pre-built for stack {s.id} ({cpu_arch}): {why.message}. "
                 f"Ops this stack can pre-build: {', '.join(ok)}."

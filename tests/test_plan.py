@@ -282,3 +282,47 @@ def test_a_kept_builder_drops_its_base_images_own_nccl(matrix):
     assert [s.name for s in kept.runtime.steps] == ["os", "os-drop"]
     lean = stack_plan(resolve(matrix, Request(gpu="h20")))
     assert not [s for s in (*lean.builder.steps, *lean.runtime.steps) if s.name == "os-drop"]
+
+
+def test_the_curand_ops_take_the_locks_curand_section_link_it_and_find_it_at_run_time(matrix_copy):
+    """The ops that link -lcurand, on the PyPI toolchain: the torch step installs the lock's
+    [curand] section into the venv with the rest (hash-locked), the toolchain step links its
+    library under the name -lcurand finds, and DeepSpeed's link records the venv's CUDA library
+    directory as the ops' RUNPATH (torch 2.15 loads no libcurand, so nothing else would find it).
+    An image without those ops has none of it."""
+    from test_rules import CURAND_OPS, with_curand_section
+
+    from envbuild.matrix import load_matrix
+
+    m = load_matrix(with_curand_section(matrix_copy))
+    plan = stack_plan(resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops=",".join(CURAND_OPS))))
+    venv = plan.generated_files["envbuild/lock/venv.txt"]
+    assert venv.endswith(plan.lock.requirements("curand")) and venv.count("nvidia-curand==") == 1
+    steps = {s.name: s.render("docker") for s in plan.builder.steps}
+    assert "ENVBUILD_TOOLCHAIN_ADDS=libcurand" in steps["cuda-toolkit"]
+    assert "LDFLAGS=-Wl,-rpath,/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib" in steps["deepspeed"]
+    assert "with its [curand] section" in steps["torch"]
+    assert plan.manifest["lock"]["sections"] == ["venv", "curand"]  # what the smoke test's lock check reads
+    assert plan.manifest["lock"]["packages"] == len(plan.lock.sections["venv"]) + 1
+    plain = stack_plan(resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam")))
+    assert "curand" not in plain.generated_files["envbuild/lock/venv.txt"]
+    assert plain.manifest["lock"]["sections"] == ["venv"]
+    assert not any("TOOLCHAIN_ADDS" in s.render("docker") or "LDFLAGS" in s.render("docker") for s in plain.builder.steps)
+
+
+def test_the_smoke_tests_lock_check_takes_the_sections_the_venv_installed(tmp_path):
+    """An image with cuRAND ops holds nvidia-curand from the lock's [curand] section: the venv is
+    exactly [venv] plus the sections the manifest names; one the manifest does not name is extra."""
+    from envbuild.image import checks
+
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# [venv]\ntorch==2.15.0 \\\n    --hash=sha256:" + "0" * 64 + "\n"
+                    "# [toolchain]\nnvidia-cuda-nvcc==13.2.78 \\\n    --hash=sha256:" + "1" * 64 + "\n"
+                    "# [curand]\nnvidia-curand==10.4.2.66 \\\n    --hash=sha256:" + "2" * 64 + "\n")
+    venv = {"torch": "2.15.0", "nvidia-curand": "10.4.2.66"}
+    ok, msg = checks.check_lock({"lock": {"path": str(lock), "sections": ["venv", "curand"]}}, venv)
+    assert ok, msg
+    ok, msg = checks.check_lock({"lock": {"path": str(lock)}}, venv)  # a manifest from before sections: [venv]
+    assert not ok and msg == "not in the lock nvidia-curand==10.4.2.66"
+    ok, msg = checks.check_lock({"lock": {"path": str(lock), "sections": ["venv", "curand"]}}, {"torch": "2.15.0"})
+    assert not ok and msg == "missing nvidia-curand==10.4.2.66"

@@ -150,33 +150,91 @@ def test_the_documented_rules_are_the_rules_that_exist():
             assert not re.search(r'Rejection\(\s*"', text) and not re.search(r"\(rule [a-z]", text), path
 
 
-@pytest.mark.parametrize("op", ["transformer", "stochastic_transformer", "transformer_inference", "random_ltd",
-                                "fp_quantizer"])
-def test_ops_that_link_curand_need_a_toolchain_that_has_it(matrix, op):
+CURAND_OPS = ("transformer", "stochastic_transformer", "transformer_inference", "random_ltd", "fp_quantizer")
+# What `envbuild lock` writes for torch 2.15, whose wheels no longer bring nvidia-curand: the
+# production lock's section (nvidia-curand 10.4.2.66, https://pypi.org/project/nvidia-curand/10.4.2.66/).
+CURAND_SECTION = ("# [curand]\nnvidia-curand==10.4.2.66 \\\n"
+                  "    --hash=sha256:9bb3796a2f6223454b2e326e3d7572c1500cfa4d629de827676b4eeecd30ab0c\n"
+                  "    # via cuda-toolkit\n")
+PYPI_LOCK = "locks/torch2.11-cu130-py3.11-pypi.x86_64.txt"
+
+
+def with_curand_section(matrix_dir):
+    """The fixture's PyPI-toolchain lock as torch 2.15's is: no nvidia-curand in the venv (torch
+    2.11's wheels bring it, 2.15's do not) and the toolchain extra's wheel in the [curand] section."""
+    from envbuild.lock import parse_lock
+
+    path = matrix_dir / PYPI_LOCK
+    text = path.read_text()
+    block = next(p.block for p in parse_lock(text).sections["venv"] if p.key == "nvidia-curand")
+    assert text.endswith("\n# [curand]\n")  # torch 2.11: the extra adds nothing its wheels lack
+    path.write_text(text.replace(block, "").removesuffix("# [curand]\n") + CURAND_SECTION)
+    return matrix_dir
+
+
+def without_curand_section(matrix_dir):
+    """The fixture's PyPI-toolchain lock as `envbuild lock` wrote it before the toolchain's curand
+    extra: no `toolchain-adds` header, no [curand] section."""
+    path = matrix_dir / PYPI_LOCK
+    lines = path.read_text().removesuffix("\n# [curand]\n").splitlines(keepends=True)
+    path.write_text("".join(line for line in lines if not line.startswith("# toolchain-adds: ")))
+    return matrix_dir
+
+
+@pytest.mark.parametrize("op", CURAND_OPS)
+def test_ops_that_link_curand_need_the_lock_section_the_toolchain_adds_it_from(matrix, op):
     """They link -lcurand (their op_builder's extra_ldflags, derived by `matrix refresh`): the PyPI
-    toolchain has no cuRAND, so they are refused before the build, saying why; the NVIDIA devel
-    image has it."""
+    toolchain's extras have no cuRAND and its `curand` extra adds it, hash-locked in a section of
+    the stack's lock. A lock without that section: refused before the build, naming the command
+    that writes it; the NVIDIA devel image has cuRAND."""
     assert "curand" in matrix.ops[op].needs
     why = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), op, "9.0")
     assert why and why.rule == "ds-op" and f"{op}: needs curand" in why.message
-    assert "pypi toolchain do not provide: cuda-toolkit[nvcc,nvvm,crt,cccl,cudart] has no cuRAND" in why.message
+    assert ("the pypi toolchain adds curand from cuda-toolkit[curand], hash-locked in the stack's lock, and the lock "
+            "of torch2.11-cu130-py3.11-pypi has no [curand] section: `envbuild lock --stack "
+            "torch2.11-cu130-py3.11-pypi` writes it") in why.message
+    assert rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), op, "9.0",
+                              sections=frozenset({"venv", "toolchain", "curand"})) is None
     devel = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.12"), op, "9.0")
     assert devel is None or "curand" not in devel.message
 
 
+def test_all_selects_the_curand_ops_where_the_lock_has_the_section(matrix_copy):
+    from envbuild.matrix import load_matrix
+
+    m = load_matrix(with_curand_section(matrix_copy))
+    r = resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="all"))
+    assert set(CURAND_OPS) <= set(r.ops) and r.toolchain_adds == ("curand",)
+    assert not set(CURAND_OPS) & {name for name, _ in r.dropped_ops}
+    plain = resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam"))
+    assert plain.toolchain_adds == ()  # an image without those ops takes no cuRAND
+
+
+def test_a_lock_without_the_section_leaves_the_curand_ops_out_and_names_the_command(matrix_copy):
+    from envbuild.matrix import load_matrix
+
+    m = load_matrix(without_curand_section(matrix_copy))
+    r = resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="all"))
+    dropped = dict(r.dropped_ops)
+    assert set(CURAND_OPS) <= set(dropped) and not set(CURAND_OPS) & set(r.ops)
+    assert "`envbuild lock --stack torch2.11-cu130-py3.11-pypi` writes it" in dropped["transformer"]
+    with pytest.raises(EnvbuildError, match=r"--ds-ops: op 'random_ltd' cannot be pre-built .* no \[curand\] section"):
+        resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="random_ltd"))
+
+
 def test_an_op_missing_two_needs_names_both_each_with_its_own_reason(matrix):
-    """evoformer_attn needs cuRAND (the toolchain says why it lacks it) and CUTLASS (the op's own
+    """evoformer_attn needs cuRAND (the toolchain says how it adds it) and CUTLASS (the op's own
     reason): the message names both, and does not give the cuRAND reason as CUTLASS's."""
     why = rules.op_rejection(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), "evoformer_attn", "9.0")
     assert why and why.message.startswith("evoformer_attn: needs curand, cutlass, which "), why.message
-    own, lacks = why.message.split(": ", 2)[2].split("; ", 1)
-    assert "CUTLASS" in own and "cuRAND" not in own and "cuRAND" in lacks
+    own, adds = why.message.split(": ", 2)[2].split("; ", 1)
+    assert "CUTLASS" in own and "curand" not in own and "[curand] section" in adds
 
 
 def test_all_leaves_out_every_op_the_ci_stack_cannot_build_with_its_reason(matrix):
     ops, dropped = rules.select_ops(matrix, _stack(matrix, "torch2.11-cu130-py3.11-pypi"), "9.0", "all")
-    left_out = dict(dropped)
-    assert {"transformer", "stochastic_transformer", "transformer_inference", "random_ltd", "fp_quantizer"} <= set(left_out)
+    left_out = dict(dropped)  # no lock sections given: nothing the toolchain adds
+    assert set(CURAND_OPS) <= set(left_out)
     assert not {"transformer", "random_ltd"} & set(ops) and {"cpu_adam", "fused_adam"} <= set(ops)
 
 

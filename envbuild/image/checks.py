@@ -295,8 +295,10 @@ def check_lock(manifest: dict, installed=None) -> tuple[bool, str] | Skipped:
     lock = manifest.get("lock")
     if not lock:
         return Skipped("the stack has no lock (matrices/locks): its packages below torch and DeepSpeed float")
-    try:
-        want = lock_pins(lock["path"])
+    want: dict[str, str] = {}
+    try:  # the sections the venv installed: [venv], and what the toolchain added for the ops ([curand])
+        for section in lock.get("sections", ["venv"]):
+            want.update(lock_pins(lock["path"], section))
     except OSError as error:
         return False, f"{lock['path']} cannot be read ({error.strerror})"
     for name in lock.get("dropped", []):

@@ -8,6 +8,14 @@ keeps them equal to these.
 VENV = "/opt/venv"
 VENV_PYTHON = VENV + "/bin/python"
 
+
+
+def venv_cuda_lib(python: str, cuda_home: str) -> str:
+    """Where NVIDIA's CUDA wheels in the venv put their libraries: site-packages/nvidia/<cu13>/lib,
+    the directory the PyPI toolchain's CUDA_HOME is named after (nvidia/cu13)."""
+    return f"{VENV}/lib/python{python}/site-packages/nvidia/{cuda_home.rstrip('/').rsplit('/', 1)[-1]}/lib"
+
+
 HOME = "/opt/envbuild"
 MANIFEST = HOME + "/manifest.json"
 ENV_SH = HOME + "/env.sh"

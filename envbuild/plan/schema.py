@@ -55,7 +55,7 @@ MANIFEST = (
     Key("toolchain_kept", "true when the final image keeps the compilers (--keep-toolchain)"),
     Key("runtime_compiler", "true when the image has a C compiler for torch.compile"),
     Key("constraints", "the guard file pip and uv read (PIP_CONSTRAINT): what the ops were compiled against"),
-    Key("lock", "the stack's Python lock in the image: path, sha256, packages, as-of date, index", "lock", _digest),
+    Key("lock", "the stack's Python lock in the image: path, sha256, packages, the sections the venv installed ([venv], and [curand] for the ops that link it), as-of date, index", "lock", _digest),
     Key("dropped_requirements", "build-only requirements the final image drops (ninja), each with the reason"),
     Key("torch_index", "the index torch came from, where not PyPI"),
     Key("env", "the image's environment: every baked variable and its value"),

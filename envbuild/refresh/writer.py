@@ -28,7 +28,7 @@ NEW_ROW_NOTE = "new on PyPI: its other CUDA variants are not curated yet [U]"
 DS_DERIVED = ("deepspeed", "torch", "gpu_free_install", "nvcc_free_install")
 DS_TOP_ORDER = ("sources", "releases", "build_requires", "build_only", "ops", "presets", "aarch64")
 OP_DERIVED = ("env", "kind", "since", "until", "cuda_extension_until")
-OP_ORDER = OP_DERIVED + ("needs", "min_cc", "torch", "triton", "reason", "note")
+OP_ORDER = OP_DERIVED + ("needs", "min_cc", "torch", "triton", "reason", "cuda", "cuda_reason", "note")
 DERIVABLE_NEEDS = {"libaio", "cufile", "curand", "libcuda"}
 
 TORCH_SOURCES = {
@@ -71,7 +71,7 @@ DS_SOURCES = {
     "needs": "libaio and cufile from the has_function() link tests of the sdist's builder and its op_builder "
              "bases, curand and libcuda from '-lcurand' and '-lcuda' in their extra_ldflags() [V]; other needs curated "
              "(each op's reason names its source)",
-    "curated": "min_cc, triton, torch, reason, note and the needs above are kept as written; each names its "
+    "curated": "min_cc, triton, torch, reason, cuda, cuda_reason, note and the needs above are kept as written; each names its "
                "source in the sdist (op_builder/*.py) or a public thread",
 }
 DS_SUPERSEDED = {"torch_floor", "no_gpu_build"}

@@ -8,7 +8,7 @@ from packaging.version import Version
 from pydantic import field_validator
 
 from ... import grammar
-from ..fields import _Strict, _apt_words, _host, _package, _url_template, _version
+from ..fields import _matching, _Strict, _apt_words, _host, _package, _url_template, _version
 
 
 class AptSource(_Strict):
@@ -101,11 +101,29 @@ class ToolchainInstall(_Strict):
         return [*self.extras, self.audit_extra] if audit else list(self.extras)
 
 
+# A Python extra's name and a library's (PEP 685 normalized names; lib<name> without a suffix):
+# both reach a step's argument and a shell pattern unquoted.
+_word = _matching(r"[a-z][a-z0-9_-]*", "a lower-case name like 'curand'")
+
+
+class ToolchainAdd(_Strict):
+    """A CUDA library the toolchain does not bring but an extra of its package does, for the ops
+    that need it: the lock holds the extra's wheels in a section of their own (named by the
+    need), installed in the venv only when a selected op needs it, so the builder links it and
+    the image loads it, and an image without those ops does not carry it."""
+
+    extra: str  # the install package's extra that brings it (cuda-toolkit[curand])
+    library: str  # the shared library the ops link (-lcurand: libcurand)
+    source: str
+
+    _w = field_validator("extra", "library")(lambda v: _word(v))
+
+
 class Toolchain(_Strict):
     description: str
     cuda_home: str
     provides: list[str] = []  # CUDA libraries an op may link (curand): headers and libraries in the builder
-    lacks: dict[str, str] = {}  # capability it does not provide -> why (said when an op is refused for it)
+    adds: dict[str, ToolchainAdd] = {}  # need -> the extra that brings it, when a selected op needs it
     install: Optional[ToolchainInstall] = None
     min_cuda: Optional[str] = None
     source: Optional[str] = None

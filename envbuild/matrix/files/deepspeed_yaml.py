@@ -45,12 +45,14 @@ class Op(_Strict):
     triton: list[TritonRule] = []
     torch: Optional[str] = None
     reason: Optional[str] = None
+    cuda: Optional[str] = None  # the CUDA toolkits (nvcc) whose compiler takes the op's sources
+    cuda_reason: Optional[str] = None  # why, with its source: what a refusal says
     note: Optional[str] = None
 
     _v = field_validator("since", "until", "cuda_extension_until")(lambda v: v if v is None else _version(v))
     _c = field_validator("min_cc")(lambda v: v if v is None else _cc(v))
     _e = field_validator("env")(lambda v: _op_switch(v))
-    _s = field_validator("torch")(lambda v: v if v is None else _specifier(v))
+    _s = field_validator("torch", "cuda")(lambda v: v if v is None else _specifier(v))
 
 
 class Aarch64Facts(_Strict):

@@ -4,6 +4,7 @@ declared CPU target, and the build failing unless DeepSpeed recorded every op fo
 
 from __future__ import annotations
 
+from ...image import paths
 from ..blocks import Step, step_files
 from .base import Context, Part
 from .python import PIP_SECRETS, lock_part
@@ -21,6 +22,8 @@ def part(ctx: Context) -> Part:
         no_audit = facts.toolchain.audit_missing(stack.cuda_toolkit)
         if no_audit:  # said in the build log and the manifest, not skipped in silence
             env.append(("ENVBUILD_SASS_AUDIT", f"skipped: {no_audit}"))
+    if resolution.toolchain_adds:  # the library an extra put in the venv: found at run time by the ops' RUNPATH
+        env.append(("LDFLAGS", f"-Wl,-rpath,{paths.venv_cuda_lib(stack.python, ctx.toolchain_home)}"))
     if not lock:  # with a lock they are in the venv already, at the locked versions
         env.append(("ENVBUILD_DS_BUILD_REQUIRES", " ".join(facts.ds_build_requires)))
     target, copy = lock_part("deepspeed")

@@ -20,13 +20,16 @@ def lock_part(name: str) -> tuple[str, FileCopy]:
     return target, FileCopy(f"envbuild/{LOCK_PARTS[name]}", target)
 
 
-def _lock_files(lock) -> tuple[tuple[str, str], ...]:
+def _lock_files(lock, adds: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """The whole lock (copied into the image) and its parts: the venv but DeepSpeed (the torch
-    step), DeepSpeed alone (built after torch, --no-build-isolation), the PyPI toolchain."""
+    step) with the sections of what the toolchain adds for the chosen ops (`adds`: cuRAND, which
+    they link at build time and load at run time), DeepSpeed alone (built after torch,
+    --no-build-isolation), the PyPI toolchain."""
     if lock is None:
         return ()
+    venv = lock.requirements("venv", exclude=("deepspeed",)) + "".join(lock.requirements(need) for need in adds)
     files = [(f"envbuild/{posixpath.basename(paths.LOCK)}", lock.text),
-             (f"envbuild/{LOCK_PARTS['venv']}", lock.requirements("venv", exclude=("deepspeed",))),
+             (f"envbuild/{LOCK_PARTS['venv']}", venv),
              (f"envbuild/{LOCK_PARTS['deepspeed']}", lock.requirements("venv", only=("deepspeed",)))]
     if lock.sections.get("toolchain"):
         files.append((f"envbuild/{LOCK_PARTS['toolchain']}", lock.requirements("toolchain")))
@@ -48,9 +51,11 @@ def part(ctx: Context) -> Part:
              files=step_files("torch.sh") + venv_files, secrets=(*PIP_SECRETS, "torch_index_url"),
              comment=f"torch first: DeepSpeed's ops compile against it (CUDA {stack.cuda}"
                      f"{', ' + resolution.torch_index if resolution.torch_index else ', the PyPI default wheel'})"
-                     + ("; the whole venv but DeepSpeed, from the stack's lock, every hash checked" if lock else
+                     + ("; the whole venv but DeepSpeed, from the stack's lock, every hash checked"
+                        + "".join(f", with its [{need}] section (ops link it)" for need in resolution.toolchain_adds)
+                        if lock else
                         "; NOT hash-locked: this stack has no lock in matrices/locks")),
     )
     # --keep-toolchain keeps the step scripts too (Apptainer copies what Docker's FROM builder has).
     return Part(builder_steps=steps, from_builder=(paths.VENV, paths.SETUP_DIR) if ctx.keep else (paths.VENV,),
-                generated=_lock_files(lock))
+                generated=_lock_files(lock, resolution.toolchain_adds))

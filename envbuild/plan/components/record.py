@@ -141,9 +141,11 @@ def _lock_record(ctx: Context) -> Optional[dict]:
     lock = ctx.lock
     if lock is None:
         return None
-    return {"path": paths.LOCK, "sha256": lock.sha256, "packages": len(lock.sections["venv"]),
-            "exclude_newer": lock.header.get("exclude-newer"), "index": lock.header.get("index"),
-            "dropped": list(ctx.ds_build_only)}
+    # the venv's sections: [venv], and what the toolchain adds for the chosen ops ([curand])
+    sections = ["venv", *ctx.resolution.toolchain_adds]
+    return {"path": paths.LOCK, "sha256": lock.sha256, "packages": sum(len(lock.sections[s]) for s in sections),
+            "sections": sections, "exclude_newer": lock.header.get("exclude-newer"),
+            "index": lock.header.get("index"), "dropped": list(ctx.ds_build_only)}
 
 
 def _os_lock_record(resolution: Resolution) -> dict:

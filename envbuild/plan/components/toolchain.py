@@ -20,7 +20,10 @@ def part(ctx: Context) -> Part:
     else:
         toolchain_install = (f"{install.package}[{','.join(install.extras_for(stack.cuda_toolkit))}]=={stack.cuda_toolkit}",)
         toolchain_files = ()
+    # what an extra added to the venv for the chosen ops (cuRAND), linked into CUDA_HOME for -l<name>
+    env = (("ENVBUILD_TOOLCHAIN_ADDS", " ".join(toolchain.adds[n].library for n in resolution.toolchain_adds)),)
     step = Step("cuda-toolkit", (install.prefix, toolchain.cuda_home, *toolchain_install),
+                env=env if resolution.toolchain_adds else (),
                 files=step_files("cuda-toolkit.sh") + toolchain_files, secrets=PIP_SECRETS,
                 comment=f"nvcc {stack.cuda_toolkit} from PyPI, outside the venv ({resolution.nvcc_reason})")
     return Part(builder_steps=(step,), from_builder=(install.prefix,) if ctx.keep else ())

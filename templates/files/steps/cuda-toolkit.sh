@@ -25,6 +25,14 @@ for wheel_include in "$site/nvidia/$(basename "$home")/include" "$site/nvidia/nc
         cp -rsn "$wheel_include/." "$home/include/"
     fi
 done
+# What an extra of the toolkit added to the venv for the chosen ops (ENVBUILD_TOOLCHAIN_ADDS:
+# libcurand, from the lock's [curand] section): its headers came with the include directory
+# above; its library, under the name the linker looks for (-lcurand: libcurand.so).
+for name in ${ENVBUILD_TOOLCHAIN_ADDS:-}; do
+    found=("$site/nvidia/$(basename "$home")/lib/$name".so.*)
+    [[ -e ${found[0]} ]] || { log "cuda-toolkit: $name is not in $site/nvidia/$(basename "$home")/lib; the venv's lock part lacks it"; exit 1; }
+    ln -sfn "${found[0]}" "$home/lib/$name.so"
+done
 # The driver's link stub, as NVIDIA's toolkit has it in lib64/stubs and no PyPI wheel does: ops
 # that link -lcuda (DeepSpeed's async_io) find it through LIBRARY_PATH (lib.sh cuda_link_stubs).
 # Empty, with the driver's soname: an op that uses no driver symbol (async_io) records no

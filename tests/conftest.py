@@ -34,6 +34,16 @@ MATRIX_COMMANDS = {"render", "build", "matrix", "gpus", "extend", "extensions"} 
 sys.path.insert(0, str(ROOT))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """A test marked `whole` (the exhaustive variant of a fast one) runs where the docker tests
+    run, in CI's whole run (scripts/test.sh runs every test); the README's fast command,
+    -m "not docker", leaves both out."""
+    for item in items:
+        if item.get_closest_marker("whole"):
+            item.add_marker(pytest.mark.docker)
+
+
 @pytest.fixture(scope="session")
 def matrix():
     """The frozen fixture matrix: what behaviour tests resolve against."""

@@ -18,5 +18,15 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("envbuild: interrupted\n")
         sys.exit(130)
+    except Exception as error:  # a signal while the CLI's classes were being made arrives wrapped
+        from .errors import signal_in  # noqa: PLC0415
+
+        caught = signal_in(error)
+        if caught is None:
+            raise
+        if isinstance(caught, KeyboardInterrupt):
+            sys.stderr.write("envbuild: interrupted\n")
+            sys.exit(130)
+        sys.exit(caught.code)
     finally:  # the work is done (or undone); a Ctrl-C while the interpreter exits changes nothing
         signal.signal(signal.SIGINT, signal.SIG_IGN)

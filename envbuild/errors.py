@@ -27,3 +27,17 @@ def nearest(word: str, choices, n: int = 3) -> list[str]:
     if not close:
         close = [c for c in choices if c.startswith(word.lower()[:2])][:n]
     return close
+
+
+def signal_in(error: BaseException):
+    """The SystemExit (a SIGTERM's unwinding) or KeyboardInterrupt (a Ctrl-C) inside `error`'s
+    chain, or None: a signal that lands while a class is being made surfaces wrapped (Python
+    3.11: RuntimeError "Error calling __set_name__", from the signal's exception) and is a
+    signal still, not a bug of envbuild's."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (SystemExit, KeyboardInterrupt)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

@@ -253,14 +253,16 @@ def remove_images(repo: str, registry: str | None = None) -> None:
     REGISTRY/REPO:TAG, a pull by digest leaves REGISTRY/REPO@sha256:... with no tag): what a
     module built or pulled goes with it (BuildKit's cache stays, so the next run is fast). An
     image is removed by its references, never by ID, so one that another name still holds (the
-    base image) stays; `repo` is this run's own (unique), so no one else's image goes. With
+    base image) stays; `repo` is this run's own (unique), so no one else's image goes, nor does
+    REPO-SUFFIX (the names a module derives from its REPO) escape. With
     `registry` (a registry this run started, on its own port), only REGISTRY/REPO: a name like
     `envbuild` is not unique, the port is."""
     rows = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False).stdout
     mine = []
     for row in rows.splitlines():
         name, tag, digest = row.split()
-        if (name != f"{registry}/{repo}") if registry else (name.split("/")[-1] != repo):
+        last = name.split("/")[-1]  # REPO, or REPO-SUFFIX: a module's own names under its unique REPO
+        if (name != f"{registry}/{repo}") if registry else (last != repo and not last.startswith(f"{repo}-")):
             continue
         if tag != "<none>":
             mine.append(f"{name}:{tag}")

@@ -40,8 +40,7 @@ def work(docker_engine, tmp_path_factory):
     d = tmp_path_factory.mktemp("oslock")
     docker("tag", BASE, BASE_ALIAS)
     yield d
-    for repo in (REPO, BASE_ALIAS.split(":")[0]):  # REPO is this run's own (conftest.unique)
-        remove_images(repo)
+    remove_images(REPO)  # REPO is this run's own (conftest.unique): REPO-ok, REPO-base, ... go with it
 
 
 @pytest.fixture(scope="module")

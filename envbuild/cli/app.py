@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__, grammar
-from ..errors import EnvbuildError
+from ..errors import EnvbuildError, signal_in
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -170,6 +170,12 @@ def run():
     except Exception as e:  # a bug: say so plainly; ENVBUILD_DEBUG=1 shows the traceback
         if os.environ.get("ENVBUILD_DEBUG"):
             raise
+        caught = signal_in(e)
+        if isinstance(caught, KeyboardInterrupt):
+            err.print("envbuild: interrupted", markup=False)
+            sys.exit(130)
+        if caught is not None:  # SIGTERM's SystemExit(143), wrapped on its way out
+            sys.exit(caught.code)
         if isinstance(e, OSError) and e.filename:  # a path the user gave or the machine's state (full disk, ...)
             err.print(f"envbuild: error: {e.filename}: {e.strerror or e}; check the path, its permissions and the "
                       f"free space, then run the command again (set ENVBUILD_DEBUG=1 for a traceback).",

@@ -261,6 +261,14 @@ def test_render_prints_the_override_and_writes_its_build_directory(nccl_dir, tmp
     assert json.loads(files["manifest.json"])["nccl"] == "2.31.2"
 
 
+def test_render_json_names_the_override(nccl_dir):
+    result = invoke("render", "--gpu", "h20", "--nccl", "2.31.2", "--json", matrix_dir=nccl_dir)
+    data = json.loads(result.out)
+    assert result.code == 0 and data["nccl"] == "2.31.2" and data["nccl_override"]["replaced"] == "2.28.9"
+    plain = json.loads(invoke("render", "--gpu", "h20", "--json", matrix_dir=nccl_dir).out)
+    assert plain["nccl"] == "2.28.9" and "nccl_override" not in plain
+
+
 def test_an_empty_nccl_option_is_refused(nccl_dir):
     refused(invoke("render", "--gpu", "h20", "--nccl", "", matrix_dir=nccl_dir), "--nccl is empty")
 
@@ -285,3 +293,25 @@ def test_plan_installs_the_override_in_the_torch_step(m):
     plan = stack_plan(resolve(m, Request(gpu="h20", nccl="2.31.2")))
     names = [s.name for s in plan.builder.steps]
     assert names.index("nccl") == names.index("torch") + 1
+
+
+def test_the_rendered_files_pass_their_linters(m, tmp_path):
+    """hadolint on the Dockerfile, shellcheck on the Apptainer sections, with the nccl step in both."""
+    import subprocess
+
+    from test_lint import _shell_sections, _tool
+
+    files = render_files(resolve(m, Request(gpu="h20", nccl="2.31.2")))
+    (tmp_path / "Dockerfile").write_bytes(files["Dockerfile"])
+    r = subprocess.run([_tool("hadolint"), "--no-color", "--failure-threshold", "style", str(tmp_path / "Dockerfile")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    standalone = files["Singularity.standalone.def"].decode()  # Singularity.def starts from the Docker image
+    assert "nccl.sh nvidia-nccl-cu13 2.28.9 2.31.2" in standalone
+    scripts = []
+    sections = _shell_sections(standalone) + _shell_sections(files["Singularity.def"].decode())
+    for i, (section, body) in enumerate(sections):
+        scripts.append(tmp_path / f"{i}.sh")
+        scripts[-1].write_text(f"#!/bin/sh\n# %{section}\n{body}")
+    r = subprocess.run([_tool("shellcheck"), "--severity=style", *map(str, scripts)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:]

@@ -11,7 +11,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from pydantic import field_validator
 
 from ... import grammar
-from ..fields import _Strict, _sha256_hex, _specifier, _version
+from ..fields import _Strict, _matching, _sha256_hex, _specifier, _version
 
 # manylinux platform tags (PEP 600, and the legacy names PEP 600 maps): the glibc they need
 _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
@@ -74,13 +74,7 @@ class NcclPackage(_Strict):
     releases: list[NcclRelease]
 
     _t = field_validator("torch")(lambda v: [_version(x) for x in v])
-
-    @field_validator("package")
-    @classmethod
-    def _family(cls, v: str) -> str:
-        if not re.match(r"^nvidia-nccl-cu\d+\Z", v):
-            raise ValueError(f"expected an NCCL wheel family like 'nvidia-nccl-cu13', got {v!r}")
-        return v
+    _p = field_validator("package")(_matching(r"nvidia-nccl-cu\d+", "an NCCL wheel family like 'nvidia-nccl-cu13'"))
 
     @property
     def cuda_major(self) -> str:

@@ -140,9 +140,12 @@ def test_a_newer_release_replaces_torch_s_pin_in_lock_tag_manifest_and_dockerfil
 
 def test_the_image_s_lock_check_expects_the_override_and_not_torch_s_pin(m, tmp_path):
     r = resolve(m, Request(gpu="h20", nccl="2.31.2"))
+    files = render_files(r)
     path = tmp_path / "lock.txt"
-    path.write_text(r.lock.text)
-    manifest = {"lock": {"path": str(path), "dropped": [], "sha256": r.lock.sha256}}
+    path.write_bytes(files["envbuild/lock.txt"])
+    manifest = json.loads(files["manifest.json"])  # the smoke test's `lock` check reads the sections it names
+    assert manifest["lock"]["sections"] == ["venv", "nccl"] and manifest["lock"]["packages"] == len(r.lock.pins())
+    manifest["lock"].update(path=str(path), dropped=[])
     pins = {**r.lock.pins(), "nvidia-nccl-cu13": "2.31.2"}
     assert checks.check_lock(manifest, installed=pins)[0] is True
     ok, detail = checks.check_lock(manifest, installed={**pins, "nvidia-nccl-cu13": "2.28.9"})

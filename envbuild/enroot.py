@@ -177,27 +177,8 @@ def export_sqsh(image: str, out: Path, compression: str = "zstd", docker_cli: Op
         rootfs = work / "rootfs"
         rootfs.mkdir()
         progress(f"extracting {image}")
-        exporter = subprocess.Popen([cli, "export", container], stdout=subprocess.PIPE)
-        tar = subprocess.run(["tar", "-C", str(rootfs), "--warning=no-timestamp", "--anchored", "--exclude=dev/*",
-                              "--exclude=.dockerenv", "-px"], stdin=exporter.stdout, capture_output=True)
-        exporter.stdout.close()
-        if exporter.wait() != 0 or tar.returncode != 0:
-            raise EnvbuildError(f"envbuild export: extracting {image} failed: {tar.stderr.decode()[-300:]}")
-        # enroot's common::fixperms: every file readable (and directories writable) by the owner
-        subprocess.run(["chmod", "-f", "-R", "u+rX", str(rootfs)], check=False)
-        subprocess.run(["find", str(rootfs), "-maxdepth", "15", "-type", "d", "!", "-perm", "-u=w", "-exec",
-                        "chmod", "-f", "u+w", "{}", "+"], check=False)
-        (rootfs / "etc").mkdir(exist_ok=True)
-        for rel, data in enroot_files(config).items():
-            path = rootfs / rel
-            if path.is_symlink() or path.exists():
-                path.unlink()
-            path.write_bytes(data)
-            os.chmod(path, 0o644)
-            os.utime(path, (FIXED_TIME, FIXED_TIME))
-        for rel in DOCKER_MADE:  # what `docker create` made, and its directories, stamped with its own time
-            if os.path.lexists(rootfs / rel):
-                os.utime(rootfs / rel, (FIXED_TIME, FIXED_TIME), follow_symlinks=False)
+        _extract(cli, container, image, rootfs)
+        _as_enroot_imports(rootfs, config)
         tmp = temp_path(out)
         progress(f"writing {out} ({compression})")
         squash = subprocess.run([mksquashfs, str(rootfs), str(tmp), "-all-root", "-noappend", "-no-progress",
@@ -211,6 +192,36 @@ def export_sqsh(image: str, out: Path, compression: str = "zstd", docker_cli: Op
         _docker(cli, "rm", "-f", container)
         shutil.rmtree(work, ignore_errors=True)
     return Sqsh(out, sha256_file(out), out.stat().st_size)
+
+
+def _extract(cli: str, container: str, image: str, rootfs: Path) -> None:
+    """The container's filesystem into `rootfs`, owners and modes kept (tar -p), without /dev's
+    entries or docker's .dockerenv marker."""
+    exporter = subprocess.Popen([cli, "export", container], stdout=subprocess.PIPE)
+    tar = subprocess.run(["tar", "-C", str(rootfs), "--warning=no-timestamp", "--anchored", "--exclude=dev/*",
+                          "--exclude=.dockerenv", "-px"], stdin=exporter.stdout, capture_output=True)
+    exporter.stdout.close()
+    if exporter.wait() != 0 or tar.returncode != 0:
+        raise EnvbuildError(f"envbuild export: extracting {image} failed: {tar.stderr.decode()[-300:]}")
+
+
+def _as_enroot_imports(rootfs: Path, config: dict) -> None:
+    """What `enroot import` does to a rootfs before squashing it, with fixed times (reproducible)."""
+    # enroot's common::fixperms: every file readable (and directories writable) by the owner
+    subprocess.run(["chmod", "-f", "-R", "u+rX", str(rootfs)], check=False)
+    subprocess.run(["find", str(rootfs), "-maxdepth", "15", "-type", "d", "!", "-perm", "-u=w", "-exec",
+                    "chmod", "-f", "u+w", "{}", "+"], check=False)
+    (rootfs / "etc").mkdir(exist_ok=True)
+    for rel, data in enroot_files(config).items():
+        path = rootfs / rel
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        path.write_bytes(data)
+        os.chmod(path, 0o644)
+        os.utime(path, (FIXED_TIME, FIXED_TIME))
+    for rel in DOCKER_MADE:  # what `docker create` made, and its directories, stamped with its own time
+        if os.path.lexists(rootfs / rel):
+            os.utime(rootfs / rel, (FIXED_TIME, FIXED_TIME), follow_symlinks=False)
 
 
 # ---------------------------------------------------------------- stage

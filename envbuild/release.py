@@ -173,86 +173,20 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
     client: Optional[Registry] = None
     attached: list[str] = []
     try:
-        image = _timed(o, "build", lambda: ctx.build(variant, build_dir))
-        report = _timed(o, "smoke", lambda: run_smoke(image))
-        if not report.ok:
-            failed = [c.get("name") for c in report.checks if not c.get("ok") and c.get("status") != "skip"]
-            raise EnvbuildError(f"the smoke test failed ({', '.join(map(str, failed)) or 'see the record'}); record "
-                                f"{record_path(report.image_id)}.", exit_code=1)
+        image, report = _build_and_smoke(ctx, o, variant, build_dir)
         work.mkdir(parents=True, exist_ok=True)
-
-        def make_sbom() -> tuple[dict, bytes]:
-            inv = sbom.read_inventory(image, engine)
-            return inv, sbom.to_json(sbom.make_bom(inv, f"{ctx.image_repo}:{variant['tag']}"))
-        inv, sbom_bytes = _timed(o, "sbom", make_sbom)
-        write_atomic(work / sbom.FILE_NAME, sbom_bytes)
-        o.bytes["sbom"] = len(sbom_bytes)
-
-        found = _timed(o, "audit", lambda: audit.audit_pins(
-            sbom.python_pins(inv), f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)))
-        ctx.say(f"{variant['variant']}: audit: {found.summary()}")
-        if not found.ok:
-            raise EnvbuildError(found.refusal(f"image {variant['tag']}"), exit_code=1)
-
-        sqsh_path = work / "image.sqsh"
-        if sqsh_path.exists():
-            sqsh_path.unlink()  # an earlier run's export of this directory (ours)
-        sqsh = _timed(o, "sqsh", lambda: export_sqsh(image, sqsh_path))
-        o.bytes["sqsh"] = sqsh.size
-        smoke_bytes = record_path(report.image_id).read_bytes()
-        write_atomic(work / "smoke.json", smoke_bytes)
-        o.bytes["smoke"] = len(smoke_bytes)
-
+        inv, sbom_bytes = _sbom_and_audit(ctx, o, variant, image, engine, work)
+        sqsh, smoke_bytes = _export(o, image, report, work)
         pushed = _timed(o, "push", lambda: push(image, ctx.registry, by_platform=True,
                                                 on_event=lambda t: ctx.say(f"{variant['variant']}: {t}")))
         o.digest = pushed.digest
         client = Registry(ctx.registry)
-        subject, _ = client.manifest(name, pushed.digest)
-
-        def attach() -> None:
-            for step, kind, blob in (
-                    ("attach:sbom", sbom.MEDIA_TYPE, Blob(sbom.MEDIA_TYPE, sbom.FILE_NAME, data=sbom_bytes)),
-                    ("attach:smoke", SMOKE_TYPE, Blob(SMOKE_TYPE, "smoke.json", data=smoke_bytes)),
-                    ("attach:sqsh", SQSH_TYPE, Blob(SQSH_TYPE, f"{variant['tag']}.sqsh", path=sqsh.path))):
-                desc = _timed(o, step, lambda: client.attach(name, subject, kind, [blob],
-                                                             {"org.opencontainers.image.created": started}))
-                attached.append(desc.digest)
-        _timed(o, "attach", attach)
-
-        def byproducts() -> list[dict]:
-            return [{"name": sbom.FILE_NAME, "digest": {"sha256": _sha(sbom_bytes)}, "mediaType": sbom.MEDIA_TYPE},
-                    {"name": "smoke.json", "digest": {"sha256": _sha(smoke_bytes)}, "mediaType": SMOKE_TYPE},
-                    {"name": "image.sqsh", "digest": {"sha256": sqsh.sha256}, "mediaType": SQSH_TYPE,
-                     "annotations": {"size": str(sqsh.size)}}]
-        manifest_bytes = ((inv.get("records") or {}).get("manifest") or "").encode()
-        manifest = json.loads(manifest_bytes or b"{}")
-        request = {"job": variant.get("job", ""), "variant": variant["variant"], "stack": variant["stack"],
-                   "gpu": variant["gpu"], "fabric": variant["fabric"], "extensions": variant.get("extensions", ""),
-                   "ds_ops": manifest.get("ds_ops"), "platform": variant["platform"],
-                   "cpu_target": manifest.get("cpu_target"), "torch_cuda_arch_list": manifest.get("torch_cuda_arch_list")}
-        lock = manifest.get("lock")
-        arch = "aarch64" if variant["platform"].endswith("arm64") else "x86_64"
-        stmt = _timed(o, "provenance", lambda: provenance.statement(
-            f"{ctx.image_repo}:{variant['tag']}", pushed.digest, request, manifest_bytes, ctx.m.directory,
-            byproducts(), started, {"name": f"{variant['stack']}.{arch}.txt", "sha256": lock["sha256"]} if lock else None))
+        at = _Attaching(client, name, client.manifest(name, pushed.digest)[0], started, attached)
+        _timed(o, "attach", lambda: _attach(o, at, variant, sbom_bytes, smoke_bytes, sqsh))
+        stmt = _timed(o, "provenance", lambda: _statement(ctx, variant, inv, pushed.digest, started,
+                                                          _byproducts(sbom_bytes, smoke_bytes, sqsh)))
         write_atomic(work / "provenance.json", json.dumps(stmt, indent=2, sort_keys=True).encode())
-
-        def sign() -> None:
-            ref = f"{ctx.image_repo}@{pushed.digest}"
-            if ctx.signing.signer is not None:
-                envelope = provenance.sign(stmt, ctx.signing.signer)
-                write_atomic(work / "provenance.dsse.json", envelope)
-                o.bytes["provenance"] = len(envelope)
-                desc = client.attach(name, subject, provenance.DSSE_MEDIA_TYPE,
-                                     [Blob(provenance.DSSE_MEDIA_TYPE, "provenance.dsse.json", data=envelope)],
-                                     {PREDICATE_ANNOTATION: provenance.SLSA_PROVENANCE})
-                attached.append(desc.digest)
-            if ctx.signing.keyless:  # Sigstore: the job's OIDC identity, Fulcio and Rekor (CI only)
-                predicate = work / "provenance-predicate.json"
-                write_atomic(predicate, json.dumps(stmt["predicate"], sort_keys=True).encode())
-                cosign("attest", "--yes", "--type", "slsaprovenance1", "--predicate", str(predicate), ref)
-                cosign("sign", "--yes", ref)
-        _timed(o, "sign", sign)
+        _timed(o, "sign", lambda: _sign(ctx, o, at, work, stmt, f"{ctx.image_repo}@{pushed.digest}"))
         # The commit point: the manifest job merges only digests handed on here.
         (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
         write_atomic(ctx.out / "digests" / digest_name(variant), f"{pushed.digest}\n".encode())
@@ -270,6 +204,109 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
         if not ctx.keep_images:
             _free_disk(engine, ctx.image_repo)
     return o
+
+
+def _build_and_smoke(ctx: JobContext, o: Outcome, variant: dict, build_dir: Path):
+    """Steps 1-2: the image, and its smoke report, which must pass before anything leaves."""
+    image = _timed(o, "build", lambda: ctx.build(variant, build_dir))
+    report = _timed(o, "smoke", lambda: run_smoke(image))
+    if not report.ok:
+        failed = [c.get("name") for c in report.checks if not c.get("ok") and c.get("status") != "skip"]
+        raise EnvbuildError(f"the smoke test failed ({', '.join(map(str, failed)) or 'see the record'}); record "
+                            f"{record_path(report.image_id)}.", exit_code=1)
+    return image, report
+
+
+def _sbom_and_audit(ctx: JobContext, o: Outcome, variant: dict, image: str, engine, work: Path) -> tuple[dict, bytes]:
+    """Steps 3-4: the SBOM of what the image holds (written), and its Python pins audited."""
+    def make_sbom() -> tuple[dict, bytes]:
+        inv = sbom.read_inventory(image, engine)
+        return inv, sbom.to_json(sbom.make_bom(inv, f"{ctx.image_repo}:{variant['tag']}"))
+    inv, sbom_bytes = _timed(o, "sbom", make_sbom)
+    write_atomic(work / sbom.FILE_NAME, sbom_bytes)
+    o.bytes["sbom"] = len(sbom_bytes)
+
+    found = _timed(o, "audit", lambda: audit.audit_pins(
+        sbom.python_pins(inv), f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)))
+    ctx.say(f"{variant['variant']}: audit: {found.summary()}")
+    if not found.ok:
+        raise EnvbuildError(found.refusal(f"image {variant['tag']}"), exit_code=1)
+    return inv, sbom_bytes
+
+
+def _export(o: Outcome, image: str, report, work: Path):
+    """Step 5: the .sqsh, and the smoke record kept beside it; both are attached after the push."""
+    sqsh_path = work / "image.sqsh"
+    if sqsh_path.exists():
+        sqsh_path.unlink()  # an earlier run's export of this directory (ours)
+    sqsh = _timed(o, "sqsh", lambda: export_sqsh(image, sqsh_path))
+    o.bytes["sqsh"] = sqsh.size
+    smoke_bytes = record_path(report.image_id).read_bytes()
+    write_atomic(work / "smoke.json", smoke_bytes)
+    o.bytes["smoke"] = len(smoke_bytes)
+    return sqsh, smoke_bytes
+
+
+@dataclass
+class _Attaching:
+    """Where a variant's artifacts go, and every digest attached so far: what a failure takes back."""
+
+    client: Registry
+    name: str
+    subject: object
+    started: str
+    attached: list[str]
+
+
+def _attach(o: Outcome, at: _Attaching, variant: dict, sbom_bytes: bytes, smoke_bytes: bytes, sqsh) -> None:
+    """Step 7: the SBOM, the smoke record and the .sqsh, each an artifact whose subject is the image."""
+    for step, kind, blob in (
+            ("attach:sbom", sbom.MEDIA_TYPE, Blob(sbom.MEDIA_TYPE, sbom.FILE_NAME, data=sbom_bytes)),
+            ("attach:smoke", SMOKE_TYPE, Blob(SMOKE_TYPE, "smoke.json", data=smoke_bytes)),
+            ("attach:sqsh", SQSH_TYPE, Blob(SQSH_TYPE, f"{variant['tag']}.sqsh", path=sqsh.path))):
+        desc = _timed(o, step, lambda: at.client.attach(at.name, at.subject, kind, [blob],
+                                                        {"org.opencontainers.image.created": at.started}))
+        at.attached.append(desc.digest)
+
+
+def _byproducts(sbom_bytes: bytes, smoke_bytes: bytes, sqsh) -> list[dict]:
+    """What the provenance lists beside the image: the attached files, by digest."""
+    return [{"name": sbom.FILE_NAME, "digest": {"sha256": _sha(sbom_bytes)}, "mediaType": sbom.MEDIA_TYPE},
+            {"name": "smoke.json", "digest": {"sha256": _sha(smoke_bytes)}, "mediaType": SMOKE_TYPE},
+            {"name": "image.sqsh", "digest": {"sha256": sqsh.sha256}, "mediaType": SQSH_TYPE,
+             "annotations": {"size": str(sqsh.size)}}]
+
+
+def _statement(ctx: JobContext, variant: dict, inv: dict, digest: str, started: str, byproducts: list[dict]) -> dict:
+    """Step 8: the provenance statement, its request taken from the variant and the image's manifest."""
+    manifest_bytes = ((inv.get("records") or {}).get("manifest") or "").encode()
+    manifest = json.loads(manifest_bytes or b"{}")
+    request = {"job": variant.get("job", ""), "variant": variant["variant"], "stack": variant["stack"],
+               "gpu": variant["gpu"], "fabric": variant["fabric"], "extensions": variant.get("extensions", ""),
+               "ds_ops": manifest.get("ds_ops"), "platform": variant["platform"],
+               "cpu_target": manifest.get("cpu_target"), "torch_cuda_arch_list": manifest.get("torch_cuda_arch_list")}
+    lock = manifest.get("lock")
+    arch = "aarch64" if variant["platform"].endswith("arm64") else "x86_64"
+    return provenance.statement(
+        f"{ctx.image_repo}:{variant['tag']}", digest, request, manifest_bytes, ctx.m.directory,
+        byproducts, started, {"name": f"{variant['stack']}.{arch}.txt", "sha256": lock["sha256"]} if lock else None)
+
+
+def _sign(ctx: JobContext, o: Outcome, at: _Attaching, work: Path, stmt: dict, ref: str) -> None:
+    """Step 8's signature: a DSSE envelope attached (a key), or cosign's attestation (keyless)."""
+    if ctx.signing.signer is not None:
+        envelope = provenance.sign(stmt, ctx.signing.signer)
+        write_atomic(work / "provenance.dsse.json", envelope)
+        o.bytes["provenance"] = len(envelope)
+        desc = at.client.attach(at.name, at.subject, provenance.DSSE_MEDIA_TYPE,
+                                [Blob(provenance.DSSE_MEDIA_TYPE, "provenance.dsse.json", data=envelope)],
+                                {PREDICATE_ANNOTATION: provenance.SLSA_PROVENANCE})
+        at.attached.append(desc.digest)
+    if ctx.signing.keyless:  # Sigstore: the job's OIDC identity, Fulcio and Rekor (CI only)
+        predicate = work / "provenance-predicate.json"
+        write_atomic(predicate, json.dumps(stmt["predicate"], sort_keys=True).encode())
+        cosign("attest", "--yes", "--type", "slsaprovenance1", "--predicate", str(predicate), ref)
+        cosign("sign", "--yes", ref)
 
 
 def _take_back_quietly(client: Optional[Registry], registry: str, name: str, digest: str,

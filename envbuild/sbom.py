@@ -75,25 +75,46 @@ def _props(*pairs) -> list[Property]:
     return [Property(name=k, value=str(v)) for k, v in pairs if v not in (None, "", [])]
 
 
+class _Refs:
+    """Unique bom-refs: a package listed twice (two locations) gets '#2', '#3'."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, kind: str, name: str, version: str) -> str:
+        base = f"{kind}:{name}@{version}"
+        n, out = 1, base
+        while out in self.seen:
+            n += 1
+            out = f"{base}#{n}"
+        self.seen.add(out)
+        return out
+
+
 def make_bom(inv: dict, image_ref: str, timestamp: Optional[dt.datetime] = None) -> Bom:
     """The CycloneDX BOM of an image from its inventory (:func:`read_inventory`)."""
     records = inv.get("records") or {}
     manifest = json.loads(records["manifest"]) if records.get("manifest") else {}
+    ref = _Refs()
+    components = [*_python_components(inv, records, manifest.get("ds_ops") or [], ref),
+                  *_deb_components(inv, ref), *_fabric_components(manifest.get("fabric") or {}, ref)]
+    image = _image_component(inv, image_ref, manifest)
+    tool = Component(name="envbuild", version=__version__, type=ComponentType.APPLICATION)
+    metadata = BomMetaData(component=image, tools=ToolRepository(components=[tool]),
+                           timestamp=timestamp or dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
+    bom = Bom(components=components, metadata=metadata,
+              serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"envbuild:{inv['image_id']}"))
+    bom.register_dependency(image, components)  # the image holds each of them (a flat graph: no edges inside)
+    return bom
+
+
+def _python_components(inv: dict, records: dict, ops: list, ref: _Refs) -> list[Component]:
+    """Each installed distribution, with the lock (and section) that pinned it and its hashes;
+    a CUDA extension compiled in the builder carries its wheel's hash and the sdist as pedigree."""
     pins = _lock_pins(records.get("lock"))
     extend = _lock_pins(records.get("extend_lock"))
     extensions = {canonicalize_name(e["name"]): e for e in json.loads(records.get("extensions") or "[]")}
-    ops = manifest.get("ds_ops") or []
-    components, seen = [], set()
-
-    def ref(kind: str, name: str, version: str) -> str:
-        base = f"{kind}:{name}@{version}"
-        n, out = 1, base
-        while out in seen:
-            n += 1
-            out = f"{base}#{n}"
-        seen.add(out)
-        return out
-
+    components = []
     for d in inv.get("python", []):
         key = canonicalize_name(d["name"])
         version, section, hashes = pins.get(key) or extend.get(key) or ("", "", [])
@@ -109,24 +130,32 @@ def make_bom(inv: dict, image_ref: str, timestamp: Optional[dt.datetime] = None)
             hashes_out = [HashType(alg=HashAlgorithm.SHA_256, content=ext["sha256"])]
             props += _props(("envbuild:wheel", ext.get("wheel")), ("envbuild:arch-list", ext.get("arch_list")),
                             ("envbuild:cache-key", ext.get("cache_key")), ("envbuild:built", "compiled from source"))
-            determines = ext.get("determines") or {}
-            sdist = Component(name=d["name"], version=d["version"], type=ComponentType.LIBRARY,
-                              purl=PackageURL("pypi", name=key, version=d["version"], qualifiers={"type": "sdist"}),
-                              hashes=[HashType(alg=HashAlgorithm.SHA_256, content=determines["sdist_sha256"])]
-                              if determines.get("sdist_sha256") else [])
-            patches = [Patch(type=PatchClassification.UNOFFICIAL,
-                             diff=Diff(text=AttachedText(content=json.dumps(p, sort_keys=True),
-                                                         content_type="application/json")))
-                       for p in determines.get("patches") or []]
-            pedigree = Pedigree(ancestors=[sdist], patches=patches,
-                                notes="compiled from the sdist in the image's builder stage")
+            pedigree = _built_pedigree(d, key, ext.get("determines") or {})
         components.append(Component(
             name=d["name"], version=d["version"], type=ComponentType.LIBRARY,
             bom_ref=ref("pypi", key, d["version"]), purl=PackageURL("pypi", name=key, version=d["version"]),
             hashes=hashes_out, properties=props, pedigree=pedigree))
+    return components
 
+
+def _built_pedigree(d: dict, key: str, determines: dict) -> Pedigree:
+    """Where a wheel compiled in the builder came from: its sdist (by hash) and the patches applied."""
+    sdist = Component(name=d["name"], version=d["version"], type=ComponentType.LIBRARY,
+                      purl=PackageURL("pypi", name=key, version=d["version"], qualifiers={"type": "sdist"}),
+                      hashes=[HashType(alg=HashAlgorithm.SHA_256, content=determines["sdist_sha256"])]
+                      if determines.get("sdist_sha256") else [])
+    patches = [Patch(type=PatchClassification.UNOFFICIAL,
+                     diff=Diff(text=AttachedText(content=json.dumps(p, sort_keys=True),
+                                                 content_type="application/json")))
+               for p in determines.get("patches") or []]
+    return Pedigree(ancestors=[sdist], patches=patches, notes="compiled from the sdist in the image's builder stage")
+
+
+def _deb_components(inv: dict, ref: _Refs) -> list[Component]:
+    """Each Debian package dpkg lists, as a deb purl of the image's distribution."""
     os_info = inv.get("os") or {}
     distro = f"{os_info.get('id', '')}-{os_info.get('version_id', '')}".strip("-")
+    components = []
     for p in inv.get("dpkg", []):
         qualifiers = {"arch": p["architecture"], **({"distro": distro} if distro else {})}
         components.append(Component(
@@ -135,8 +164,12 @@ def make_bom(inv: dict, image_ref: str, timestamp: Optional[dt.datetime] = None)
             purl=PackageURL("deb", namespace=os_info.get("id") or None, name=p["package"], version=p["version"],
                             qualifiers=qualifiers),
             properties=_props(("envbuild:source-package", p["source"] if p["source"] != p["package"] else ""))))
+    return components
 
-    fabric = manifest.get("fabric") or {}
+
+def _fabric_components(fabric: dict, ref: _Refs) -> list[Component]:
+    """The fabric's sources built from pinned tarballs, and its vendored files, each by URL and sha256."""
+    components = []
     for s in fabric.get("sources") or []:
         components.append(Component(
             name=s["name"], version=s.get("version"), type=ComponentType.LIBRARY,
@@ -150,9 +183,14 @@ def make_bom(inv: dict, image_ref: str, timestamp: Optional[dt.datetime] = None)
             hashes=[HashType(alg=HashAlgorithm.SHA_256, content=f["sha256"])],
             external_references=[ExternalReference(type=ExternalReferenceType.DISTRIBUTION, url=XsUri(f["url"]))],
             properties=_props(("envbuild:fabric", fabric.get("name")))))
+    return components
 
+
+def _image_component(inv: dict, image_ref: str, manifest: dict) -> Component:
+    """The image itself: the BOM's subject, named by its reference and identified by its image id."""
+    os_info = inv.get("os") or {}
     repo, _, tag = image_ref.rpartition(":") if ":" in image_ref.rsplit("/", 1)[-1] else (image_ref, "", "")
-    image = Component(
+    return Component(
         name=repo or image_ref, version=tag or None, type=ComponentType.CONTAINER, bom_ref="image",
         hashes=[HashType(alg=HashAlgorithm.SHA_256, content=inv["image_id"].split(":", 1)[1])],
         properties=_props((IMAGE_ID, inv["image_id"]), ("envbuild:platform", inv.get("platform")),
@@ -161,13 +199,6 @@ def make_bom(inv: dict, image_ref: str, timestamp: Optional[dt.datetime] = None)
                           ("envbuild:python", inv.get("python_version")),
                           *((f"envbuild:base:{stage}", ref_) for stage, ref_ in
                             sorted((manifest.get("base_images") or {}).items()))))
-    tool = Component(name="envbuild", version=__version__, type=ComponentType.APPLICATION)
-    metadata = BomMetaData(component=image, tools=ToolRepository(components=[tool]),
-                           timestamp=timestamp or dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
-    bom = Bom(components=components, metadata=metadata,
-              serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"envbuild:{inv['image_id']}"))
-    bom.register_dependency(image, components)  # the image holds each of them (a flat graph: no edges inside)
-    return bom
 
 
 def to_json(bom: Bom) -> bytes:

@@ -227,6 +227,22 @@ def verify_target(client: Registry, target: Target, trust: Trust, content: bool 
         for name in ("provenance", "sbom", "smoke", "sqsh"):
             checks.append(Check(name, p, None, "not checked: no verified provenance"))
         return checks
+    check, inv = _provenance_check(target, doc, content, engine)
+    checks.append(check)
+    checks.append(_sbom_check(client, target, doc, inv))
+    checks.append(_smoke_check(client, target, doc))
+    layer, why = attached_byproduct(client, target, doc, SQSH_TYPE)
+    checks.append(Check("sqsh", p, layer is not None, why if layer is None else
+                        f"{layer.size / 2**20:.0f} MiB, sha256 {layer.digest[7:19]}... (envbuild stage checks its bytes)"))
+    return checks
+
+
+def _provenance_check(target: Target, doc: dict, content: bool,
+                      engine: Optional[Engine]) -> tuple[Check, Optional[dict]]:
+    """The signed statement is for this tag and platform and, where the image can be pulled and
+    read here (`content`, the host's platform), records the manifest.json the image holds; the
+    image's inventory when it was read (the SBOM is then compared with it)."""
+    p = target.platform
     ext = doc["predicate"]["buildDefinition"]["externalParameters"]
     internal = doc["predicate"]["buildDefinition"].get("internalParameters") or {}
     problems = []
@@ -234,62 +250,60 @@ def verify_target(client: Registry, target: Target, trust: Trust, content: bool 
         problems.append(f"it was made for tag {ext.get('tag')}, not {target.tag}")
     if internal.get("platform") and internal["platform"] != p:
         problems.append(f"it was made for {internal['platform']}")
-    inv = None
-    if content:
-        engine = engine or get_engine()
-        here = host_platform()
-        if p != here:
-            checks.append(Check("provenance", p, not problems, "; ".join(problems) or
-                                f"for tag {ext.get('tag')} (manifest not compared: a {p} image on a {here} host)"))
-        else:
-            image_id = engine.pull(f"{target.registry}/{target.name}@{target.manifest.digest}")
-            inv = sbom_mod.read_inventory(image_id, engine)
-            real = hashlib.sha256((inv.get("records") or {}).get("manifest", "").encode()).hexdigest()
-            recorded = next((d["digest"]["sha256"] for d in doc["predicate"]["buildDefinition"]["resolvedDependencies"]
-                             if d.get("name") == "image:/opt/envbuild/manifest.json"), "")
-            if real != recorded:
-                problems.append(f"the image's manifest.json (sha256 {real[:12]}) is not the one it records "
-                                f"({recorded[:12]})")
-            checks.append(Check("provenance", p, not problems, "; ".join(problems) or
-                                f"for tag {ext.get('tag')}, stack {internal.get('stack')}, manifest.json matches"))
-    else:
-        checks.append(Check("provenance", p, not problems, "; ".join(problems) or f"for tag {ext.get('tag')}"))
+    if not content:
+        return Check("provenance", p, not problems, "; ".join(problems) or f"for tag {ext.get('tag')}"), None
+    engine = engine or get_engine()
+    here = host_platform()
+    if p != here:
+        return Check("provenance", p, not problems, "; ".join(problems) or
+                     f"for tag {ext.get('tag')} (manifest not compared: a {p} image on a {here} host)"), None
+    image_id = engine.pull(f"{target.registry}/{target.name}@{target.manifest.digest}")
+    inv = sbom_mod.read_inventory(image_id, engine)
+    real = hashlib.sha256((inv.get("records") or {}).get("manifest", "").encode()).hexdigest()
+    recorded = next((d["digest"]["sha256"] for d in doc["predicate"]["buildDefinition"]["resolvedDependencies"]
+                     if d.get("name") == "image:/opt/envbuild/manifest.json"), "")
+    if real != recorded:
+        problems.append(f"the image's manifest.json (sha256 {real[:12]}) is not the one it records "
+                        f"({recorded[:12]})")
+    return Check("provenance", p, not problems, "; ".join(problems) or
+                 f"for tag {ext.get('tag')}, stack {internal.get('stack')}, manifest.json matches"), inv
 
+
+def _sbom_check(client: Registry, target: Target, doc: dict, inv: Optional[dict]) -> Check:
+    """The signed SBOM is attached and describes this image: compared with its content where
+    it was read, else by image id alone."""
+    p = target.platform
     layer, why = attached_byproduct(client, target, doc, SBOM_TYPE)
     if layer is None:
-        checks.append(Check("sbom", p, False, why))
-    else:
-        data = client.fetch(target.name, layer)
-        if inv is None:
-            said = sbom_mod.describe(data)
-            ok = said["image_id"] == target.config
-            checks.append(Check("sbom", p, ok, f"signed, {len(said['pypi'])} Python and {len(said['deb'])} dpkg "
-                                                f"packages (content not compared)" if ok else
-                                f"it describes image {said['image_id'][:19]}, not {target.config[:19]}"))
-        else:
-            diff = sbom_mod.differences(data, inv)
-            checks.append(Check("sbom", p, not diff, "; ".join(diff) or
-                                f"matches the image: {len(inv['python'])} Python and {len(inv['dpkg'])} dpkg packages"))
+        return Check("sbom", p, False, why)
+    data = client.fetch(target.name, layer)
+    if inv is None:
+        said = sbom_mod.describe(data)
+        ok = said["image_id"] == target.config
+        return Check("sbom", p, ok, f"signed, {len(said['pypi'])} Python and {len(said['deb'])} dpkg "
+                                    f"packages (content not compared)" if ok else
+                     f"it describes image {said['image_id'][:19]}, not {target.config[:19]}")
+    diff = sbom_mod.differences(data, inv)
+    return Check("sbom", p, not diff, "; ".join(diff) or
+                 f"matches the image: {len(inv['python'])} Python and {len(inv['dpkg'])} dpkg packages")
 
+
+def _smoke_check(client: Registry, target: Target, doc: dict) -> Check:
+    """The signed smoke record is attached, passed, and was recorded for this image and platform."""
+    p = target.platform
     layer, why = attached_byproduct(client, target, doc, SMOKE_TYPE)
     if layer is None:
-        checks.append(Check("smoke", p, False, why))
-    else:
-        record = json.loads(client.fetch(target.name, layer))
-        bad = []
-        if not record.get("ok"):
-            bad.append("the recorded smoke test failed")
-        if record.get("image_id") != target.config:
-            bad.append(f"it was recorded for image {str(record.get('image_id'))[:19]}, not {target.config[:19]}")
-        if record.get("platform") and record["platform"] != p:
-            bad.append(f"it ran as {record['platform']}")
-        checks.append(Check("smoke", p, not bad, "; ".join(bad) or
-                            f"passed ({record.get('mode', '?')} mode, {record.get('checked_at', '?')})"))
-
-    layer, why = attached_byproduct(client, target, doc, SQSH_TYPE)
-    checks.append(Check("sqsh", p, layer is not None, why if layer is None else
-                        f"{layer.size / 2**20:.0f} MiB, sha256 {layer.digest[7:19]}... (envbuild stage checks its bytes)"))
-    return checks
+        return Check("smoke", p, False, why)
+    record = json.loads(client.fetch(target.name, layer))
+    bad = []
+    if not record.get("ok"):
+        bad.append("the recorded smoke test failed")
+    if record.get("image_id") != target.config:
+        bad.append(f"it was recorded for image {str(record.get('image_id'))[:19]}, not {target.config[:19]}")
+    if record.get("platform") and record["platform"] != p:
+        bad.append(f"it ran as {record['platform']}")
+    return Check("smoke", p, not bad, "; ".join(bad) or
+                 f"passed ({record.get('mode', '?')} mode, {record.get('checked_at', '?')})")
 
 
 def verify(ref: str, trust: Trust, platform: Optional[str] = None, content: bool = True,

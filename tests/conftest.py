@@ -15,6 +15,7 @@ import signal
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,16 @@ MATRIX_COMMANDS = {"render", "build", "matrix", "gpus", "extend", "extensions"} 
 sys.path.insert(0, str(ROOT))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """A test marked `whole` (the exhaustive variant of a fast one) runs where the docker tests
+    run, in CI's whole run (scripts/test.sh runs every test); the README's fast command,
+    -m "not docker", leaves both out."""
+    for item in items:
+        if item.get_closest_marker("whole"):
+            item.add_marker(pytest.mark.docker)
+
+
 @pytest.fixture(scope="session")
 def matrix():
     """The frozen fixture matrix: what behaviour tests resolve against."""
@@ -49,23 +60,62 @@ def production_matrix():
     return load_matrix()
 
 
-def run_cli(*args, cwd=None, env=None, timeout=120, production=False):
-    """Run the real console entry point of THIS checkout in a subprocess (exit codes,
-    stderr, no traceback), against the fixture matrix unless `production`."""
+def _cli_env(args, env, production) -> dict[str, str]:
+    """The environment `envbuild ARGS` runs in: the fixture matrix unless `production`, no ENVBUILD_DEBUG."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("ENVBUILD_DEBUG", None)
-    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [full_env.get("PYTHONPATH")])])
     if production or (args and args[0] not in MATRIX_COMMANDS):
         full_env.pop("ENVBUILD_MATRIX_DIR", None)
     else:
         full_env.setdefault("ENVBUILD_MATRIX_DIR", str(FIXTURE_MATRIX))
+    return full_env
+
+
+def run_cli(*args, cwd=None, env=None, timeout=120, production=False):
+    """Run the real console entry point of THIS checkout in a subprocess, against the fixture
+    matrix unless `production`: for what only a process shows (signals, a child's file
+    descriptors, a hard timeout) and for real builds; the rest use `run_here` (the `cli` fixture)."""
+    full_env = _cli_env(args, env, production)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [full_env.get("PYTHONPATH")])])
     return subprocess.run([sys.executable, "-m", "envbuild", *args], cwd=cwd or ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_here(*args, cwd=None, env=None, production=False, input=None, timeout=None) -> subprocess.CompletedProcess:
+    """`envbuild ARGS` in this process, as `python -m envbuild ARGS` runs it but for starting an
+    interpreter (a second or more per run on two cores): the console's error handling
+    (`envbuild.cli.run`: exit code, one-paragraph errors, no traceback), the child's argv,
+    environment and working directory, stdin `input` (else empty), a `timeout` that fails the
+    test rather than hang it. The result is run_cli's."""
+    from click.testing import CliRunner
+
+    from envbuild.cli import run
+
+    full_env = _cli_env(args, env, production)
+    changes = {**{k: v for k, v in full_env.items() if os.environ.get(k) != v},
+               **{k: None for k in os.environ if k not in full_env}}
+    argv, main_module, cwd_before = sys.argv, sys.modules["__main__"], os.getcwd()
+    as_main = types.ModuleType("__main__")
+    as_main.__package__ = "envbuild"  # click names the program from it: "python -m envbuild", as in a child
+    with CliRunner().isolation(input=input, env=changes) as (out, err, _):
+        sys.argv, sys.modules["__main__"] = [str(ROOT / "envbuild" / "__main__.py"), *map(str, args)], as_main
+        try:
+            os.chdir(cwd or ROOT)
+            with alarm_deadline(timeout, f"envbuild {' '.join(map(str, args))}") if timeout else contextlib.nullcontext():
+                run()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            sys.argv, sys.modules["__main__"] = argv, main_module
+            os.chdir(cwd_before)
+    return subprocess.CompletedProcess([sys.executable, "-m", "envbuild", *args], code,
+                                       out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace"))
+
+
 @pytest.fixture
 def cli():
-    return run_cli
+    return run_here
 
 
 def tree(path: Path) -> dict[str, bytes]:

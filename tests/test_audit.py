@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import FIXTURE_MATRIX, run_cli, tree
+from conftest import FIXTURE_MATRIX, run_here, tree
 
 sys.path.insert(0, str(Path(__file__).parent / "tools"))
 from osv_server import OsvServer  # noqa: E402
@@ -52,7 +52,7 @@ def entry(id_: str, expires: str, package: str = "pycrypto") -> str:
 
 def test_a_vulnerable_pin_fails_with_the_advisory_id_and_nothing_is_written(vulnerable, osv):
     before = tree(vulnerable)
-    r = run_cli("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
+    r = run_here("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
     assert r.returncode == 1, r.stdout + r.stderr
     said = " ".join(r.stderr.split())
     assert "PYSEC-2017-94 (CVE-2013-7459, GHSA-cq27-v7xp-c356) in pycrypto 2.6.1, no fixed release" in said
@@ -64,12 +64,12 @@ def test_a_vulnerable_pin_fails_with_the_advisory_id_and_nothing_is_written(vuln
 
 def test_an_allowlist_entry_lets_it_pass_and_an_expired_one_does_not(vulnerable, osv):
     _allow(vulnerable, entry("PYSEC-2017-94", "2099-12-31"), entry("CVE-2018-6594", "2099-12-31"))
-    r = run_cli("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
+    r = run_here("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "allowed PYSEC-2017-94 in pycrypto 2.6.1 until 2099-12-31: only Crypto.Hash" in r.stdout
     assert "allowed PYSEC-2018-97" in r.stdout  # allowed by its alias
     _allow(vulnerable, entry("PYSEC-2017-94", "2099-12-31"), entry("PYSEC-2018-97", "2020-01-31"))
-    r = run_cli("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
+    r = run_here("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
     assert r.returncode == 1
     assert "PYSEC-2018-97" in r.stderr and "the allowlist entry expired on 2020-01-31" in " ".join(r.stderr.split())
     assert "PYSEC-2017-94 (" not in r.stderr  # the live entry still allows that one
@@ -78,7 +78,7 @@ def test_an_allowlist_entry_lets_it_pass_and_an_expired_one_does_not(vulnerable,
 def test_an_entry_for_another_package_does_not_allow_the_advisory(vulnerable, osv):
     _allow(vulnerable, entry("PYSEC-2017-94", "2099-12-31", package="pycryptodome"),
            entry("PYSEC-2018-97", "2099-12-31"))
-    r = run_cli("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
+    r = run_here("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
     assert r.returncode == 1 and "PYSEC-2017-94" in r.stderr
 
 
@@ -93,22 +93,22 @@ def test_an_entry_for_another_package_does_not_allow_the_advisory(vulnerable, os
 ])
 def test_a_malformed_allowlist_is_refused_with_exit_2_naming_the_entry(vulnerable, osv, text, said):
     (vulnerable / "vulnerabilities.yaml").write_text(text)
-    r = run_cli("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
+    r = run_here("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", osv.url)
     assert r.returncode == 2, r.stdout + r.stderr
     assert said in r.stderr and "vulnerabilities.yaml" in r.stderr and "Traceback" not in r.stderr
     assert "expires: 2027-03-31" in r.stderr  # the example of a valid entry
 
 
 def test_an_unknown_service_and_stack_are_refused(vulnerable):
-    r = run_cli("audit", "--matrix-dir", str(vulnerable), "--vulnerability-service", "osv.dev")
+    r = run_here("audit", "--matrix-dir", str(vulnerable), "--vulnerability-service", "osv.dev")
     assert r.returncode == 2 and "is not pypi" in r.stderr and "/v1/query" in r.stderr
-    r = run_cli("audit", "--stack", "torch2.11-cu130-py3.13", "--matrix-dir", str(vulnerable))
+    r = run_here("audit", "--stack", "torch2.11-cu130-py3.13", "--matrix-dir", str(vulnerable))
     assert r.returncode == 2 and f"nearest: {STACK}" in r.stderr
 
 
 def test_packages_the_service_cannot_answer_for_close_the_gate(vulnerable):
     """A service that answers nothing (here: a port where nothing listens) is not a pass."""
-    r = run_cli("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service",
+    r = run_here("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service",
                 "http://127.0.0.1:9/v1/query", timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "could not audit" in r.stderr or "could not be audited" in r.stderr, r.stderr

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import BASE_IMAGE as BASE
-from conftest import DOCKER, ROOT, run_cli
+from conftest import DOCKER, ROOT, run_cli, run_here
 from envbuild.enroot import enroot_files, sha256_file, stage
 
 
@@ -48,10 +48,10 @@ def test_staging_twice_at_once_copies_once_and_both_find_the_same_verified_file(
 def test_a_truncated_staged_file_is_refused_with_its_checksum(tmp_path):
     source, shared = _sqsh(tmp_path / "img.sqsh"), tmp_path / "shared"
     shared.mkdir()
-    assert run_cli("stage", str(source), "--to", str(shared)).returncode == 0
+    assert run_here("stage", str(source), "--to", str(shared)).returncode == 0
     with open(shared / "img.sqsh", "r+b") as f:
         f.truncate(1000)  # a copy cut short (a full disk, a killed rsync)
-    r = run_cli("stage", str(source), "--to", str(shared))
+    r = run_here("stage", str(source), "--to", str(shared))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     said = " ".join(r.stderr.split())
     assert f"{shared / 'img.sqsh'} is partial or corrupt" in said and "Remove both and stage again" in said
@@ -73,14 +73,14 @@ def test_a_killed_stage_leaves_a_partial_copy_the_next_stage_removes(tmp_path):
     source, shared = _sqsh(tmp_path / "img.sqsh"), tmp_path / "shared"
     shared.mkdir()
     (shared / ".img.sqsh.envbuild-tmp-0123abcd").write_bytes(b"half")
-    assert run_cli("stage", str(source), "--to", str(shared)).returncode == 0
+    assert run_here("stage", str(source), "--to", str(shared)).returncode == 0
     assert not list(shared.glob(".img.sqsh.envbuild-tmp-*"))
 
 
 def test_stage_refuses_a_missing_directory_and_an_unknown_image(tmp_path):
-    r = run_cli("stage", str(_sqsh(tmp_path / "a.sqsh", 10)), "--to", str(tmp_path / "nope"))
+    r = run_here("stage", str(_sqsh(tmp_path / "a.sqsh", 10)), "--to", str(tmp_path / "nope"))
     assert r.returncode == 2 and "does not exist" in r.stderr
-    r = run_cli("stage", "no-such-image:1", "--to", str(tmp_path))
+    r = run_here("stage", "no-such-image:1", "--to", str(tmp_path))
     assert r.returncode == 2 and "no such local image" in r.stderr
 
 

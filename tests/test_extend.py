@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_cli, tree
+from conftest import run_here, tree
 from envbuild.errors import EnvbuildError
 from envbuild.extend import read_requirements
 
@@ -67,7 +67,7 @@ def test_a_hash_the_stack_does_not_have_or_a_marker_that_excludes_the_image_is_r
 
 
 def _extend(tmp_path, *args, timeout=600, env=None):
-    return run_cli("extend", *args, "-o", str(tmp_path / "out"), timeout=timeout, env=env)
+    return run_here("extend", *args, "-o", str(tmp_path / "out"), timeout=timeout, env=env)
 
 
 def test_extend_needs_exactly_one_source_of_packages(tmp_path):
@@ -139,7 +139,7 @@ def test_extend_renders_a_layer_on_the_stack_image_from_a_hash_locked_resolution
     (recipe,) = SingularityParser(str(out / "Singularity.def")).recipe.values()
     assert recipe.fromHeader == f"envbuild:{stack_tag}" and any("extend.sh" in line for line in recipe.install)
     # Same inputs (the date included), same files.
-    again = run_cli("extend", "-r", str(tmp_path / "r.txt"), "--gpu", "h20", "--stack", CI_STACK, "--name", "demo",
+    again = run_here("extend", "-r", str(tmp_path / "r.txt"), "--gpu", "h20", "--stack", CI_STACK, "--name", "demo",
                     "--as-of", AS_OF, "-o", str(tmp_path / "again"), timeout=600)
     assert again.returncode == 0
     first, second = tree(out), tree(tmp_path / "again")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_here
 from envbuild.errors import EnvbuildError
 from envbuild.extend import split_cuda_extensions
 from envbuild.image import checks
@@ -111,16 +111,16 @@ def test_every_refusal_reason_is_in_the_build_script_it_cites(production_matrix)
 
 def test_a_package_envbuild_does_not_prebuild_is_refused_by_ext_and_by_extend_before_uv(tmp_path):
     out = tmp_path / "out"
-    r = run_cli("render", "--gpu", "h100", "--ext", "mamba_ssm", "-o", str(out))
+    r = run_here("render", "--gpu", "h100", "--ext", "mamba_ssm", "-o", str(out))
     assert r.returncode == 2 and "rule ext-not-prebuilt" in r.stderr and "MAMBA_FORCE_BUILD" in r.stderr, r.stderr
     assert "Pre-built: flash-attn, causal-conv1d" in r.stderr and "Traceback" not in r.stderr
     req = tmp_path / "r.txt"
     req.write_text("einops\nnatten>=0.17\n")
-    r = run_cli("extend", "-r", str(req), "--gpu", "h100", "-o", str(out), env={"UV_OFFLINE": "1"})
+    r = run_here("extend", "-r", str(req), "--gpu", "h100", "-o", str(out), env={"UV_OFFLINE": "1"})
     assert r.returncode == 2 and f"{req}: 'natten>=0.17': natten compiles against torch" in r.stderr, r.stderr
     assert "WITHOUT libnatten" in r.stderr and f"Remove it from {req}" in r.stderr
     assert not out.exists()
-    listed = run_cli("extensions").stdout
+    listed = run_here("extensions").stdout
     assert "not pre-built" in listed and "mamba-ssm 2.3.2.post1" in listed.split("not pre-built")[1]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_cli
+from conftest import run_here
 from envbuild.errors import EnvbuildError
 from envbuild.image import fabric as image_fabric
 from envbuild.matrix import load_matrix
@@ -89,7 +89,7 @@ def test_aws_efa_is_built_from_pinned_sources_in_the_builder_and_copied_whole(ma
 
 
 def test_aws_efa_apptainer_copies_the_prefixes_before_registering_them(matrix, tmp_path):
-    r = run_cli("render", "--gpu", "h20", "--fabric", "aws-efa", "--matrix-dir", str(_fixture_dir()),
+    r = run_here("render", "--gpu", "h20", "--fabric", "aws-efa", "--matrix-dir", str(_fixture_dir()),
                 "-o", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     definition = (tmp_path / "o" / "Singularity.standalone.def").read_text()
@@ -115,12 +115,12 @@ def test_aws_efa_apptainer_takes_the_built_fabric_with_or_without_keep_toolchain
 
 
 def test_the_source_mirror_is_a_secret_never_rendered(tmp_path):
-    r = run_cli("render", "--gpu", "h20", "--fabric", "aws-efa", "--matrix-dir", str(_fixture_dir()),
+    r = run_here("render", "--gpu", "h20", "--fabric", "aws-efa", "--matrix-dir", str(_fixture_dir()),
                 "--source-mirror", "http://127.0.0.1:8799", "-o", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     for f in (tmp_path / "o").rglob("*"):
         assert not f.is_file() or "127.0.0.1:8799" not in f.read_text(errors="replace"), f
-    r = run_cli("render", "--gpu", "h20", "--source-mirror", "ftp://mirror", "-o", str(tmp_path / "p"))
+    r = run_here("render", "--gpu", "h20", "--source-mirror", "ftp://mirror", "-o", str(tmp_path / "p"))
     assert r.returncode == 2 and "--source-mirror 'ftp://mirror' is not an http(s) URL" in r.stderr
     assert not (tmp_path / "p").exists()
 
@@ -256,17 +256,17 @@ def test_aliases_resolve_and_an_unknown_fabric_is_refused_with_the_choices(matri
 
 def test_render_refuses_an_unknown_fabric_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
-    r = run_cli("render", "--gpu", "h20", "--fabric", "efaa", "-o", str(out))
+    r = run_here("render", "--gpu", "h20", "--fabric", "efaa", "-o", str(out))
     assert r.returncode == 2 and "--fabric 'efaa' is not a known fabric" in r.stderr
     assert "Traceback" not in r.stderr and not out.exists()
 
 
 def test_render_summary_and_json_name_the_fabric(tmp_path):
-    r = run_cli("render", "--gpu", "h20", "--json", "-o", str(tmp_path / "o"))
+    r = run_here("render", "--gpu", "h20", "--json", "-o", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["fabric"]["name"] == "ib" and doc["fabric"]["transport"] == "IB"
-    r = run_cli("render", "--gpu", "h20", "-o", str(tmp_path / "p"))
+    r = run_here("render", "--gpu", "h20", "-o", str(tmp_path / "p"))
     assert "fabric       ib: NCCL net IB (libibverbs1" in r.stdout
 
 
@@ -293,7 +293,7 @@ def test_a_fabric_the_os_cannot_carry_is_rejected_by_rule_fabric_os(matrix_copy)
     rows = explain_rows(m, Request(gpu="h20", fabric="test-fabric"))
     debian = [why for stack, verdict, why in rows if "py3.11-pypi" in stack]
     assert debian and all("[fabric-os] fabric test-fabric needs efa-userspace packages" in w for w in debian)
-    r = run_cli("render", "--gpu", "h20", "--fabric", "test-fabric", "--stack", "torch2.11-cu130-py3.11-pypi",
+    r = run_here("render", "--gpu", "h20", "--fabric", "test-fabric", "--stack", "torch2.11-cu130-py3.11-pypi",
                 "--matrix-dir", str(matrix_copy), "--print-tag")
     assert r.returncode == 2 and "efa-userspace packages" in r.stderr, r.stderr
 

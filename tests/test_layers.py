@@ -30,7 +30,8 @@ def _venv(tmp_path: Path, name: str) -> tuple[Path, Path]:
         (site / "nvidia" / package / "lib").mkdir(parents=True)
         (site / "nvidia" / package / "__init__.py").write_text(f"NAME = {package!r}\n")
         (site / "nvidia" / package / "lib" / f"lib{package}.so.1").write_bytes(package.encode() * 1000)
-        subprocess.run([str(venv / "bin" / "python"), "-c", f"import nvidia.{package}"], check=True)  # a __pycache__
+    imports = ", ".join(f"nvidia.{package}" for package in PACKAGES)
+    subprocess.run([str(venv / "bin" / "python"), "-c", f"import {imports}"], check=True)  # each a __pycache__
     return venv, site
 
 

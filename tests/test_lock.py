@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURE_MATRIX, ROOT, run_cli, tree
+from conftest import FIXTURE_MATRIX, ROOT, run_here, tree
 from envbuild.errors import EnvbuildError
 from envbuild.lock import (deepspeed_install_requires, disagreements, expected_fields, load_lock, lock_path,
                            normalized, parse_lock, stack_lock)
@@ -79,7 +79,7 @@ def test_a_lock_that_disagrees_with_its_row_stops_the_render_with_the_refresh_co
     path = lock_path(matrix_copy, CI_STACK, "x86_64")
     path.write_text(path.read_text().replace("\ntorch==2.11.0 ", "\ntorch==2.10.0 "))
     out = tmp_path / "out"
-    result = run_cli("render", "--gpu", "h20", "--stack", CI_STACK, "-o", str(out),
+    result = run_here("render", "--gpu", "h20", "--stack", CI_STACK, "-o", str(out),
                      env={"ENVBUILD_MATRIX_DIR": str(matrix_copy)})
     assert result.returncode == 2, result.stderr
     assert "stale" in result.stderr and f"envbuild lock --stack {CI_STACK}" in result.stderr
@@ -106,12 +106,12 @@ def test_a_malformed_lock_is_refused_with_its_line(text, message):
 
 def test_the_lock_render_summary_and_the_manifest_agree(matrix, tmp_path):
     out = tmp_path / "b"
-    result = run_cli("render", "--gpu", "h20", "--stack", CI_STACK, "-o", str(out))
+    result = run_here("render", "--gpu", "h20", "--stack", CI_STACK, "-o", str(out))
     assert result.returncode == 0, result.stderr
     lock = load_lock(FIXTURE_MATRIX, CI_STACK, "x86_64")
     assert f"sha256 {lock.sha256[:12]}" in result.stdout
     assert (out / "envbuild" / "lock.txt").read_text() == lock.text
-    result = run_cli("render", "--gpu", "v100", "--stack", "torch2.11-cu126-py3.12", "-o", str(tmp_path / "c"))
+    result = run_here("render", "--gpu", "v100", "--stack", "torch2.11-cu126-py3.12", "-o", str(tmp_path / "c"))
     said = " ".join(result.stdout.split())
     assert result.returncode == 0 and "lock none: its torch comes from download.pytorch.org" in said
     assert "cannot be locked from a machine without it" in said
@@ -119,7 +119,7 @@ def test_the_lock_render_summary_and_the_manifest_agree(matrix, tmp_path):
 
 def test_lock_refuses_an_unknown_stack_and_writes_nothing(matrix_copy):
     before = tree(matrix_copy)
-    result = run_cli("lock", "--stack", "torch2.11-cu130-py3.11-pypy", "--matrix-dir", str(matrix_copy))
+    result = run_here("lock", "--stack", "torch2.11-cu130-py3.11-pypy", "--matrix-dir", str(matrix_copy))
     assert result.returncode == 2
     assert "--stack torch2.11-cu130-py3.11-pypy: no such stack" in result.stderr
     assert "Nearest: torch2.11-cu130-py3.11-pypi" in result.stderr and "Traceback" not in result.stderr
@@ -142,18 +142,18 @@ def test_lock_makes_the_same_file_again(tmp_path):
 
 
 def _lock_check_round_trip(matrix_dir, env):
-    result = run_cli("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300, env=env)
+    result = run_here("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("current")
     # An edited lock is not current, and --check says which command refreshes it.
     path = lock_path(matrix_dir, CI_STACK, "x86_64")
     text = path.read_text()
     path.write_text(text.replace("# [venv]\n", "# [venv]\nsix==1.17.0 \\\n    --hash=sha256:" + "0" * 64 + "\n"))
-    result = run_cli("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300, env=env)
+    result = run_here("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300, env=env)
     assert result.returncode == 1 and result.stdout.startswith("stale")
     assert f"envbuild lock --stack {CI_STACK}" in result.stderr
     # Writing puts back exactly the committed file.
-    result = run_cli("lock", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300)
+    result = run_here("lock", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300)
     assert result.returncode == 0, result.stderr
     assert normalized(path.read_text()) == normalized(text)
 
@@ -161,7 +161,7 @@ def _lock_check_round_trip(matrix_dir, env):
 def test_lock_will_not_overwrite_a_file_it_did_not_write(matrix_copy):
     path = lock_path(matrix_copy, CI_STACK, "x86_64")
     path.write_text("# my own notes\n# [venv]\n")
-    result = run_cli("lock", "--stack", CI_STACK, "--matrix-dir", str(matrix_copy))
+    result = run_here("lock", "--stack", CI_STACK, "--matrix-dir", str(matrix_copy))
     assert result.returncode == 1 and "was not written by envbuild lock" in result.stdout
     assert path.read_text() == "# my own notes\n# [venv]\n"
 
@@ -181,7 +181,7 @@ def test_a_lock_that_cannot_be_checked_from_here_is_not_called_stale(matrix_copy
     dead = "http://127.0.0.1:9"
     env = {"HTTPS_PROXY": dead, "https_proxy": dead, "HTTP_PROXY": dead, "http_proxy": dead,
            "XDG_CACHE_HOME": str(matrix_copy.parent / "xdg")}  # no cached index pages either
-    result = run_cli("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_copy), env=env, timeout=300)
+    result = run_here("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_copy), env=env, timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.startswith("unreachable") and "stale" not in result.stdout, result.stdout
     said = " ".join(result.stderr.split())
@@ -250,13 +250,13 @@ def test_lock_check_names_the_host_of_the_index_it_could_not_reach(matrix, monke
 def test_render_and_matrix_say_honestly_whether_a_stack_is_locked(tmp_path):
     import json
 
-    unlocked = json.loads(run_cli("render", "--gpu", "v100", "--stack", "torch2.6-cu126-py3.12", "--json", "-o",
+    unlocked = json.loads(run_here("render", "--gpu", "v100", "--stack", "torch2.6-cu126-py3.12", "--json", "-o",
                                   str(tmp_path / "a")).stdout)["lock"]
     assert unlocked["locked"] is False and "download.pytorch.org" in unlocked["why"]
-    locked = json.loads(run_cli("render", "--gpu", "h20", "--stack", CI_STACK, "--json", "-o",
+    locked = json.loads(run_here("render", "--gpu", "h20", "--stack", CI_STACK, "--json", "-o",
                                 str(tmp_path / "b")).stdout)["lock"]
     assert locked["locked"] is True and len(locked["sha256"]) == 64
-    wide = run_cli("matrix", "--wide", env={"COLUMNS": "400"}).stdout
+    wide = run_here("matrix", "--wide", env={"COLUMNS": "400"}).stdout
     row = next(line for line in wide.splitlines() if f" {CI_STACK} " in line)
     assert "x86_64, aarch64" in row
     assert "none (torch from download.pytorch.org)" in " ".join(
@@ -269,10 +269,10 @@ def test_an_unlocked_default_offers_the_newest_locked_stack_the_rules_allow(tmp_
     that is locked, and that stack renders locked. A GPU whose default is locked is offered none."""
     import json
 
-    v100 = json.loads(run_cli("render", "--gpu", "v100", "--json", "-o", str(tmp_path / "a"), production=True).stdout)
+    v100 = json.loads(run_here("render", "--gpu", "v100", "--json", "-o", str(tmp_path / "a"), production=True).stdout)
     alternative = v100["lock"]["locked_alternative"]
     assert v100["lock"]["locked"] is False and f"--stack {alternative}" in v100["lock"]["why"]
-    chosen = json.loads(run_cli("render", "--gpu", "v100", "--stack", alternative, "--json", "-o",
+    chosen = json.loads(run_here("render", "--gpu", "v100", "--stack", alternative, "--json", "-o",
                                 str(tmp_path / "b"), production=True).stdout)
     assert chosen["lock"]["locked"] is True and "7.0" in chosen["torch_cuda_arch_list"]
     from envbuild.matrix import load_matrix
@@ -282,5 +282,5 @@ def test_an_unlocked_default_offers_the_newest_locked_stack_the_rules_allow(tmp_
     allowed = [sid for sid, verdict, _ in explain_rows(production, Request(gpu="v100")) if verdict != "rejected"]
     newer = allowed[:allowed.index(alternative)]
     assert newer and not any(load_lock(production.directory, sid, "x86_64") for sid in newer)
-    h20 = json.loads(run_cli("render", "--gpu", "h20", "--json", "-o", str(tmp_path / "c"), production=True).stdout)["lock"]
+    h20 = json.loads(run_here("render", "--gpu", "h20", "--json", "-o", str(tmp_path / "c"), production=True).stdout)["lock"]
     assert h20["locked"] is True and "locked_alternative" not in h20

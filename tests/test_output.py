@@ -271,37 +271,54 @@ def test_ctrl_c_while_swapping_files_puts_the_old_ones_back(h100, h20, tmp_path,
 _FS_CALLS = ("open", "replace", "link", "unlink", "rename", "mkdir", "rmdir", "chmod")
 
 
-def _signal_at(monkeypatch, moments: set[int]) -> list[int]:
+def _signal_at(monkeypatch, moments: set[int]) -> list[str]:
     """A real SIGINT, sent to this process just before the n-th filesystem call (n in `moments`)
-    of the write: its handler runs at the next bytecode, exactly there. Returns the call count."""
-    calls = [0]
+    of the write: its handler runs at the next bytecode, exactly there. Returns the calls' names."""
+    calls: list[str] = []
 
-    def hooked(real):
+    def hooked(name, real):
         def call(*args, **kwargs):
-            calls[0] += 1
-            if calls[0] in moments:
+            calls.append(name)
+            if len(calls) in moments:
                 os.kill(os.getpid(), signal.SIGINT)
             return real(*args, **kwargs)
         return call
 
     for name in _FS_CALLS:
-        monkeypatch.setattr(os, name, hooked(getattr(os, name)))
+        monkeypatch.setattr(os, name, hooked(name, getattr(os, name)))
     return calls
 
 
-@pytest.mark.parametrize("signals", [1, 2], ids=["one Ctrl-C", "a second Ctrl-C right after"])
-def test_a_ctrl_c_at_any_filesystem_call_of_the_write_completes_or_restores(h100, h20, tmp_path, monkeypatch,
-                                                                           signals):
-    """SIGINT delivered before each filesystem call of a render over an older one, in turn (and a
-    second one right after the first, as an impatient user sends): the directory ends as the old
-    tree or the new one, its record verifies, and no temporary name is left. Before the write
-    phase held signals, a Ctrl-C in the swap's cleanup left `.NAME.envbuild-old-*` files."""
+def one_of_each_kind(names: list[str]) -> set[int]:
+    """The calls (1-based) that stand for all like them: the first two and the last two of each
+    function, the first two and the last of each phase (a run of one function, or of two in
+    turn: each file's open and chmod), the last six calls.
+
+    >>> sorted(one_of_each_kind(["open", "chmod"] * 20 + ["link"] * 5 + ["unlink"]))
+    [1, 2, 3, 4, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46]
+    >>> sorted(one_of_each_kind(["open"] * 100))
+    [1, 2, 95, 96, 97, 98, 99, 100]
+    """
+    picked = set(range(max(1, len(names) - 5), len(names) + 1))
+    for name in set(names):
+        at = [n for n, called in enumerate(names, 1) if called == name]
+        picked |= {*at[:2], *at[-2:]}
+    phase = [frozenset(names[i:i + 2]) for i in range(len(names))]
+    start = 0
+    for i in range(1, len(names) + 1):
+        if i == len(names) or phase[i] != phase[start]:
+            picked |= {start + 1, min(start + 2, i), i}
+            start = i
+    return picked
+
+
+def _ctrl_c_at(moments, h100, h20, tmp_path, monkeypatch, signals):
     first = write_build_dir(h100, tmp_path / "count")
     with monkeypatch.context() as m:
-        total = _signal_at(m, set())
+        names = _signal_at(m, set())
         write_build_dir(h20, first)
-    assert total[0] > 20
-    for n in range(1, total[0] + 1):
+    assert len(names) > 20
+    for n in sorted(moments(names)):
         out = write_build_dir(h100, tmp_path / f"b{n}")
         (out / "torch.sif").write_bytes(b"SIF")  # the user's
         old = tree(out)
@@ -312,13 +329,33 @@ def test_a_ctrl_c_at_any_filesystem_call_of_the_write_completes_or_restores(h100
                 interrupted = False
             except KeyboardInterrupt:
                 interrupted = True
-        assert interrupted, f"the SIGINT before call {n} was lost"
+        assert interrupted, f"the SIGINT before call {n} ({names[n - 1]}) was lost"
         now = tree(out)
         assert now == old or now == {**{k: v for k, v in h20.items()}, "torch.sif": b"SIF",
                                      RECORD: now.get(RECORD)}, f"call {n}: neither the old tree nor the new one"
         assert subprocess.run(["sha256sum", "-c", "--quiet", RECORD], cwd=out).returncode == 0, n
         _no_temporaries(out)
         shutil.rmtree(out)
+
+
+SIGNALS = pytest.mark.parametrize("signals", [1, 2], ids=["one Ctrl-C", "a second Ctrl-C right after"])
+
+
+@SIGNALS
+def test_a_ctrl_c_at_each_kind_of_filesystem_call_of_the_write_completes_or_restores(h100, h20, tmp_path, monkeypatch,
+                                                                                     signals):
+    """SIGINT delivered before filesystem calls of a render over an older one, in turn (and a
+    second one right after the first, as an impatient user sends): the directory ends as the old
+    tree or the new one, its record verifies, and no temporary name is left. Before the write
+    phase held signals, a Ctrl-C in the swap's cleanup left `.NAME.envbuild-old-*` files. Here
+    one call of each kind and place (`one_of_each_kind`: 27 of 202); CI's whole run: every call."""
+    _ctrl_c_at(one_of_each_kind, h100, h20, tmp_path, monkeypatch, signals)
+
+
+@pytest.mark.whole
+@SIGNALS
+def test_a_ctrl_c_at_any_filesystem_call_of_the_write_completes_or_restores(h100, h20, tmp_path, monkeypatch, signals):
+    _ctrl_c_at(lambda names: range(1, len(names) + 1), h100, h20, tmp_path, monkeypatch, signals)
 
 
 def test_a_failure_in_a_new_directory_leaves_nothing(h20, tmp_path, monkeypatch):

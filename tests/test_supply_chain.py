@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURE_MATRIX, ROOT, run_cli
+from conftest import FIXTURE_MATRIX, ROOT, run_here
 
 GOLDEN = ROOT / "tests" / "golden" / "h20-pypi-ci" / "manifest.json"
 
@@ -160,30 +160,30 @@ def test_a_statement_of_the_wrong_shape_is_refused():
 
 def test_bad_keys_are_refused_with_exit_2(keys, tmp_path):
     (tmp_path / "zero").write_bytes(b"\0" * 100)
-    r = run_cli("verify", "127.0.0.1:5000/envbuild:t", "--key", str(keys["ed25519"][0]))
+    r = run_here("verify", "127.0.0.1:5000/envbuild:t", "--key", str(keys["ed25519"][0]))
     assert r.returncode == 2 and "that is a private key" in r.stderr, r.stderr
-    r = run_cli("verify", "127.0.0.1:5000/envbuild:t", "--key", "/dev/zero")
+    r = run_here("verify", "127.0.0.1:5000/envbuild:t", "--key", "/dev/zero")
     assert r.returncode == 2 and "--key /dev/zero is a character device, not a regular file" in r.stderr, r.stderr
-    r = run_cli("publish", "--job", "x", "--registry", "127.0.0.1:5000", "--signing-key", str(tmp_path / "zero"))
+    r = run_here("publish", "--job", "x", "--registry", "127.0.0.1:5000", "--signing-key", str(tmp_path / "zero"))
     assert r.returncode == 2 and "is not a private key envbuild can sign with" in r.stderr, r.stderr
 
 
 def test_verify_and_publish_refuse_what_they_cannot_use(keys):
-    r = run_cli("verify", "127.0.0.1:5000/envbuild:t")
+    r = run_here("verify", "127.0.0.1:5000/envbuild:t")
     assert r.returncode == 2 and "--key FILE" in r.stderr and "--certificate-identity-regexp" in r.stderr
-    r = run_cli("verify", "envbuild:t", "--key", str(keys["ed25519"][1]))
+    r = run_here("verify", "envbuild:t", "--key", str(keys["ed25519"][1]))
     assert r.returncode == 2 and "names no registry" in r.stderr
-    r = run_cli("verify", "127.0.0.1:5000/envbuild", "--key", str(keys["ed25519"][1]))
+    r = run_here("verify", "127.0.0.1:5000/envbuild", "--key", str(keys["ed25519"][1]))
     assert r.returncode == 2 and "has no tag or digest" in r.stderr
-    r = run_cli("publish", "--job", "x", "--registry", "127.0.0.1:5000")
+    r = run_here("publish", "--job", "x", "--registry", "127.0.0.1:5000")
     assert r.returncode == 2 and "does not publish unsigned images" in r.stderr
-    r = run_cli("publish", "--job", "torch2.15-cu132-py3.11-pypi-amd65", "--registry", "127.0.0.1:5000",
+    r = run_here("publish", "--job", "torch2.15-cu132-py3.11-pypi-amd65", "--registry", "127.0.0.1:5000",
                 "--signing-key", str(keys["ed25519"][0]))
     assert r.returncode == 2 and "nearest: torch2.15-cu132-py3.11-pypi-amd64" in r.stderr, r.stderr
-    r = run_cli("publish", "--manifest", "nope", "--registry", "127.0.0.1:5000", "--signing-key",
+    r = run_here("publish", "--manifest", "nope", "--registry", "127.0.0.1:5000", "--signing-key",
                 str(keys["ed25519"][0]))
     assert r.returncode == 2 and "no published tag of that name" in r.stderr
-    r = run_cli("publish", "--list")
+    r = run_here("publish", "--list")
     assert r.returncode == 0 and "job torch2.15-cu132-py3.11-pypi-amd64  " in r.stdout
 
 

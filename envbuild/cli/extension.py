@@ -20,9 +20,9 @@ from .stack import print_built
               help="The packages to add, one requirement per line (pip's format, no URLs or paths).")
 @click.option("-f", "--file", "project_file", type=click.Path(dir_okay=False),
               help="A project file (envbuild.yaml: gpu, stack, requirements, name, image); options given here win.")
-@click.option("--name", help="Names the extension in the tag (<stack tag>-ext-NAME); default: the requirements file's name.")
+@click.option("--name", help="Names the layer in the tag (<stack tag>-ext-NAME); default: the requirements file's name.")
 @click.option("--from", "from_image", help="The stack image to start from (default: the stack's own reference).")
-@click.option("--as-of", help="Resolve as of this UTC date (YYYY-MM-DD; uv --exclude-newer) to reproduce an extension.")
+@click.option("--as-of", help="Resolve as of this UTC date (YYYY-MM-DD; uv --exclude-newer) to reproduce a layer's lock.")
 @click.option("--build", "do_build", is_flag=True, help="Build the image after rendering (as `envbuild build`).")
 @click.option("-o", "--output", type=click.Path(), help="Build directory (default ./build/<tag>).")
 def extend(requirements_file, project_file, name, from_image, as_of, do_build, output, **kw):

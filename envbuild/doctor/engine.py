@@ -605,10 +605,26 @@ class Scan:
         return [f for f in findings if not set(f.issue.superseded_by) & found]
 
 
+_SCREENS: list[tuple[tuple[KnownIssue, ...], Screen]] = []  # the last few, newest last
+
+
+def screen_of(issues: list[KnownIssue]) -> Screen:
+    """The Screen of these very issue objects, built once: building one (two automata over every
+    guard word and its cuts) takes longer than diagnosing a typical log. The issues are frozen, and
+    each entry holds them, so an object's id cannot be reused while its entry is here."""
+    key = tuple(issues)
+    for held, screen in _SCREENS:
+        if len(held) == len(key) and all(a is b for a, b in zip(held, key)):
+            return screen
+    screen = Screen(issues)
+    _SCREENS[:] = [*_SCREENS[-3:], (key, screen)]
+    return screen
+
+
 def diagnose_blocks(blocks: Iterable[bytes], issues: list[KnownIssue], screen: Optional[Screen] = None,
                     default_rank: Optional[str] = None) -> tuple[list[Finding], Scan]:
     """Every known issue found in one log given as blocks of whole lines, and the scan (lines, ranks)."""
-    scan = Scan(issues, screen or Screen(issues), default_rank)
+    scan = Scan(issues, screen or screen_of(issues), default_rank)
     for block in blocks:
         scan.feed_block(block)
     scan.finish()

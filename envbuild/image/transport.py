@@ -142,47 +142,51 @@ def parse_nccl_info(text: str) -> dict:
                  "warnings": [], "nccl_lines": 0}
     for line in text.splitlines():
         parsed = _message(line)
-        if not parsed:
-            continue
-        level, message = parsed
-        out["nccl_lines"] += 1
-        if level == "WARN":
-            _add(out["warnings"], message)
-            if re.match(r"(Failed to initialize any NET plugin|Error: network .* not found)", message):
-                out["init_error"] = message
-        version = _VERSION.match(message)
-        if version:
-            out["version"], out["version_line"] = version.group(1), version.group(0)
-            continue
-        using = _USING_NET.match(message)
-        if using:
-            _add(out["nets"], using.group(1))
-            continue
-        ib = _IB_USING.match(message)
-        if ib:
-            for name, port, link in _IB_DEVICE.findall(ib.group(1)):
-                _add(out["ib_devices"], {"name": name, "port": int(port), "link": link})
-                _add(out["link_layers"], link)
-            continue
-        sock = _SOCKET_USING.match(message)
-        if sock:
-            for name, address in _SOCKET_IF.findall(sock.group(1)):
-                _add(out["socket_interfaces"], f"{name}:{address}")
-            continue
-        ofi = _OFI_PROVIDER.match(message)
-        if ofi:
-            out["ofi_provider"], out["ofi_fabric"] = ofi.group(1), ofi.group(2)
-            out["ofi_nics"] = int(ofi.group(3)) if ofi.group(3) else out["ofi_nics"]
-        ofi_version = _OFI_VERSION.match(message)
-        if ofi_version:
-            out["ofi_version"] = ofi_version.group(1)
-        if _PLUGIN.match(message):
-            _add(out["plugins"], message)
-        reason = _reason(level, message)
-        if reason:
-            _add(out["reasons"], reason)
+        if parsed:
+            _note(out, *parsed)
     out["net"] = out["nets"][0] if len(out["nets"]) == 1 else None
     return out
+
+
+def _note(out: dict, level: str, message: str) -> None:
+    """One NCCL message into `out`: a version, net, IB or socket line says only that; any other
+    may name the OFI provider, a net plugin or why a transport was not used (a WARN is kept too)."""
+    out["nccl_lines"] += 1
+    if level == "WARN":
+        _add(out["warnings"], message)
+        if re.match(r"(Failed to initialize any NET plugin|Error: network .* not found)", message):
+            out["init_error"] = message
+    version = _VERSION.match(message)
+    if version:
+        out["version"], out["version_line"] = version.group(1), version.group(0)
+        return
+    using = _USING_NET.match(message)
+    if using:
+        _add(out["nets"], using.group(1))
+        return
+    ib = _IB_USING.match(message)
+    if ib:
+        for name, port, link in _IB_DEVICE.findall(ib.group(1)):
+            _add(out["ib_devices"], {"name": name, "port": int(port), "link": link})
+            _add(out["link_layers"], link)
+        return
+    sock = _SOCKET_USING.match(message)
+    if sock:
+        for name, address in _SOCKET_IF.findall(sock.group(1)):
+            _add(out["socket_interfaces"], f"{name}:{address}")
+        return
+    ofi = _OFI_PROVIDER.match(message)
+    if ofi:
+        out["ofi_provider"], out["ofi_fabric"] = ofi.group(1), ofi.group(2)
+        out["ofi_nics"] = int(ofi.group(3)) if ofi.group(3) else out["ofi_nics"]
+    ofi_version = _OFI_VERSION.match(message)
+    if ofi_version:
+        out["ofi_version"] = ofi_version.group(1)
+    if _PLUGIN.match(message):
+        _add(out["plugins"], message)
+    reason = _reason(level, message)
+    if reason:
+        _add(out["reasons"], reason)
 
 
 # ----------------------------------------------------------------------------- the node
@@ -299,83 +303,103 @@ def transport_verdict(parsed: dict, fabric: dict, rdma_devices, *, pinned: dict 
     >>> transport_verdict(sock, {"name": "ib", "transport": "IB"}, ["mlx5_0"])[0]
     False
     """
-    node = node or {}
-    pinned = pinned or {}
-    rdma = dict(rdma_devices) if isinstance(rdma_devices, dict) else {name: "" for name in rdma_devices or []}
-    want = net_family(fabric.get("transport")) or "IB"
-    name = fabric.get("name") or "?"
-    version = f"NCCL {parsed['version']}" if parsed.get("version") else "NCCL"
-    plugin_net = want not in ("IB", "Socket")  # a missing libnccl-net.so only matters where a plugin is the net
-    reasons = [r for r in parsed.get("reasons") or [] if plugin_net or r[0] != "plugin-missing"]
-    kinds = {kind for kind, _ in reasons}
-    pin = " ".join(f"{k}={v}" for k, v in sorted(pinned.items()))
-    mine = fabric_devices(fabric, rdma) if rdma else []
-    here = f"RDMA devices here: {', '.join(sorted(rdma))}" if rdma else "no RDMA device on this node"
-
-    provider = parsed.get("ofi_provider")
-    expected = (fabric.get("env") or {}).get("FI_PROVIDER") if isinstance(fabric.get("env"), dict) else None
-    expected = expected or ("efa" if "efa" in (fabric.get("providers") or []) or name == "aws-efa" else None)
-    wrong_provider = bool(provider and expected and provider != expected)
-    if wrong_provider:
-        reasons.insert(0, ("ofi-provider", f"NET/OFI selected libfabric's {provider} provider, not {expected}"))
-        kinds.add("ofi-provider")
-
+    v = _Verdict(parsed, fabric, rdma_devices, pinned or {}, node or {})
     if parsed.get("init_error") or not parsed.get("nets"):
-        words = (f"'{parsed['init_error']}'" if parsed.get("init_error")
-                 else "no 'Using network' line (NCCL did not finish choosing a net)")
-        kinds = kinds or {"unknown"}
-        how = f"with {pin} pinned" if pin else "with the image's environment"
-        return False, (f"{version} could not initialise {how}: {words}. NCCL's reasons: {_words(reasons)}. "
-                       f"{here}. Fix: {_fix(kinds, fabric, node)}")
-
+        return v.not_initialised()
     chosen = {net_family(n) for n in parsed["nets"]}
     if len(chosen) > 1:
         return False, (f"the processes chose different nets ({', '.join(parsed['nets'])}): NCCL's reasons: "
-                       f"{_words(reasons)}. Fix: {_fix(kinds or {'unknown'}, fabric, node)}")
+                       f"{_words(v.reasons)}. Fix: {v.fix()}")
     got = chosen.pop()
-    what = _chosen(parsed)
-    pinned_words = f" ({pin} pinned)" if pin else ""
+    return v.over_sockets() if got == "Socket" else v.over(got)
 
-    if got == "Socket":
-        if want == "Socket":
+
+class _Verdict:
+    """What every verdict's words need, decided once from the log, the fabric and the node."""
+
+    def __init__(self, parsed: dict, fabric: dict, rdma_devices, pinned: dict, node: dict) -> None:
+        self.parsed, self.fabric, self.node = parsed, fabric, node
+        self.rdma = (dict(rdma_devices) if isinstance(rdma_devices, dict)
+                     else {name: "" for name in rdma_devices or []})
+        self.want = net_family(fabric.get("transport")) or "IB"
+        self.name = fabric.get("name") or "?"
+        self.version = f"NCCL {parsed['version']}" if parsed.get("version") else "NCCL"
+        plugin_net = self.want not in ("IB", "Socket")  # a missing libnccl-net.so only matters where a plugin is the net
+        self.reasons = [r for r in parsed.get("reasons") or [] if plugin_net or r[0] != "plugin-missing"]
+        self.kinds = {kind for kind, _ in self.reasons}
+        self.pin = " ".join(f"{k}={v}" for k, v in sorted(pinned.items()))
+        self.pinned_words = f" ({self.pin} pinned)" if self.pin else ""
+        self.mine = fabric_devices(fabric, self.rdma) if self.rdma else []
+        self.here = (f"RDMA devices here: {', '.join(sorted(self.rdma))}" if self.rdma
+                     else "no RDMA device on this node")
+        self.provider = parsed.get("ofi_provider")
+        expected = (fabric.get("env") or {}).get("FI_PROVIDER") if isinstance(fabric.get("env"), dict) else None
+        self.expected = expected or ("efa" if "efa" in (fabric.get("providers") or []) or self.name == "aws-efa"
+                                     else None)
+        self.wrong_provider = bool(self.provider and self.expected and self.provider != self.expected)
+        if self.wrong_provider:
+            self.reasons.insert(0, ("ofi-provider",
+                                    f"NET/OFI selected libfabric's {self.provider} provider, not {self.expected}"))
+            self.kinds.add("ofi-provider")
+
+    def fix(self) -> str:
+        return _fix(self.kinds or {"unknown"}, self.fabric, self.node)
+
+    def not_initialised(self) -> tuple[bool, str]:
+        """No net at all: NCCL's init error (or no 'Using network' line) and its reasons."""
+        parsed = self.parsed
+        words = (f"'{parsed['init_error']}'" if parsed.get("init_error")
+                 else "no 'Using network' line (NCCL did not finish choosing a net)")
+        how = f"with {self.pin} pinned" if self.pin else "with the image's environment"
+        return False, (f"{self.version} could not initialise {how}: {words}. NCCL's reasons: {_words(self.reasons)}. "
+                       f"{self.here}. Fix: {self.fix()}")
+
+    def over_sockets(self) -> tuple[bool, str]:
+        """TCP: right where the fabric is TCP, the user chose it or the node has no RDMA device."""
+        version, name, here, rdma = self.version, self.name, self.here, self.rdma
+        what = _chosen(self.parsed)
+        if self.want == "Socket":
             note = f"; the image's fabric is {name}, so a multi-node job here runs over TCP" if rdma else ""
             return True, f"{version} chose {what}: fabric {name} provides TCP sockets; {here}{note}"
-        user = node.get("user_net")
+        user = self.node.get("user_net")
         if user and net_family(user) == "Socket":
             return True, (f"{version} chose {what}: NCCL_NET={user} is set in this environment, so a multi-node job "
                           f"runs over TCP by choice; {here}")
         if not rdma:
-            return True, (f"{version} chose {what}{pinned_words}: {here}, so TCP sockets are what a multi-node job "
-                          f"gets here (expected); on a node with {fabric.get('transport')} devices this check pins "
-                          f"the fabric's transport")
-        if not mine:
+            return True, (f"{version} chose {what}{self.pinned_words}: {here}, so TCP sockets are what a multi-node "
+                          f"job gets here (expected); on a node with {self.fabric.get('transport')} devices this "
+                          f"check pins the fabric's transport")
+        if not self.mine:
             other = ", ".join(f"{d} ({rdma[d] or 'driver unknown'})" for d in sorted(rdma))
             better = "aws-efa" if any(d.endswith("efa") for d in rdma.values()) else "matching this node's devices"
             return False, (f"{version} chose {what}: this node's RDMA devices {other} are not the kind fabric {name} "
                            f"drives, so a multi-node job would run over TCP. Fix: build the image with the fabric "
                            f"{better} (`envbuild render --fabric ...`; `envbuild fabrics` lists them)")
-        return False, (f"{version} chose {what}{pinned_words} although this node has RDMA devices "
-                       f"{', '.join(mine)}: a multi-node job would run over TCP at a fraction of the bandwidth. "
-                       f"NCCL's reasons: {_words(reasons)}. Fix: {_fix(kinds or {'unknown'}, fabric, node)}")
+        return False, (f"{version} chose {what}{self.pinned_words} although this node has RDMA devices "
+                       f"{', '.join(self.mine)}: a multi-node job would run over TCP at a fraction of the bandwidth. "
+                       f"NCCL's reasons: {_words(self.reasons)}. Fix: {self.fix()}")
 
-    if got != want and want != "Socket":
-        return False, (f"{version} chose {what}{pinned_words}, but fabric {name} promises {fabric.get('transport')}. "
-                       f"NCCL's reasons: {_words(reasons)}. Fix: {_fix(kinds or {'unknown'}, fabric, node)}")
-    if got == "OFI" and wrong_provider:
-        return False, (f"{version} chose {what}: the OFI plugin runs over libfabric's {provider} provider, not "
-                       f"{expected}, i.e. TCP. Fix: {_fix({'ofi-provider'}, fabric, node)}, and check that "
-                       f"`fi_info -p {expected}` lists the devices")
-    notes = []
-    partial = [w for k, w in reasons if k == "device-open"]
-    if partial:
-        notes.append(f"NCCL could not open some devices: {_words([('', w) for w in partial])}")
-    memlock = node.get("memlock")
-    if rdma and got in RDMA_TRANSPORTS and memlock is not None and 0 <= memlock < MEMLOCK_FLOOR:
-        return False, (f"{version} chose {what}{pinned_words}, but the locked-memory limit is {memlock // 1024} KiB: "
-                       f"registering NCCL's buffers with the NIC (ibv_reg_mr) fails at the first inter-node "
-                       f"transfer. Fix: {CONTAINER_FLAGS}")
-    tail = f"; {'; '.join(notes)}" if notes else ""
-    return True, f"{version} chose {what}{pinned_words}; {here}{tail}"
+    def over(self, got: str) -> tuple[bool, str]:
+        """An RDMA net (or a plugin's): the fabric's, over the right provider, with buffers it can register."""
+        version, what, pinned_words = self.version, _chosen(self.parsed), self.pinned_words
+        if got != self.want and self.want != "Socket":
+            return False, (f"{version} chose {what}{pinned_words}, but fabric {self.name} promises "
+                           f"{self.fabric.get('transport')}. NCCL's reasons: {_words(self.reasons)}. Fix: {self.fix()}")
+        if got == "OFI" and self.wrong_provider:
+            return False, (f"{version} chose {what}: the OFI plugin runs over libfabric's {self.provider} provider, "
+                           f"not {self.expected}, i.e. TCP. Fix: {_fix({'ofi-provider'}, self.fabric, self.node)}, "
+                           f"and check that `fi_info -p {self.expected}` lists the devices")
+        notes = []
+        partial = [w for k, w in self.reasons if k == "device-open"]
+        if partial:
+            notes.append(f"NCCL could not open some devices: {_words([('', w) for w in partial])}")
+        memlock = self.node.get("memlock")
+        if self.rdma and got in RDMA_TRANSPORTS and memlock is not None and 0 <= memlock < MEMLOCK_FLOOR:
+            return False, (f"{version} chose {what}{pinned_words}, but the locked-memory limit is {memlock // 1024} "
+                           f"KiB: registering NCCL's buffers with the NIC (ibv_reg_mr) fails at the first inter-node "
+                           f"transfer. Fix: {CONTAINER_FLAGS}")
+        tail = f"; {'; '.join(notes)}" if notes else ""
+        return True, f"{version} chose {what}{pinned_words}; {self.here}{tail}"
 
 
 # ----------------------------------------------------------------------------- the child

@@ -167,39 +167,8 @@ def derive_release(index: Index, version: Version) -> TorchFacts:
     if not torch_tags.exact:
         raise EnvbuildError(f"{name}: no cpXY tags on its manylinux x86_64 wheels; the index changed shape.")
     meta = read_metadata(index, wheel)
-    requires_python = (meta.get("requires-python") or [None])[0]
-    some_minor = max(torch_tags.exact)
-
-    triton = next((r for r in (requirement(meta, "triton", "x86_64", m, wheel.filename)
-                               for m in sorted(torch_tags.exact)) if r), None)
-    if triton is None:
-        raise EnvbuildError(f"{name} ({wheel.filename}): no triton requirement for Linux x86_64 in METADATA; "
-                            f"every torch 2.x Linux x86_64 wheel pins one.")
-    nccl = next((r for r in (requirement(meta, p, "x86_64", some_minor, wheel.filename) for p in NCCL_PACKAGES) if r),
-                None)
-    if nccl is None:
-        raise EnvbuildError(f"{name} ({wheel.filename}): no nvidia-nccl-cu1X requirement for Linux x86_64.")
-    toolkit = requirement(meta, "cuda-toolkit", "x86_64", some_minor, wheel.filename)
-
-    tv_wheel, tv_version = pair_torchvision(index, version)
-    tv_tags = PythonTags(linux_wheels(index.files("torchvision"), Version(tv_version), "x86_64"))
-    tv_python = (read_metadata(index, tv_wheel).get("requires-python") or [None])[0]
-    triton_spec = SpecifierSet(triton[1])
-    triton_files = [f for f in index.files("triton") if f.version in triton_spec and not f.yanked]
-    triton_versions = sorted({f.version for f in triton_files})
-    triton_tags = PythonTags([w for v in triton_versions for w in linux_wheels(triton_files, v, "x86_64")])
-
-    minors = []
-    for minor in sorted(torch_tags.exact):
-        if not (python_admits(requires_python, minor) and tv_tags.admits(minor) and python_admits(tv_python, minor)):
-            continue
-        pin = requirement(meta, "triton", "x86_64", minor, wheel.filename)
-        if pin is not None and not triton_tags.admits(minor):
-            continue
-        minors.append(minor)
-    if not minors:
-        raise EnvbuildError(f"{name}: no Python is admitted by torch's cp tags, Requires-Python {requires_python}, "
-                            f"torchvision {tv_version} and triton {triton[1]} together.")
+    triton, nccl, toolkit = _pins(name, meta, torch_tags, wheel)
+    minors, tv_wheel, tv_version, triton_versions = _pythons(index, version, meta, torch_tags, wheel, triton[1])
 
     cuda = version_py_cuda(index.member(wheel, "torch/version.py"), wheel.filename)
     if not cuda:
@@ -224,18 +193,66 @@ def derive_release(index: Index, version: Version) -> TorchFacts:
     facts.fields["cuda_platforms"] = ["x86_64"]
     facts.sources.append(f"{wheel.filename} (METADATA, torch/version.py, torch/utils/cpp_extension.py, "
                          f"{ARCH_MEMBER} arch string)")
-
-    arm = _wheel(index, version, "aarch64")
-    if arm is not None:
-        arm_cuda = version_py_cuda(index.member(arm, "torch/version.py"), arm.filename)
-        if arm_cuda:
-            facts.fields["cuda_platforms"].append("aarch64")
-            facts.fields["aarch64_arches"] = _arches(index, arm)
-            facts.sources.append(f"{arm.filename} (torch/version.py, {ARCH_MEMBER} arch string)")
-        else:
-            facts.sources.append(f"{arm.filename} (torch/version.py: CPU build)")
+    _add_aarch64(index, version, facts)
     facts.fields["cpp_extension_arches"] = cpp_arches
     facts.fields["extension_lock"] = lock
     facts.sources.append(f"{tv_wheel.filename} (METADATA)")
     facts.sources.append(f"triton {', '.join(map(str, triton_versions)) or 'none'} wheel tags")
     return facts
+
+
+def _pins(name: str, meta: dict, torch_tags: PythonTags, wheel: DistFile) -> tuple:
+    """torch's triton, NCCL and cuda-toolkit requirements for Linux x86_64, as (name, specifier):
+    every torch 2.x Linux x86_64 wheel pins triton and NCCL, so either missing is an error."""
+    some_minor = max(torch_tags.exact)
+    triton = next((r for r in (requirement(meta, "triton", "x86_64", m, wheel.filename)
+                               for m in sorted(torch_tags.exact)) if r), None)
+    if triton is None:
+        raise EnvbuildError(f"{name} ({wheel.filename}): no triton requirement for Linux x86_64 in METADATA; "
+                            f"every torch 2.x Linux x86_64 wheel pins one.")
+    nccl = next((r for r in (requirement(meta, p, "x86_64", some_minor, wheel.filename) for p in NCCL_PACKAGES) if r),
+                None)
+    if nccl is None:
+        raise EnvbuildError(f"{name} ({wheel.filename}): no nvidia-nccl-cu1X requirement for Linux x86_64.")
+    return triton, nccl, requirement(meta, "cuda-toolkit", "x86_64", some_minor, wheel.filename)
+
+
+def _pythons(index: Index, version: Version, meta: dict, torch_tags: PythonTags, wheel: DistFile,
+             triton_pin: str) -> tuple[list[int], DistFile, str, list]:
+    """The Python minors torch, its torchvision and its triton all install on: (minors, the
+    torchvision wheel and version, the triton versions the pin admits)."""
+    requires_python = (meta.get("requires-python") or [None])[0]
+    tv_wheel, tv_version = pair_torchvision(index, version)
+    tv_tags = PythonTags(linux_wheels(index.files("torchvision"), Version(tv_version), "x86_64"))
+    tv_python = (read_metadata(index, tv_wheel).get("requires-python") or [None])[0]
+    triton_spec = SpecifierSet(triton_pin)
+    triton_files = [f for f in index.files("triton") if f.version in triton_spec and not f.yanked]
+    triton_versions = sorted({f.version for f in triton_files})
+    triton_tags = PythonTags([w for v in triton_versions for w in linux_wheels(triton_files, v, "x86_64")])
+
+    minors = []
+    for minor in sorted(torch_tags.exact):
+        if not (python_admits(requires_python, minor) and tv_tags.admits(minor) and python_admits(tv_python, minor)):
+            continue
+        pin = requirement(meta, "triton", "x86_64", minor, wheel.filename)
+        if pin is not None and not triton_tags.admits(minor):
+            continue
+        minors.append(minor)
+    if not minors:
+        raise EnvbuildError(f"torch {version}: no Python is admitted by torch's cp tags, Requires-Python "
+                            f"{requires_python}, torchvision {tv_version} and triton {triton_pin} together.")
+    return minors, tv_wheel, tv_version, triton_versions
+
+
+def _add_aarch64(index: Index, version: Version, facts: TorchFacts) -> None:
+    """The aarch64 wheel's CUDA arches where that wheel is a CUDA build; a CPU build is only noted."""
+    arm = _wheel(index, version, "aarch64")
+    if arm is None:
+        return
+    arm_cuda = version_py_cuda(index.member(arm, "torch/version.py"), arm.filename)
+    if arm_cuda:
+        facts.fields["cuda_platforms"].append("aarch64")
+        facts.fields["aarch64_arches"] = _arches(index, arm)
+        facts.sources.append(f"{arm.filename} (torch/version.py, {ARCH_MEMBER} arch string)")
+    else:
+        facts.sources.append(f"{arm.filename} (torch/version.py: CPU build)")

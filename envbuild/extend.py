@@ -54,6 +54,7 @@ class Project(BaseModel):
     name: Optional[str] = None
     requirements: list[str] | str = []  # requirement strings, or a requirements file beside envbuild.yaml
     ext: Optional[str] = None  # CUDA extensions compiled into the stack image (--ext), e.g. flash-attn,causal-conv1d
+    nccl: Optional[str] = None  # the NCCL release the stack image has in place of torch's pin (--nccl)
     image: Optional[str] = None  # the stack image to start from (default: the stack's own reference)
 
 

@@ -195,3 +195,26 @@ def shell_words(value: str) -> list[str]:
         raise GrammarError("it holds no command")
     return words
 
+
+
+# ---------------------------------------------------------------- NCCL releases
+
+NCCL_VERSION = re.compile(r"^(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})(\.post[1-9][0-9]{0,2})?\Z")
+
+
+def nccl_version(value: str) -> str:
+    """An NCCL release as its nvidia-nccl-cuXX wheel numbers it: MAJOR.MINOR.PATCH in digits, and
+    .postN for NVIDIA's re-uploads (2.26.2.post1): what a tag suffix, a requirement line and a
+    shell word can all hold unquoted.
+
+    >>> nccl_version("2.31.2")
+    '2.31.2'
+    >>> nccl_version("2.31")
+    Traceback (most recent call last):
+    ...
+    envbuild.grammar.GrammarError: an NCCL release is MAJOR.MINOR.PATCH in digits (and .postN for a re-upload), as its nvidia-nccl-cuXX wheel is numbered (2.31.2)
+    """
+    if not NCCL_VERSION.match(value):
+        raise GrammarError("an NCCL release is MAJOR.MINOR.PATCH in digits (and .postN for a re-upload), as its "
+                           "nvidia-nccl-cuXX wheel is numbered (2.31.2)")
+    return value

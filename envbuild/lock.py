@@ -9,7 +9,10 @@ lives in ``matrices/locks/<stack>.<arch>.txt`` and the image installs from it wi
 ``pip --require-hashes --no-deps``: a changed or missing hash fails the build.
 
 One lock file has two sections: ``[venv]`` (the stack's virtual environment) and, for stacks
-whose nvcc comes from PyPI, ``[toolchain]`` (installed outside the venv). DeepSpeed is an
+whose nvcc comes from PyPI, ``[toolchain]`` (installed outside the venv). An image built with
+``--nccl`` carries a third, ``[nccl]``, which the render adds to the image's copy: the NCCL wheel
+that replaces the venv's pin of the same name, its hashes from matrices/nccl.yaml
+(:meth:`Lock.with_nccl`). DeepSpeed is an
 sdist whose ``setup.py`` imports torch, so uv cannot build it to read its requirements; they
 are read from the sdist itself (``requirements/requirements.txt`` plus what ``setup.py``
 appends for a CUDA torch) and handed to uv as the package's static metadata.
@@ -66,7 +69,7 @@ from .refresh.pypi import PyPI, default_cache_dir
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 LOCK_DIR = "locks"
-SECTIONS = ("venv", "toolchain")
+SECTIONS = ("venv", "toolchain", "nccl")
 _SECTION = re.compile(r"^# \[(?P<name>[a-z]+)\]")
 _HEADER = re.compile(r"^# (?P<key>[a-z-]+): (?P<value>.*)$")
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(?P<version>[^ \\;]+)")
@@ -117,6 +120,17 @@ class Lock:
     def pins(self, section: str = "venv") -> dict[str, str]:
         """Canonical name -> version of one section."""
         return {p.key: p.version for p in self.sections.get(section, ())}
+
+    def replaced(self) -> tuple[str, ...]:
+        """The venv's packages another section replaces (the [nccl] override)."""
+        return tuple(self.pins("nccl"))
+
+    def with_nccl(self, package: str, version: str, sha256s: tuple[str, ...], notes: tuple[str, ...]) -> "Lock":
+        """This lock with an [nccl] section: `package` at `version`, each of `sha256s` allowed,
+        in place of the venv's pin of it (the image's copy of the lock; the matrix's is unchanged)."""
+        hashes = "".join(f" \\\n    --hash=sha256:{h}" for h in sha256s)
+        block = f"{package}=={version}{hashes}\n" + "".join(f"    # {grammar.one_line(n)}\n" for n in notes)
+        return parse_lock(self.text.rstrip("\n") + "\n\n# [nccl]\n" + block, self.path)
 
     def requirements(self, section: str, only: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> str:
         """A hash-pinned requirements file of one section (or of some of its packages)."""

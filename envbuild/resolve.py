@@ -58,15 +58,27 @@ class Request:
     image_repo: str = "envbuild"
     fabric: Optional[str] = None  # None: fabrics.yaml's default (the verbs user space for InfiniBand/RoCE)
     extensions: tuple[str, ...] = ()  # CUDA extensions to pre-build (extensions.yaml names)
+    nccl: Optional[str] = None  # an NCCL release installed in place of torch's pin (matrices/nccl.yaml)
 
     def describe(self) -> str:
         parts = [f"--gpu {self.gpu}"]
-        for flag in ("stack", "python", "cuda", "torch", "deepspeed", "fabric"):
+        for flag in ("stack", "python", "cuda", "torch", "deepspeed", "fabric", "nccl"):
             if getattr(self, flag):
                 parts.append(f"--{flag} {getattr(self, flag)}")
         if self.extensions:
             parts.append(f"--ext {','.join(self.extensions)}")
         return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class NcclOverride:
+    """The NCCL wheel `--nccl` installs in place of the one torch pins, hash-locked."""
+
+    package: str  # the wheel family torch pins (nvidia-nccl-cu13)
+    version: str
+    replaced: str  # torch's own pin of `package`
+    source: str  # the release's page on PyPI
+    wheels: tuple[tuple[str, str], ...]  # (file, sha256) of the wheels that install on the image
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,7 @@ class Resolution:
     os_unlocked: Optional[str] = None  # why some stage's OS packages are not pinned (None: all are)
     matrix_sha256: str = ""  # the matrix it was resolved from (Matrix.sha256): recorded in the image
     toolchain_adds: tuple[str, ...] = ()  # needs of the chosen ops an extra of the toolchain adds (curand)
+    nccl_override: Optional[NcclOverride] = None  # --nccl: `nccl` is then its version, not torch's pin
 
     @property
     def image_ref(self) -> str:
@@ -153,13 +166,15 @@ def _nodot(v: str) -> str:
 def readable_tag(s: Stack, gpu: GpuProfile, ops: list[str], default_ops: list[str],
                  cpu_target: str, keep_toolchain: bool, custom: tuple = (), no_compiler: bool = False,
                  default_cpu_target: str = DEFAULT_CPU_TARGET, fabric_tag: str = "",
-                 extensions: tuple[CudaExtension, ...] = ()) -> str:
+                 extensions: tuple[CudaExtension, ...] = (), nccl: Optional[str] = None) -> str:
     """`torch2.11.0-cu130-py3.11-ds0.19.8-h20`, plus short suffixes for non-default choices;
     an op list that would not fit the tag rule is named by 8 hex digits of its hash."""
     head = f"torch{s.torch}-cu{_nodot(s.cuda)}-py{s.python}-ds{s.deepspeed}-{gpu.name}"
     if fabric_tag:
         head += "-" + fabric_tag
     head += "".join(f"-{e.tag}{e.version}" for e in extensions)
+    if nccl:
+        head += f"-nccl{nccl}"
     tail = ""
     if cpu_target != default_cpu_target:
         tail += "-" + cpu_target.replace("x86-64", "x86_64")
@@ -341,10 +356,17 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     os_locked, os_unlocked = os_lock_stages(os_lock, base_images, s.id, arch)
     for stage in os_locked:  # the base the lock was resolved on, by digest where the lock knows it
         base_images[stage] = os_lock.stages[stage].base_ref
+    # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
+    pin = rel.nccl if s.cuda == rel.default_cuda else None
+    lock = stack_lock(m, s, arch)
+    override = _nccl_override(m, s, pin, lock, req.nccl, arch, fabric) if req.nccl else None
+    if override:
+        lock = lock.with_nccl(override.package, override.version, tuple(sha for _, sha in override.wheels),
+                              (f"replaces {override.package}=={override.replaced}, the pin of torch {s.torch}: "
+                               f"--nccl {override.version}", f"from {override.source}"))
     return Resolution(
         request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
-        # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
-        nccl=rel.nccl if s.cuda == rel.default_cuda else None,
+        nccl=override.version if override else pin, nccl_override=override,
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
         toolchain_adds=tuple(sorted({n for o in ops for n in m.ops[o].needs if n in toolchain.adds})),
         nvcc_reason=rules.nvcc_required(m, s, ops, fabric, req.extensions),
@@ -354,9 +376,10 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
-                         req.no_compiler, default_target, fabric.tag, extensions),
+                         req.no_compiler, default_target, fabric.tag, extensions,
+                         override.version if override else None),
         extensions=extensions, fabric=fabric, arch=arch, cpu_target=cpu_target,
-        lock=(lock := stack_lock(m, s, arch)), os_lock=os_lock if os_locked else None, os_locked=os_locked,
+        lock=lock, os_lock=os_lock if os_locked else None, os_locked=os_locked,
         os_unlocked=os_unlocked, matrix_sha256=m.sha256,
         locked_alternative=None if lock else _newest_locked(m, [c.stack for c in valid[1:]], gpu),
         facts=BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
@@ -366,6 +389,18 @@ def resolve(m: Matrix, req: Request) -> Resolution:
                          forward_compat=m.cuda_file.forward_compat, image_env=tuple(m.gpus_file.image_env),
                          cpu_target=m.gpus_file.cpu_targets[cpu_target]),
     )
+
+
+def _nccl_override(m: Matrix, s: Stack, pin: Optional[str], lock: Optional[Lock], version: str, arch: str,
+                   fabric: Fabric) -> Optional[NcclOverride]:
+    """What --nccl installs (rules.select_nccl decides whether it may); None when it names the
+    release torch pins already (one image, so one tag)."""
+    package, release = rules.select_nccl(m, s, pin, lock.pins() if lock else None, version, arch, fabric)
+    if Version(release.version) == Version(pin):
+        return None
+    wheels = rules.nccl_wheels(release, arch, m.bases.families[s.os].glibc, s.python)
+    return NcclOverride(package=package.package, version=release.version, replaced=pin, source=release.source,
+                        wheels=tuple((w.file, w.sha256) for w in wheels))
 
 
 def os_lock_stages(lock: Optional[OsLock], base_images: dict[str, str], stack_id: str,

@@ -99,6 +99,8 @@ def resolution_dict(r: Resolution) -> dict:
             "fabric")
     out = {key: manifest[key] for key in keys}
     out["sm"] = r.gpu.sm
+    if "nccl_override" in manifest:  # --nccl
+        out["nccl_override"] = manifest["nccl_override"]
     out["lock"] = ({"locked": True, **manifest["lock"]} if manifest["lock"] else
                    {"locked": False, "why": unlocked_reason(r.stack.id, r.torch_index, r.locked_alternative),
                     "locked_alternative": r.locked_alternative})

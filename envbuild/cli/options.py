@@ -71,6 +71,11 @@ def request_options(f=None, gpu_required=True):
         click.option("--ext", "ext", default=None, metavar="NAME[,NAME]",
                      help="CUDA extensions to pre-build from source for the GPU's arches, verified like the ops: "
                           "flash-attn, causal-conv1d (`envbuild extensions` lists them and what each fits)."),
+        click.option("--nccl", metavar="VERSION", callback=not_empty,
+                     help="Install this NCCL release (its nvidia-nccl-cuXX wheel, hash-locked) in place of the one "
+                          "torch pins: a 2.x of the same CUDA major, not older than torch's pin (matrices/nccl.yaml lists "
+                          "PyPI's releases; a refused one is named with the nearest accepted). The tag gets "
+                          "-ncclVERSION."),
         click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
         click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
         click.option("--cpu-target", default=None,
@@ -121,7 +126,7 @@ def request_from(kw):
                   env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
                   keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo,
                   qemu=kw.get("qemu", False), fabric=kw.get("fabric"),
-                  extensions=parse_extensions(m, kw.get("ext")))
+                  extensions=parse_extensions(m, kw.get("ext")), nccl=kw.get("nccl"))
     return m, req
 
 

@@ -135,6 +135,11 @@ def print_resolution(r, path=None):
                      else unlocked_reason(s.id, r.torch_index, r.locked_alternative)))
     rows.insert(-2, ("os lock", os_lock_line(r)))
     rows.insert(-2, ("base", base_line(r)))
+    if r.nccl_override:
+        o = r.nccl_override
+        rows.insert([key for key, _ in rows].index("fabric") + 1,
+                    ("nccl", f"{o.package} {o.version} in place of torch's pin {o.replaced} (--nccl; the lock's "
+                             f"[nccl] section, hash-checked)"))
     if r.dropped_ops:
         after_ops = [key for key, _ in rows].index("ds ops") + 1
         rows.insert(after_ops, ("ops left out", "; ".join(why for _, why in r.dropped_ops)))  # each names its op

@@ -25,6 +25,7 @@ from .files.cuda_yaml import CudaFile, DriverFloor
 from .files.bases_yaml import BasesFile, Family
 from .files.fabrics_yaml import Fabric, FabricsFile
 from .files.extensions_yaml import CudaExtension, ExtensionsFile
+from .files.nccl_yaml import NcclFile, NcclPackage
 from .files.stacks_yaml import Stack, StacksFile
 
 BASE_DIGESTS = "base-digests.yaml"  # optional: written by `envbuild lock --bases` (digests.py)
@@ -35,7 +36,7 @@ class Matrix:
 
     def __init__(self, directory: Path, torch: TorchFile, deepspeed: DeepspeedFile,
                  gpus: GpusFile, bases: BasesFile, cuda: CudaFile, stacks: StacksFile, fabrics: FabricsFile,
-                 extensions: Optional[ExtensionsFile] = None):
+                 extensions: Optional[ExtensionsFile] = None, nccl: Optional[NcclFile] = None):
         self.directory = directory
         self.cuda_file = cuda
         self.torch_file = torch
@@ -48,6 +49,7 @@ class Matrix:
         self._ds = {r.deepspeed: r for r in deepspeed.releases}
         self._gpu_names: dict[str, GpuProfile] = {}
         self.extensions_file = extensions or ExtensionsFile()
+        self.nccl_file = nccl or NcclFile()  # no nccl.yaml: no release can replace torch's NCCL
         self.base_digests = _base_digests(directory)  # ref -> the digest the publishing CI recorded
 
     @functools.cached_property
@@ -201,6 +203,10 @@ class Matrix:
                 floor = DriverFloor(cuda=major, min_driver=own.min_driver, branch=own.branch,
                                     source=f"{what}: {own.source}")
         return floor
+
+    def nccl_package(self, torch: str) -> Optional[NcclPackage]:
+        """The NCCL wheel family torch's Linux wheel pins (nccl.yaml), or None where unknown."""
+        return next((p for p in self.nccl_file.packages if torch in p.torch), None)
 
     def torch_index(self, release: TorchRelease, cuda: str) -> Optional[str]:
         """PyTorch's own index for a non-default CUDA variant; None means plain PyPI."""

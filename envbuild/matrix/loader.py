@@ -22,9 +22,11 @@ from .files.cuda_yaml import CudaFile
 from .files.bases_yaml import BasesFile
 from .files.fabrics_yaml import FabricsFile
 from .files.extensions_yaml import ExtensionsFile
+from .files.nccl_yaml import NcclFile
 from .files.stacks_yaml import EXTENSIONS, PUBLISH, PublishFile, StacksFile
 from .core import Matrix
 
+NCCL = "nccl.yaml"  # optional: the NCCL releases --nccl may install (envbuild matrix refresh writes it)
 FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "cuda.yaml", "stacks.yaml", "fabrics.yaml")
 
 _MODELS = {
@@ -37,6 +39,7 @@ _MODELS = {
     PUBLISH: PublishFile,
     "fabrics.yaml": FabricsFile,
     EXTENSIONS: ExtensionsFile,
+    NCCL: NcclFile,
 }
 
 
@@ -87,7 +90,7 @@ def _check_references(m: Matrix) -> None:
     """Cross-file integrity, then every stack against the rules; the first three problems named."""
     d = m.directory
     problems = [problem for check in (_torch_problems, _deepspeed_problems, _gpu_problems, _fabric_problems,
-                                      _default_problems, _driver_problems, _stack_problems)
+                                      _default_problems, _driver_problems, _stack_problems, _nccl_problems)
                 for problem in check(m, d)]
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -243,6 +246,20 @@ def _stack_problems(m: Matrix, d: Path) -> list[str]:
     return problems
 
 
+def _nccl_problems(m: Matrix, d: Path) -> list[str]:
+    """nccl.yaml: one entry per wheel family, each naming torch releases torch.yaml has."""
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for p in m.nccl_file.packages:
+        for t in p.torch:
+            if t not in m._torch:
+                problems.append(f"{d/NCCL}: {p.package}.torch names {t}, which is not a torch.yaml release")
+            elif t in seen:
+                problems.append(f"{d/NCCL}: torch {t} is listed under both {seen[t]} and {p.package}")
+            seen[t] = p.package
+    return problems
+
+
 def load_publish(directory: Path) -> PublishFile:
     """The matrix directory's publish.yaml, read and checked in one place (defaults without one)."""
     path = Path(directory) / PUBLISH
@@ -261,7 +278,8 @@ def _load_cached(directory: str) -> Matrix:
     loaded = {f: _load_file(d / f) for f in FILES}
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
                loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"],
-               _load_file(d / EXTENSIONS) if os.path.lexists(d / EXTENSIONS) else None)
+               _load_file(d / EXTENSIONS) if os.path.lexists(d / EXTENSIONS) else None,
+               _load_file(d / NCCL) if os.path.lexists(d / NCCL) else None)
     _check_references(m)
     return m
 

@@ -25,6 +25,7 @@ class Key:
     doc: str
     label: str = ""
     show: Optional[Callable[[Any], Optional[str]]] = None  # the label's text (None: no label for this value)
+    optional: bool = False  # only in the manifests of images that have it (the golden renders stay as they were)
 
     def label_value(self, value: Any) -> Optional[str]:
         return self.show(value) if self.show else (None if value is None else str(value))
@@ -41,7 +42,11 @@ MANIFEST = (
     Key("torch", "the torch version", "torch"),
     Key("torchvision", "the torchvision version that goes with it", "torchvision"),
     Key("deepspeed", "the DeepSpeed version", "deepspeed"),
-    Key("nccl", "the NCCL version torch's wheel pins (the smoke test checks the one loaded)"),
+    Key("nccl", "the NCCL version the image installs: torch's wheel's pin, or the --nccl release (the smoke test "
+                "checks the one loaded)"),
+    Key("nccl_override", "only with --nccl: the NCCL wheel installed in place of torch's pin (package, version, the "
+                         "pin it replaced, the lock section and its source)", "nccl-override",
+        lambda o: f"{o['package']}=={o['version']} (torch pins {o['replaced']})", optional=True),
     Key("gpu", "the GPU profile the image is for (matrices/gpus.yaml)", "gpu"),
     Key("gpu_cc", "the GPU's compute capability"),
     Key("torch_cuda_arch_list", "the arches the ops and extensions were compiled for (TORCH_CUDA_ARCH_LIST)",
@@ -80,16 +85,17 @@ MANIFEST = (
 def ordered(values: dict) -> dict:
     """`values` in the schema's order; a key the schema does not declare (or one it misses) is a bug here."""
     names = [k.name for k in MANIFEST]
-    if set(values) != set(names):
-        raise AssertionError(f"manifest keys differ from the schema: {sorted(set(values) ^ set(names))}")
-    return {name: values[name] for name in names}
+    required = {k.name for k in MANIFEST if not k.optional}
+    if not required <= set(values) <= set(names):
+        raise AssertionError(f"manifest keys differ from the schema: {sorted((set(values) ^ required) - (set(names) - required))}")
+    return {name: values[name] for name in names if name in values}
 
 
 def labels(manifest: dict) -> list[tuple[str, str]]:
     """The io.envbuild.* labels of a manifest, in the schema's order (a label with no value is left out)."""
     out = []
     for key in MANIFEST:
-        if key.label and (text := key.label_value(manifest[key.name])) is not None:
+        if key.label and key.name in manifest and (text := key.label_value(manifest[key.name])) is not None:
             out.append((LABEL_PREFIX + key.label, text))
     return out
 

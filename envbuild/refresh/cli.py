@@ -10,7 +10,7 @@ import click
 from packaging.version import Version
 
 from ..errors import EnvbuildError
-from . import ds_history, torch_facts, writer
+from . import ds_history, nccl_facts, torch_facts, writer
 from .fixtures import FixtureIndex
 from ..resources import matrices_dir
 from .pypi import Index, PyPI, default_cache_dir
@@ -18,8 +18,8 @@ from .pypi import Index, PyPI, default_cache_dir
 
 def refresh(index: Index, matrix_dir: Path, progress: Callable[[str], None] = lambda _: None
             ) -> tuple[list[writer.FileChange], list[str], list[writer.PinMove]]:
-    """The refreshed torch.yaml, deepspeed.yaml and (where the directory has one) stacks.yaml,
-    nothing written; a line per changed fact; the stack pins moved with their torch release."""
+    """The refreshed torch.yaml, deepspeed.yaml and (where the directory has them) stacks.yaml
+    and nccl.yaml, nothing written; a line per changed fact; the stack pins moved with their torch release."""
     torch_path, ds_path = matrix_dir / "torch.yaml", matrix_dir / "deepspeed.yaml"
     torch_text, torch_data = writer.load(torch_path)
     ds_text, ds_data = writer.load(ds_path)
@@ -35,6 +35,13 @@ def refresh(index: Index, matrix_dir: Path, progress: Callable[[str], None] = la
     changes = [writer.FileChange(torch_path, torch_text, writer.render_torch(new_torch)),
                writer.FileChange(ds_path, ds_text, writer.render_deepspeed(new_ds))]
     facts = writer.summary(torch_data, new_torch, "torch") + writer.summary(ds_data, new_ds, "deepspeed")
+    nccl_path = matrix_dir / "nccl.yaml"
+    if nccl_path.is_file():
+        progress(f"NCCL wheels of {', '.join(sorted({f.nccl_package for f in derived}))}")
+        nccl_text = writer.read(nccl_path)
+        new_nccl = nccl_facts.derive(index, derived)
+        changes.append(writer.FileChange(nccl_path, nccl_text, nccl_facts.render(new_nccl)))
+        facts += nccl_facts.summary(nccl_facts.parse(nccl_text, nccl_path), new_nccl)
     moves = []
     stacks_path = matrix_dir / "stacks.yaml"
     if stacks_path.is_file():

@@ -36,6 +36,7 @@ class TorchFacts:
 
     fields: dict = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    nccl_package: str = ""  # the NCCL wheel family the Requires-Dist pin names (nccl.yaml's `torch`)
 
 
 def tracked_releases(index: Index) -> list[Version]:
@@ -176,7 +177,7 @@ def derive_release(index: Index, version: Version) -> TorchFacts:
     cpp_arches, lock = cpp_extension_facts(index.member(wheel, "torch/utils/cpp_extension.py"), wheel.filename)
     platforms = sorted(p.removesuffix("_x86_64") for p in wheel.platforms if p.startswith("manylinux"))
 
-    facts = TorchFacts()
+    facts = TorchFacts(nccl_package=str(nccl[0].name))
     facts.fields = {
         "torch": str(version),
         "python": python_range(minors),

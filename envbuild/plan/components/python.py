@@ -27,7 +27,9 @@ def _lock_files(lock, adds: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]
     --no-build-isolation), the PyPI toolchain."""
     if lock is None:
         return ()
-    venv = lock.requirements("venv", exclude=("deepspeed",)) + "".join(lock.requirements(need) for need in adds)
+    # the venv but DeepSpeed, the added sections; a wheel of the [nccl] section (--nccl) in place of the venv's pin of it
+    venv = (lock.requirements("venv", exclude=("deepspeed", *lock.replaced()))
+            + "".join(lock.requirements(need) for need in adds) + lock.requirements("nccl"))
     files = [(f"envbuild/{posixpath.basename(paths.LOCK)}", lock.text),
              (f"envbuild/{LOCK_PARTS['venv']}", venv),
              (f"envbuild/{LOCK_PARTS['deepspeed']}", lock.requirements("venv", only=("deepspeed",)))]
@@ -56,6 +58,11 @@ def part(ctx: Context) -> Part:
                         if lock else
                         "; NOT hash-locked: this stack has no lock in matrices/locks")),
     )
+    override = resolution.nccl_override
+    if override:  # --nccl: torch's Requires-Dist of its NCCL wheel follows the release installed
+        steps += (Step("nccl", (override.package, override.replaced, override.version), files=step_files("nccl.sh"),
+                       comment=f"--nccl {override.version}: {override.package} {override.version} replaced torch's "
+                               f"pin {override.replaced} (the lock's [nccl] section); torch's requirement follows"),)
     # --keep-toolchain keeps the step scripts too (Apptainer copies what Docker's FROM builder has).
     return Part(builder_steps=steps, from_builder=(paths.VENV, paths.SETUP_DIR) if ctx.keep else (paths.VENV,),
                 generated=_lock_files(lock, resolution.toolchain_adds))

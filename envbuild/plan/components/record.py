@@ -21,6 +21,7 @@ from .base import Context, Part
 from .ospackages import OS_LOCK_FILE, fabric_packages
 
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
+OPTIONAL_REQUEST = ("nccl",)  # recorded only when given: the records of images without it stay as they were
 
 
 def part(ctx: Context) -> Part:
@@ -134,7 +135,20 @@ def manifest(ctx: Context, image_env: tuple[EnvVar, ...]) -> dict:
                         "packages": e.packages, "modules": e.modules, "arch_list": resolution.arch_list,
                         "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
                         "lock": paths.EXTENSIONS_LOCK} for e in resolution.extensions],
+        **_nccl_override_record(resolution),
     })
+
+
+def _nccl_override_record(resolution: Resolution) -> dict:
+    """--nccl: what replaced torch's pin, and where it is locked (a key only such images have)."""
+    o = resolution.nccl_override
+    if o is None:
+        return {}
+    return {"nccl_override": {"package": o.package, "version": o.version, "replaced": o.replaced,
+                              "torch_requires": f"torch {resolution.stack.torch}'s Requires-Dist moved from "
+                                                f"{o.package}=={o.replaced} to =={o.version} (steps/nccl.sh)",
+                              "lock_section": "nccl", "wheels": [{"file": f, "sha256": h} for f, h in o.wheels],
+                              "source": o.source}}
 
 
 def _lock_record(ctx: Context) -> Optional[dict]:
@@ -142,8 +156,10 @@ def _lock_record(ctx: Context) -> Optional[dict]:
     if lock is None:
         return None
     # the venv's sections: [venv], and what the toolchain adds for the chosen ops ([curand])
-    sections = ["venv", *ctx.resolution.toolchain_adds]
-    return {"path": paths.LOCK, "sha256": lock.sha256, "packages": sum(len(lock.sections[s]) for s in sections),
+    # and --nccl's [nccl], last: its wheel replaces the venv's pin of it
+    sections = ["venv", *ctx.resolution.toolchain_adds, *(["nccl"] if ctx.resolution.nccl_override else [])]
+    packages = {p.key for s in sections for p in lock.sections[s]}
+    return {"path": paths.LOCK, "sha256": lock.sha256, "packages": len(packages),
             "sections": sections, "exclude_newer": lock.header.get("exclude-newer"),
             "index": lock.header.get("index"), "dropped": list(ctx.ds_build_only)}
 
@@ -162,10 +178,11 @@ def request_record(resolution: Resolution) -> dict:
     build, so they record the same: the GPU's and the fabric's names, the op list trimmed."""
     request = resolution.request
     canonical = replace(request, gpu=resolution.gpu.name,
+                        nccl=resolution.nccl_override.version if resolution.nccl_override else None,
                         fabric=resolution.fabric.name if request.fabric and resolution.fabric else request.fabric,
                         ds_ops=",".join(word.strip() for word in request.ds_ops.split(",")))
     return {f.name: (list(map(list, v)) if f.name == "env" else list(v)) if isinstance(v := getattr(canonical, f.name), tuple)
-            else v for f in fields(canonical)}
+            else v for f in fields(canonical) if f.name not in OPTIONAL_REQUEST or getattr(canonical, f.name) is not None}
 
 
 def base_pinning(base_images: dict[str, str]) -> dict[str, str]:

@@ -31,8 +31,9 @@ from typing import Callable, Optional
 from .artifacts import Descriptor, client as registry_client, is_index
 from .engine import RegistryError, get_engine
 from .errors import EnvbuildError
+from .grammar import escaped
 from .files import locked, open_regular, remove_stale_temps, sha256_file, temp_path, write_atomic
-from .registry import ANY_MANIFEST, registry_of, split_reference
+from .registry import ANY_MANIFEST, check_image_reference, registry_of, split_reference
 
 COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
                 "none": ["-noI", "-noD", "-noF", "-noX"]}  # enroot/squashfuse read all three
@@ -130,7 +131,7 @@ def local_image(image: str, cli: Optional[str] = None) -> dict:
     """`docker image inspect IMAGE` (Id, Size, Config), or a refusal naming what to do."""
     r = _docker(cli or shutil.which("docker") or "/usr/bin/docker", "image", "inspect", image, text=True)
     if r.returncode != 0:
-        raise EnvbuildError(f"{image}: no such local image ({(r.stderr or r.stdout).strip()[:200]}); build it "
+        raise EnvbuildError(f"{escaped(image)}: no such local image ({(r.stderr or r.stdout).strip()[:200]}); build it "
                             f"(envbuild build) or pull it first, or give a .sqsh file.")
     return json.loads(r.stdout)[0]
 
@@ -414,6 +415,7 @@ def staging_source(source: str, compression: str, platform: Optional[str] = None
         check_squashfs(Path(source))  # before anything is copied: a .sqsh that is none is refused
         return Path(source).name, Path(source).stat().st_size, copy_producer(Path(source))
     if is_registry_reference(source):
+        check_image_reference("SOURCE", source)  # a newline in the host is no unreachable registry (exit 1)
         try:
             found, digest, image_id = published_sqsh(source, platform)
         except EnvbuildError as e:  # a registry name this machine cannot read: its local image, if any

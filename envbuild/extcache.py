@@ -31,6 +31,7 @@ from typing import Optional
 
 from .engine import BuildFailed, BuildSecrets, Engine, get_engine
 from .errors import EnvbuildError
+from .grammar import escaped
 from .files import locked, open_regular, read_text, remove_stale_temps, temp_path
 from .image import paths
 from .matrix import Matrix
@@ -106,7 +107,7 @@ def wheels_in(file: Path) -> tuple[str, ...]:
     when it is not one."""
     refusal = "name a file `envbuild ext-cache save` wrote, or save one first"
     if not os.path.lexists(file):
-        raise EnvbuildError(f"{file}: no such file; {refusal}.")
+        raise EnvbuildError(f"{escaped(str(file))}: no such file; {refusal}.")
     with open_regular(file, "extension cache file", "ext-cache") as f:  # /dev/null: a device, not "no such file"
         size = os.fstat(f.fileno()).st_size
         if size > MAX_FILE_BYTES:
@@ -148,14 +149,14 @@ def keys_of(build_dirs) -> tuple[str, ...]:
     for directory in map(Path, build_dirs):
         spec_path = directory / "envbuild" / EXTENSION_SPEC
         if not spec_path.is_file():
-            raise EnvbuildError(f"--for {directory}: it holds no envbuild/{EXTENSION_SPEC}, so it is not a build "
+            raise EnvbuildError(f"--for {escaped(str(directory))}: it holds no envbuild/{EXTENSION_SPEC}, so it is not a build "
                                 f"directory of an image with CUDA extensions (`envbuild render --ext NAME -o DIR` "
                                 f"writes one); name such directories, or leave --for out to save every wheel.")
         try:
             spec = json.loads(read_text(spec_path, "extension spec", "record"))
             keys.update(f"{e['name']}/{e['cache_key']}" for e in spec["extensions"])
         except (ValueError, KeyError, TypeError):
-            raise EnvbuildError(f"--for {directory}: envbuild/{EXTENSION_SPEC} is not one envbuild wrote (it has "
+            raise EnvbuildError(f"--for {escaped(str(directory))}: envbuild/{EXTENSION_SPEC} is not one envbuild wrote (it has "
                                 f"no extensions with cache keys); render the directory again.") from None
     return tuple(sorted(keys))
 

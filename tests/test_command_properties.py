@@ -1,0 +1,209 @@
+"""Every string option of the commands besides `render` (whose options are in
+test_hostile_input.py) and `job` (test_jobs.py), as an adversarial user brings it: a generated
+value with control characters, quotes, `$(...)`, newlines, NULs or an oversize length is exit 2
+with one paragraph naming the option and nothing written, or carried as data (a build directory
+whose files pass their linters and keep the layout of one rendered without the value), or it
+passes its checks and stops where this machine has nothing to give: no Docker engine (its socket
+is absent here), no registry (127.0.0.1:9 refuses connections), no resolver (uv is replaced by
+the stack's own pins: PyPI is not asked). Never a traceback, exit 70 or exit 1.
+
+ENVBUILD_PROPERTY_EXAMPLES raises the example counts (the fast suite runs few)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
+from property_settings import EXAMPLES
+from test_hostile_input import HOSTILE, Ran, envbuild, listing, refused
+
+# Where a command stops on this machine after its input passed every check: an exit 2 that
+# names the machine, not the input. A registry that cannot be reached is exit 1, as for `push`
+# (test_docker_e2e.py::test_unreachable_registry_is_a_clear_error).
+STOPS = ("cannot reach the Docker engine", "Cannot connect to the Docker daemon", "RESOLVER-STOP")
+UNREACHABLE = "registry 127.0.0.1:9 cannot be reached"
+NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "HTTPS_PROXY": "http://127.0.0.1:9",
+             "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
+# publish reads matrices/publish.yaml, which only the shipped matrix has
+SHIPPED = {"ENVBUILD_MATRIX_DIR": str(ROOT / "matrices")}
+STACK = "torch2.11-cu130-py3.11-pypi"  # a locked stack of the fixture matrix
+
+
+@dataclass(frozen=True)
+class Case:
+    """`args` with {v} where the value goes (an option's value, a file name, a line of a file);
+    `benign` a value the command takes; `names` the words a refusal must hold (any one)."""
+    args: tuple[str, ...]
+    benign: str
+    names: tuple[str, ...]
+    env: dict = field(default_factory=dict)
+    file: str = ""  # the value goes into this file of the work directory (its {v}), not onto the command line
+
+
+EXTEND = ("extend", "--gpu", "h100", "--stack", STACK)
+CASES = {
+    "extend": [
+        Case((*EXTEND, "-r", "req.txt", "--name", "{v}"), "team", ("--name",)),
+        Case((*EXTEND, "-r", "req.txt", "--from", "{v}"), f"envbuild:{STACK}", ("--from",)),
+        Case((*EXTEND, "-r", "req.txt", "--as-of", "{v}"), "2026-01-02", ("--as-of",)),
+        Case((*EXTEND, "-r", "req.txt", "-o", "{v}"), "out", ("-o", "--output")),
+        Case((*EXTEND, "-r", "{v}"), "req.txt", ("-r",)),
+        Case((*EXTEND, "-r", "hostile.txt"), "einops", ("hostile.txt",), file="hostile.txt"),
+        Case(("extend", "-f", "envbuild.yaml"), "team", ("envbuild.yaml",),
+             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [einops]\nname: {v}\n"),
+        Case(("extend", "-f", "envbuild.yaml"), "h100", ("envbuild.yaml",),
+             file="envbuild.yaml:gpu: {v}\nstack: " + STACK + "\nrequirements: [einops]\n"),
+        Case(("extend", "-f", "envbuild.yaml"), "einops", ("envbuild.yaml",),
+             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [{v}]\n"),
+        Case(("extend", "-f", "envbuild.yaml"), f"envbuild:{STACK}", ("envbuild.yaml",),
+             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [einops]\nimage: {v}\n"),
+    ],
+    "lock": [
+        Case(("lock", "--check", "--stack", "{v}"), STACK, ("--stack",)),
+        Case(("lock", "--os", "--stack", STACK, "--base-image", "{v}"), "debian:bookworm", ("--base-image",)),
+        Case(("lock", "--os", "--stack", STACK, "--apt-snapshot", "{v}"),
+             "http://127.0.0.1:9/{archive}/{timestamp}", ("--apt-snapshot",)),
+        Case(("lock", "--check", "--stack", STACK, "--vulnerability-service", "{v}"), "osv",
+             ("--vulnerability-service",)),
+    ],
+    "publish": [
+        Case(("publish", "--job", "{v}", "--registry", "127.0.0.1:9/acme", "--signing-key", "key.pem"),
+             "torch2.5-cu124-py3.10-amd64", ("--job",), SHIPPED),
+        Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "{v}", "--signing-key", "key.pem"),
+             "127.0.0.1:9/acme", ("--registry",), SHIPPED),
+        Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
+              "--signing-key", "{v}"), "key.pem", ("--signing-key",), SHIPPED),
+        Case(("publish", "--manifest", "{v}", "--registry", "127.0.0.1:9/acme", "--key", "key.pub"),
+             "torch2.5.1-cu124-py3.10-ds0.16.9", ("--manifest",), SHIPPED),
+        Case(("publish", "--manifest", "torch2.5.1-cu124-py3.10-ds0.16.9", "--registry", "127.0.0.1:9/acme",
+              "--key", "{v}"), "key.pub", ("--key",), SHIPPED),
+        Case(("publish", "--manifest", "torch2.5.1-cu124-py3.10-ds0.16.9", "--registry", "127.0.0.1:9/acme",
+              "--keyless", "--certificate-identity-regexp", "{v}"), "^https://github.com/acme/", (
+                 "--certificate-identity-regexp",), SHIPPED),
+        Case(("publish", "--manifest", "torch2.5.1-cu124-py3.10-ds0.16.9", "--registry", "127.0.0.1:9/acme",
+              "--key", "key.pub", "--digests", "{v}"), "digests", ("--digests",), SHIPPED),
+        Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
+              "--signing-key", "key.pem", "--out", "{v}"), "publish-out", ("--out",), SHIPPED),
+        Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
+              "--signing-key", "key.pem", "--ext-cache", "{v}"), "cache.tar", ("--ext-cache",), SHIPPED),
+        Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
+              "--signing-key", "key.pem", "--vulnerability-service", "{v}"), "osv", ("--vulnerability-service",),
+             SHIPPED),
+    ],
+    "verify": [
+        Case(("verify", "{v}", "--key", "key.pub", "--no-pull"), "127.0.0.1:9/acme/envbuild:t", ("IMAGE", "image")),
+        Case(("verify", "127.0.0.1:9/acme/envbuild:t", "--key", "{v}", "--no-pull"), "key.pub", ("--key",)),
+        Case(("verify", "127.0.0.1:9/acme/envbuild:t", "--certificate-identity-regexp", "{v}", "--no-pull"),
+             "^https://github.com/acme/", ("--certificate-identity-regexp",)),
+        Case(("verify", "127.0.0.1:9/acme/envbuild:t", "--certificate-identity-regexp", "x",
+              "--certificate-oidc-issuer", "{v}", "--no-pull"), "https://token.actions.githubusercontent.com",
+             ("--certificate-oidc-issuer",)),
+        Case(("verify", "127.0.0.1:9/acme/envbuild:t", "--key", "key.pub", "--platform", "{v}", "--no-pull"),
+             "linux/amd64", ("--platform",)),
+    ],
+    "ext-cache": [
+        Case(("ext-cache", "save", "{v}", "--base-image", "debian:bookworm"), "cache.tar", ("FILE", "save")),
+        Case(("ext-cache", "load", "{v}", "--base-image", "debian:bookworm"), "cache.tar", ("FILE", "load")),
+        Case(("ext-cache", "save", "cache.tar", "--base-image", "{v}"), "debian:bookworm", ("--base-image",)),
+        Case(("ext-cache", "save", "cache.tar", "--stack", "{v}"), STACK, ("--stack",)),
+        Case(("ext-cache", "save", "cache.tar", "--for", "{v}", "--base-image", "debian:bookworm"), "build",
+             ("--for",)),
+    ],
+    "stage": [
+        Case(("stage", "{v}", "--to", "shared"), "127.0.0.1:9/acme/envbuild:t", ("stage",)),
+        Case(("stage", "127.0.0.1:9/acme/envbuild:t", "--to", "{v}"), "shared", ("--to",)),
+        Case(("stage", "127.0.0.1:9/acme/envbuild:t", "--to", "shared", "--platform", "{v}"), "linux/amd64",
+             ("--platform",)),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, bytes]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private = Ed25519PrivateKey.generate()
+    return {"key.pem": private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                             serialization.NoEncryption()),
+            "key.pub": private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                         serialization.PublicFormat.SubjectPublicKeyInfo)}
+
+
+def workdir(base: Path, keys: dict[str, bytes]) -> Path:
+    """The files the cases name: a requirements file, keys, a directory to stage into."""
+    base.mkdir()
+    (base / "req.txt").write_text("einops\n")
+    for name, data in keys.items():
+        (base / name).write_bytes(data)
+    (base / "shared").mkdir()
+    return base
+
+
+def stop_resolver(monkeypatch) -> None:
+    """uv is not run (PyPI is not asked): its place says so, an exit 2 the property knows."""
+    from envbuild import extend, lock
+    from envbuild.errors import EnvbuildError
+
+    def stop(*_, **__):
+        raise EnvbuildError("RESOLVER-STOP: the resolver would run here")
+
+    monkeypatch.setattr(extend, "compile_requirements", stop)
+    monkeypatch.setattr(lock, "compile_requirements", stop)
+
+
+@st.composite
+def case_values(draw, command):
+    case = draw(st.sampled_from(CASES[command]))
+    hostile = draw(HOSTILE)
+    if not case.file:  # execve(2) ends each argument at a NUL: no command line holds one (a file can)
+        hostile = hostile.replace("\0", "") or "x"
+    return case, draw(st.sampled_from([hostile, case.benign + hostile, hostile + case.benign]))
+
+
+def check_outcome(r, case: Case, value: str, before: dict, work: Path) -> None:
+    """Exit 2: one paragraph, nothing written, the value's control characters escaped, and the
+    option (or, for an argument, the value itself) named unless the run stopped on this machine."""
+    from envbuild.grammar import control_characters, escaped
+
+    assert r.code in (0, 2) or (r.code == 1 and UNREACHABLE in r.err), (case.args, value, r.code, r.out[-800:],
+                                                                         r.err[-3000:])
+    if r.code in (1, 2):
+        refused(Ran(2, r.out, r.err))  # one paragraph, no traceback (exit 1: checked above)
+        assert listing(work) == before, (case.args, value, r.message)
+        error = r.err[r.err.index("envbuild: error:"):].strip()
+        assert not set(control_characters(value)) & set(error), (case.args, value, error)
+        if not any(s in r.message for s in (*STOPS, UNREACHABLE)):
+            assert any(n in r.message for n in case.names) or escaped(value[:20]) in error, (case.args, value, error)
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_stopped(
+        tmp_path_factory, monkeypatch, keys, command):
+    monkeypatch.setenv("ENVBUILD_MATRIX_DIR", str(FIXTURE_MATRIX))
+    stop_resolver(monkeypatch)
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(case_value=case_values(command))
+    def prop(case_value):
+        case, value = case_value
+        work = workdir(tmp_path_factory.mktemp("w") / "work", keys)
+        monkeypatch.chdir(work)
+        args = list(case.args)
+        if case.file:
+            name, text = case.file.split(":", 1) if ":" in case.file else (case.file, "{v}\n")
+            (work / name).write_text(text.replace("{v}", value), errors="surrogateescape")
+        else:
+            args = [a.replace("{v}", value) for a in args]
+        before = listing(work)
+        with alarm_deadline(60, f"envbuild {' '.join(args)[:200]!r} blocked"):
+            r = envbuild(*args, env={**NO_DOCKER, **case.env})
+        check_outcome(r, case, value, before, work)
+
+    prop()

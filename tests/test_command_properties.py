@@ -4,8 +4,8 @@ value with control characters, quotes, `$(...)`, newlines, NULs or an oversize l
 with one paragraph naming the option and nothing written, or carried as data (a build directory
 whose files pass their linters and keep the layout of one rendered without the value), or it
 passes its checks and stops where this machine has nothing to give: no Docker engine (its socket
-is absent here), no registry (127.0.0.1:9 refuses connections), no resolver (uv is replaced by
-the stack's own pins: PyPI is not asked). Never a traceback, exit 70 or exit 1.
+is absent here), no registry (127.0.0.1:9 refuses connections), no resolver and no
+vulnerability service (uv and pip-audit are replaced by a stop: PyPI is not asked). Never a traceback, exit 70 or exit 1.
 
 ENVBUILD_PROPERTY_EXAMPLES raises the example counts (the fast suite runs few)."""
 
@@ -25,13 +25,14 @@ from test_hostile_input import HOSTILE, Ran, envbuild, listing, refused
 # Where a command stops on this machine after its input passed every check: an exit 2 that
 # names the machine, not the input. A registry that cannot be reached is exit 1, as for `push`
 # (test_docker_e2e.py::test_unreachable_registry_is_a_clear_error).
-STOPS = ("cannot reach the Docker engine", "Cannot connect to the Docker daemon", "RESOLVER-STOP")
+STOPS = ("cannot reach the Docker engine", "Cannot connect to the Docker daemon", "NETWORK-STOP")
 UNREACHABLE = "registry 127.0.0.1:9 cannot be reached"
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "HTTPS_PROXY": "http://127.0.0.1:9",
              "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
 # publish reads matrices/publish.yaml, which only the shipped matrix has
 SHIPPED = {"ENVBUILD_MATRIX_DIR": str(ROOT / "matrices")}
 STACK = "torch2.11-cu130-py3.11-pypi"  # a locked stack of the fixture matrix
+MANIFEST_TAG = "torch2.4.1-cu121-py3.10-ds0.15.4-h100"  # a tag of the shipped publish plan
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,13 @@ CASES = {
         Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
               "--signing-key", "{v}"), "key.pem", ("--signing-key",), SHIPPED),
         Case(("publish", "--manifest", "{v}", "--registry", "127.0.0.1:9/acme", "--key", "key.pub"),
-             "torch2.5.1-cu124-py3.10-ds0.16.9", ("--manifest",), SHIPPED),
-        Case(("publish", "--manifest", "torch2.5.1-cu124-py3.10-ds0.16.9", "--registry", "127.0.0.1:9/acme",
+             MANIFEST_TAG, ("--manifest",), SHIPPED),
+        Case(("publish", "--manifest", MANIFEST_TAG, "--registry", "127.0.0.1:9/acme",
               "--key", "{v}"), "key.pub", ("--key",), SHIPPED),
-        Case(("publish", "--manifest", "torch2.5.1-cu124-py3.10-ds0.16.9", "--registry", "127.0.0.1:9/acme",
+        Case(("publish", "--manifest", MANIFEST_TAG, "--registry", "127.0.0.1:9/acme",
               "--keyless", "--certificate-identity-regexp", "{v}"), "^https://github.com/acme/", (
                  "--certificate-identity-regexp",), SHIPPED),
-        Case(("publish", "--manifest", "torch2.5.1-cu124-py3.10-ds0.16.9", "--registry", "127.0.0.1:9/acme",
+        Case(("publish", "--manifest", MANIFEST_TAG, "--registry", "127.0.0.1:9/acme",
               "--key", "key.pub", "--digests", "{v}"), "digests", ("--digests",), SHIPPED),
         Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
               "--signing-key", "key.pem", "--out", "{v}"), "publish-out", ("--out",), SHIPPED),
@@ -142,19 +143,23 @@ def workdir(base: Path, keys: dict[str, bytes]) -> Path:
     for name, data in keys.items():
         (base / name).write_bytes(data)
     (base / "shared").mkdir()
+    (base / "digests").mkdir()  # what the publish job of MANIFEST_TAG handed on
+    (base / "digests" / f"{MANIFEST_TAG}-amd64").write_text("sha256:" + "0" * 64 + "\n")
     return base
 
 
-def stop_resolver(monkeypatch) -> None:
-    """uv is not run (PyPI is not asked): its place says so, an exit 2 the property knows."""
-    from envbuild import extend, lock
+def stop_network(monkeypatch) -> None:
+    """uv and pip-audit are not run (PyPI is not asked): their place says so, an exit 2 the
+    property knows."""
+    from envbuild import extend, lock, release
     from envbuild.errors import EnvbuildError
 
     def stop(*_, **__):
-        raise EnvbuildError("RESOLVER-STOP: the resolver would run here")
+        raise EnvbuildError("NETWORK-STOP: uv or pip-audit would run here")
 
     monkeypatch.setattr(extend, "compile_requirements", stop)
     monkeypatch.setattr(lock, "compile_requirements", stop)
+    monkeypatch.setattr(release, "audit_stack", stop)
 
 
 @st.composite
@@ -174,11 +179,16 @@ def check_outcome(r, case: Case, value: str, before: dict, work: Path) -> None:
     assert r.code in (0, 2) or (r.code == 1 and UNREACHABLE in r.err), (case.args, value, r.code, r.out[-800:],
                                                                          r.err[-3000:])
     if r.code in (1, 2):
-        refused(Ran(2, r.out, r.err))  # one paragraph, no traceback (exit 1: checked above)
-        assert listing(work) == before, (case.args, value, r.message)
-        error = r.err[r.err.index("envbuild: error:"):].strip()
+        assert "envbuild: error:" in r.err, r.err[-2000:]
+        error = r.err[r.err.index("envbuild: error:"):].strip()  # after the progress lines
+        refused(Ran(2, r.out, error))  # one paragraph, no traceback (exit 1: checked above)
+        stopped = any(s in r.message for s in (*STOPS, UNREACHABLE))
+        after = listing(work)
+        # publish --job makes its --out directory before the vulnerability gate: after a stop it may be there, empty
+        left = {k for k in set(after) - set(before) if not (stopped and (work / k).is_dir() and not any((work / k).iterdir()))}
+        assert left == set() and {k: after[k] for k in before} == before, (case.args, value, r.message, left)
         assert not set(control_characters(value)) & set(error), (case.args, value, error)
-        if not any(s in r.message for s in (*STOPS, UNREACHABLE)):
+        if not stopped:
             assert any(n in r.message for n in case.names) or escaped(value[:20]) in error, (case.args, value, error)
 
 
@@ -186,7 +196,7 @@ def check_outcome(r, case: Case, value: str, before: dict, work: Path) -> None:
 def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_stopped(
         tmp_path_factory, monkeypatch, keys, command):
     monkeypatch.setenv("ENVBUILD_MATRIX_DIR", str(FIXTURE_MATRIX))
-    stop_resolver(monkeypatch)
+    stop_network(monkeypatch)
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
@@ -214,6 +214,7 @@ def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_sto
         before = listing(work)
         with alarm_deadline(60, f"envbuild {' '.join(args)[:200]!r} blocked"):
             r = envbuild(*args, env={**NO_DOCKER, **case.env})
+        event(f"{case.args[:2]} exit {r.code}" + (" stopped" if any(m in r.err for m in (*STOPS, UNREACHABLE)) else ""))
         check_outcome(r, case, value, before, work)
 
     prop()

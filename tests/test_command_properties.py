@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
 from property_settings import EXAMPLES
-from test_hostile_input import HOSTILE, Ran, envbuild, listing, refused
+from test_hostile_input import HOSTILE, Ran, assert_holds_as_data, envbuild, listing, refused
 
 # Where a command stops on this machine after its input passed every check: an exit 2 that
 # names the machine, not the input. A registry that cannot be reached is exit 1, as for `push`
@@ -54,15 +55,20 @@ CASES = {
         Case((*EXTEND, "-r", "req.txt", "--as-of", "{v}"), "2026-01-02", ("--as-of",)),
         Case((*EXTEND, "-r", "req.txt", "-o", "{v}"), "out", ("-o", "--output")),
         Case((*EXTEND, "-r", "{v}"), "req.txt", ("-r",)),
-        Case((*EXTEND, "-r", "hostile.txt"), "einops", ("hostile.txt",), file="hostile.txt"),
+        Case((*EXTEND, "-r", "hostile.txt"), "accelerate", ("hostile.txt",), file="hostile.txt"),
+        Case((*EXTEND, "-r", "{v}"), "req.txt", ("-r",), file="{v}:accelerate\n"),
+        # a requirement packaging takes with the value inside: a marker's quoted string, an arbitrary version
+        Case((*EXTEND, "-r", "marker.txt"), "x86_64", ("marker.txt",),
+             file="marker.txt:accelerate ; platform_machine != '{v}'\n"),
+        Case((*EXTEND, "-r", "version.txt"), "1.0", ("version.txt",), file="version.txt:accelerate==={v}\n"),
         Case(("extend", "-f", "envbuild.yaml"), "team", ("envbuild.yaml",),
-             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [einops]\nname: {v}\n"),
-        Case(("extend", "-f", "envbuild.yaml"), "h100", ("envbuild.yaml",),
-             file="envbuild.yaml:gpu: {v}\nstack: " + STACK + "\nrequirements: [einops]\n"),
+             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [accelerate]\nname: {q}\n"),
+        Case(("extend", "-f", "envbuild.yaml"), "h100", ("envbuild.yaml", "GPU"),
+             file="envbuild.yaml:gpu: {q}\nstack: " + STACK + "\nrequirements: [accelerate]\n"),
         Case(("extend", "-f", "envbuild.yaml"), "einops", ("envbuild.yaml",),
-             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [{v}]\n"),
+             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [{q}]\n"),
         Case(("extend", "-f", "envbuild.yaml"), f"envbuild:{STACK}", ("envbuild.yaml",),
-             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [einops]\nimage: {v}\n"),
+             file="envbuild.yaml:gpu: h100\nstack: " + STACK + "\nrequirements: [accelerate]\nimage: {q}\n"),
     ],
     "lock": [
         Case(("lock", "--check", "--stack", "{v}"), STACK, ("--stack",)),
@@ -139,7 +145,7 @@ def keys(tmp_path_factory) -> dict[str, bytes]:
 def workdir(base: Path, keys: dict[str, bytes]) -> Path:
     """The files the cases name: a requirements file, keys, a directory to stage into."""
     base.mkdir()
-    (base / "req.txt").write_text("einops\n")
+    (base / "req.txt").write_text("accelerate\n")
     for name, data in keys.items():
         (base / name).write_bytes(data)
     (base / "shared").mkdir()
@@ -148,16 +154,20 @@ def workdir(base: Path, keys: dict[str, bytes]) -> Path:
     return base
 
 
+# What uv resolves for an extension here (it is not run): one package the stack does not pin.
+UV_SAYS = "accelerate==1.0.0 \\\n    --hash=sha256:" + "ab" * 32 + "\n    # via -r requirements.in\n"
+
+
 def stop_network(monkeypatch) -> None:
-    """uv and pip-audit are not run (PyPI is not asked): their place says so, an exit 2 the
-    property knows."""
+    """uv and pip-audit are not run (PyPI is not asked): extend's resolution is UV_SAYS, lock's
+    and publish's stop with an exit 2 the property knows."""
     from envbuild import extend, lock, release
     from envbuild.errors import EnvbuildError
 
     def stop(*_, **__):
         raise EnvbuildError("NETWORK-STOP: uv or pip-audit would run here")
 
-    monkeypatch.setattr(extend, "compile_requirements", stop)
+    monkeypatch.setattr(extend, "compile_requirements", lambda *_, **__: UV_SAYS)
     monkeypatch.setattr(lock, "compile_requirements", stop)
     monkeypatch.setattr(release, "audit_stack", stop)
 
@@ -166,7 +176,7 @@ def stop_network(monkeypatch) -> None:
 def case_values(draw, command):
     case = draw(st.sampled_from(CASES[command]))
     hostile = draw(HOSTILE)
-    if not case.file:  # execve(2) ends each argument at a NUL: no command line holds one (a file can)
+    if "{v}" in case.args:  # execve(2) ends each argument at a NUL: no command line holds one (a file can)
         hostile = hostile.replace("\0", "") or "x"
     return case, draw(st.sampled_from([hostile, case.benign + hostile, hostile + case.benign]))
 
@@ -187,7 +197,10 @@ def check_outcome(r, case: Case, value: str, before: dict, work: Path) -> None:
         # publish --job makes its --out directory before the vulnerability gate: after a stop it may be there, empty
         left = {k for k in set(after) - set(before) if not (stopped and (work / k).is_dir() and not any((work / k).iterdir()))}
         assert left == set() and {k: after[k] for k in before} == before, (case.args, value, r.message, left)
-        assert not set(control_characters(value)) & set(error), (case.args, value, error)
+        raw = set(control_characters(value))
+        if case.file and "{v}:" not in case.file:  # in a file, a line break of the value ends a line: not quoted
+            raw -= set("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+        assert not raw & set(error), (case.args, value, error)
         if not stopped:
             assert any(n in r.message for n in case.names) or escaped(value[:20]) in error, (case.args, value, error)
 
@@ -197,6 +210,13 @@ def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_sto
         tmp_path_factory, monkeypatch, keys, command):
     monkeypatch.setenv("ENVBUILD_MATRIX_DIR", str(FIXTURE_MATRIX))
     stop_network(monkeypatch)
+    extend_baseline = {}
+    if command == "extend":  # what the values of a property run are compared with
+        base = workdir(tmp_path_factory.mktemp("w") / "work", keys)
+        monkeypatch.chdir(base)
+        r = envbuild(*EXTEND, "-r", "req.txt", "-o", "out", env=NO_DOCKER)
+        assert r.code == 0, r.err
+        extend_baseline = {p.name: p.read_text() for p in (base / "out").iterdir() if p.is_file() and p.suffix in ("", ".def")}
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -205,15 +225,23 @@ def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_sto
         case, value = case_value
         work = workdir(tmp_path_factory.mktemp("w") / "work", keys)
         monkeypatch.chdir(work)
-        args = list(case.args)
-        if case.file:
+        args = [a.replace("{v}", value) for a in case.args]
+        if case.file.startswith("{v}:"):  # a file named by the value
+            try:
+                (work / value).write_text(case.file[4:])
+            except (OSError, ValueError):  # a name no file can have: the option is refused without it
+                pass
+        elif case.file:
             name, text = case.file.split(":", 1) if ":" in case.file else (case.file, "{v}\n")
-            (work / name).write_text(text.replace("{v}", value), errors="surrogateescape")
-        else:
-            args = [a.replace("{v}", value) for a in args]
+            quoted = yaml.safe_dump(value, default_style='"', width=2**31).strip()  # {q}: the value as a YAML string
+            (work / name).write_text(text.replace("{v}", value).replace("{q}", quoted))
         before = listing(work)
         with alarm_deadline(60, f"envbuild {' '.join(args)[:200]!r} blocked"):
             r = envbuild(*args, env={**NO_DOCKER, **case.env})
+        if r.code == 0 and command == "extend":
+            built = [p.parent for p in work.rglob("Dockerfile")]
+            assert len(built) == 1, built
+            assert_holds_as_data(built[0], extend_baseline)
         event(f"{case.args[:2]} exit {r.code}" + (" stopped" if any(m in r.err for m in (*STOPS, UNREACHABLE)) else ""))
         check_outcome(r, case, value, before, work)
 

@@ -308,21 +308,28 @@ def check_squashfs(path: Path) -> None:
         size = os.fstat(f.fileno()).st_size
     if len(head) < SUPERBLOCK.size or head[:4] != SQUASHFS_MAGIC:
         what = "empty" if not head else f"{len(head)} bytes long" if len(head) < SUPERBLOCK.size else "not a squashfs"
-        raise EnvbuildError(f"stage {path} is {what}: a squashfs image starts with a {SUPERBLOCK.size}-byte superblock "
+        raise EnvbuildError(f"stage {escaped(str(path))} is {what}: a squashfs image starts with a {SUPERBLOCK.size}-byte superblock "
                             f"and the magic 'hsqs'; nothing was staged. {refusal[0].upper()}{refusal[1:]}.")
     fields = SUPERBLOCK.unpack(head)
     block_size, block_log, major, bytes_used = fields[3], fields[6], fields[9], fields[12]
+    # struct squashfs_super_block (linux fs/squashfs/squashfs_fs.h): a filesystem has its root inode and
+    # one uid/gid at least, and its id, inode and directory tables lie after the superblock, inside it;
+    # `unsquashfs -s` reads the superblock alone, so a forged one passed it
+    inodes, ids, tables = fields[1], fields[8], (fields[13], fields[15], fields[16])
     problem = (f"its squashfs version is {major}, not 4 (enroot's mksquashfs writes 4)" if major != 4 else
                f"its block size {block_size} is not a power of two from 4 KiB to 1 MiB"
                if block_size not in [1 << n for n in range(12, 21)] or 1 << block_log != block_size else
                f"its superblock says the filesystem is {bytes_used} bytes and the file has {size}: it is cut short"
-               if bytes_used > size else None)
+               if bytes_used > size else
+               f"its superblock counts {inodes} inodes and {ids} ids and places its tables at {list(tables)}, outside "
+               f"the {bytes_used} bytes after the superblock" if inodes < 1 or ids < 1
+               or not all(SUPERBLOCK.size <= t < bytes_used for t in tables) else None)
     if problem is None and shutil.which("unsquashfs"):
         done = subprocess.run(["unsquashfs", "-s", str(path)], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             problem = f"unsquashfs -s cannot read it ({(done.stderr or done.stdout).strip().splitlines()[-1:]})"
     if problem:
-        raise EnvbuildError(f"stage {path} is not a squashfs image enroot can mount: {problem}; nothing was "
+        raise EnvbuildError(f"stage {escaped(str(path))} is not a squashfs image enroot can mount: {problem}; nothing was "
                             f"staged. {refusal[0].upper()}{refusal[1:]}.")
 
 

@@ -11,6 +11,7 @@ ENVBUILD_PROPERTY_EXAMPLES raises the example counts (the fast suite runs few)."
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -246,3 +247,77 @@ def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_sto
         check_outcome(r, case, value, before, work)
 
     prop()
+
+
+# ---------------------------------------------------------------- a lock file's lines
+
+LOCK = "locks/torch2.11-cu130-py3.12.x86_64.txt"  # the lock `render --gpu h20` installs from
+
+
+@pytest.fixture(scope="module")
+def lock_baseline(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lock") / "o"
+    r = envbuild("render", "--gpu", "h20", "--matrix-dir", str(FIXTURE_MATRIX), "-o", str(out))
+    assert r.code == 0, r.err
+    return {p.name: p.read_text() for p in out.iterdir() if p.is_file() and p.suffix in ("", ".def")}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(line=st.integers(min_value=0), at=st.integers(min_value=0), value=HOSTILE, replace=st.booleans())
+def test_any_lock_entry_is_refused_naming_the_lock_or_rendered_as_data(tmp_path_factory, lock_baseline, line, at,
+                                                                      value, replace):
+    """A lab's lock file with a hostile value in any line (a pin, a hash, a header, a comment),
+    replacing it or inserted into it: exit 2 naming the lock file and nothing written, or a
+    render whose files pass their linters and keep the layout of the lock as it was."""
+    matrix = tmp_path_factory.mktemp("m") / "matrices"
+    shutil.copytree(FIXTURE_MATRIX, matrix)
+    lines = (matrix / LOCK).read_text().splitlines(keepends=True)
+    i = line % len(lines)
+    lines[i] = value + "\n" if replace else lines[i][:at % len(lines[i])] + value + lines[i][at % len(lines[i]):]
+    (matrix / LOCK).write_text("".join(lines))
+    out = matrix.parent / "out"
+    r = envbuild("render", "--gpu", "h20", "--matrix-dir", str(matrix), "-o", str(out))
+    event(f"lock line exit {r.code}")
+    assert r.code in (0, 2), (r.code, r.err[-3000:])
+    if r.code == 2:
+        refused(r, LOCK.split("/")[1])
+        assert not out.exists()
+        return
+    assert_holds_as_data(out, lock_baseline)
+
+
+# ---------------------------------------------------------------- a .sqsh that is none
+
+
+@st.composite
+def sqsh_bytes(draw):
+    """Random bytes, nothing, or a squashfs superblock that passes the header checks (magic,
+    version 4, a valid block size, a size within the file) over random tables."""
+    from envbuild.enroot import SQUASHFS_MAGIC, SUPERBLOCK
+
+    rest = draw(st.binary(max_size=4096))
+    if not draw(st.booleans()):
+        return rest
+    fields = [draw(st.integers(0, 2**16 - 1)) for _ in range(6)] + [draw(st.integers(0, 2**64 - 1)) for _ in range(7)]
+    head = SUPERBLOCK.pack(SQUASHFS_MAGIC, fields[0], 0, 131072, fields[1], 0, 17, fields[2], fields[3], 4, 0,
+                           fields[6] & 0xFFFF_FFFF_FFFF_FFFF, SUPERBLOCK.size + len(rest), *fields[7:12], fields[12])
+    return head + rest
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=sqsh_bytes(), name=HOSTILE.map(lambda v: v.replace("\0", "").replace("/", "")[:200]))
+def test_a_sqsh_that_is_none_is_refused_and_nothing_is_staged(tmp_path_factory, data, name):
+    """`stage X.sqsh --to DIR` of random bytes, an empty file or a forged superblock, under any
+    file name: exit 2 naming the file, and DIR as it was."""
+    work = tmp_path_factory.mktemp("stage")
+    (work / "shared").mkdir()
+    source = work / f"{name}.sqsh"
+    source.write_bytes(data)
+    r = envbuild("stage", str(source), "--to", str(work / "shared"))
+    refused(r, "nothing was staged")
+    from envbuild.grammar import escaped
+
+    assert escaped(str(source)) in r.err
+    assert not list((work / "shared").iterdir())

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
-from property_settings import EXAMPLES
+from property_settings import EXAMPLES, examples
 from test_hostile_input import HOSTILE, Ran, assert_holds_as_data, envbuild, listing, refused
 
 # Where a command stops on this machine after its input passed every check: an exit 2 that
@@ -206,6 +206,11 @@ def check_outcome(r, case: Case, value: str, before: dict, work: Path) -> None:
             assert any(n in r.message for n in case.names) or escaped(value[:20]) in error, (case.args, value, error)
 
 
+# The fast suite's examples where one costs most of a second (publish builds its plan from the
+# shipped matrix each time); the long run tries ENVBUILD_PROPERTY_EXAMPLES of each.
+FAST_EXAMPLES = {"publish": 5, "ext-cache": 8, "extend": 12}
+
+
 @pytest.mark.parametrize("command", sorted(CASES))
 def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_stopped(
         tmp_path_factory, monkeypatch, keys, command):
@@ -219,7 +224,7 @@ def test_any_string_option_of_any_command_is_refused_naming_it_or_carried_or_sto
         assert r.code == 0, r.err
         extend_baseline = {p.name: p.read_text() for p in (base / "out").iterdir() if p.is_file() and p.suffix in ("", ".def")}
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=examples(FAST_EXAMPLES.get(command, EXAMPLES)), deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(case_value=case_values(command))
     def prop(case_value):
@@ -262,7 +267,7 @@ def lock_baseline(tmp_path_factory):
     return {p.name: p.read_text() for p in out.iterdir() if p.is_file() and p.suffix in ("", ".def")}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None,
+@settings(max_examples=examples(4), deadline=None, database=None,  # a render and hadolint each
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(line=st.integers(min_value=0), at=st.integers(min_value=0), value=HOSTILE, replace=st.booleans())
 def test_any_lock_entry_is_refused_naming_the_lock_or_rendered_as_data(tmp_path_factory, lock_baseline, line, at,

@@ -111,22 +111,22 @@ def wheels_in(file: Path) -> tuple[str, ...]:
     with open_regular(file, "extension cache file", "ext-cache") as f:  # /dev/null: a device, not "no such file"
         size = os.fstat(f.fileno()).st_size
         if size > MAX_FILE_BYTES:
-            raise EnvbuildError(f"{file} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for "
+            raise EnvbuildError(f"{escaped(str(file))} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for "
                                 f"an extension cache file; {refusal}.")
         try:  # "r:": plain tar only, as `save` writes it; a compressed file could unpack to any size
             with tarfile.open(fileobj=f, mode="r:") as tar:
                 members = tar.getmembers()
         except (tarfile.TarError, OSError):
-            raise EnvbuildError(f"{file} is not a plain (uncompressed) tar file, so not an extension cache; "
+            raise EnvbuildError(f"{escaped(str(file))} is not a plain (uncompressed) tar file, so not an extension cache; "
                                 f"{refusal}.") from None
     odd = [m.name for m in members if not (m.isfile() or m.isdir()) or m.issparse() or m.name.startswith("/")
            or ".." in Path(m.name).parts]
     if odd:  # what `save` never writes, and what could reach outside the directory it is unpacked in
-        raise EnvbuildError(f"{file} holds {odd[0]!r}, a link, device, sparse file or path outside its directory; an extension "
+        raise EnvbuildError(f"{escaped(str(file))} holds {odd[0]!r}, a link, device, sparse file or path outside its directory; an extension "
                             f"cache holds only files under NAME/KEY/; {refusal}.")
     names = [m.name.removeprefix("./") for m in members if m.isfile()]
     if MARKER not in names:
-        raise EnvbuildError(f"{file} is a tar file envbuild did not write (it holds no {MARKER}); {refusal}.")
+        raise EnvbuildError(f"{escaped(str(file))} is a tar file envbuild did not write (it holds no {MARKER}); {refusal}.")
     return tuple(sorted(n for n in names if n.count("/") == 2 and n.endswith(".whl")))
 
 
@@ -167,7 +167,7 @@ def _check_replaceable(file: Path) -> None:
     try:
         wheels_in(file)
     except EnvbuildError:
-        raise EnvbuildError(f"{file} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
+        raise EnvbuildError(f"{escaped(str(file))} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
                             f"it, and nothing was written. Name a new file, or one `ext-cache save` wrote.") from None
 
 
@@ -178,13 +178,13 @@ def save(file: Path, image: str, keys: Optional[tuple[str, ...]] = None, engine:
     engine = engine or get_engine()
     file = Path(file)
     if file.is_dir() or file.name in ("", ".", ".."):
-        raise EnvbuildError(f"{file} is a directory; name a file to save the extension cache into, e.g. "
-                            f"{file / 'ext-cache.tar'}.")
+        raise EnvbuildError(f"{escaped(str(file))} is a directory; name a file to save the extension cache into, e.g. "
+                            f"{escaped(str(file / 'ext-cache.tar'))}.")
     if not file.parent.is_dir():
-        raise EnvbuildError(f"{file.parent} does not exist, so {file.name} cannot be saved there; nothing was "
+        raise EnvbuildError(f"{escaped(str(file.parent))} does not exist, so {escaped(file.name)} cannot be saved there; nothing was "
                             f"written. Create the directory first, or name a file in an existing one.")
     if any(c in str(file.resolve()) for c in ',"'):
-        raise EnvbuildError(f"{file}: its path has a comma or a double quote, which `docker build --output` cannot "
+        raise EnvbuildError(f"{escaped(str(file))}: its path has a comma or a double quote, which `docker build --output` cannot "
                             f"take; nothing was written. Name a file whose path has neither.")
     _check_replaceable(file)
     with locked(file.parent), tempfile.TemporaryDirectory(prefix="envbuild-ext-cache-") as tmp:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,14 +136,12 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory) -> dict[str, bytes]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    private = Ed25519PrivateKey.generate()
-    return {"key.pem": private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                             serialization.NoEncryption()),
-            "key.pub": private.public_key().public_bytes(serialization.Encoding.PEM,
-                                                         serialization.PublicFormat.SubjectPublicKeyInfo)}
+    d = tmp_path_factory.mktemp("keys")
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(d / "key.pem")], check=True,
+                   capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(d / "key.pem"), "-pubout", "-out", str(d / "key.pub")], check=True,
+                   capture_output=True)
+    return {name: (d / name).read_bytes() for name in ("key.pem", "key.pub")}
 
 
 def workdir(base: Path, keys: dict[str, bytes]) -> Path:

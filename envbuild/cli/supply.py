@@ -98,11 +98,12 @@ def _image_repo(registry, name) -> str:
 
 
 def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, identity) -> None:
-    from ..release import publish_manifest, signing_from
+    from ..release import manifest_sources, publish_manifest, signing_from
     from ..verify import trust_from
 
     signing = signing_from(signing_key, keyless, required=False)
     trust = trust_from(key, identity, None, signing.signer.public_key if signing.signer else None, keyless)
+    manifest_sources(m, tag)  # an unknown tag first: the digests are looked for by its name
     if not digests.is_dir():  # not "its job failed" (exit 1): the option names no directory
         raise EnvbuildError(f"--digests {escaped(str(digests))} is not a directory; give the directory the publish "
                             f"jobs' digest files were downloaded into (the workflow's `digests`).")

@@ -282,6 +282,7 @@ FOUND = [
     (("extend", *EXTEND[1:], "-r", "req.txt", "--as-of", "a\n\nb"), {}, ["--as-of 'a\\n\\nb'"]),
     (("extend", "--gpu", "a\n\nb", "-r", "req.txt"), {}, ["unknown GPU 'a\\n\\nb'"]),
     (("extend", "-f", "image.yaml"), {}, ["-f image.yaml: image is empty"]),
+    (("extend", "-f", "nul.yaml"), {}, ["a\\x00b.txt: cannot read it (no such file)"]),  # was exit 70 (ValueError)
     (("publish", "--job", "a\n\nb", "--registry", "127.0.0.1:9/acme", "--signing-key", "key.pem"), SHIPPED,
      ["--job 'a\\n\\nb': no such job"]),
     (("publish", "--manifest", "a\n\nb", "--registry", "127.0.0.1:9/acme", "--key", "key.pub"), SHIPPED,
@@ -300,6 +301,7 @@ def test_what_the_properties_found_is_exit_2_one_paragraph_nothing_written(tmp_p
     stop_network(monkeypatch)
     work = workdir(tmp_path / "work", keys)
     (work / "image.yaml").write_text(f"gpu: h100\nstack: {STACK}\nrequirements: [accelerate]\nimage: ''\n")
+    (work / "nul.yaml").write_text(f"gpu: h100\nstack: {STACK}\nrequirements: \"a\\0b.txt\"\n")  # a file name with a NUL
     monkeypatch.chdir(work)
     before = listing(work)
     with alarm_deadline(60, f"envbuild {' '.join(args)[:200]!r} blocked"):

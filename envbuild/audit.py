@@ -34,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import EnvbuildError, nearest
+from . import grammar
 from .files import read_text, read_yaml
 from .lock import LOCK_DIR, Lock, parse_lock
 
@@ -118,7 +119,7 @@ def service_from(value: Optional[str]) -> str:
     value = (value or os.environ.get(SERVICE_ENV) or "pypi").strip()
     if value in SERVICES or re.match(r"^https?://[^\s/]+(/\S*)?\Z", value):
         return value
-    raise EnvbuildError(f"--vulnerability-service '{value}' is not pypi (PyPI's vulnerability data, the default), "
+    raise EnvbuildError(f"--vulnerability-service {grammar.shown(value)} is not pypi (PyPI's vulnerability data, the default), "
                         f"osv (api.osv.dev) or the http(s) URL of an OSV-compatible query endpoint, such as "
                         f"https://osv-mirror.example/v1/query.")
 

@@ -31,8 +31,9 @@ from typing import Callable, Optional
 from .artifacts import Descriptor, client as registry_client, is_index
 from .engine import RegistryError, get_engine
 from .errors import EnvbuildError
+from .grammar import escaped
 from .files import locked, open_regular, remove_stale_temps, sha256_file, temp_path, write_atomic
-from .registry import ANY_MANIFEST, registry_of, split_reference
+from .registry import ANY_MANIFEST, check_image_reference, registry_of, split_reference
 
 COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
                 "none": ["-noI", "-noD", "-noF", "-noX"]}  # enroot/squashfuse read all three
@@ -130,7 +131,7 @@ def local_image(image: str, cli: Optional[str] = None) -> dict:
     """`docker image inspect IMAGE` (Id, Size, Config), or a refusal naming what to do."""
     r = _docker(cli or shutil.which("docker") or "/usr/bin/docker", "image", "inspect", image, text=True)
     if r.returncode != 0:
-        raise EnvbuildError(f"{image}: no such local image ({(r.stderr or r.stdout).strip()[:200]}); build it "
+        raise EnvbuildError(f"{escaped(image)}: no such local image ({(r.stderr or r.stdout).strip()[:200]}); build it "
                             f"(envbuild build) or pull it first, or give a .sqsh file.")
     return json.loads(r.stdout)[0]
 
@@ -318,21 +319,28 @@ def check_squashfs(path: Path) -> None:
         size = os.fstat(f.fileno()).st_size
     if len(head) < SUPERBLOCK.size or head[:4] != SQUASHFS_MAGIC:
         what = "empty" if not head else f"{len(head)} bytes long" if len(head) < SUPERBLOCK.size else "not a squashfs"
-        raise EnvbuildError(f"stage {path} is {what}: a squashfs image starts with a {SUPERBLOCK.size}-byte superblock "
+        raise EnvbuildError(f"stage {escaped(str(path))} is {what}: a squashfs image starts with a {SUPERBLOCK.size}-byte superblock "
                             f"and the magic 'hsqs'; nothing was staged. {refusal[0].upper()}{refusal[1:]}.")
     fields = SUPERBLOCK.unpack(head)
     block_size, block_log, major, bytes_used = fields[3], fields[6], fields[9], fields[12]
+    # struct squashfs_super_block (linux fs/squashfs/squashfs_fs.h): a filesystem has its root inode and
+    # one uid/gid at least, and its id, inode and directory tables lie after the superblock, inside it;
+    # `unsquashfs -s` reads the superblock alone, so a forged one passed it
+    inodes, ids, tables = fields[1], fields[8], (fields[13], fields[15], fields[16])
     problem = (f"its squashfs version is {major}, not 4 (enroot's mksquashfs writes 4)" if major != 4 else
                f"its block size {block_size} is not a power of two from 4 KiB to 1 MiB"
                if block_size not in [1 << n for n in range(12, 21)] or 1 << block_log != block_size else
                f"its superblock says the filesystem is {bytes_used} bytes and the file has {size}: it is cut short"
-               if bytes_used > size else None)
+               if bytes_used > size else
+               f"its superblock counts {inodes} inodes and {ids} ids and places its tables at {list(tables)}, outside "
+               f"the {bytes_used} bytes after the superblock" if inodes < 1 or ids < 1
+               or not all(SUPERBLOCK.size <= t < bytes_used for t in tables) else None)
     if problem is None and shutil.which("unsquashfs"):
         done = subprocess.run(["unsquashfs", "-s", str(path)], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             problem = f"unsquashfs -s cannot read it ({(done.stderr or done.stdout).strip().splitlines()[-1:]})"
     if problem:
-        raise EnvbuildError(f"stage {path} is not a squashfs image enroot can mount: {problem}; nothing was "
+        raise EnvbuildError(f"stage {escaped(str(path))} is not a squashfs image enroot can mount: {problem}; nothing was "
                             f"staged. {refusal[0].upper()}{refusal[1:]}.")
 
 
@@ -425,6 +433,7 @@ def staging_source(source: str, compression: str, platform: Optional[str] = None
         check_squashfs(Path(source))  # before anything is copied: a .sqsh that is none is refused
         return Path(source).name, Path(source).stat().st_size, copy_producer(Path(source))
     if is_registry_reference(source):
+        check_image_reference("SOURCE", source)  # a newline in the host is no unreachable registry (exit 1)
         try:
             found, digest, image_id = published_sqsh(source, platform)
         except EnvbuildError as e:  # a registry name this machine cannot read: its local image, if any

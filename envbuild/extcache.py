@@ -31,6 +31,7 @@ from typing import Optional
 
 from .engine import BuildFailed, BuildSecrets, Engine, get_engine
 from .errors import EnvbuildError
+from .grammar import escaped
 from .files import locked, open_regular, read_text, remove_stale_temps, temp_path
 from .image import paths
 from .matrix import Matrix
@@ -106,26 +107,26 @@ def wheels_in(file: Path) -> tuple[str, ...]:
     when it is not one."""
     refusal = "name a file `envbuild ext-cache save` wrote, or save one first"
     if not os.path.lexists(file):
-        raise EnvbuildError(f"{file}: no such file; {refusal}.")
+        raise EnvbuildError(f"{escaped(str(file))}: no such file; {refusal}.")
     with open_regular(file, "extension cache file", "ext-cache") as f:  # /dev/null: a device, not "no such file"
         size = os.fstat(f.fileno()).st_size
         if size > MAX_FILE_BYTES:
-            raise EnvbuildError(f"{file} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for "
+            raise EnvbuildError(f"{escaped(str(file))} is {size / 2 ** 30:.1f} GiB, over the {MAX_FILE_BYTES >> 30} GiB bound for "
                                 f"an extension cache file; {refusal}.")
         try:  # "r:": plain tar only, as `save` writes it; a compressed file could unpack to any size
             with tarfile.open(fileobj=f, mode="r:") as tar:
                 members = tar.getmembers()
         except (tarfile.TarError, OSError):
-            raise EnvbuildError(f"{file} is not a plain (uncompressed) tar file, so not an extension cache; "
+            raise EnvbuildError(f"{escaped(str(file))} is not a plain (uncompressed) tar file, so not an extension cache; "
                                 f"{refusal}.") from None
     odd = [m.name for m in members if not (m.isfile() or m.isdir()) or m.issparse() or m.name.startswith("/")
            or ".." in Path(m.name).parts]
     if odd:  # what `save` never writes, and what could reach outside the directory it is unpacked in
-        raise EnvbuildError(f"{file} holds {odd[0]!r}, a link, device, sparse file or path outside its directory; an extension "
+        raise EnvbuildError(f"{escaped(str(file))} holds {odd[0]!r}, a link, device, sparse file or path outside its directory; an extension "
                             f"cache holds only files under NAME/KEY/; {refusal}.")
     names = [m.name.removeprefix("./") for m in members if m.isfile()]
     if MARKER not in names:
-        raise EnvbuildError(f"{file} is a tar file envbuild did not write (it holds no {MARKER}); {refusal}.")
+        raise EnvbuildError(f"{escaped(str(file))} is a tar file envbuild did not write (it holds no {MARKER}); {refusal}.")
     return tuple(sorted(n for n in names if n.count("/") == 2 and n.endswith(".whl")))
 
 
@@ -148,14 +149,14 @@ def keys_of(build_dirs) -> tuple[str, ...]:
     for directory in map(Path, build_dirs):
         spec_path = directory / "envbuild" / EXTENSION_SPEC
         if not spec_path.is_file():
-            raise EnvbuildError(f"--for {directory}: it holds no envbuild/{EXTENSION_SPEC}, so it is not a build "
+            raise EnvbuildError(f"--for {escaped(str(directory))}: it holds no envbuild/{EXTENSION_SPEC}, so it is not a build "
                                 f"directory of an image with CUDA extensions (`envbuild render --ext NAME -o DIR` "
                                 f"writes one); name such directories, or leave --for out to save every wheel.")
         try:
             spec = json.loads(read_text(spec_path, "extension spec", "record"))
             keys.update(f"{e['name']}/{e['cache_key']}" for e in spec["extensions"])
         except (ValueError, KeyError, TypeError):
-            raise EnvbuildError(f"--for {directory}: envbuild/{EXTENSION_SPEC} is not one envbuild wrote (it has "
+            raise EnvbuildError(f"--for {escaped(str(directory))}: envbuild/{EXTENSION_SPEC} is not one envbuild wrote (it has "
                                 f"no extensions with cache keys); render the directory again.") from None
     return tuple(sorted(keys))
 
@@ -166,7 +167,7 @@ def _check_replaceable(file: Path) -> None:
     try:
         wheels_in(file)
     except EnvbuildError:
-        raise EnvbuildError(f"{file} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
+        raise EnvbuildError(f"{escaped(str(file))} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
                             f"it, and nothing was written. Name a new file, or one `ext-cache save` wrote.") from None
 
 
@@ -177,13 +178,13 @@ def save(file: Path, image: str, keys: Optional[tuple[str, ...]] = None, engine:
     engine = engine or get_engine()
     file = Path(file)
     if file.is_dir() or file.name in ("", ".", ".."):
-        raise EnvbuildError(f"{file} is a directory; name a file to save the extension cache into, e.g. "
-                            f"{file / 'ext-cache.tar'}.")
+        raise EnvbuildError(f"{escaped(str(file))} is a directory; name a file to save the extension cache into, e.g. "
+                            f"{escaped(str(file / 'ext-cache.tar'))}.")
     if not file.parent.is_dir():
-        raise EnvbuildError(f"{file.parent} does not exist, so {file.name} cannot be saved there; nothing was "
+        raise EnvbuildError(f"{escaped(str(file.parent))} does not exist, so {escaped(file.name)} cannot be saved there; nothing was "
                             f"written. Create the directory first, or name a file in an existing one.")
     if any(c in str(file.resolve()) for c in ',"'):
-        raise EnvbuildError(f"{file}: its path has a comma or a double quote, which `docker build --output` cannot "
+        raise EnvbuildError(f"{escaped(str(file))}: its path has a comma or a double quote, which `docker build --output` cannot "
                             f"take; nothing was written. Name a file whose path has neither.")
     _check_replaceable(file)
     with locked(file.parent), tempfile.TemporaryDirectory(prefix="envbuild-ext-cache-") as tmp:

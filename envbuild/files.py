@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Optional
 import yaml
 
 from .errors import EnvbuildError
+from .grammar import escaped
 
 MIB = 1 << 20
 # How large a file of each kind can reasonably be (the largest real one, times 10 or more).
@@ -91,7 +92,7 @@ def kind_of(mode: int) -> str:
 
 
 def _not_regular(path, what: str, kind: str, mode: int) -> EnvbuildError:
-    return EnvbuildError(f"{what} {path} is {kind_of(mode)}, not a regular file: envbuild reads the files it is given "
+    return EnvbuildError(f"{what} {escaped(str(path))} is {kind_of(mode)}, not a regular file: envbuild reads the files it is given "
                          f"whole, and a pipe or device may never end (or never start); give {_EXAMPLE[kind]}.")
 
 
@@ -126,10 +127,11 @@ def open_regular(path: Path | str, what: str, kind: str):
         return open_checked(path)
     except NotRegularFile as e:  # a FIFO put there in between
         raise _not_regular(path, what, kind, e.mode) from None
-    except OSError as e:
-        missing = isinstance(e, FileNotFoundError) and not os.path.lexists(path)
-        why = "no such file" if missing else (e.strerror or str(e))
-        raise EnvbuildError(f"{what} {path}: cannot read it ({why}); check the path and its permissions.") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name, which no file name can hold
+        missing = isinstance(e, (FileNotFoundError, ValueError)) and not os.path.lexists(path)
+        why = "no such file" if missing else (getattr(e, "strerror", None) or str(e))
+        raise EnvbuildError(f"{what} {escaped(str(path))}: cannot read it ({why}); check the path and its "
+                            f"permissions.") from None
 
 
 def read_bytes(path: Path | str, what: str, kind: str) -> bytes:
@@ -147,10 +149,10 @@ def read_bytes(path: Path | str, what: str, kind: str) -> bytes:
         try:
             data = f.read(limit + 1)
         except OSError as e:
-            raise EnvbuildError(f"{what} {path}: cannot read it ({e.strerror or e}); check the path and its "
+            raise EnvbuildError(f"{what} {escaped(str(path))}: cannot read it ({e.strerror or e}); check the path and its "
                                 f"permissions.") from None
     if len(data) > limit:
-        raise EnvbuildError(f"{what} {path} is larger than {_size_text(limit)} (read {_size_text(limit)} and more), "
+        raise EnvbuildError(f"{what} {escaped(str(path))} is larger than {_size_text(limit)} (read {_size_text(limit)} and more), "
                             f"which no {_NOUN[kind]} is; give {_EXAMPLE[kind]}.")
     return data
 
@@ -159,7 +161,7 @@ def read_text(path: Path | str, what: str, kind: str, encoding: str = "utf-8") -
     """:func:`read_bytes`, decoded; a file in another encoding (UTF-16, binary) is refused with
     the byte where decoding failed. A UTF-8 byte-order mark is dropped (editors on Windows
     write one)."""
-    return decode(read_bytes(path, what, kind), f"{what} {path}", encoding)
+    return decode(read_bytes(path, what, kind), f"{what} {escaped(str(path))}", encoding)
 
 
 def decode(data: bytes, named: str, encoding: str = "utf-8") -> str:

@@ -593,7 +593,7 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
     known = [s.id for s in matrix.stacks]
     for stack_id in stack_ids:
         if stack_id not in known:
-            raise EnvbuildError(f"--stack {stack_id}: no such stack in {matrix.directory / 'stacks.yaml'}. "
+            raise EnvbuildError(f"--stack {grammar.shown(stack_id)}: no such stack in {matrix.directory / 'stacks.yaml'}. "
                                 f"Nearest: {', '.join(nearest(stack_id, known)) or known[-1]}; `envbuild matrix` lists them all.")
     requires_cache: dict[str, tuple[list[str], str]] = {}
     outcomes = []

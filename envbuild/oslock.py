@@ -53,6 +53,7 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from .errors import EnvbuildError, nearest
+from .grammar import shown
 from .files import read_text, write_owned
 from .registry import repo_of
 from .resources import is_installed_copy, templates_dir
@@ -312,7 +313,7 @@ def check_snapshot_template(flag: str, value: Optional[str], live_ok: bool = Fal
         what = (f"contains {' '.join(repr(c) for c in bad)}" if bad else
                 "is not an http(s) URL" if parts.scheme not in ("http", "https") or not parts.hostname else
                 "has no {archive} (the archive's name: debian, debian-security, ubuntu)")
-        raise EnvbuildError(f"{flag} '{redact(value)}' {what}; give the URL of the archive as of the lock's moment "
+        raise EnvbuildError(f"{flag} {shown(redact(value))} {what}; give the URL of the archive as of the lock's moment "
                             f"with {{archive}} (and {{timestamp}}) where its name goes, e.g. {flag} '{example}'"
                             + (", or 'live' for the live archive" if live_ok else "") + ".")
     rest = value.replace("{archive}", "").replace("{timestamp}", "")
@@ -499,7 +500,7 @@ def lock_os_stacks(engine, matrix, stack_ids: tuple[str, ...] = (), base_image: 
     known = [s.id for s in matrix.stacks]
     for stack_id in stack_ids:
         if stack_id not in known:
-            raise EnvbuildError(f"--stack {stack_id}: no such stack in {matrix.directory / 'stacks.yaml'}. "
+            raise EnvbuildError(f"--stack {shown(stack_id)}: no such stack in {matrix.directory / 'stacks.yaml'}. "
                                 f"Nearest: {', '.join(nearest(stack_id, known)) or known[-1]}.")
     if base_image and len(stack_ids) != 1:
         raise EnvbuildError("--base-image locks one stack on another base: give exactly one --stack with it.")

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 from securesystemslib.signer import CryptoSigner
 
-from . import audit, extcache, provenance, sbom
+from . import audit, extcache, grammar, provenance, sbom
 from .artifacts import Blob, Registry
 from .ci import digest_name, publish_plan
 from .engine import get_engine
@@ -109,7 +109,7 @@ def find_job(m: Matrix, job_id: str) -> tuple[dict, list[dict], object]:
     cfg, jobs, ci_jobs, _ = publish_plan(m)
     job = next((j for j in ci_jobs if j["id"] == job_id), None)
     if job is None:
-        raise EnvbuildError(f"--job {job_id}: no such job in the publish plan of {m.directory}; nearest: "
+        raise EnvbuildError(f"--job {grammar.shown(job_id)}: no such job in the publish plan of {m.directory}; nearest: "
                             f"{', '.join(nearest(job_id, [j['id'] for j in ci_jobs])) or 'none'} "
                             f"(`envbuild publish --list` prints them all).")
     variants = [j for j in jobs if j["stack"] == job["stack"] and j["platform"] == job["platform"]
@@ -386,7 +386,7 @@ def manifest_sources(m: Matrix, tag: str) -> dict:
     merges = publish_plan(m)[3]
     found = next((j for j in merges if j["tag"] == tag), None)
     if found is None:
-        raise EnvbuildError(f"--manifest {tag}: no published tag of that name in {m.directory}'s publish plan; "
+        raise EnvbuildError(f"--manifest {grammar.shown(tag)}: no published tag of that name in {m.directory}'s publish plan; "
                             f"nearest: {', '.join(nearest(tag, [j['tag'] for j in merges])) or 'none'}.")
     return found
 

@@ -339,10 +339,10 @@ def gpu_spellings(name: str) -> list[str]:
 
 def unknown_gpu(name: str, spellings: list[str], profiles: list[str], gpus_file: str = "matrices/gpus.yaml"
                 ) -> EnvbuildError:
-    read = f" (read as '{spellings[-1]}')" if spellings[-1] != spellings[0] else ""
+    read = f" (read as {grammar.shown(spellings[-1])})" if spellings[-1] != spellings[0] else ""
     hint = nearest(spellings[-1], profiles)
     did = f" did you mean {', '.join(hint)}?" if hint else ""
     return EnvbuildError(
-        f"unknown GPU '{name}'{read};{did} Known GPUs: {', '.join(profiles)} (`envbuild gpus` lists them with "
+        f"unknown GPU {grammar.shown(name)}{read};{did} Known GPUs: {', '.join(profiles)} (`envbuild gpus` lists them with "
         f"aliases; a GPU not in the matrix needs a profile in {gpus_file} (the file this run read; --matrix-dir or "
         f"ENVBUILD_MATRIX_DIR names a matrix directory of your own), see docs/matrix.md 'Adding a GPU'.")

@@ -33,8 +33,9 @@ from .artifacts import Descriptor, Registry, is_index
 from .engine import Engine, get_engine
 from .enroot import SQSH_TYPE, host_platform
 from .errors import EnvbuildError
+from .grammar import shown
 from .provenance import DSSE_MEDIA_TYPE, SLSA_PROVENANCE, byproduct, load_public_key, open_envelope, subject_digest
-from .registry import ANY_MANIFEST, registry_of, split_reference
+from .registry import ANY_MANIFEST, check_image_reference, registry_of, split_reference
 
 SMOKE_TYPE = "application/vnd.envbuild.smoke-record.v1+json"
 SBOM_TYPE = sbom_mod.MEDIA_TYPE
@@ -105,15 +106,16 @@ class Target:
 
 def parse_image(ref: str) -> tuple[str, str, str]:
     """(registry host, repository, tag or digest) of REGISTRY/NAME:TAG or REGISTRY/NAME@DIGEST."""
+    check_image_reference("IMAGE", ref)  # a newline in the host is no unreachable registry (exit 1)
     host = registry_of(ref)
     name, tag, digest = split_reference(ref)
     if host == "docker.io" and not ref.startswith("docker.io/"):
-        raise EnvbuildError(f"IMAGE '{ref}' names no registry; give the published reference, such as "
+        raise EnvbuildError(f"IMAGE {shown(ref)} names no registry; give the published reference, such as "
                             f"ghcr.io/acme/envbuild:TAG or 127.0.0.1:5000/envbuild@sha256:<digest>.")
     path = name[len(host) + 1:] if name.startswith(host + "/") else name
     reference = digest or tag
     if not reference:
-        raise EnvbuildError(f"IMAGE '{ref}' has no tag or digest; give the tag you pulled (NAME:TAG) or a digest.")
+        raise EnvbuildError(f"IMAGE {shown(ref)} has no tag or digest; give the tag you pulled (NAME:TAG) or a digest.")
     return host, path, reference
 
 

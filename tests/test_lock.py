@@ -121,7 +121,7 @@ def test_lock_refuses_an_unknown_stack_and_writes_nothing(matrix_copy):
     before = tree(matrix_copy)
     result = run_here("lock", "--stack", "torch2.11-cu130-py3.11-pypy", "--matrix-dir", str(matrix_copy))
     assert result.returncode == 2
-    assert "--stack torch2.11-cu130-py3.11-pypy: no such stack" in result.stderr
+    assert "--stack 'torch2.11-cu130-py3.11-pypy': no such stack" in result.stderr
     assert "Nearest: torch2.11-cu130-py3.11-pypi" in result.stderr and "Traceback" not in result.stderr
     assert tree(matrix_copy) == before
 

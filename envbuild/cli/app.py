@@ -177,7 +177,7 @@ def run():
         if caught is not None:  # SIGTERM's SystemExit(143), wrapped on its way out
             sys.exit(caught.code)
         if isinstance(e, OSError) and e.filename:  # a path the user gave or the machine's state (full disk, ...)
-            err.print(f"envbuild: error: {e.filename}: {e.strerror or e}; check the path, its permissions and the "
+            err.print(f"envbuild: error: {grammar.escaped(str(e.filename))}: {e.strerror or e}; check the path, its permissions and the "
                       f"free space, then run the command again (set ENVBUILD_DEBUG=1 for a traceback).",
                       markup=False)
             sys.exit(2)

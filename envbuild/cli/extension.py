@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
+from .. import grammar
 from ..errors import EnvbuildError
 from .app import main, out, print_next
 from .options import request_from, request_options, secrets_from
@@ -110,6 +111,7 @@ def _packages(requirements_file, project_file, name, from_image, kw):
     """(requirements, where they came from, name, image to start from); a project file fills in
     the request options the command line left out (the command line wins, a default included)."""
     from ..extend import Project, load_project, read_requirements_file
+    from ..registry import check_image_reference
 
     if bool(requirements_file) == bool(project_file):
         raise EnvbuildError("envbuild extend needs the packages to add: give -r requirements.txt, or -f envbuild.yaml "
@@ -121,6 +123,8 @@ def _packages(requirements_file, project_file, name, from_image, kw):
         option = "stack_id" if key == "stack" else key
         if option in kw and kw[option] is None:
             kw[option] = getattr(project, key)
+    if not from_image:  # refused in the project file's words, not as a --from the user never gave
+        check_image_reference(f"-f {grammar.escaped(project_file)}: image", project.image)
     return requirements, source, name or project.name, from_image or project.image
 
 
@@ -146,7 +150,7 @@ def _check_as_of(as_of) -> None:
         except ValueError:
             day = None
         if day is None:
-            raise EnvbuildError(f"--as-of '{as_of}' is not a calendar date; write it as YYYY-MM-DD, e.g. --as-of "
+            raise EnvbuildError(f"--as-of {grammar.shown(as_of)} is not a calendar date; write it as YYYY-MM-DD, e.g. --as-of "
                                 f"{today.isoformat()}.")
         if day > today:
             raise EnvbuildError(f"--as-of {as_of} is in the future (today is {today.isoformat()} UTC): a lock "

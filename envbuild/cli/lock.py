@@ -38,9 +38,11 @@ def lock(stack_ids, check, upgrade, bases, os_packages, base_image, apt_snapshot
     A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
     this again gives the same file; --upgrade moves the date to today. An OS lock records the
     moment of the archive it was resolved from; --check resolves it again at that moment."""
+    from ..audit import service_from
     from ..lock import lock_stacks, lock_summary
     from ..matrix import load_matrix
 
+    service_from(service)  # before the resolve, which takes minutes: a typo is refused at once
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if os_packages or base_image or apt_snapshot:
         _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot)
@@ -76,7 +78,11 @@ def _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot) -> None
         raise EnvbuildError(f"{'--base-image' if base_image else '--apt-snapshot'} applies to OS locks only: add --os.")
     check_snapshot_template("--apt-snapshot", apt_snapshot, live_ok=True)
     check_image_reference("--base-image", base_image)
-    outcomes = lock_os_stacks(get_engine(), m, tuple(stack_ids), base_image, apt_snapshot, check=check,
+    engine = get_engine()
+    # no daemon: exit 2 (an unusable environment) here; inside the resolve its "cannot reach" read as an
+    # unreachable archive (exit 1, "run it where the registries are reachable")
+    engine.check_usable()
+    outcomes = lock_os_stacks(engine, m, tuple(stack_ids), base_image, apt_snapshot, check=check,
                               platforms=PLATFORMS, progress=lambda text: err.print(f"envbuild: {text}", markup=False))
     _print_outcomes(outcomes)
     problems = lock_summary(outcomes, check, "envbuild lock --os")

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import EnvbuildError
+from ..grammar import escaped
 from .app import err, main, out
 from .options import matrix_dir_option, secret_options
 
@@ -97,11 +98,15 @@ def _image_repo(registry, name) -> str:
 
 
 def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, identity) -> None:
-    from ..release import publish_manifest, signing_from
+    from ..release import manifest_sources, publish_manifest, signing_from
     from ..verify import trust_from
 
     signing = signing_from(signing_key, keyless, required=False)
     trust = trust_from(key, identity, None, signing.signer.public_key if signing.signer else None, keyless)
+    manifest_sources(m, tag)  # an unknown tag first: the digests are looked for by its name
+    if not digests.is_dir():  # not "its job failed" (exit 1): the option names no directory
+        raise EnvbuildError(f"--digests {escaped(str(digests))} is not a directory; give the directory the publish "
+                            f"jobs' digest files were downloaded into (the workflow's `digests`).")
     digest, images = publish_manifest(m, registry, image_repo, tag, digests, trust, signing, _say)
     out.print(f"pushed {image_repo}:{tag} (manifest list)", markup=False)
     out.print(f"digest {digest}", markup=False)
@@ -117,6 +122,7 @@ def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ex
 
     signing = signing_from(*signing_args)
     job, variants, _ = find_job(m, job_id)
+    service = service_from(service)  # before anything is written
 
     def build(variant: dict, build_dir: Path) -> str:
         kw = {"gpu": variant["gpu"], "stack_id": variant["stack"], "fabric": variant["fabric"],
@@ -133,7 +139,7 @@ def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ex
     cache = Path(ext_cache) if ext_cache else None
     if cache:
         ext_cache_load(m, job, cache, build_flags.get("base_image"), _say)
-    ctx = JobContext(m, registry, image_repo, out_dir, signing, service_from(service), build, keep_images, _say)
+    ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say)
     outcomes = run_job(ctx, job, variants)
     if cache:
         ext_cache_save(m, job, cache, out_dir, build_flags.get("base_image"), _say)

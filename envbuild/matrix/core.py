@@ -16,6 +16,7 @@ from packaging.version import Version
 
 from .. import rules
 from ..errors import EnvbuildError, nearest
+from ..grammar import shown
 from ..files import read_yaml
 from ..validate import gpu_spellings, unknown_gpu
 from .files.torch_yaml import TorchFile, TorchRelease
@@ -154,7 +155,7 @@ class Matrix:
         hint = nearest(stack_id, [s.id for s in self.stacks])
         did = f" did you mean {', '.join(hint)}?" if hint else ""
         raise EnvbuildError(
-            f"unknown stack '{stack_id}' for --stack;{did} `envbuild matrix` lists all "
+            f"unknown stack {shown(stack_id)} for --stack;{did} `envbuild matrix` lists all "
             f"{len(self.stacks)} stacks.")
 
     def arch_list(self, release: TorchRelease, cuda: str, arch: str = "x86_64") -> str:

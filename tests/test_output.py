@@ -313,6 +313,16 @@ def one_of_each_kind(names: list[str]) -> set[int]:
 
 
 def _ctrl_c_at(moments, h100, h20, tmp_path, monkeypatch, signals):
+    # Python's own Ctrl-C handler, whatever this process inherited: a suite started as a
+    # background job (`cmd &` in a script) inherits SIGINT ignored, and Python then installs none.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_each(moments, h100, h20, tmp_path, monkeypatch, signals)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
+def _ctrl_c_each(moments, h100, h20, tmp_path, monkeypatch, signals):
     first = write_build_dir(h100, tmp_path / "count")
     with monkeypatch.context() as m:
         names = _signal_at(m, set())

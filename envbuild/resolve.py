@@ -248,22 +248,24 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
     return out
 
 
-def _lock_sections(m: Matrix, s: Stack, arch: Optional[str]) -> frozenset[str]:
-    """The section names of a stack's lock (what it adds beyond the venv; none without a lock,
-    or with one that would not load: that is said where the lock is used)."""
+def _lock_if_loads(m: Matrix, s: Stack, arch: Optional[str]) -> Optional[Lock]:
+    """A stack's lock, for what other stacks could do (None: no lock, or one that would not
+    load: that is said where the lock is used)."""
     try:
-        lock = stack_lock(m, s, arch or "x86_64")
+        return stack_lock(m, s, arch or "x86_64")
     except EnvbuildError:
-        return frozenset()
+        return None
+
+
+def _lock_sections(m: Matrix, s: Stack, arch: Optional[str]) -> frozenset[str]:
+    """The section names of a stack's lock (what it adds beyond the venv)."""
+    lock = _lock_if_loads(m, s, arch)
     return frozenset(lock.sections) if lock else frozenset()
 
 
 def _locked_names(m: Matrix, s: Stack, arch: Optional[str]) -> Optional[set[str]]:
     """The canonical names a stack's lock holds (None: no lock, or one that would not load)."""
-    try:
-        lock = stack_lock(m, s, arch or "x86_64")
-    except EnvbuildError:
-        return None
+    lock = _lock_if_loads(m, s, arch)
     return set(lock.pins()) if lock else None
 
 

@@ -9,6 +9,7 @@ files are current) use the `production_matrix` fixture."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -233,6 +234,26 @@ def run_extend_build(*args, ca_cert=None, indexes=None, env=None, timeout=1800) 
     return run_cli("extend", *args, "--build", *flags, env=env, timeout=timeout, production=True)
 
 
+def build_ops_image(args: tuple[str, ...], ops, repo: str, tmp_path: Path, base_image: str) -> tuple[str, dict]:
+    """`envbuild build ARGS` for real (the production matrix), which must pre-build exactly
+    `ops`, then its smoke test on the CPU, which must pass with every op loaded, JIT refused.
+    Returns the image and the no_jit check's part of each op ("OP ok 0.01s", "OP not loaded here ...")."""
+    out = tmp_path / "image"
+    r = run_build(*args, "--image-repo", repo, "-o", str(out), base_image=base_image, timeout=4 * 3600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(manifest["ds_ops"]) == sorted(ops)
+    image = f"{repo}:{manifest['tag']}"
+    smoke = run_cli("smoke", image, "--json", timeout=1800, env={"ENVBUILD_STATE_DIR": str(tmp_path / "state")},
+                    production=True)
+    checks = {c["name"]: c for c in json.loads(smoke.stdout)["checks"]}
+    print("no_jit:", checks["no_jit"]["detail"])
+    assert smoke.returncode == 0 and checks["no_jit"]["ok"] and checks["ds_record"]["ok"], checks
+    parts = {part.split()[0]: part for part in checks["no_jit"]["detail"].split("; ")}
+    assert all(parts[op].startswith(f"{op} ok") for op in ops), parts
+    return image, parts
+
+
 def docker_socket() -> str:
     """The engine's unix socket as the docker CLI and SDK pick it: DOCKER_HOST, else the default."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -248,6 +269,12 @@ def docker(*args, check=True, timeout=900, **kw) -> subprocess.CompletedProcess:
     return r
 
 
+def image_rows() -> list[tuple[str, str, str]]:
+    """(repository, tag, digest) of every image reference in the engine; '<none>' where absent."""
+    rows = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False).stdout
+    return [tuple(row.split()) for row in rows.splitlines()]
+
+
 def remove_images(repo: str, registry: str | None = None) -> None:
     """Remove every reference to an image of `repo`, under any registry prefix (`push` tags
     REGISTRY/REPO:TAG, a pull by digest leaves REGISTRY/REPO@sha256:... with no tag): what a
@@ -257,10 +284,8 @@ def remove_images(repo: str, registry: str | None = None) -> None:
     REPO-SUFFIX (the names a module derives from its REPO) escape. With
     `registry` (a registry this run started, on its own port), only REGISTRY/REPO: a name like
     `envbuild` is not unique, the port is."""
-    rows = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False).stdout
     mine = []
-    for row in rows.splitlines():
-        name, tag, digest = row.split()
+    for name, tag, digest in image_rows():
         last = name.split("/")[-1]  # REPO, or REPO-SUFFIX: a module's own names under its unique REPO
         if (name != f"{registry}/{repo}") if registry else (last != repo and not last.startswith(f"{repo}-")):
             continue
@@ -299,7 +324,6 @@ def docker_engine():
     yield
     # Every name this run gave carries RUN_ID (unique): one still in the engine at the end is an
     # image a module left behind, several GB each on a machine that runs the suite again and again.
-    rows = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False).stdout
-    left = [row for row in rows.splitlines() if RUN_ID in row.split()[0]]
+    left = [" ".join(row) for row in image_rows() if RUN_ID in row[0]]
     assert not left, f"images this run made are still in the engine (remove_images misses them): {left}"
 

@@ -7,12 +7,11 @@ every op must be recorded as pre-built for CUDA and load in the smoke test's no-
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
-from conftest import BASE_IMAGE, ci_stack_id, docker, run_build, run_cli, unique
+from conftest import BASE_IMAGE, build_ops_image, ci_stack_id, docker, unique
 
 pytestmark = [
     pytest.mark.docker,
@@ -29,20 +28,8 @@ OPS = ("random_ltd", "stochastic_transformer", "transformer", "transformer_infer
 
 
 def test_the_curand_ops_build_and_load_without_jit(tmp_path):
-    out = tmp_path / "curand"
     args = ("--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", ",".join(OPS))
-    r = run_build(*args, "--image-repo", REPO, "-o", str(out), base_image=BASE_IMAGE, timeout=4 * 3600)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert sorted(manifest["ds_ops"]) == sorted(OPS)
-    image = f"{REPO}:{manifest['tag']}"
-    smoke = run_cli("smoke", image, "--json", timeout=1800, env={"ENVBUILD_STATE_DIR": str(tmp_path / "state")},
-                    production=True)
-    checks = {c["name"]: c for c in json.loads(smoke.stdout)["checks"]}
-    print("no_jit:", checks["no_jit"]["detail"])
-    assert smoke.returncode == 0 and checks["no_jit"]["ok"] and checks["ds_record"]["ok"], checks
-    parts = {part.split()[0]: part for part in checks["no_jit"]["detail"].split("; ")}
-    assert all(parts[op].startswith(f"{op} ok") for op in OPS), parts
+    image, _ = build_ops_image(args, OPS, REPO, tmp_path, BASE_IMAGE)
     # One libcurand, the lock's, where the ops' RUNPATH points; and its size, for bench/RESULTS.md.
     found = docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c",
                    "find / -xdev -name 'libcurand.so*' -exec du -bL {} +; "

@@ -48,6 +48,13 @@ class Context:
         return self.resolution.lock
 
     @property
+    def venv_sections(self) -> tuple[str, ...]:
+        """The lock's sections the venv installs: [venv], what the toolchain adds for the chosen
+        ops ([curand]), and --nccl's [nccl], last: its wheel replaces the venv's pin of it."""
+        r = self.resolution
+        return ("venv", *r.toolchain_adds, *(("nccl",) if r.nccl_override else ()))
+
+    @property
     def python_pkg(self) -> str:
         """The OS's Python package of the stack's Python (python3.12)."""
         return self.resolution.facts.family.python[self.resolution.stack.python]

@@ -20,16 +20,15 @@ def lock_part(name: str) -> tuple[str, FileCopy]:
     return target, FileCopy(f"envbuild/{LOCK_PARTS[name]}", target)
 
 
-def _lock_files(lock, adds: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+def _lock_files(lock, sections: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """The whole lock (copied into the image) and its parts: the venv but DeepSpeed (the torch
-    step) with the sections of what the toolchain adds for the chosen ops (`adds`: cuRAND, which
-    they link at build time and load at run time), DeepSpeed alone (built after torch,
-    --no-build-isolation), the PyPI toolchain."""
+    step) with the other `sections` the venv installs (Context.venv_sections: cuRAND for the ops
+    that link it, --nccl's wheel in place of the venv's pin of it), DeepSpeed alone (built after
+    torch, --no-build-isolation), the PyPI toolchain."""
     if lock is None:
         return ()
-    # the venv but DeepSpeed, the added sections; a wheel of the [nccl] section (--nccl) in place of the venv's pin of it
     venv = (lock.requirements("venv", exclude=("deepspeed", *lock.replaced()))
-            + "".join(lock.requirements(need) for need in adds) + lock.requirements("nccl"))
+            + "".join(lock.requirements(section) for section in sections if section != "venv"))
     files = [(f"envbuild/{posixpath.basename(paths.LOCK)}", lock.text),
              (f"envbuild/{LOCK_PARTS['venv']}", venv),
              (f"envbuild/{LOCK_PARTS['deepspeed']}", lock.requirements("venv", only=("deepspeed",)))]
@@ -65,4 +64,4 @@ def part(ctx: Context) -> Part:
                                f"pin {override.replaced} (the lock's [nccl] section); torch's requirement follows"),)
     # --keep-toolchain keeps the step scripts too (Apptainer copies what Docker's FROM builder has).
     return Part(builder_steps=steps, from_builder=(paths.VENV, paths.SETUP_DIR) if ctx.keep else (paths.VENV,),
-                generated=_lock_files(lock, resolution.toolchain_adds))
+                generated=_lock_files(lock, ctx.venv_sections))

@@ -155,9 +155,7 @@ def _lock_record(ctx: Context) -> Optional[dict]:
     lock = ctx.lock
     if lock is None:
         return None
-    # the venv's sections: [venv], and what the toolchain adds for the chosen ops ([curand])
-    # and --nccl's [nccl], last: its wheel replaces the venv's pin of it
-    sections = ["venv", *ctx.resolution.toolchain_adds, *(["nccl"] if ctx.resolution.nccl_override else [])]
+    sections = list(ctx.venv_sections)
     packages = {p.key for s in sections for p in lock.sections[s]}
     return {"path": paths.LOCK, "sha256": lock.sha256, "packages": len(packages),
             "sections": sections, "exclude_newer": lock.header.get("exclude-newer"),

@@ -77,6 +77,9 @@ def run_cli(*args, cwd=None, env=None, timeout=120, production=False):
     matrix unless `production`: for what only a process shows (signals, a child's file
     descriptors, a hard timeout) and for real builds; the rest use `run_here` (the `cli` fixture)."""
     full_env = _cli_env(args, env, production)
+    artifacts = sys.modules.get("envbuild.artifacts")
+    if artifacts:  # a child starts with no registry client: one probed for another test's registry on this port is not it
+        artifacts.client.cache_clear()
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [full_env.get("PYTHONPATH")])])
     return subprocess.run([sys.executable, "-m", "envbuild", *args], cwd=cwd or ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)

@@ -1,11 +1,14 @@
 """The matrix data: complete, sourced, and a malformed file fails with file + field path."""
 
 import re
+import shutil
 
 import pytest
 
 from envbuild.errors import EnvbuildError
 from envbuild.matrix import load_matrix
+
+from conftest import FIXTURE_MATRIX
 
 # Every GPU envbuild targets has a profile, with its compute capability as NVIDIA lists it
 # (https://developer.nvidia.com/cuda-gpus and https://developer.nvidia.com/cuda-legacy-gpus).
@@ -283,3 +286,20 @@ def test_the_source_rule_refuses_what_users_cannot_follow():
     assert not PUBLIC_SOURCE.search("field report 5; the upstream issue link is [U]")
     assert not PUBLIC_SOURCE.search("NCCL docs")
     assert PUBLIC_SOURCE.search("https://docs.nvidia.com/deploy/cuda-compatibility/") and PUBLIC_SOURCE.search("nccl#451")
+
+
+def test_a_matrix_directory_written_again_under_the_same_name_is_read_again(tmp_path):
+    """pytest gives a passing test's tmp_path name to the next test, and a lab edits its matrix
+    between two calls of one process: a cache keyed by the path alone served the matrix the
+    directory held before (two CI failures: another test's extensions floor, a hostile stacks.yaml
+    that rendered)."""
+    d = tmp_path / "matrices"
+    shutil.copytree(FIXTURE_MATRIX, d)
+    first = load_matrix(d)
+    assert load_matrix(d) is first  # unchanged files: parsed once
+    shutil.rmtree(d)
+    shutil.copytree(FIXTURE_MATRIX, d)
+    stacks = d / "stacks.yaml"
+    stacks.write_text(stacks.read_text().replace("stacks:", "stacks: [", 1))
+    with pytest.raises(EnvbuildError, match=str(stacks)):
+        load_matrix(d)

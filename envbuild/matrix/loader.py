@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from .. import grammar, rules
 from ..errors import EnvbuildError
-from ..files import read_yaml
+from ..files import parse_yaml, read_text, read_yaml
 from ..resources import matrices_dir
 from .files.torch_yaml import TorchFile
 from .files.deepspeed_yaml import DeepspeedFile
@@ -68,9 +68,10 @@ def _load_yaml(path: Path):
     return read_yaml(path, "matrix file")
 
 
-def _load_file(path: Path):
+def _load_file(path: Path, text: Optional[str] = None):
+    """One matrix file validated by its model; `text` is its content where it was read already."""
     model = _MODELS[path.name]
-    data = _load_yaml(path)
+    data = _load_yaml(path) if text is None else parse_yaml(text, f"matrix file {path}")
     try:
         return model.model_validate(data if data is not None else {})
     except ValidationError as e:
@@ -266,25 +267,35 @@ def load_publish(directory: Path) -> PublishFile:
     return _load_file(path) if os.path.lexists(path) else PublishFile()
 
 
-@functools.lru_cache(maxsize=8)
-def _load_cached(directory: str) -> Matrix:
-    d = Path(directory)
+def _read_directory(d: Path) -> tuple[tuple[str, Optional[str]], ...]:
+    """Every matrix file's text (None for an optional file that is absent), each read with the
+    size bound; a directory that is not one, or lacks a required file, is named."""
     if not d.is_dir():
         raise EnvbuildError(f"matrix directory {d} {'is not a directory' if d.exists() else 'does not exist'}; give "
                             f"--matrix-dir a directory of matrix files such as a copy of the shipped matrices/.")
     missing = [f for f in FILES if not os.path.lexists(d / f)]
     if missing:
         raise EnvbuildError(f"matrix directory {d} lacks {', '.join(missing)}; it needs {', '.join(FILES)}.")
-    loaded = {f: _load_file(d / f) for f in FILES}
+    return tuple((f, read_text(d / f, "matrix file", "matrix") if os.path.lexists(d / f) else None)
+                 for f in (*FILES, EXTENSIONS, NCCL))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(directory: str, texts: tuple[tuple[str, Optional[str]], ...]) -> Matrix:
+    """Keyed by the files' content as well as the directory: a directory written again under the
+    same name (a test's tmp_path reused once the last one passed, a lab editing its matrix
+    between two in-process calls) is parsed again, where a key of the path alone served the
+    matrix it held before."""
+    d = Path(directory)
+    loaded = {f: _load_file(d / f, text) if text is not None else None for f, text in texts}
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
                loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"],
-               _load_file(d / EXTENSIONS) if os.path.lexists(d / EXTENSIONS) else None,
-               _load_file(d / NCCL) if os.path.lexists(d / NCCL) else None)
+               loaded[EXTENSIONS], loaded[NCCL])
     _check_references(m)
     return m
 
 
 def load_matrix(directory: Optional[Path] = None) -> Matrix:
     """Load the built-in matrix, or the one in `directory` (``--matrix-dir``)."""
-    d = Path(directory) if directory else matrices_dir()
-    return _load_cached(str(d.resolve()))
+    d = (Path(directory) if directory else matrices_dir()).resolve()
+    return _parsed(str(d), _read_directory(d))

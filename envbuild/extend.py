@@ -23,11 +23,11 @@ import re
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError, create_model
 
 from . import rules
 from .errors import EnvbuildError
@@ -35,27 +35,20 @@ from .files import parse_yaml, read_text
 from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
 from .matrix import Matrix
 from .registry import CONTENT_TAG_DIGITS, split_reference
+from .request import flags
 from .resolve import Resolution, resolve
 
 EXTEND_LOCK_SOURCE = "envbuild/extend-lock.txt"  # the name parse errors of an extension lock give
 
 
-class Project(BaseModel):
-    """envbuild.yaml: what a lab commits to get its environment (the CLI's options win)."""
-
-    model_config = ConfigDict(extra="forbid")
-    gpu: Optional[str] = None
-    stack: Optional[str] = None
-    python: Optional[str] = None
-    cuda: Optional[str] = None
-    torch: Optional[str] = None
-    deepspeed: Optional[str] = None
-    ds_ops: Optional[str] = None
-    name: Optional[str] = None
-    requirements: list[str] | str = []  # requirement strings, or a requirements file beside envbuild.yaml
-    ext: Optional[str] = None  # CUDA extensions compiled into the stack image (--ext), e.g. flash-attn,causal-conv1d
-    nccl: Optional[str] = None  # the NCCL release the stack image has in place of torch's pin (--nccl)
-    image: Optional[str] = None  # the stack image to start from (default: the stack's own reference)
+# envbuild.yaml: what a lab commits to get its environment (the CLI's options win). Its request
+# keys are the options' names (ds_ops, ext), each a string as the command line gives it; then its
+# own: the layer's name, its requirements (strings, or a requirements file beside envbuild.yaml)
+# and the stack image to start from (default: the stack's own reference).
+Project = create_model("Project", __config__=ConfigDict(extra="forbid"),
+                       **{flag.key: (Optional[str], None) for flag in flags().values() if flag.project},
+                       name=(Optional[str], None), requirements=(Union[list[str], str], []),
+                       image=(Optional[str], None))
 
 
 def load_project(path: Path) -> tuple[Project, list[str], str]:

@@ -29,45 +29,13 @@ from .files import read_bytes
 from .lock import Lock, stack_lock
 from .oslock import OsLock, load_os_lock
 from .registry import READABLE_TAG_MAX, check_readable_tag
+from .request import Request
 from .rules import DEFAULT_CPU_TARGET, PLATFORMS
 from .image import paths
 from .matrix import (CpuTarget, CudaExtension, DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Matrix, Op,
                      Stack, Toolchain)
 
 OPS_IN_TAG = 40  # a longer op list is named by 8 hex digits of its hash: every readable tag fits the tag rule
-
-
-@dataclass(frozen=True)
-class Request:
-    """What the user asked for. Version fields take a version or a PEP 440 specifier."""
-
-    gpu: str
-    python: Optional[str] = None
-    cuda: Optional[str] = None
-    torch: Optional[str] = None
-    deepspeed: Optional[str] = None
-    stack: Optional[str] = None
-    ds_ops: str = rules.DEFAULT_OPS
-    base_image: Optional[str] = None
-    builder_image: Optional[str] = None
-    env: tuple[tuple[str, str], ...] = ()
-    cpu_target: Optional[str] = None  # None: the image architecture's default for the GPU's host CPU
-    keep_toolchain: bool = False
-    no_compiler: bool = False  # a final image without a C compiler: torch.compile cannot run
-    qemu: bool = False  # an arm64 image built under qemu-user emulation: bind a stub CPU sysfs (plan/components/deepspeed.py)
-    image_repo: str = "envbuild"
-    fabric: Optional[str] = None  # None: fabrics.yaml's default (the verbs user space for InfiniBand/RoCE)
-    extensions: tuple[str, ...] = ()  # CUDA extensions to pre-build (extensions.yaml names)
-    nccl: Optional[str] = None  # an NCCL release installed in place of torch's pin (matrices/nccl.yaml)
-
-    def describe(self) -> str:
-        parts = [f"--gpu {self.gpu}"]
-        for flag in ("stack", "python", "cuda", "torch", "deepspeed", "fabric", "nccl"):
-            if getattr(self, flag):
-                parts.append(f"--{flag} {getattr(self, flag)}")
-        if self.extensions:
-            parts.append(f"--ext {','.join(self.extensions)}")
-        return " ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -179,17 +179,3 @@ def test_a_gpu_the_stack_does_not_allow_is_refused_before_resolving(tmp_path):
     result = _extend(tmp_path, "-r", str(tmp_path / "r.txt"), "--gpu", "v100", "--stack", CI_STACK)
     assert result.returncode == 2 and "v100" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
-
-
-def test_a_project_file_holds_only_fields_the_command_line_has():
-    """envbuild.yaml's request fields are the request options by name (the CLI fills the ones
-    the command line left out from it), so the two lists cannot drift apart."""
-    import click
-
-    from envbuild.cli import main
-    from envbuild.extend import Project
-
-    options = {p.name for p in main.commands["extend"].params if isinstance(p, click.Option)}
-    own = {"name", "requirements", "image"}  # the project's own: --name, -r, --from
-    request = {("stack_id" if f == "stack" else f) for f in Project.model_fields if f not in own}
-    assert request and request <= options, request - options

@@ -8,9 +8,12 @@ import os
 import venv
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.wheel
 def test_wheel_renders_from_a_fresh_venv(tmp_path):
     dist = tmp_path / "dist"
     r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],

@@ -110,7 +110,8 @@ def _stack_image_only(r, source, output, do_build, secrets) -> None:
 def _packages(requirements_file, project_file, name, from_image, kw):
     """(requirements, where they came from, name, image to start from); a project file fills in
     the request options the command line left out (the command line wins, a default included)."""
-    from ..extend import Project, load_project, read_requirements_file
+    from ..extend import load_project, read_requirements_file
+    from ..request import flags
     from ..registry import check_image_reference
 
     if bool(requirements_file) == bool(project_file):
@@ -119,10 +120,9 @@ def _packages(requirements_file, project_file, name, from_image, kw):
     if not project_file:
         return read_requirements_file(Path(requirements_file)), requirements_file, name, from_image
     project, requirements, source = load_project(Path(project_file))
-    for key in Project.model_fields:  # the request fields a project file may hold are the options' names
-        option = "stack_id" if key == "stack" else key
-        if option in kw and kw[option] is None:
-            kw[option] = getattr(project, key)
+    for name, flag in flags().items():  # the project file's keys are the options' names (ds_ops, ext)
+        if flag.project and kw.get(name) is None:
+            kw[name] = getattr(project, flag.key)
     if not from_image:  # refused in the project file's words, not as a --from the user never gave
         check_image_reference(f"-f {grammar.escaped(project_file)}: image", project.image)
     return requirements, source, name or project.name, from_image or project.image

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import EnvbuildError
-from ..rules import DEFAULT_CPU_TARGET, DEFAULT_OPS
+from ..request import Flag, defaults, flags
 from .app import err
 
 
@@ -54,48 +54,21 @@ def secret_options(f):
     return f
 
 
+def _request_option(name: str, flag: Flag, gpu_required: bool):
+    """One request field's option, as envbuild/request.py declares it (the value arrives as `name`)."""
+    if flag.switch:
+        return click.option(flag.name, name, is_flag=True, help=flag.help)
+    return click.option(flag.name, name, required=gpu_required and name == "gpu", multiple=flag.repeated,
+                        metavar=flag.metavar, callback=not_empty if flag.refuse_empty else None, help=flag.help)
+
+
 def request_options(f=None, gpu_required=True):
-    """The options shared by `render` and `build`: what to resolve and how to render it."""
+    """The options shared by `render`, `build` and `extend`: the request's fields (declared once,
+    in envbuild/request.py), where the image is published, the mirrors and the matrix."""
     if f is None:
         return functools.partial(request_options, gpu_required=gpu_required)
     opts = [
-        click.option("--gpu", required=gpu_required, help="GPU profile or alias (h20, H100, nvidia-a100, ...)."),
-        click.option("--python", help="Python version or PEP 440 specifier."),
-        click.option("--cuda", help="CUDA version or specifier (13.0, '>=12.6')."),
-        click.option("--torch", help="torch version or specifier ('>=2.5,<2.8')."),
-        click.option("--deepspeed", help="DeepSpeed version or specifier."),
-        click.option("--stack", "stack_id", help="Pick a matrix row by id (see `envbuild matrix`)."),
-        click.option("--ds-ops", default=None,
-                     help="Ops to pre-build: training (the default), all, none, or a comma list "
-                          "(cpu_adam,fused_adam)."),
-        click.option("--ext", "ext", default=None, metavar="NAME[,NAME]",
-                     help="CUDA extensions to pre-build from source for the GPU's arches, verified like the ops: "
-                          "flash-attn, causal-conv1d (`envbuild extensions` lists them and what each fits)."),
-        click.option("--nccl", metavar="VERSION", callback=not_empty,
-                     help="Install this NCCL release (its nvidia-nccl-cuXX wheel, hash-locked) in place of the one "
-                          "torch pins: a 2.x of the same CUDA major, not older than torch's pin (matrices/nccl.yaml lists "
-                          "PyPI's releases; a refused one is named with the nearest accepted). The tag gets "
-                          "-ncclVERSION."),
-        click.option("--base-image", help="Replace the OS base image (same distro release), e.g. a private mirror."),
-        click.option("--builder-image", help="Replace the builder stage's base image (needs nvcc for NVIDIA stacks)."),
-        click.option("--cpu-target", default=None,
-                     help=f"CPU the CPU ops are compiled for instead of the build machine's -march=native: "
-                          f"x86-64, x86-64-v2, x86-64-v3 (default on x86_64: {DEFAULT_CPU_TARGET}), x86-64-v4; "
-                          f"armv8-a, armv9-a, neoverse-v2 (aarch64 default: the GPU's host CPU, e.g. Grace's "
-                          f"neoverse-v2 where the OS's GCC knows it)."),
-        click.option("--keep-toolchain", is_flag=True, help="Keep compilers in the final image (larger)."),
-        click.option("--qemu", is_flag=True,
-                     help="An arm64 image built under qemu-user emulation on an x86-64 machine: bind a stub CPU "
-                          "sysfs into the build steps (torch crashes at import without it there). Not for real "
-                          "arm64 builders."),
-        click.option("--no-compiler", is_flag=True,
-                     help="Leave the C compiler and Python headers out of the final image (smaller; "
-                          "torch.compile then cannot run)."),
-        click.option("--fabric", default=None, metavar="NAME", callback=not_empty,
-                     help="How NCCL reaches other nodes: ib (default: InfiniBand/RoCE verbs user space in every "
-                          "image), none, or a cloud fabric (`envbuild fabrics` lists them with what each adds)."),
-        click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
-                     help="Add or override an environment default baked into the image (repeatable)."),
+        *(_request_option(name, flag, gpu_required) for name, flag in flags().items()),
         click.option("--registry", envvar="ENVBUILD_REGISTRY", metavar="HOST[/NAMESPACE]",
                      help="Where the image is published (as `envbuild push --registry`, e.g. ghcr.io/acme): "
                           "the image becomes REGISTRY/envbuild:TAG and Singularity.def pulls it from there. "
@@ -111,7 +84,13 @@ def request_options(f=None, gpu_required=True):
     return f
 
 
+def request_kw(**given) -> dict:
+    """The options `request_from` reads, as a command that was given only `given` receives them."""
+    return {**defaults(), "registry": None, "image_repo": None, "matrix_dir": None, **given}
+
+
 def request_from(kw):
+    """The matrix and the Request the options name; an option not given is the field's default."""
     from ..matrix import load_matrix
     from ..resolve import Request, parse_env_pairs
 
@@ -119,15 +98,10 @@ def request_from(kw):
     from ..validate import parse_extensions
 
     m = load_matrix(Path(kw["matrix_dir"]) if kw.get("matrix_dir") else None)
-    repo = image_repo(kw.get("image_repo"), kw.get("registry"), m.directory)
-    req = Request(gpu=kw["gpu"], python=kw["python"], cuda=kw["cuda"], torch=kw["torch"],
-                  deepspeed=kw["deepspeed"], stack=kw["stack_id"], ds_ops=DEFAULT_OPS if kw["ds_ops"] is None else kw["ds_ops"],
-                  base_image=kw["base_image"], builder_image=kw["builder_image"],
-                  env=parse_env_pairs(kw["env_pairs"]), cpu_target=kw["cpu_target"],
-                  keep_toolchain=kw["keep_toolchain"], no_compiler=kw["no_compiler"], image_repo=repo,
-                  qemu=kw.get("qemu", False), fabric=kw.get("fabric"),
-                  extensions=parse_extensions(m, kw.get("ext")), nccl=kw.get("nccl"))
-    return m, req
+    values = {name: kw.get(name, default) for name, default in defaults().items()}
+    values.update(env=parse_env_pairs(values["env"]), extensions=parse_extensions(m, values["extensions"]))
+    given = {name: value for name, value in values.items() if value is not None or name == "gpu"}
+    return m, Request(**given, image_repo=image_repo(kw.get("image_repo"), kw.get("registry"), m.directory))
 
 
 def secrets_from(kw):

@@ -12,14 +12,14 @@ import click
 from ..errors import EnvbuildError
 from ..grammar import escaped
 from .app import err, main, out
-from .options import matrix_dir_option, secret_options
+from ..request import flags
+from .options import matrix_dir_option, request_kw, secret_options
 
 SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
                        help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
                             "(api.osv.dev), or an OSV-compatible query URL (a mirror). Env: "
                             "ENVBUILD_VULNERABILITY_SERVICE.")
-BASE_FLAGS = {"base_image": "replace the OS base image (a mirror)",
-              "builder_image": "replace the builder stage's base image"}
+BASE_FLAGS = ("base_image", "builder_image")  # the request options a publish job takes, as `envbuild build` does
 
 
 def _say(text: str) -> None:
@@ -30,7 +30,8 @@ def _build_options(f):
     """As `envbuild build`: the bases, and the mirrors, CA and keys (declared once, in options.py)."""
     f = secret_options(f)
     for name in reversed(BASE_FLAGS):
-        f = click.option(f"--{name.replace('_', '-')}", name, help=f"As `envbuild build`: {BASE_FLAGS[name]}.")(f)
+        flag = flags()[name]
+        f = click.option(flag.name, name, help=f"As `envbuild build`: {flag.help}")(f)
     return f
 
 
@@ -125,11 +126,9 @@ def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ex
     service = service_from(service)  # before anything is written
 
     def build(variant: dict, build_dir: Path) -> str:
-        kw = {"gpu": variant["gpu"], "stack_id": variant["stack"], "fabric": variant["fabric"],
-              "ext": variant.get("extensions") or None, "image_repo": image_repo, "registry": None,
-              "matrix_dir": str(m.directory), "python": None, "cuda": None, "torch": None, "deepspeed": None,
-              "ds_ops": None, "env_pairs": (), "cpu_target": None, "keep_toolchain": False, "no_compiler": False,
-              "qemu": False, **build_flags}
+        kw = request_kw(gpu=variant["gpu"], stack=variant["stack"], fabric=variant["fabric"],
+                        extensions=variant.get("extensions") or None, image_repo=image_repo,
+                        matrix_dir=str(m.directory), **build_flags)
         r, secrets, path, _ = render_to(kw, str(build_dir), show=False, reach_archive=True)
         build_image(path, r.tag, r.request.image_repo, secrets,
                     on_step=lambda event, name: _say(f"{variant['variant']}: done {name}"[:160]) if event == "done" else None)

@@ -117,6 +117,13 @@ class Repository:
                 inrelease.unlink(missing_ok=True)
                 self._gpg("--batch", "--yes", "--clearsign", "-o", str(inrelease), str(tree / "dists" / suite / "Release"))
 
+    def close(self) -> None:
+        """Stop serving, and stop the gpg-agent that signing started in its home: a daemon a run
+        leaves is one more on a CI runner that keeps its processes' machine."""
+        self.server.shutdown()
+        self.server.server_close()
+        subprocess.run(["gpgconf", "--homedir", str(self.gnupg), "--kill", "all"], check=False, capture_output=True)
+
     def path_of(self, name: str) -> Path:
         deb = next(d for d in self.debs.values() if d.name == name)
         return self.tree(deb.archive) / deb.filename
@@ -126,7 +133,7 @@ class Repository:
 def repository(work, locked):
     repo = Repository(work / "repo", locked["lock"])
     yield repo
-    repo.server.shutdown()
+    repo.close()
 
 
 def build(work, locked, repository, name, *extra, no_cache=False):

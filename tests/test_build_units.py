@@ -274,7 +274,7 @@ def test_os_drop_purges_only_the_installed_matches(tmp_path, status, purged):
     assert ("purged the base image's libnccl2 libnccl-dev" in r.stderr) is (purged is not None)
 
 
-@pytest.mark.parametrize("name", ["pip_check.py", "sass_audit.py"])
+@pytest.mark.parametrize("name", ["pip_check.py", "requires.py", "sass_audit.py"])
 def test_the_build_stage_scripts_examples_hold(name):
     """Their doctests, which pytest does not collect (the package holds scripts that run at import)."""
     import doctest

@@ -125,13 +125,14 @@ STEPS = {
                   "bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam"]}),
     "finish": (
         "# the guard pins what was compiled against; the build-only packages leave; pip check\n"
-        "COPY envbuild/steps/finish.sh envbuild/steps/pip_check.py /opt/envbuild-setup/\n"
+        "COPY envbuild/steps/finish.sh envbuild/steps/pip_check.py envbuild/steps/requires.py /opt/envbuild-setup/\n"
         "RUN ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt \\\n"
         "    ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' \\\n"
         "    ENVBUILD_DS_BUILD_ONLY=ninja \\\n"
         "    bash /opt/envbuild-setup/finish.sh",
         {"files": ["envbuild/steps/finish.sh /opt/envbuild-setup/finish.sh",
-                   "envbuild/steps/pip_check.py /opt/envbuild-setup/pip_check.py"],
+                   "envbuild/steps/pip_check.py /opt/envbuild-setup/pip_check.py",
+                   "envbuild/steps/requires.py /opt/envbuild-setup/requires.py"],
          "post": ["# the guard pins what was compiled against; the build-only packages leave; pip check",
                   "ENVBUILD_CONSTRAINTS=/etc/pip/constraint.txt "
                   "ENVBUILD_GUARD_PACKAGES='torch|torchvision|triton|deepspeed|nvidia-[a-z0-9._-]+|cuda-[a-z0-9._-]+' "

@@ -29,6 +29,6 @@ def part(ctx: Context) -> Part:
            ("ENVBUILD_GUARD_PACKAGES", guard_packages(ctx.resolution.extensions))]
     if ctx.ds_build_only:
         env.append(("ENVBUILD_DS_BUILD_ONLY", " ".join(ctx.ds_build_only)))
-    step = Step("finish", (), env=tuple(env), files=step_files("finish.sh", "pip_check.py"),
+    step = Step("finish", (), env=tuple(env), files=step_files("finish.sh", "pip_check.py", "requires.py"),
                 comment="the guard pins what was compiled against; the build-only packages leave; pip check")
     return Part(builder_steps=(step,), from_builder=(paths.CONSTRAINTS,))

@@ -59,7 +59,7 @@ def part(ctx: Context) -> Part:
     )
     override = resolution.nccl_override
     if override:  # --nccl: torch's Requires-Dist of its NCCL wheel follows the release installed
-        steps += (Step("nccl", (override.package, override.replaced, override.version), files=step_files("nccl.sh"),
+        steps += (Step("nccl", (override.package, override.replaced, override.version), files=step_files("nccl.sh", "requires.py"),
                        comment=f"--nccl {override.version}: {override.package} {override.version} replaced torch's "
                                f"pin {override.replaced} (the lock's [nccl] section); torch's requirement follows"),)
     # --keep-toolchain keeps the step scripts too (Apptainer copies what Docker's FROM builder has).

@@ -21,16 +21,7 @@ log "guard: $(wc -l < "$constraints") pins in $constraints"
 # dropped_requirements): `pip check` stays true about the image.
 for name in ${ENVBUILD_DS_BUILD_ONLY:-}; do
     "$venv/bin/pip" uninstall -y -q "$name"
-    "$venv/bin/python" - "$name" <<'PY'
-import pathlib, re, sys
-from importlib import metadata
-name = sys.argv[1]
-dist = metadata.distribution("deepspeed")
-meta = next(pathlib.Path(f.locate()) for f in dist.files if f.name == "METADATA" and f.parent.name.endswith(".dist-info"))
-kept = [line for line in meta.read_text().splitlines(keepends=True)
-        if not re.match(rf"Requires-Dist: *{re.escape(name)}\b(?![-_.\w])", line, re.I)]
-meta.write_text("".join(kept))
-PY
+    "$venv/bin/python" "$STEPS_DIR/requires.py" drop deepspeed "$name"
     log "dropped $name and deepspeed's Requires-Dist of it (build-only)"
 done
 "$venv/bin/python" "$STEPS_DIR/pip_check.py"

@@ -361,6 +361,34 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     )
 
 
+@dataclass(frozen=True)
+class NcclChoices:
+    """What `--nccl` may install in one stack's image for one CPU architecture."""
+
+    stack: Stack
+    arch: str
+    package: Optional[str]  # the wheel family torch pins (nvidia-nccl-cu13), None where unknown
+    pin: Optional[str]  # torch's own pin of it
+    accepted: tuple[str, ...]  # the releases --nccl accepts, oldest first (torch's pin among them)
+    unusable: Optional[str]  # why no --nccl can be used with the stack, and what to do instead
+
+
+def nccl_choices(m: Matrix) -> list[NcclChoices]:
+    """Each stack, for each CPU architecture it has a lock for (x86_64 where it has none): the
+    NCCL releases --nccl accepts, decided by the rules that decide a render's (rule nccl)."""
+    out = []
+    for s in m.stacks:
+        rel = m.torch_release(s.torch)
+        pin = rel.nccl if s.cuda == rel.default_cuda else None
+        locks = {arch: stack_lock(m, s, arch) for arch in PLATFORMS}
+        for arch in [a for a, lock in locks.items() if lock is not None] or ["x86_64"]:
+            lock, package = locks[arch], m.nccl_package(s.torch)
+            unusable = rules.nccl_unusable(m, s, pin, lock.pins() if lock else None)
+            accepted = () if unusable else tuple(r.version for r in rules.accepted_nccl(m, s, package, pin, arch))
+            out.append(NcclChoices(s, arch, package.package if package else None, pin, accepted, unusable))
+    return out
+
+
 def _nccl_override(m: Matrix, s: Stack, pin: Optional[str], lock: Optional[Lock], version: str, arch: str,
                    fabric: Fabric) -> Optional[NcclOverride]:
     """What --nccl installs (rules.select_nccl decides whether it may); None when it names the

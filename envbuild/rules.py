@@ -719,23 +719,10 @@ def select_nccl(m, s, pin: Optional[str], locked: Optional[dict[str, str]], vers
                                                          "leave --nccl out for the NCCL torch pins.") from None
     package = m.nccl_package(s.torch)
     where = m.directory / "nccl.yaml"
-    if pin is None or package is None:
-        why = (f"the NCCL its torch {s.torch} (CUDA {s.cuda}) pins is not known: the matrix reads torch's pin "
-               f"from its PyPI wheel, and this stack's torch comes from PyTorch's CUDA-variant index"
-               if pin is None else f"{where} lists no NCCL wheel family for torch {s.torch} (`envbuild matrix "
-                                   f"refresh --write` derives it where the matrix has an nccl.yaml)")
-        raise EnvbuildError(f"--nccl {version} cannot be used with stack {s.id}: {why}. Leave --nccl out for the "
-                            f"NCCL torch pins, or pick a stack whose torch is the PyPI default wheel (`envbuild "
-                            f"matrix` lists them).")
-    if locked is None:
-        raise EnvbuildError(f"--nccl {version} cannot be used with stack {s.id}: it has no lock (matrices/locks), "
-                            f"and --nccl replaces a pin of the stack's lock with another hash-locked wheel. Leave "
-                            f"--nccl out, or pick a locked stack (`envbuild lock --stack {s.id}` makes one).")
-    if locked.get(package.package) != pin:
-        raise EnvbuildError(f"--nccl {version} cannot be used with stack {s.id}: its lock pins "
-                            f"{package.package} {locked.get(package.package) or 'not at all'} and torch.yaml says "
-                            f"torch {s.torch} pins {pin}; refresh the lock (`envbuild lock --stack {s.id}`).")
-    accepted = [r for r in package.releases if nccl_rejection(m, s, package, pin, r, cpu_arch, fabric) is None]
+    unusable = nccl_unusable(m, s, pin, locked)
+    if unusable:
+        raise EnvbuildError(f"--nccl {version} cannot be used with stack {s.id}: {unusable}")
+    accepted = accepted_nccl(m, s, package, pin, cpu_arch, fabric)
     chosen = next((r for r in package.releases if Version(r.version) == Version(version)), None)
     why = (nccl_rejection(m, s, package, pin, chosen, cpu_arch, fabric) if chosen is not None else
            _nccl_version_rejection(s, package, pin, version)
@@ -747,6 +734,31 @@ def select_nccl(m, s, pin: Optional[str], locked: Optional[dict[str, str]], vers
     raise EnvbuildError(f"--nccl {version} is refused for stack {s.id} (torch {s.torch} pins {package.package} "
                         f"{pin}): {why}. Nearest releases it accepts: {choices or 'none'} (rule nccl; the releases "
                         f"are {where}); or leave --nccl out for torch's own.")
+
+
+def nccl_unusable(m, s, pin: Optional[str], locked: Optional[dict[str, str]]) -> Optional[str]:
+    """Why no --nccl can be used with stack `s` at all, and what to do instead (None: releases
+    may replace torch's pin `pin`; `locked`: the stack lock's pins, None without a lock)."""
+    package = m.nccl_package(s.torch)
+    if pin is None or package is None:
+        why = (f"the NCCL its torch {s.torch} (CUDA {s.cuda}) pins is not known: the matrix reads torch's pin "
+               f"from its PyPI wheel, and this stack's torch comes from PyTorch's CUDA-variant index"
+               if pin is None else f"{m.directory / 'nccl.yaml'} lists no NCCL wheel family for torch {s.torch} "
+                                   f"(`envbuild matrix refresh --write` derives it where the matrix has an nccl.yaml)")
+        return (f"{why}. Leave --nccl out for the NCCL torch pins, or pick a stack whose torch is the PyPI default "
+                f"wheel (`envbuild nccl` lists the stacks and the releases each accepts).")
+    if locked is None:
+        return (f"it has no lock (matrices/locks), and --nccl replaces a pin of the stack's lock with another "
+                f"hash-locked wheel. Leave --nccl out, or pick a locked stack (`envbuild lock --stack {s.id}` makes one).")
+    if locked.get(package.package) != pin:
+        return (f"its lock pins {package.package} {locked.get(package.package) or 'not at all'} and torch.yaml says "
+                f"torch {s.torch} pins {pin}; refresh the lock (`envbuild lock --stack {s.id}`).")
+    return None
+
+
+def accepted_nccl(m, s, package, pin: str, cpu_arch: str, fabric=None) -> list:
+    """The releases of wheel family `package` that may replace torch's pin in stack `s`'s image, oldest first."""
+    return [r for r in package.releases if nccl_rejection(m, s, package, pin, r, cpu_arch, fabric) is None]
 
 
 def _nccl_number(version: str) -> int:

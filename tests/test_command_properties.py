@@ -76,6 +76,7 @@ CASES = {
     ],
     "lock": [
         Case(("lock", "--check", "--stack", "{v}"), STACK, ("--stack",)),
+        Case(("nccl", "--stack", "{v}"), STACK, ("--stack",)),
         Case(("lock", "--os", "--stack", STACK, "--base-image", "{v}"), "debian:bookworm", ("--base-image",)),
         Case(("lock", "--os", "--stack", STACK, "--apt-snapshot", "{v}"),
              "http://127.0.0.1:9/{archive}/{timestamp}", ("--apt-snapshot",)),

@@ -226,6 +226,34 @@ def test_a_fabric_s_nccl_range_applies_to_the_override(m):
     assert "needs NCCL <2.30" in rules.nccl_rejection(m, s, package, "2.28.9", release, "x86_64", narrow)
 
 
+def test_envbuild_nccl_lists_what_render_accepts_and_refuses(m, nccl_dir):
+    """The listing and a render decide by the same rules: each stack's oldest and newest accepted
+    release render, a release PyPI has below torch's pin is refused, and a stack listed as
+    unusable is refused with the reason listed."""
+    r = invoke("nccl", "--json", matrix_dir=nccl_dir)
+    assert r.code == 0, r.err
+    listed = [c for c in json.loads(r.out) if c["arch"] == "x86_64"]
+    assert {c["stack"] for c in listed} == {s.id for s in m.stacks}
+    assert any(c["unusable"] for c in listed) and any(len(c["accepted"]) > 1 for c in listed)
+    for c in listed:
+        render = ("render", "--gpu", "h100", "--stack", c["stack"], "--print-tag", "--nccl")
+        if c["unusable"]:
+            r = invoke(*render, "2.31.2", matrix_dir=nccl_dir)
+            assert r.code == 2 and " ".join(c["unusable"].split()) in " ".join(r.err.split()), (c, r.err)
+            continue
+        assert c["accepted"][0] == c["pin"], c
+        for version in (c["accepted"][0], c["accepted"][-1]):
+            r = invoke(*render, version, matrix_dir=nccl_dir)
+            assert r.code == 0, (c, version, r.err)
+        older = [v.version for v in m.nccl_package(m.stack(c["stack"]).torch).releases
+                 if rules.Version(v.version) < rules.Version(c["pin"])]
+        if older:
+            r = invoke(*render, older[-1], matrix_dir=nccl_dir)
+            assert r.code == 2 and "older than the NCCL" in r.err, (c, r.err)
+    r = invoke("nccl", "--stack", H20_STACK, matrix_dir=nccl_dir)
+    assert r.code == 0 and H20_STACK in r.out and "accepted" in r.out and "2.31.2" in r.out, r.out
+
+
 @given(st.text(max_size=12))
 def test_only_the_version_grammar_reaches_a_generated_file(text):
     """Whatever --nccl is given, it is a MAJOR.MINOR.PATCH[.postN] of digits or a GrammarError."""

@@ -126,6 +126,34 @@ def extensions(as_json, matrix_dir):
                 [(f"{n.name} {n.version}", n.why) for n in m.extensions_file.not_prebuilt])
 
 
+@main.command()
+@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Only this stack (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@matrix_dir_option
+def nccl(stack_ids, as_json, matrix_dir):
+    """List the NCCL releases `--nccl` accepts for each stack: torch's own pin, and every newer 2.x
+    of its wheel family with a wheel for the image (a fabric may narrow them further)."""
+    from ..matrix import load_matrix
+    from ..resolve import nccl_choices
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    for stack_id in stack_ids:
+        m.stack(stack_id)  # an unknown one is refused with the nearest ids
+    rows = [c for c in nccl_choices(m) if not stack_ids or c.stack.id in stack_ids]
+    if as_json:
+        click.echo(json.dumps([{"stack": c.stack.id, "arch": c.arch, "torch": c.stack.torch, "package": c.package,
+                                "pin": c.pin, "accepted": list(c.accepted), "unusable": c.unusable}
+                               for c in rows], indent=2))
+        return
+    for c in rows:
+        title = f"{c.stack.id} ({c.arch})"
+        if c.unusable:
+            _fields(title, f"torch {c.stack.torch}", [("--nccl", f"cannot be used: {c.unusable}")])
+        else:
+            _fields(title, f"torch {c.stack.torch} pins {c.package} {c.pin}",
+                    [("accepted", ", ".join(c.accepted) or "none but torch's pin")])
+
+
 def _fields(title: str, description: str, rows) -> None:
     out.print(f"\n[bold]{escape(title)}[/bold]  {escape(description)}", soft_wrap=True)
     grid = Table.grid(padding=(0, 1))

@@ -375,7 +375,7 @@ class NcclChoices:
 
 def nccl_choices(m: Matrix) -> list[NcclChoices]:
     """Each stack, for each CPU architecture it has a lock for (x86_64 where it has none): the
-    NCCL releases --nccl accepts, decided by the rules that decide a render's (rule nccl)."""
+    NCCL releases --nccl accepts, decided by the rules that decide a render's (rules.accepted_nccl)."""
     out = []
     for s in m.stacks:
         rel = m.torch_release(s.torch)

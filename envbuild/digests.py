@@ -1,7 +1,7 @@
 """Base images pinned by digest where a digest can be known.
 
 A tag moves (debian:bookworm-slim is rebuilt every few weeks); a digest does not. When the
-user names a base image (`--base-image`, `--builder-image`, an extension's stack image) and
+user names a base image (`--base-image`, `--builder-image`, the stack image an `envbuild extend` layer goes on) and
 this machine can learn its digest -- its own Docker pulled it from a registry, or the image's
 registry answers the registry API -- the rendered FROM becomes `ref@sha256:...` and
 manifest.json records it. A name no registry is known for (`local/debian:bookworm`, imported)

@@ -3,12 +3,12 @@
 The user's requirements are resolved by uv *before anything is built*, with the stack's lock
 as constraints, so nothing the stack installed can move (torch, the pre-built DeepSpeed, numpy,
 ...). A conflict is one paragraph: uv's derivation, what the stack pins, and the stacks of the
-matrix where the requirements would fit. Success is an extension lock (the new packages only,
+matrix where the requirements would fit. Success is a layer lock (the new packages only,
 each == with its hashes) and a build directory whose Dockerfile / Singularity.def start FROM
 the stack image (by digest when this machine knows it), install the lock with hash checking,
 run `pip check`, and import each top-level package, recording what it imported in
 manifest.json. Every heavy layer is the stack image's. This module resolves; the image is a
-build plan like any other (:func:`envbuild.plan.extension_plan`).
+build plan like any other (:func:`envbuild.plan.layer_plan`).
 
 >>> read_requirements("einops\\n# a comment\\nsafetensors>=0.4  # inline\\n", "req.txt")
 ['einops', 'safetensors>=0.4']
@@ -38,7 +38,7 @@ from .registry import CONTENT_TAG_DIGITS, split_reference
 from .request import flags
 from .resolve import Resolution, resolve
 
-EXTEND_LOCK_SOURCE = "envbuild/extend-lock.txt"  # the name parse errors of an extension lock give
+EXTEND_LOCK_SOURCE = "envbuild/extend-lock.txt"  # the name parse errors of a layer lock give
 
 
 # envbuild.yaml: what a lab commits to get its environment (the CLI's options win). Its request
@@ -185,8 +185,8 @@ def with_cuda_extensions(matrix: Matrix, request, requirements: list[str], sourc
 
 
 @dataclass(frozen=True)
-class Extension:
-    """A resolved extension: the new packages' lock and what it was made from."""
+class Layer:
+    """A resolved layer: the new packages' lock and what it was made from."""
 
     requirements: tuple[str, ...]
     source: str
@@ -216,7 +216,7 @@ def _inputs(resolution: Resolution) -> LockInputs:
                       deepspeed=resolution.stack.deepspeed, deepspeed_requires=tuple(requires))
 
 
-def _compile_extension(resolution: Resolution, requirements: tuple[str, ...], exclude_newer: str) -> str:
+def _compile_layer(resolution: Resolution, requirements: tuple[str, ...], exclude_newer: str) -> str:
     with tempfile.TemporaryDirectory(prefix="envbuild-extend-") as tmp:
         directory = Path(tmp)
         return compile_requirements(requirements, _inputs(resolution), exclude_newer, directory,
@@ -237,7 +237,7 @@ def _fits(matrix: Matrix, resolution: Resolution, requirements: tuple[str, ...],
         if other.lock is None:
             continue
         try:
-            _compile_extension(other, requirements, exclude_newer)
+            _compile_layer(other, requirements, exclude_newer)
         except EnvbuildError:
             continue
         fits.append(stack.id)
@@ -277,8 +277,8 @@ def _explain(matrix: Matrix, resolution: Resolution, requirements: tuple[str, ..
                          f"other package of its lock). {where} Nothing was written.")
 
 
-def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list[str], source: str,
-                      name: Optional[str] = None, exclude_newer: Optional[str] = None) -> Extension:
+def resolve_layer(matrix: Matrix, resolution: Resolution, requirements: list[str], source: str,
+                      name: Optional[str] = None, exclude_newer: Optional[str] = None) -> Layer:
     """Resolve the user's requirements against the stack's lock, before anything is built."""
     stack = resolution.stack
     if resolution.lock is None:
@@ -291,7 +291,7 @@ def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list
     _check_hashes(hashes, resolution.lock.sections["venv"], "the stack pins", source)
     requirements = tuple(requirements)
     try:
-        text = _compile_extension(resolution, requirements, date)
+        text = _compile_layer(resolution, requirements, date)
     except ResolveFailed as failure:
         raise _explain(matrix, resolution, requirements, source, failure, date) from None
     resolved = parse_lock("# [venv]\n" + text, "uv output")
@@ -311,7 +311,7 @@ def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list
     _check_hashes(hashes, new, "uv resolved", source)
     label = _name(name or Path(source).stem)
     header = [
-        f"# envbuild extension lock: the packages {source} adds to stack {stack.id}, each == with its sha256",
+        f"# envbuild layer lock: the packages {source} adds to stack {stack.id}, each == with its sha256",
         "# hashes, resolved by uv with the stack's lock as constraints; installed with pip --require-hashes.",
         f"# stack: {stack.id}",
         f"# stack-lock: sha256:{resolution.lock.sha256}",
@@ -322,7 +322,7 @@ def resolve_extension(matrix: Matrix, resolution: Resolution, requirements: list
         f"# requirements: {' '.join(requirements)}",
     ]
     lock_text = "\n".join(header) + "\n\n# [venv]\n" + "".join(p.block for p in new)
-    return Extension(requirements=requirements, source=source, lock=parse_lock(lock_text, EXTEND_LOCK_SOURCE),
+    return Layer(requirements=requirements, source=source, lock=parse_lock(lock_text, EXTEND_LOCK_SOURCE),
                      exclude_newer=date, name=label)
 
 
@@ -358,7 +358,7 @@ def check_stack_image(ref: str, labels: dict[str, str], resolution: Resolution) 
     stack = resolution.stack
     if "io.envbuild.stack" not in labels:
         raise EnvbuildError(f"--from {ref} is not an envbuild stack image (it has no io.envbuild.stack label); an "
-                            f"extension is a layer on the stack image it was resolved for. Build that first "
+                            f"`envbuild extend` layer goes on the stack image it was resolved for. Build that first "
                             f"(`envbuild build {resolution.request.describe()}`) or leave --from out.")
     want = {"io.envbuild.stack": stack.id, "io.envbuild.torch": stack.torch, "io.envbuild.cuda": stack.cuda,
             "io.envbuild.python": stack.python}
@@ -385,7 +385,7 @@ def check_stack_image_name(ref: str, resolution: Resolution) -> None:
     other = (f"its tag {tag} is another stack's or GPU's image" if tag and tag.startswith("torch") else
              f"its tag ({tag or 'none: latest'}) is not stack {resolution.stack.id}'s")
     raise EnvbuildError(f"--from {ref} is not on this machine (the engine does not hold it, so its labels cannot be "
-                        f"read) and {other}: an extension is a layer on the stack image its requirements were "
+                        f"read) and {other}: an `envbuild extend` layer goes on the stack image its requirements were "
                         f"resolved against, tagged {want} (or {want}-<content tag>). Nearest valid choice: --from "
                         f"{resolution.image_ref} (build it first: `envbuild build {resolution.request.describe()}`), "
                         f"or leave --from out.")

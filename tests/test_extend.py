@@ -125,7 +125,7 @@ def test_extend_renders_a_layer_on_the_stack_image_from_a_hash_locked_resolution
     assert "extend.sh /opt/envbuild/extend-lock.txt /opt/envbuild/manifest.json accelerate einops safetensors" in dockerfile
     lock = (out / "envbuild" / "extend-lock.txt").read_text()
     assert "\naccelerate==" in lock and "--hash=sha256:" in lock
-    # Nothing the stack installed is in the extension: torch, numpy, einops (DeepSpeed's) stay the stack's.
+    # Nothing the stack installed is in the layer: torch, numpy, einops (DeepSpeed's) stay the stack's.
     for name in ("torch==", "numpy==", "einops==", "deepspeed=="):
         assert f"\n{name}" not in lock
     singularity = (out / "Singularity.def").read_text()

@@ -130,10 +130,10 @@ def test_extend_refuses_a_package_that_pulls_in_one_envbuild_does_not_prebuild(m
     from envbuild import extend
     uv_output = ("some-model-zoo==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via -r inputs\n"
                  "mamba-ssm==2.3.2.post1 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via some-model-zoo\n")
-    monkeypatch.setattr(extend, "_compile_extension", lambda *a: uv_output)
+    monkeypatch.setattr(extend, "_compile_layer", lambda *a: uv_output)
     resolution = resolve(matrix, Request(gpu="h100", stack="torch2.11-cu130-py3.12"))
     with pytest.raises(EnvbuildError) as e:
-        extend.resolve_extension(matrix, resolution, ["some-model-zoo"], "r.txt")
+        extend.resolve_layer(matrix, resolution, ["some-model-zoo"], "r.txt")
     assert str(e.value).startswith("r.txt: the requirements pull in mamba-ssm==2.3.2.post1 (via some-model-zoo): "
                                    "mamba-ssm compiles against torch"), str(e.value)
 

@@ -9,9 +9,9 @@ import pytest
 from conftest import ROOT, tree
 from envbuild import buildsteps
 from envbuild.errors import EnvbuildError
-from envbuild.extend import EXTEND_LOCK_SOURCE, Extension
+from envbuild.extend import EXTEND_LOCK_SOURCE, Layer
 from envbuild.lock import parse_lock
-from envbuild.plan import extension_plan
+from envbuild.plan import layer_plan
 from envbuild.registry import READABLE_TAG_MAX
 from envbuild.render import render, render_files, write_build_dir
 from envbuild.resolve import Request, resolve
@@ -72,22 +72,22 @@ def _source(build_path: str):
     return ROOT / "templates" / "files" / build_path[len(VERBATIM):]
 
 
-# An extension image is a plan like any other: one stage on the stack image, rendered by the same
+# A layer image (`envbuild extend`) is a plan like any other: one stage on the stack image, rendered by the same
 # render(). Its lock is what `envbuild extend` resolved for einops and safetensors on the CI stack
-# (tests/fixtures/extension, uv against PyPI as of 2026-11-22), so no network is needed here.
-EXTENSION_BASE = "envbuild:torch2.11.0-cu130-py3.11-ds0.19.8-h20@sha256:" + "ab" * 32
+# (tests/fixtures/layer, uv against PyPI as of 2026-11-22), so no network is needed here.
+LAYER_BASE = "envbuild:torch2.11.0-cu130-py3.11-ds0.19.8-h20@sha256:" + "ab" * 32
 
 
-def _extension(name="demo") -> Extension:
-    text = (ROOT / "tests" / "fixtures" / "extension" / "extend-lock.txt").read_text()
-    return Extension(requirements=("einops", "safetensors"), source="requirements.txt",
+def _layer(name="demo") -> Layer:
+    text = (ROOT / "tests" / "fixtures" / "layer" / "extend-lock.txt").read_text()
+    return Layer(requirements=("einops", "safetensors"), source="requirements.txt",
                      lock=parse_lock(text, EXTEND_LOCK_SOURCE), exclude_newer="2026-11-22T00:00:00Z", name=name)
 
 
-def test_golden_extension(matrix):
+def test_golden_layer(matrix):
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi"))
-    files = render(extension_plan(r, _extension(), EXTENSION_BASE))
-    golden_dir = GOLDEN / "h20-extension"
+    files = render(layer_plan(r, _layer(), LAYER_BASE))
+    golden_dir = GOLDEN / "h20-layer"
     rendered = {k: v for k, v in files.items() if not k.startswith(VERBATIM) or k.endswith("extend-lock.txt")}
     if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
         for rel, data in rendered.items():
@@ -100,17 +100,17 @@ def test_golden_extension(matrix):
         assert files[k] == _source(k).read_bytes()
 
 
-def test_an_extension_tag_obeys_the_one_tag_rule(matrix):
-    """The extension's tag is checked by the rule every tag is: a name that would make it too
+def test_a_layer_tag_obeys_the_one_tag_rule(matrix):
+    """The layer's tag is checked by the rule every tag is: a name that would make it too
     long for Docker (with its content tag) is refused with the numbers, not rendered."""
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,cpu_adagrad",
                                 cpu_target="x86-64-v4", keep_toolchain=True, env=(("A", "1"),)))
     room = READABLE_TAG_MAX - len(r.tag) - len("-ext-")
-    plan = extension_plan(r, _extension("x" * room), EXTENSION_BASE)
+    plan = layer_plan(r, _layer("x" * room), LAYER_BASE)
     assert len(plan.tag) == READABLE_TAG_MAX and plan.tag.endswith("-ext-" + "x" * room)
-    with pytest.raises(EnvbuildError, match=rf"--name '{'x' * 32}' makes the extension's tag 131 characters .*at most "
+    with pytest.raises(EnvbuildError, match=rf"--name '{'x' * 32}' makes the layer's tag 131 characters .*at most "
                                             rf"115 .*Docker's limit is 128.*nearest valid choice: --name {'x' * room}\."):
-        extension_plan(r, _extension("x" * 32), EXTENSION_BASE)
+        layer_plan(r, _layer("x" * 32), LAYER_BASE)
 
 
 def test_render_twice_is_byte_identical(cli, tmp_path):

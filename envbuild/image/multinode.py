@@ -263,7 +263,7 @@ def fingerprint(manifest: dict, path: str, rdzv: Rendezvous, environ=None, facts
 COMPARED = (
     ("manifest_sha256", "image content (sha256 of manifest.json)", False),
     ("lock_sha256", "lock (sha256 of lock.txt)", False),
-    ("extend_lock_sha256", "extension lock (sha256 of extend-lock.txt)", False),
+    ("extend_lock_sha256", "layer lock (sha256 of extend-lock.txt)", False),
     ("tag", "image tag", False),
     ("python", "Python", True),
     ("torch", "torch", True),

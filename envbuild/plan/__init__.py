@@ -25,13 +25,13 @@ from .components.finish import GUARD_PACKAGES, guard_packages
 from .components.layers import CUDA_LAYER_PACKAGES, CUDA_LAYERS, LAYERS_DIR, cuda_layer_args
 from .components.ospackages import fabric_packages
 from .components.record import base_pinning, request_record
-from .extend import extension_plan
-from .model import DOCKERIGNORE, EXTENSION_LAYOUTS, MANIFEST_NAME, STACK_LAYOUTS, BuildPlan, ExtensionFacts, ImageFacts
+from .extend import layer_plan
+from .model import DOCKERIGNORE, EXTENSION_LAYOUTS, MANIFEST_NAME, STACK_LAYOUTS, BuildPlan, LayerFacts, ImageFacts
 from .stack import stack_plan
 
 __all__ = ["APPTAINER", "APPTAINER_SECTIONS", "CUDA_LAYERS", "CUDA_LAYER_PACKAGES", "DOCKER", "DOCKERIGNORE",
            "EXTENSION_BUILD_RECIPE", "EXTENSION_CACHE_ID", "EXTENSION_LAYOUTS", "EXTENSION_SPEC", "FORMATS",
            "GUARD_PACKAGES", "IMAGE_OWNED", "LAYERS_DIR", "MANIFEST_NAME", "STACK_LAYOUTS", "STEPS_SOURCE",
-           "SYSTEM_PATH", "BuildPlan", "Copy", "Environment", "ExtensionFacts", "FileCopy", "ImageFacts", "Label",
-           "Stage", "Step", "base_pinning", "cache_mount", "cuda_layer_args", "extension_plan", "fabric_packages",
+           "SYSTEM_PATH", "BuildPlan", "Copy", "Environment", "LayerFacts", "FileCopy", "ImageFacts", "Label",
+           "Stage", "Step", "base_pinning", "cache_mount", "cuda_layer_args", "layer_plan", "fabric_packages",
            "guard_packages", "request_record", "split_path", "stack_plan", "step_files"]

@@ -50,8 +50,8 @@ class ImageFacts:
 
 
 @dataclass(frozen=True)
-class ExtensionFacts:
-    """What an extension image adds, for its layouts' comments."""
+class LayerFacts:
+    """What a layer image (`envbuild extend`) adds, for its layouts' comments."""
 
     requirements: tuple[str, ...]
     lock_sha256: str
@@ -72,11 +72,11 @@ DOCKERIGNORE = "build.log\n*.sif\n**/.*.envbuild-tmp-*\n**/.*.envbuild-old-*\n"
 @dataclass(frozen=True)
 class BuildPlan:
     """Everything the renderers need, for every kind of image: a stack image
-    (:func:`stack_plan`) or an extension layer on one (:func:`extension_plan`). A layout
+    (:func:`stack_plan`) or a layer on one (:func:`layer_plan`). A layout
     template sees this and nothing else."""
 
     image: ImageFacts
-    builder: Optional[Stage]  # None: the image is one stage on an existing image (an extension)
+    builder: Optional[Stage]  # None: the image is one stage on an existing image (a layer)
     runtime: Stage
     toolchain_home: Optional[str]  # where the builder has nvcc (None: it has none)
     kept_toolchain_home: Optional[str]  # the same, when the runtime keeps it
@@ -91,7 +91,7 @@ class BuildPlan:
     dropped: tuple[str, ...] = ()  # build-only packages the final image drops (ninja)
     node_env: tuple = ()  # defaults the node decides at start-up (EnvDefault), with their conditions
     layouts: tuple[tuple[str, str], ...] = STACK_LAYOUTS  # build-directory file -> its layout template
-    extension: Optional[ExtensionFacts] = None
+    layer: Optional[LayerFacts] = None
     lock: Optional[Lock] = field(default=None, repr=False)  # the stack's lock (None: not hash-locked)
 
     @property

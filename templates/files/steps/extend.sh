@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # extend.sh LOCK MANIFEST NAME...: a user's packages on top of a stack image, from their
-# extension lock (every hash checked; the image's PIP_CONSTRAINT guard still applies), then
+# layer lock (every hash checked; the image's PIP_CONSTRAINT guard still applies), then
 # pip check and an import of each top-level package NAME, recorded in MANIFEST.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

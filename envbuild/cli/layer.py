@@ -33,7 +33,7 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     is built: a conflict is exit 2 with the stacks where they would fit. The layer installs
     from the resulting lock with hash checking, then runs pip check and imports each package."""
     from ..build import build_image
-    from ..extend import resolve_extension, with_cuda_extensions
+    from ..extend import resolve_layer, with_cuda_extensions
     from ..resolve import resolve
     from ..rules import check_apt_mirror
 
@@ -47,9 +47,9 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     check_apt_mirror(r.os_locked, secrets.apt_mirror, secrets.apt_snapshot)
     if not requirements:  # only CUDA extensions: the stack image with --ext is the whole answer
         return _stack_image_only(r, source, output, do_build, secrets)
-    extension = resolve_extension(m, r, requirements, source, name=name,
+    layer = resolve_layer(m, r, requirements, source, name=name,
                                   exclude_newer=f"{as_of}T00:00:00Z" if as_of else None)
-    plan, path = _write_extension(r, extension, from_image, output)
+    plan, path = _write_layer(r, layer, from_image, output)
     ref = f"{r.request.image_repo}:{plan.tag}"
     if do_build:
         print_built(build_image(path, plan.tag, r.request.image_repo, secrets))
@@ -58,17 +58,17 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
         print_next([f"docker build --network host -t {ref} {path}   # or: envbuild extend ... --build"])
 
 
-def _write_extension(r, extension, from_image, output):
-    """The extension layer's build directory, FROM the stack image by digest where known."""
+def _write_layer(r, layer, from_image, output):
+    """The layer layer's build directory, FROM the stack image by digest where known."""
     from ..digests import pin
     from ..output import write_build_dir
-    from ..plan import extension_plan
+    from ..plan import layer_plan
     from ..render import render
 
     base, digest = pin(from_image or r.image_ref)
-    plan = extension_plan(r, extension, base)
+    plan = layer_plan(r, layer, base)
     path = write_build_dir(render(plan), Path(output) if output else Path("build") / plan.tag)
-    _print_extension(r, extension, base, digest, plan.tag, path)
+    _print_layer(r, layer, base, digest, plan.tag, path)
     return plan, path
 
 
@@ -158,13 +158,13 @@ def _check_as_of(as_of) -> None:
                                 f"choice: --as-of {today.isoformat()}, or leave it out.")
 
 
-def _print_extension(r, extension, base, digest, tag, path) -> None:
+def _print_layer(r, layer, base, digest, tag, path) -> None:
     rows = [("stack", f"{r.stack.id} ({r.tag})"),
             ("from", base + ("" if digest else "  (no digest known here: pinned by tag)")),
-            ("adds", f"{len(extension.lock.sections['venv'])} packages for {', '.join(extension.requirements)}"),
+            ("adds", f"{len(layer.lock.sections['venv'])} packages for {', '.join(layer.requirements)}"),
             *((("compiled", f"{', '.join(e.name for e in r.extensions)} in the stack image (build it first: "
                             f"envbuild build {r.request.describe()})"),) if r.extensions else ()),
-            ("lock", f"{Path(path, 'envbuild/extend-lock.txt')} (as of {extension.exclude_newer[:10]})"),
+            ("lock", f"{Path(path, 'envbuild/extend-lock.txt')} (as of {layer.exclude_newer[:10]})"),
             ("tag", tag), ("output", str(path))]
     for key, value in rows:
         out.print(f"[bold]{key:<12}[/bold] {escape(value)}", soft_wrap=True)

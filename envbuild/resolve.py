@@ -312,28 +312,10 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     extensions = tuple(m.extension(name) for name in req.extensions)
     default_ops, _ = rules.select_ops(m, s, arch_list, rules.DEFAULT_OPS, arch, sections_of)
     toolchain = m.bases.toolchains[s.toolchain]
-    # The matrix's own bases, pinned to the digests the publishing CI recorded (if any).
-    published = m.base_digests
-    base_images = {stage: f"{ref}@{published[ref]}" if ref in published else ref
-                   for stage, ref in (("builder", s.base_images.builder), ("runtime", s.base_images.runtime))}
-    if req.base_image:
-        base_images["runtime"] = req.base_image
-        if m.bases.toolchains[s.toolchain].install:  # the builder is the same plain OS base
-            base_images["builder"] = req.base_image
-    if req.builder_image:
-        base_images["builder"] = req.builder_image
-    os_lock = load_os_lock(m.directory, s.id, arch)
-    os_locked, os_unlocked = os_lock_stages(os_lock, base_images, s.id, arch)
-    for stage in os_locked:  # the base the lock was resolved on, by digest where the lock knows it
-        base_images[stage] = os_lock.stages[stage].base_ref
+    base_images, os_lock, os_locked, os_unlocked = _bases(m, s, req, arch)
     # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
     pin = rel.nccl if s.cuda == rel.default_cuda else None
-    lock = stack_lock(m, s, arch)
-    override = _nccl_override(m, s, pin, lock, req.nccl, arch, fabric) if req.nccl else None
-    if override:
-        lock = lock.with_nccl(override.package, override.version, tuple(sha for _, sha in override.wheels),
-                              (f"replaces {override.package}=={override.replaced}, the pin of torch {s.torch}: "
-                               f"--nccl {override.version}", f"from {override.source}"))
+    lock, override = _lock_with_nccl(m, s, pin, req, arch, fabric)
     return Resolution(
         request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
         nccl=override.version if override else pin, nccl_override=override,
@@ -352,13 +334,48 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         lock=lock, os_lock=os_lock if os_locked else None, os_locked=os_locked,
         os_unlocked=os_unlocked, matrix_sha256=m.sha256,
         locked_alternative=None if lock else _newest_locked(m, [c.stack for c in valid[1:]], gpu),
-        facts=BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
-                         ops={o: m.ops[o] for o in ops},
-                         ds_build_requires=tuple(m.deepspeed_file.build_requires),
-                         ds_build_only=dict(m.deepspeed_file.build_only),
-                         forward_compat=m.cuda_file.forward_compat, image_env=tuple(m.gpus_file.image_env),
-                         cpu_target=m.gpus_file.cpu_targets[cpu_target]),
+        facts=_facts(m, s, ops, cpu_target),
     )
+
+
+def _bases(m: Matrix, s: Stack, req: Request, arch: str):
+    """(base image per stage, the OS lock, the stages it locks, those it cannot): the matrix's
+    own bases pinned to the digests the publishing CI recorded (if any), a user's in their place,
+    and an OS-locked stage on the base its lock was resolved on (by digest where it knows one)."""
+    published = m.base_digests
+    base_images = {stage: f"{ref}@{published[ref]}" if ref in published else ref
+                   for stage, ref in (("builder", s.base_images.builder), ("runtime", s.base_images.runtime))}
+    if req.base_image:
+        base_images["runtime"] = req.base_image
+        if m.bases.toolchains[s.toolchain].install:  # the builder is the same plain OS base
+            base_images["builder"] = req.base_image
+    if req.builder_image:
+        base_images["builder"] = req.builder_image
+    os_lock = load_os_lock(m.directory, s.id, arch)
+    os_locked, os_unlocked = os_lock_stages(os_lock, base_images, s.id, arch)
+    for stage in os_locked:
+        base_images[stage] = os_lock.stages[stage].base_ref
+    return base_images, os_lock, os_locked, os_unlocked
+
+
+def _lock_with_nccl(m: Matrix, s: Stack, pin: Optional[str], req: Request, arch: str,
+                    fabric: Fabric) -> tuple[Optional[Lock], Optional[NcclOverride]]:
+    """The stack's lock, with the [nccl] section --nccl adds (and the override it records)."""
+    lock = stack_lock(m, s, arch)
+    override = _nccl_override(m, s, pin, lock, req.nccl, arch, fabric) if req.nccl else None
+    if override:
+        lock = lock.with_nccl(override.package, override.version, tuple(sha for _, sha in override.wheels),
+                              (f"replaces {override.package}=={override.replaced}, the pin of torch {s.torch}: "
+                               f"--nccl {override.version}", f"from {override.source}"))
+    return lock, override
+
+
+def _facts(m: Matrix, s: Stack, ops: list[str], cpu_target: str) -> BuildFacts:
+    """The matrix's facts the plan needs beside the resolution, so it reads no matrix."""
+    return BuildFacts(family=m.bases.families[s.os], toolchain=m.bases.toolchains[s.toolchain],
+                      ops={o: m.ops[o] for o in ops}, ds_build_requires=tuple(m.deepspeed_file.build_requires),
+                      ds_build_only=dict(m.deepspeed_file.build_only), forward_compat=m.cuda_file.forward_compat,
+                      image_env=tuple(m.gpus_file.image_env), cpu_target=m.gpus_file.cpu_targets[cpu_target])
 
 
 @dataclass(frozen=True)

@@ -284,3 +284,19 @@ def test_the_build_stage_scripts_examples_hold(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert doctest.testmod(module).attempted > 0 and doctest.testmod(module).failed == 0
+
+
+def test_a_step_run_outside_a_build_restamps_nothing_of_this_machine(tmp_path):
+    """lib.sh's EXIT trap stamps SOURCE_DATE_EPOCH (1980) on what a step wrote by walking / in the
+    build container. Sourced anywhere else (the tests run steps on this machine) it walked the
+    machine's filesystem and stamped files other processes were writing meanwhile: a concurrent
+    `envbuild export` then made another .sqsh (CI's test_export_is_reproducible failed so)."""
+    from envbuild.image import paths
+
+    lib = ROOT / "templates" / "files" / "steps" / "lib.sh"
+    assert f"[[ $STEPS_DIR == {paths.SETUP_DIR} ]]" in lib.read_text()  # the build's setup directory, as paths says
+    witness = tmp_path / "written-meanwhile"
+    r = subprocess.run(["bash", "-c", f'. "{lib}"; echo data > "{witness}"'], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert witness.stat().st_mtime > 315532800 + 86400, "a step outside a build restamped a file of this machine"

@@ -21,7 +21,13 @@ TMP=$(mktemp -d /tmp/envbuild.XXXXXX)
 # pip stamps every file it installs with the time of the install. What dpkg unpacks keeps the
 # package's own times (older than the step: untouched). The marker lives on /dev/shm and the walk
 # stays on the image's filesystem (-xdev): secrets, cache mounts and bound folders are not touched.
-STEP_STARTED=$(mktemp /dev/shm/envbuild-step.XXXXXX 2> /dev/null || true)
+# Only in a build, where the steps run from /opt/envbuild-setup (envbuild/image/paths.py SETUP_DIR):
+# a step run anywhere else (one step tested on a developer's machine) would restamp every file the
+# machine wrote meanwhile, another process's included.
+STEP_STARTED=
+if [[ $STEPS_DIR == /opt/envbuild-setup ]]; then
+    STEP_STARTED=$(mktemp /dev/shm/envbuild-step.XXXXXX 2> /dev/null || true)
+fi
 finish_step() {
     rm -rf "$TMP"
     if [[ -n $STEP_STARTED ]]; then

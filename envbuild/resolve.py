@@ -313,8 +313,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     default_ops, _ = rules.select_ops(m, s, arch_list, rules.DEFAULT_OPS, arch, sections_of)
     toolchain = m.bases.toolchains[s.toolchain]
     base_images, os_lock, os_locked, os_unlocked = _bases(m, s, req, arch)
-    # The NCCL pin was read from the PyPI default wheel; other variants may bundle another.
-    pin = rel.nccl if s.cuda == rel.default_cuda else None
+    pin = _torch_nccl_pin(rel, s)
     lock, override = _lock_with_nccl(m, s, pin, req, arch, fabric)
     return Resolution(
         request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
@@ -358,6 +357,12 @@ def _bases(m: Matrix, s: Stack, req: Request, arch: str):
     return base_images, os_lock, os_locked, os_unlocked
 
 
+def _torch_nccl_pin(rel, s: Stack) -> Optional[str]:
+    """The NCCL release torch pins in stack `s`: read from the PyPI default wheel, so unknown for
+    another CUDA variant (it may bundle another)."""
+    return rel.nccl if s.cuda == rel.default_cuda else None
+
+
 def _lock_with_nccl(m: Matrix, s: Stack, pin: Optional[str], req: Request, arch: str,
                     fabric: Fabric) -> tuple[Optional[Lock], Optional[NcclOverride]]:
     """The stack's lock, with the [nccl] section --nccl adds (and the override it records)."""
@@ -395,8 +400,7 @@ def nccl_choices(m: Matrix) -> list[NcclChoices]:
     NCCL releases --nccl accepts, decided by the rules that decide a render's (rules.accepted_nccl)."""
     out = []
     for s in m.stacks:
-        rel = m.torch_release(s.torch)
-        pin = rel.nccl if s.cuda == rel.default_cuda else None
+        pin = _torch_nccl_pin(m.torch_release(s.torch), s)
         locks = {arch: stack_lock(m, s, arch) for arch in PLATFORMS}
         for arch in [a for a, lock in locks.items() if lock is not None] or ["x86_64"]:
             lock, package = locks[arch], m.nccl_package(s.torch)

@@ -24,6 +24,7 @@ BAD_INPUT = [
                                                "v100 is sm_70", "rule ext-gpu", "GPUs it fits: a10, a100",
                                                "drop --ext flash-attn for v100"]),
     (["--gpu", "h100", "--ext", "flash-atn"], ["--ext 'flash-atn' is not a CUDA extension", "did you mean flash-attn"]),
+    (["--gpu", "h100", "--ext", "flash\nRUN id"], ["--ext 'flash\\nRUN id' is not a CUDA extension"]),  # shown escaped
     (["--gpu", "h100", "--ext", "flash-attn,"], ["--ext 'flash-attn,' has an empty item", "--ext flash-attn."]),
     (["--gpu", "h100", "--stack", "torch2.11-cu130-py3.11-pypi", "--ext", "causal-conv1d"],
      ["no stack fits", "must pass the SASS audit", "no cuobjdump before CUDA 13.2", "stack torch2.11-cu130-py3.12"]),

@@ -131,7 +131,7 @@ class Matrix:
             return self.extensions[wanted]
         why = rules.extension_not_prebuilt(self, wanted)
         if why:
-            raise EnvbuildError(f"--ext '{name}': {why.message} (rule {why.rule}). Pre-built: "
+            raise EnvbuildError(f"--ext {shown(name)}: {why.message} (rule {why.rule}). Pre-built: "
                                 f"{', '.join(self.extensions)} (`envbuild extensions`).")
         try:  # a requirement (flash-attn==2.8, flash-attn[x]) rather than a name
             req = Requirement(name)
@@ -139,13 +139,13 @@ class Matrix:
             req = None
         if req and (req.specifier or req.extras or req.url or req.marker) and canonicalize_name(req.name) in self.extensions:
             ext = self.extensions[canonicalize_name(req.name)]
-            raise EnvbuildError(f"--ext '{name}': --ext takes names, not versions or extras; envbuild builds "
+            raise EnvbuildError(f"--ext {shown(name)}: --ext takes names, not versions or extras; envbuild builds "
                                 f"{ext.name} {ext.version} only (extensions.yaml). Nearest valid choice: "
                                 f"--ext {ext.name}.")
         hint = nearest(wanted, self.extensions)
         did = f" did you mean {', '.join(hint)}?" if hint else ""
         known = ", ".join(self.extensions) or "none (this matrix has no extensions.yaml)"
-        raise EnvbuildError(f"--ext '{name}' is not a CUDA extension envbuild can pre-build;{did} Known: {known} "
+        raise EnvbuildError(f"--ext {shown(name)} is not a CUDA extension envbuild can pre-build;{did} Known: {known} "
                             f"(`envbuild extensions` shows which GPUs and stacks each fits).")
 
     def stack(self, stack_id: str) -> Stack:

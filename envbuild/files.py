@@ -216,6 +216,8 @@ def parse_yaml(text: str, named: str):
         raise EnvbuildError(f"{named} is not valid YAML{where}: {problem}.") from None
     except RecursionError:  # the scanner's own recursion, should a future PyYAML have one
         raise EnvbuildError(f"{named} is not valid YAML: nesting deeper than {YAML_DEPTH} levels.") from None
+    except ValueError as e:  # a constructor's: an integer of over 4,300 digits, a date out of range
+        raise EnvbuildError(f"{named} holds a value YAML cannot represent: {escaped(str(e).splitlines()[0])}.") from None
 
 
 def read_yaml(path: Path | str, what: str, kind: str = "matrix"):

@@ -257,6 +257,17 @@ def build_ops_image(args: tuple[str, ...], ops, repo: str, tmp_path: Path, base_
     return image, parts
 
 
+def need_tool(name: str, package: str) -> str:
+    """The path of a tool a test needs that the README's set-up (``pip install -e '.[test]'``) does
+    not install: a test without it skips, saying which Debian package brings it; under
+    scripts/test.sh (CI, ENVBUILD_TEST_TOOLS=1), which installs it, a missing tool fails."""
+    found = shutil.which(name)
+    if not found:
+        (pytest.fail if os.environ.get("ENVBUILD_TEST_TOOLS") == "1" else pytest.skip)(
+            f"{name} is not installed (Debian package {package}; scripts/test.sh installs it)")
+    return found
+
+
 def docker_socket() -> str:
     """The engine's unix socket as the docker CLI and SDK pick it: DOCKER_HOST, else the default."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")

@@ -14,12 +14,13 @@ import sys
 import pytest
 
 from conftest import BASE_IMAGE as BASE
-from conftest import DOCKER, ROOT, run_cli, run_here
+from conftest import DOCKER, ROOT, need_tool, run_cli, run_here
 from envbuild.enroot import enroot_files, sha256_file, stage
 
 
 def _sqsh(path, size=3 * 2**20):
     """A real squashfs of `size` random bytes (stage checks its superblock before copying)."""
+    need_tool("mksquashfs", "squashfs-tools")
     content = path.parent / f".{path.name}.content"
     content.mkdir()
     (content / "data").write_bytes(os.urandom(size))
@@ -102,8 +103,7 @@ def test_enroot_files_match_enroots_own_configure():
 def test_export_is_reproducible_and_enroot_starts_it(tmp_path):
     if subprocess.run([DOCKER, "image", "inspect", BASE], capture_output=True).returncode != 0:
         pytest.fail(f"{BASE} missing; run scripts/host-setup.sh")
-    if not shutil.which("mksquashfs"):
-        pytest.fail("mksquashfs missing (squashfs-tools); scripts/test.sh installs it")
+    need_tool("mksquashfs", "squashfs-tools")
     hashes = []
     for name in ("a.sqsh", "b.sqsh"):
         r = run_cli("export", BASE, "--enroot", "-o", str(tmp_path / name), timeout=600)

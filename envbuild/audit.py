@@ -37,6 +37,7 @@ from .errors import EnvbuildError, nearest
 from . import grammar
 from .files import read_text, read_yaml
 from .lock import LOCK_DIR, Lock, parse_lock
+from .untrusted import redact
 
 ALLOWLIST = "vulnerabilities.yaml"  # in the matrix directory; optional
 SERVICE_ENV = "ENVBUILD_VULNERABILITY_SERVICE"
@@ -223,7 +224,7 @@ class AuditResult:
 
     def summary(self) -> str:
         """One line: what was looked up and what came of it."""
-        return (f"{self.audited} distributions looked up in {self.service}: {len(self.findings)} advisories, "
+        return (f"{self.audited} distributions looked up in {redact(self.service)}: {len(self.findings)} advisories, "
                 f"{len(self.allowed)} allowed, {len(self.blocked)} not allowed, {len(self.unaudited)} not audited")
 
     def refusal(self, what: str) -> str:
@@ -248,7 +249,7 @@ class AuditResult:
                      f"({names}{more}): {self.unaudited[0].reason}. The vulnerability service ({self.service}) "
                      f"did not answer for them, so the gate stays closed; point --vulnerability-service (or "
                      f"${SERVICE_ENV}) at one that answers, such as an OSV mirror's /v1/query URL.")
-        return text
+        return redact(text)  # a service's reason may quote its URL, token and all
 
 
 def gate(findings: list[Finding], unaudited: list[Unaudited], allowlist: list[Allowance],
@@ -272,7 +273,7 @@ def audit_pins(pins: dict[str, str], where: str, service: str, allowlist: list[A
     public, notes = public_pins(pins)
     findings, unaudited = run_pip_audit(public, where, service)
     result = gate(findings, unaudited, allowlist, today)
-    result.audited, result.notes, result.service = len(public), notes, service
+    result.audited, result.notes, result.service = len(public), notes, redact(service)
     return result
 
 

@@ -46,6 +46,7 @@ from .lock import load_lock
 from .matrix import Matrix
 from .publish import merge, push
 from .registry import api_host
+from .untrusted import redact
 from .verdict import record_path, run_smoke
 from .verify import PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust, attached_byproduct, signed_statement, targets
 
@@ -368,13 +369,16 @@ def run_job(ctx: JobContext, job: dict, variants: list[dict]) -> list[Outcome]:
     result = audit_stack(ctx.m, job["stack"], arch, ctx.service, progress=ctx.say)
     if result is not None and not result.ok:
         reason = result.refusal(f"the lock of {job['stack']} ({arch})")
-        return [Outcome(v["variant"], v["tag"], v["platform"], failed_step="audit", reason=reason) for v in variants]
-    outcomes = []
-    for v in variants:
-        ctx.say(f"{v['variant']}: building {v['tag']}")
-        outcomes.append(publish_variant(ctx, {**v, "job": job["id"]}))
-    write_atomic(ctx.out / "report.json", json.dumps({"job": job["id"], "outcomes": [asdict(o) for o in outcomes]},
-                                                     indent=2).encode())
+        outcomes = [Outcome(v["variant"], v["tag"], v["platform"], failed_step="audit", reason=reason) for v in variants]
+    else:
+        outcomes = []
+        for v in variants:
+            ctx.say(f"{v['variant']}: building {v['tag']}")
+            outcomes.append(publish_variant(ctx, {**v, "job": job["id"]}))
+    # The report is written whatever failed (the CLI names it; CI uploads it), and no URL's
+    # credentials (a --vulnerability-service with a token) reach it.
+    report = json.dumps({"job": job["id"], "outcomes": [asdict(o) for o in outcomes]}, indent=2)
+    write_atomic(ctx.out / "report.json", redact(report).encode())
     return outcomes
 
 

@@ -33,20 +33,16 @@ from packaging.version import Version
 from . import grammar, rules
 from .errors import EnvbuildError, nearest
 from .registry import check_image_reference, check_image_repo
+from .untrusted import redact
 
 # ---------------------------------------------------------------- URLs
-
-
-def _redact(url: str) -> str:
-    """A URL fit for an error message: no password."""
-    return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 def check_url(flag: str, url: Optional[str]) -> None:
     """--pip-index-url / --torch-index-url / --apt-mirror / --source-mirror: an http(s) URL with a host."""
     if url is None:
         return
-    shown = grammar.shown(_redact(url), limit=200)[1:-1]  # control characters escaped: one paragraph
+    shown = grammar.shown(redact(url), limit=200)[1:-1]  # control characters escaped: one paragraph
     example = {"--apt-mirror": "https://mirror.example.com",
                "--pip-index-url": "https://pypi.example.com/simple",
                "--torch-index-url": "https://mirror.example.com/whl/cu128",
@@ -62,7 +58,7 @@ def check_url(flag: str, url: Optional[str]) -> None:
         rest = url.split("://", 1)[-1]
         hint = f"https://{rest}" if rest and not rest.startswith("/") else example
         raise EnvbuildError(f"{flag} '{shown}' is not an http(s) URL (pip and apt fetch over http or https); "
-                            f"nearest valid choice: {flag} {_redact(hint)}.")
+                            f"nearest valid choice: {flag} {redact(hint)}.")
     try:
         host = parts.hostname
         parts.port  # noqa: B018  (raises on a bad port)

@@ -169,3 +169,17 @@ def test_pip_audit_against_pypi_itself():
         assert not result.ok and "could not be audited" in result.refusal("a pin")
     else:
         assert "PYSEC-2017-94" in {f.id for f in result.findings} and not result.ok
+
+
+@pytest.mark.parametrize("where", ["answers", "does not answer"])
+def test_a_service_url_s_credentials_reach_no_message_or_output(vulnerable, osv, where):
+    """--vulnerability-service https://user:token@host/...: the token is the user's secret; it
+    is used for the query and shown nowhere (messages, tables, JSON)."""
+    token = "s3cr3t-t0ken-4f9a"
+    url = osv.url if where == "answers" else "http://127.0.0.1:9/v1/query"
+    url = url.replace("http://", f"http://ci:{token}@", 1)
+    for json_flag in ((), ("--json",)):
+        r = run_here("audit", "--stack", STACK, "--matrix-dir", str(vulnerable), "--vulnerability-service", url,
+                     *json_flag, timeout=300)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert token not in r.stdout + r.stderr and "***@127.0.0.1" in r.stdout + r.stderr

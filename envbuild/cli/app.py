@@ -4,6 +4,7 @@ user's mistake into one paragraph and exit 2, never a traceback."""
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shlex
 import sys
@@ -16,6 +17,7 @@ from rich.table import Table
 
 from .. import __version__, grammar
 from ..errors import EnvbuildError, signal_in
+from ..untrusted import redact
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -95,9 +97,8 @@ def command_line(ctx: click.Context, skip=()) -> str:
         if p.name in skip or ctx.get_parameter_source(p.name) is not ParameterSource.COMMANDLINE:
             continue
         flag, value = max(p.opts, key=len), ctx.params[p.name]
-        if p.name in ("pip_index_url", "torch_index_url", "apt_mirror", "source_mirror", "apt_snapshot"):  # never print a password
-            from ..validate import _redact
-            value = _redact(value)
+        if isinstance(value, str):  # never print a URL's password (a mirror's, a service's)
+            value = redact(value)
         if getattr(p, "is_flag", False):
             words += [flag] if value else []
         elif p.multiple:
@@ -149,14 +150,46 @@ def markers_note(texts):
         out.print(f"\n{MARKERS}", markup=False, soft_wrap=False)
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output was closed when envbuild started (``>&-``): Python then sets
+    sys.stdout to None and every print vanishes, so a command would succeed with its results
+    thrown away."""
+    if sys.stdout is None:
+        return True
+    try:
+        os.fstat(sys.stdout.fileno())
+    except (io.UnsupportedOperation, AttributeError):  # an in-memory stream (a test's capture): not closed
+        return False
+    except (OSError, ValueError):  # EBADF; a stream closed in this process
+        return True
+    return False
+
+
+def _flush_stdout() -> None:
+    """What a command printed reaches its reader, or the run fails saying so: a full disk or a
+    closed pipe met at exit would otherwise be exit 0 (or Python's own exit 120)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:  # `envbuild ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+
+
 def run():
     """Console entry point: one-paragraph errors, never a traceback for bad input."""
     try:
+        if _stdout_closed():
+            raise EnvbuildError("standard output is closed (started with >&-?): envbuild prints its results and the "
+                                "next commands there, and they would be lost; run it again with standard output "
+                                "open, or redirected to a file or /dev/null.")
         main.main(standalone_mode=False)
+        _flush_stdout()
     except EnvbuildError as e:
         # Whatever a message quotes (a value, a tool's output), no control character but a line
-        # break or a tab reaches the terminal; the places that quote a value escape those too.
-        err.print(f"envbuild: error: {grammar.escaped(e.message, keep=chr(10) + chr(9))}", markup=False)
+        # break or a tab reaches the terminal; the places that quote a value escape those too;
+        # no URL's credentials (a mirror's, a service's) reach it at all.
+        err.print(f"envbuild: error: {grammar.escaped(redact(e.message), keep=chr(10) + chr(9))}", markup=False)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:  # click's name for a Ctrl-C inside a command
         err.print("envbuild: interrupted", markup=False)
@@ -187,6 +220,6 @@ def run():
                       f"system df`), then run the command again; what this run left is cleaned by the next.",
                       markup=False)
             sys.exit(2)
-        err.print(f"envbuild: internal error: {type(e).__name__}: {e} (set ENVBUILD_DEBUG=1 for a traceback)",
+        err.print(f"envbuild: internal error: {type(e).__name__}: {redact(str(e))} (set ENVBUILD_DEBUG=1 for a traceback)",
                   markup=False)
         sys.exit(70)

@@ -13,6 +13,7 @@ from ..errors import EnvbuildError
 from ..grammar import escaped
 from .app import err, main, out
 from ..request import flags
+from ..untrusted import redact
 from .options import matrix_dir_option, request_kw, secret_options
 
 SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
@@ -23,7 +24,7 @@ BASE_FLAGS = ("base_image", "builder_image")  # the request options a publish jo
 
 
 def _say(text: str) -> None:
-    err.print(f"envbuild: {text}", markup=False, soft_wrap=True)
+    err.print(f"envbuild: {redact(text)}", markup=False, soft_wrap=True)
 
 
 def _build_options(f):
@@ -146,7 +147,7 @@ def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ex
         if o.ok:
             out.print(f"published {o.variant}  {image_repo}@{o.digest}  {o.platform}", markup=False)
         else:
-            out.print(f"FAILED    {o.variant}  at {o.failed_step}: {o.reason}", markup=False, soft_wrap=True)
+            out.print(f"FAILED    {o.variant}  at {o.failed_step}: {redact(o.reason)}", markup=False, soft_wrap=True)
             for left in o.left_in_registry:
                 out.print(f"          left in the registry: {left}", markup=False, soft_wrap=True)
     out.print(f"report {out_dir / 'report.json'}", markup=False)

@@ -1,0 +1,45 @@
+"""Cross-command guarantees at the trust boundary (docs/reliability.md): results never vanish
+silently, and what a user hands over as a secret is shown nowhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, _cli_env
+
+
+def _closed_stdout(*args, cwd):
+    env = {**_cli_env(args, None, False), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "envbuild", *args], cwd=cwd, env=env, stderr=subprocess.PIPE,
+                          text=True, timeout=120, preexec_fn=lambda: os.close(1))
+
+
+@pytest.mark.parametrize("args", [("render", "--gpu", "h20", "-o", "out"), ("matrix",), ("extensions",),
+                                  ("render", "--gpu", "h20", "--print-tag")])
+def test_a_closed_standard_output_is_refused_before_anything_is_done(tmp_path, args):
+    """`envbuild ... >&-`: Python sets sys.stdout to None and every print vanishes; the run was
+    exit 0 with its results (the tag, the next commands) thrown away."""
+    r = _closed_stdout(*args, cwd=tmp_path)
+    assert r.returncode == 2 and "standard output is closed" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+def test_a_full_standard_output_is_a_failure_not_exit_0(tmp_path):
+    env = {**_cli_env(("matrix",), None, False), "PYTHONPATH": str(ROOT)}
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "envbuild", "matrix"], cwd=tmp_path, env=env, stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 2 and "No space left" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_reader_that_stops_early_ends_the_run_quietly(tmp_path):
+    env = {**_cli_env(("matrix",), None, False), "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "envbuild", "matrix"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # `envbuild matrix | head -0`
+    _, err = p.communicate(timeout=120)
+    assert p.returncode in (1, 141) and b"Traceback" not in err and b"Exception ignored" not in err, err

@@ -29,7 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import ConfigDict, ValidationError, create_model
 
-from . import rules
+from . import grammar, rules
 from .errors import EnvbuildError
 from .files import parse_yaml, read_text
 from .lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
@@ -67,9 +67,22 @@ def load_project(path: Path) -> tuple[Project, list[str], str]:
         raise EnvbuildError(f"-f {path}: {where}: {first['msg']}. Known keys: "
                             f"{', '.join(Project.model_fields)}.") from None
     if isinstance(project.requirements, str):
-        req_path = path.parent / project.requirements
+        req_path = _beside(path, project.requirements)
         return project, read_requirements_file(req_path), str(req_path)
     return project, read_requirements("\n".join(project.requirements), str(path)), str(path)
+
+
+def _beside(project_file: Path, name: str) -> Path:
+    """The requirements file a project file names: a path inside the project file's directory
+    (symlinks followed), never `/etc/...` or `../../` out of it: a project file comes from a
+    repository someone else may have written, and what it names is read and shown in messages."""
+    home = project_file.parent.resolve()
+    target = (home / name).resolve()
+    if Path(name).is_absolute() or not target.is_relative_to(home):
+        raise EnvbuildError(f"-f {grammar.escaped(str(project_file))}: requirements {grammar.shown(name)} is outside "
+                            f"the project file's directory ({grammar.escaped(str(home))}); name a file beside "
+                            f"envbuild.yaml or below it, such as requirements: requirements.txt.")
+    return home / name
 
 
 def read_requirements_file(path: Path) -> "Requirements":

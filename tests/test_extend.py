@@ -82,10 +82,14 @@ def test_extend_needs_exactly_one_source_of_packages(tmp_path):
     ("gpu: [h20\n", "not valid YAML"),
     ("requirements: [einops]\n", "no GPU: give --gpu"),
     ("gpu: h20\nrequirements: missing.txt\n", "missing.txt: cannot read it"),
+    ("gpu: h20\nrequirements: ../../../../../../etc/passwd\n", "is outside the project file's directory"),
+    ("gpu: h20\nrequirements: /etc/passwd\n", "is outside the project file's directory"),
+    ("gpu: h20\nrequirements: link.txt\n", "is outside the project file's directory"),
 ])
 def test_a_bad_project_file_is_one_paragraph_and_writes_nothing(tmp_path, content, message):
     project = tmp_path / "envbuild.yaml"
     project.write_text(content)
+    (tmp_path / "link.txt").symlink_to("/etc/passwd")  # a link in the project that points out of it
     result = _extend(tmp_path, "-f", str(project))
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()

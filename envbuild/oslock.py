@@ -56,12 +56,26 @@ from .errors import EnvbuildError, nearest
 from .grammar import shown
 from .files import read_text, write_owned
 from .registry import repo_of
+from .untrusted import redact
 from .resources import is_installed_copy, templates_dir
 
 OS_LOCK_DIR = "locks/os"
 STAGES = ("builder", "runtime")
 MAGIC = "# envbuild os lock"
 TIMESTAMP = re.compile(r"^\d{8}T\d{6}Z\Z")  # the snapshot services' moment: YYYYMMDDTHHMMSSZ (UTC)
+
+
+def is_moment(text: str) -> bool:
+    """A snapshot moment that exists (20261399T999999Z has the shape and names no moment).
+
+    >>> is_moment("20261126T093000Z"), is_moment("20261399T999999Z")
+    (True, False)
+    """
+    try:
+        return bool(TIMESTAMP.match(text)) and bool(dt.datetime.strptime(text, "%Y%m%dT%H%M%SZ"))
+    except ValueError:
+        return False
+
 # Debian's grammar for the parts of a line (deb-version(7), the archive's pool paths): what the
 # build's shell reads as one word each; anything else in a lock is refused where it is read.
 _NAME = r"[a-z0-9][a-z0-9+.-]+"
@@ -211,7 +225,7 @@ def _checked(path: str, text: str, header: dict, sources: list, stages: dict) ->
     for key in ("stack", "arch", "snapshot"):
         if key not in header:
             raise EnvbuildError(f"{path}: no '# {key}:' line; regenerate it with `envbuild lock --os`.")
-    if not TIMESTAMP.match(header["snapshot"]):
+    if not is_moment(header["snapshot"]):
         raise EnvbuildError(f"{path}: snapshot {header['snapshot']!r} is not a moment like 20261126T093000Z; "
                             f"regenerate it with `envbuild lock --os`.")
     if not sources:
@@ -297,10 +311,6 @@ def archive_url(template: str, archive: str, timestamp: str) -> str:
     return template.replace("{archive}", archive).replace("{timestamp}", timestamp)
 
 
-def redact(url: str) -> str:
-    return re.sub(r"//[^/@]*@", "//***@", url)
-
-
 def check_snapshot_template(flag: str, value: Optional[str], live_ok: bool = False) -> None:
     """--apt-snapshot: an http(s) URL template holding {archive} (and, to install, {timestamp}
     or a mirror frozen at the lock's moment); `live` (lock only) means the live archive."""
@@ -309,6 +319,14 @@ def check_snapshot_template(flag: str, value: Optional[str], live_ok: bool = Fal
     example = "http://mirror.example/snapshot/{archive}/{timestamp}"
     bad = sorted({c for c in value if c.isspace() or ord(c) < 32 or ord(c) == 127 or c in "'\"\\|&;$`<>#?"})
     parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018  (raises on a port no build can reach: 99999, 'x')
+    except ValueError:
+        raise EnvbuildError(f"{flag} {shown(redact(value))} has a port that is not a number from 1 to 65535; give the "
+                            f"URL of the archive as of the lock's moment, e.g. {flag} '{example}'.") from None
+    if "{archive}" in parts.netloc or "{timestamp}" in parts.netloc:
+        raise EnvbuildError(f"{flag} {shown(redact(value))}: {{archive}} and {{timestamp}} go in the URL's path, not "
+                            f"its host; e.g. {flag} '{example}'.")
     if bad or parts.scheme not in ("http", "https") or not parts.hostname or "{archive}" not in value:
         what = (f"contains {' '.join(repr(c) for c in bad)}" if bad else
                 "is not an http(s) URL" if parts.scheme not in ("http", "https") or not parts.hostname else

@@ -76,6 +76,7 @@ def test_a_line_outside_the_grammar_is_refused_naming_it(line, what):
 @pytest.mark.parametrize("text, what", [
     ("# envbuild lock\n", "not an envbuild OS lock"),
     (lock_text().replace("# snapshot: 20261126T000000Z", "# snapshot: yesterday"), "not a moment"),
+    (lock_text().replace("# snapshot: 20261126T000000Z", "# snapshot: 20261399T999999Z"), "not a moment"),
     (lock_text(source="debian bookworm main"), "a source is"),
     (lock_text().replace("# base-id: sha256:aa\n", ""), "no '# base-id:' line"),
     (lock_text("# [runtime]", "# [runtime]"), "repeated section"),
@@ -83,6 +84,17 @@ def test_a_line_outside_the_grammar_is_refused_naming_it(line, what):
 def test_a_malformed_lock_is_refused(text, what):
     with pytest.raises(EnvbuildError, match=re.escape(what)):
         oslock.parse_os_lock(text, "x.txt")
+
+
+@pytest.mark.parametrize("value, what", [
+    ("http://mirror.example:99999/snapshot/{archive}/{timestamp}", "port"),
+    ("http://mirror.example:x/snapshot/{archive}/{timestamp}", "port"),
+    ("http://{archive}.mirror.example/{timestamp}", "path, not its host"),
+    ("http://mirror.example/{archive}/{timestamp}/{suite}", "only placeholders"),
+])
+def test_an_apt_snapshot_no_build_can_fetch_from_is_refused_where_it_is_given(value, what):
+    with pytest.raises(EnvbuildError, match=re.escape(what)):
+        oslock.check_snapshot_template("--apt-snapshot", value)
 
 
 _WORD = st.text(st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Z", "Cc")), min_size=1, max_size=12)

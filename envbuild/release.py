@@ -24,10 +24,14 @@ published tag ever serves the image, and the failure says what is left in the re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -118,10 +122,108 @@ def find_job(m: Matrix, job_id: str) -> tuple[dict, list[dict], object]:
     return job, variants, cfg
 
 
-def _timed(outcome: Outcome, step: str, action: Callable):
+def check_tools(signing: Signing) -> None:
+    """Every tool a job needs, before it builds anything: a job that finds mksquashfs missing after
+    an hour's build has wasted the hour (exit 2 in the first seconds, naming the package)."""
+    missing = []
+    if not shutil.which("mksquashfs"):
+        missing.append("mksquashfs, which writes each image's enroot .sqsh (Debian and Ubuntu: apt-get install "
+                       "squashfs-tools)")
+    if signing.keyless and not shutil.which("cosign"):
+        missing.append("cosign, which signs keyless (the workflow installs it with sigstore/cosign-installer; sign "
+                       "with --signing-key where there is no Sigstore)")
+    if missing:
+        raise EnvbuildError(f"publish --job needs {'; and '.join(missing)}; nothing was built.")
+
+
+def next_manifests(m: Matrix, outcomes: list["Outcome"], variants: list[dict]) -> list[tuple[str, bool]]:
+    """(tag, whether this job's digests are all it needs) for each tag a published variant joins:
+    `publish --manifest TAG` is the next command, once every platform's job has run."""
+    published = {digest_name(v) for v, o in zip(variants, outcomes) if o.ok}
+    tags = []
+    for merge_job in publish_plan(m)[3]:
+        files = set(merge_job["digests"].split())
+        if files & published:
+            tags.append((merge_job["tag"], files <= published))
+    return tags
+
+
+_VARIANT_PART = re.compile(r"[a-z0-9][a-z0-9._+,-]{0,63}\Z")  # a GPU, fabric or extension name
+
+
+def _matches(parts: list[str], variant: dict) -> bool:
+    return all(not p or p == have for p, have in zip(parts, variant["variant"].split(":")))
+
+
+def select_variants(m: Matrix, job: dict, variants: list[dict], wanted: tuple[str, ...]) -> list[dict]:
+    """The variants `--variant GPU[:FABRIC][:EXT]` names (all of the job's when none is given): a
+    part left out matches any, and each value must name exactly one variant of this job. Which
+    variants a run publishes changes no image (nor anything `rebuild` compares)."""
+    chosen = []
+    names = ", ".join(v["variant"] for v in variants)
+    for value in wanted:
+        parts = value.split(":")
+        if len(parts) > 3 or not parts[0] or not all(_VARIANT_PART.match(p) for p in parts if p):
+            raise EnvbuildError(f"--variant {grammar.shown(value)} is not GPU[:FABRIC][:EXT]; this job's variants: "
+                                f"{names}.")
+        found = [v for v in variants if _matches(parts, v)]
+        if len(found) > 1:
+            raise EnvbuildError(f"--variant {grammar.shown(value)} matches {len(found)} variants of job {job['id']} "
+                                f"({', '.join(v['variant'] for v in found)}); give the one to publish, e.g. "
+                                f"--variant {found[0]['variant'].rstrip(':')}.")
+        if not found:
+            _, every, ci_jobs, _ = publish_plan(m)
+            elsewhere = sorted({j["id"] for v in every if _matches(parts, v) for j in ci_jobs
+                                if (j["stack"], j["platform"], j["extensions"]) == (v["stack"], v["platform"],
+                                                                                    v.get("extensions", ""))})
+            where = f"; it is a variant of job {', '.join(elsewhere[:3])}" if elsewhere else ""
+            raise EnvbuildError(f"--variant {grammar.shown(value)} is not a variant of job {job['id']}{where}; this "
+                                f"job's variants: {names} (nearest: "
+                                f"{', '.join(nearest(value, [v['variant'] for v in variants])) or 'none'}).")
+        chosen += [v for v in found if v not in chosen]
+    return chosen or variants
+
+
+HEARTBEAT_S = float(os.environ.get("ENVBUILD_HEARTBEAT_S") or 60)  # a line at least this often while a step runs
+
+
+class Heartbeat:
+    """While a long step runs (a build of an hour, BuildKit waiting on a lock, a push of 6 GB), a
+    line every HEARTBEAT_S seconds with the step, the time it has taken and, for a build, the
+    BuildKit step now running (`activity['build']`): a job that prints nothing for 15 minutes
+    looks hung and gets cancelled."""
+
+    def __init__(self, say: Callable[[str], None], label: str, activity: Optional[dict] = None):
+        self.say, self.label, self.activity = say, label, activity if activity is not None else {}
+        self.stop = threading.Event()
+        self.every: Optional[float] = None  # HEARTBEAT_S, read when the step starts
+        self.start = time.monotonic()
+        self.thread = threading.Thread(target=self._beat, daemon=True, name=f"heartbeat {label}")
+
+    def _beat(self) -> None:
+        while not self.stop.wait(self.every):
+            elapsed = int(time.monotonic() - self.start)
+            now = self.activity.get("build")
+            self.say(f"{self.label}: still running, {elapsed // 60} min {elapsed % 60:02d} s"
+                     + (f" (now: {now})" if now else ""))
+
+    def __enter__(self) -> "Heartbeat":
+        self.every = HEARTBEAT_S
+        self.say(f"{self.label}: started")
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _timed(outcome: Outcome, step: str, action: Callable, ctx: Optional["JobContext"] = None):
     start = time.monotonic()
+    beat = Heartbeat(ctx.say, f"{outcome.variant}: {step}", ctx.activity) if ctx else contextlib.nullcontext()
     try:
-        return action()
+        with beat:
+            return action()
     except BaseException:
         outcome.failed_step = outcome.failed_step or step
         raise
@@ -161,6 +263,7 @@ class JobContext:
     build: Callable[[dict, Path], str]  # variant, build dir -> the local image (readable tag)
     keep_images: bool = False
     say: Callable[[str], None] = lambda _: None
+    activity: dict = field(default_factory=dict)  # 'build': the BuildKit step now running (the heartbeat names it)
 
 
 def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
@@ -177,17 +280,17 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
         image, report = _build_and_smoke(ctx, o, variant, build_dir)
         work.mkdir(parents=True, exist_ok=True)
         inv, sbom_bytes = _sbom_and_audit(ctx, o, variant, image, engine, work)
-        sqsh, smoke_bytes = _export(o, image, report, work)
+        sqsh, smoke_bytes = _export(ctx, o, image, report, work)
         pushed = _timed(o, "push", lambda: push(image, ctx.registry, by_platform=True,
-                                                on_event=lambda t: ctx.say(f"{variant['variant']}: {t}")))
+                                                on_event=lambda t: ctx.say(f"{variant['variant']}: {t}")), ctx)
         o.digest = pushed.digest
         client = Registry(ctx.registry)
         at = _Attaching(client, name, client.manifest(name, pushed.digest)[0], started, attached)
-        _timed(o, "attach", lambda: _attach(o, at, variant, sbom_bytes, smoke_bytes, sqsh))
+        _timed(o, "attach", lambda: _attach(o, at, variant, sbom_bytes, smoke_bytes, sqsh), ctx)
         stmt = _timed(o, "provenance", lambda: _statement(ctx, variant, inv, pushed.digest, started,
-                                                          _byproducts(sbom_bytes, smoke_bytes, sqsh)))
+                                                          _byproducts(sbom_bytes, smoke_bytes, sqsh)), ctx)
         write_atomic(work / "provenance.json", json.dumps(stmt, indent=2, sort_keys=True).encode())
-        _timed(o, "sign", lambda: _sign(ctx, o, at, work, stmt, f"{ctx.image_repo}@{pushed.digest}"))
+        _timed(o, "sign", lambda: _sign(ctx, o, at, work, stmt, f"{ctx.image_repo}@{pushed.digest}"), ctx)
         # The commit point: the manifest job merges only digests handed on here.
         (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
         write_atomic(ctx.out / "digests" / digest_name(variant), f"{pushed.digest}\n".encode())
@@ -209,8 +312,8 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
 
 def _build_and_smoke(ctx: JobContext, o: Outcome, variant: dict, build_dir: Path):
     """Steps 1-2: the image, and its smoke report, which must pass before anything leaves."""
-    image = _timed(o, "build", lambda: ctx.build(variant, build_dir))
-    report = _timed(o, "smoke", lambda: run_smoke(image))
+    image = _timed(o, "build", lambda: ctx.build(variant, build_dir), ctx)
+    report = _timed(o, "smoke", lambda: run_smoke(image), ctx)
     if not report.ok:
         failed = [c.get("name") for c in report.checks if not c.get("ok") and c.get("status") != "skip"]
         raise EnvbuildError(f"the smoke test failed ({', '.join(map(str, failed)) or 'see the record'}); record "
@@ -223,24 +326,24 @@ def _sbom_and_audit(ctx: JobContext, o: Outcome, variant: dict, image: str, engi
     def make_sbom() -> tuple[dict, bytes]:
         inv = sbom.read_inventory(image, engine)
         return inv, sbom.to_json(sbom.make_bom(inv, f"{ctx.image_repo}:{variant['tag']}"))
-    inv, sbom_bytes = _timed(o, "sbom", make_sbom)
+    inv, sbom_bytes = _timed(o, "sbom", make_sbom, ctx)
     write_atomic(work / sbom.FILE_NAME, sbom_bytes)
     o.bytes["sbom"] = len(sbom_bytes)
 
     found = _timed(o, "audit", lambda: audit.audit_pins(
-        sbom.python_pins(inv), f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)))
+        sbom.python_pins(inv), f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)), ctx)
     ctx.say(f"{variant['variant']}: audit: {found.summary()}")
     if not found.ok:
         raise EnvbuildError(found.refusal(f"image {variant['tag']}"), exit_code=1)
     return inv, sbom_bytes
 
 
-def _export(o: Outcome, image: str, report, work: Path):
+def _export(ctx: JobContext, o: Outcome, image: str, report, work: Path):
     """Step 5: the .sqsh, and the smoke record kept beside it; both are attached after the push."""
     sqsh_path = work / "image.sqsh"
     if sqsh_path.exists():
         sqsh_path.unlink()  # an earlier run's export of this directory (ours)
-    sqsh = _timed(o, "sqsh", lambda: export_sqsh(image, sqsh_path))
+    sqsh = _timed(o, "sqsh", lambda: export_sqsh(image, sqsh_path), ctx)
     o.bytes["sqsh"] = sqsh.size
     smoke_bytes = record_path(report.image_id).read_bytes()
     write_atomic(work / "smoke.json", smoke_bytes)

@@ -30,7 +30,8 @@ from test_hostile_input import HOSTILE, Ran, assert_holds_as_data, envbuild, lis
 # Where a command stops on this machine after its input passed every check: an exit 2 that
 # names the machine, not the input. A registry that cannot be reached is exit 1, as for `push`
 # (test_docker_e2e.py::test_unreachable_registry_is_a_clear_error).
-STOPS = ("cannot reach the Docker engine", "Cannot connect to the Docker daemon", "NETWORK-STOP")
+STOPS = ("cannot reach the Docker engine", "Cannot connect to the Docker daemon", "NETWORK-STOP",
+         "publish --job needs mksquashfs")
 UNREACHABLE = re.compile(r"registry \S+ cannot be reached|NETWORK-STOP")
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "HTTPS_PROXY": "http://127.0.0.1:9",
              "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
@@ -101,6 +102,8 @@ CASES = {
               "--key", "key.pub", "--digests", "{v}"), "digests", ("--digests",), SHIPPED),
         Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
               "--signing-key", "key.pem", "--out", "{v}"), "publish-out", ("--out",), SHIPPED),
+        Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
+              "--signing-key", "key.pem", "--variant", "{v}"), "h20", ("--variant",), SHIPPED),
         Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",
               "--signing-key", "key.pem", "--ext-cache", "{v}"), "cache.tar", ("--ext-cache",), SHIPPED),
         Case(("publish", "--job", "torch2.5-cu124-py3.10-amd64", "--registry", "127.0.0.1:9/acme",

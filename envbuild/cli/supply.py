@@ -60,11 +60,14 @@ def _build_options(f):
               help="--job: a compiled-extension cache file (ext-cache save/load): loaded before the builds if it "
                    "exists, saved after with this run's wheels; its cache key goes beside it (FILE.key).")
 @click.option("--keep-images", is_flag=True, help="--job: keep the local images after pushing (CI frees the disk).")
+@click.option("--variant", "variant_ids", multiple=True, metavar="GPU[:FABRIC][:EXT]",
+              help="--job: publish only this variant of the job (repeatable; a part left out matches any, and "
+                   "each value must name one variant). Default: every variant.")
 @SERVICE
 @_build_options
 @matrix_dir_option
 def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key, identity, digests, out_dir,
-            ext_cache, keep_images, service, matrix_dir, **build_flags):
+            ext_cache, keep_images, variant_ids, service, matrix_dir, **build_flags):
     """Publish the matrix the way its CI does: one job of the publish plan (--job), or one tag's
     manifest list (--manifest). The generated workflow runs exactly these commands.
 
@@ -76,6 +79,8 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if sum(map(bool, (job_id, manifest_tag, list_jobs))) != 1:
         raise EnvbuildError("give one of --job ID (a job of the plan), --manifest TAG (a published tag) or --list.")
+    if variant_ids and not job_id:
+        raise EnvbuildError("--variant chooses among a job's variants: give --job ID too (`envbuild publish --list`).")
     cfg, _, jobs, merges = publish_plan(m)
     if list_jobs:
         for line in [f"job {j['id']}  {j['gpus']}" for j in jobs] + [f"tag {t['tag']}  {t['platforms']}" for t in merges]:
@@ -85,7 +90,7 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     if manifest_tag:
         _manifest(m, registry, image_repo, manifest_tag, Path(digests), signing_key, keyless, key, identity)
         return
-    _run_job(m, job_id, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
+    _run_job(m, job_id, variant_ids, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
              keep_images, build_flags)
 
 
@@ -116,30 +121,41 @@ def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, 
         out.print(f"{i.platform} {i.digest}", markup=False)
 
 
-def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ext_cache, keep_images, build_flags):
+def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service, out_dir, ext_cache, keep_images,
+             build_flags):
     from ..audit import service_from
     from ..build import build_image
-    from ..release import JobContext, ext_cache_load, ext_cache_save, find_job, run_job, signing_from
+    from ..release import (JobContext, check_tools, ext_cache_load, ext_cache_save, find_job, run_job,
+                           select_variants, signing_from)
     from .stack import render_to
 
     signing = signing_from(*signing_args)
     job, variants, _ = find_job(m, job_id)
+    variants = select_variants(m, job, variants, variant_ids)
     service = service_from(service)  # before anything is written
+    check_tools(signing)
+    activity: dict = {}  # the BuildKit step now running, for the heartbeat
+
+    def on_step(variant: dict, event: str, name: str) -> None:
+        if event == "start":
+            activity["build"] = name[:120]
+        elif event == "done":
+            _say(f"{variant['variant']}: done {name}"[:160])
 
     def build(variant: dict, build_dir: Path) -> str:
         kw = request_kw(gpu=variant["gpu"], stack=variant["stack"], fabric=variant["fabric"],
                         extensions=variant.get("extensions") or None, image_repo=image_repo,
                         matrix_dir=str(m.directory), **build_flags)
         r, secrets, path, _ = render_to(kw, str(build_dir), show=False, reach_archive=True)
-        build_image(path, r.tag, r.request.image_repo, secrets,
-                    on_step=lambda event, name: _say(f"{variant['variant']}: done {name}"[:160]) if event == "done" else None)
+        activity.clear()
+        build_image(path, r.tag, r.request.image_repo, secrets, on_step=lambda event, name: on_step(variant, event, name))
         return f"{r.request.image_repo}:{r.tag}"
 
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = Path(ext_cache) if ext_cache else None
     if cache:
         ext_cache_load(m, job, cache, build_flags.get("base_image"), _say)
-    ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say)
+    ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say, activity)
     outcomes = run_job(ctx, job, variants)
     if cache:
         ext_cache_save(m, job, cache, out_dir, build_flags.get("base_image"), _say)
@@ -151,8 +167,30 @@ def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ex
             for left in o.left_in_registry:
                 out.print(f"          left in the registry: {left}", markup=False, soft_wrap=True)
     out.print(f"report {out_dir / 'report.json'}", markup=False)
+    _next_manifests(m, outcomes, variants, registry, out_dir, signing_args)
     if not all(o.ok for o in outcomes):
         sys.exit(1)
+
+
+def _next_manifests(m, outcomes, variants, registry, out_dir, signing_args) -> None:
+    """The `publish --manifest` command of each tag this run's images join, to copy and run."""
+    import shlex
+
+    from ..release import next_manifests
+    from ..resources import matrices_dir
+
+    tags = next_manifests(m, outcomes, variants)
+    if not tags:
+        return
+    signing_key, keyless = signing_args
+    sign = ["--keyless"] if keyless else ["--signing-key", signing_key]
+    where = [] if Path(m.directory) == matrices_dir().resolve() else ["--matrix-dir", str(m.directory)]
+    out.print("next (merge each tag's platforms into its manifest list, then it is published):", markup=False)
+    for tag, complete in tags:
+        words = ["envbuild", "publish", "--manifest", tag, "--registry", registry, "--digests",
+                 str(out_dir / "digests"), *sign, *where]
+        wait = "" if complete else "  # once the jobs of its other platforms have run"
+        out.print(f"  {shlex.join(words)}{wait}", markup=False, soft_wrap=True)
 
 
 @main.command()

@@ -37,9 +37,9 @@ from .errors import EnvbuildError, nearest
 from . import grammar
 from .files import read_text, read_yaml
 from .lock import LOCK_DIR, Lock, parse_lock
+from .matrix import ALLOWLIST
 from .untrusted import redact
 
-ALLOWLIST = "vulnerabilities.yaml"  # in the matrix directory; optional
 SERVICE_ENV = "ENVBUILD_VULNERABILITY_SERVICE"
 SERVICES = ("pypi", "osv")  # pip-audit's names: PyPI's JSON API (the default), api.osv.dev
 # Advisory ids as the databases write them: PYSEC-2017-94, GHSA-cq27-v7xp-c356, CVE-2013-7459,

@@ -303,3 +303,22 @@ def test_a_matrix_directory_written_again_under_the_same_name_is_read_again(tmp_
     stacks.write_text(stacks.read_text().replace("stacks:", "stacks: [", 1))
     with pytest.raises(EnvbuildError, match=str(stacks)):
         load_matrix(d)
+
+
+def test_what_ci_publishes_changes_no_matrix_digest_an_image_records(tmp_path):
+    """A lab choosing its variants (publish.yaml) or accepting an advisory for a while
+    (vulnerabilities.yaml) changes no image, so `rebuild` of an image made before must still find
+    the matrix it was made from; a stack's file does change it."""
+    import shutil
+
+    from conftest import ROOT
+    from envbuild.matrix import load_matrix
+
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "matrices", d)
+    before = load_matrix(d).sha256
+    (d / "publish.yaml").write_text((d / "publish.yaml").read_text() + "# a lab's edit\n")
+    (d / "vulnerabilities.yaml").write_text("allow: []\n")
+    assert load_matrix(d).sha256 == before
+    (d / "stacks.yaml").write_text((d / "stacks.yaml").read_text() + "# an edit\n")
+    assert load_matrix(d).sha256 != before

@@ -27,9 +27,11 @@ from .files.bases_yaml import BasesFile, Family
 from .files.fabrics_yaml import Fabric, FabricsFile
 from .files.extensions_yaml import CudaExtension, ExtensionsFile
 from .files.nccl_yaml import NcclFile, NcclPackage
-from .files.stacks_yaml import Stack, StacksFile
+from .files.stacks_yaml import PUBLISH, Stack, StacksFile
 
+ALLOWLIST = "vulnerabilities.yaml"  # optional: the advisories the publish gate accepts, each until a date (audit.py)
 BASE_DIGESTS = "base-digests.yaml"  # optional: written by `envbuild lock --bases` (digests.py)
+NOT_IN_IMAGES = (PUBLISH, ALLOWLIST)  # which images CI publishes, and its gate: no file here changes an image
 
 
 class Matrix:
@@ -55,12 +57,15 @@ class Matrix:
 
     @functools.cached_property
     def sha256(self) -> str:
-        """One digest of every file of the matrix directory (YAML files, locks, OS locks): what an
-        image records, so `envbuild rebuild` knows whether this matrix is the one it was made from."""
+        """One digest of every file of the matrix directory that can change an image (YAML files,
+        locks, OS locks): what an image records, so `envbuild rebuild` knows whether this matrix is
+        the one it was made from. What CI publishes and which advisories its gate allows
+        (NOT_IN_IMAGES) change no image: a lab choosing its variants breaks no rebuild."""
         digest = hashlib.sha256()
         root = Path(self.directory)
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and not any(
-                part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts)):
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() not in
+                           NOT_IN_IMAGES and not any(part.startswith(".") or part == "__pycache__"
+                                                     for part in p.relative_to(root).parts)):
             digest.update(f"{path.relative_to(root).as_posix()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"
                           .encode())
         return digest.hexdigest()

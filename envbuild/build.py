@@ -13,14 +13,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .engine import BuildFailed, BuildSecrets, Engine, get_engine
+from .engine import BuildFailed, BuildSecrets, Engine, RegistryError, get_engine
 from .errors import EnvbuildError
 from .output import RECORD, recorded_files
 from .registry import CONTENT_TAG_DIGITS, check_readable_tag
 
 LOG_NAME = "build.log"
 
-__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "build_image", "content_hash", "content_tag"]
+__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "LayerCache", "build_image", "content_hash", "content_tag"]
+
+BUILDER_STAGE = "builder"  # the stage of a stack's Dockerfile that compiles (templates/docker/Dockerfile.j2)
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """Where a publish job's layers are cached between runs, in the registry it publishes to.
+
+    Docker 20.10's BuildKit (Debian's) exports a cache only inline, in the image it builds, and
+    only for that image's own stage. So each variant has two references: the builder stage,
+    built on its own (``--target builder``) and pushed to ``builder`` (``REPO:<tag>-<arch>-builder``:
+    the compilers' work, DeepSpeed's ops and the CUDA extensions), and the published image itself
+    (``final``: its per-platform tag). A run imports both (``--cache-from``) and so, on an empty
+    engine, pulls what an unchanged job built instead of building it again. The builder image
+    holds what the builder stage's layers hold: mirrors, CA and tokens are secret mounts and reach
+    no layer (tests/test_docker_e2e.py scans the builder stage too)."""
+    builder: str
+    final: str
+
+    def args(self) -> tuple[str, ...]:
+        return ("--build-arg", "BUILDKIT_INLINE_CACHE=1", "--cache-from", self.builder, "--cache-from", self.final)
 
 
 @dataclass
@@ -55,7 +76,8 @@ def content_tag(readable: str, build_dir: Path) -> str:
 
 def build_image(build_dir: Path, readable_tag: str, repo: str, secrets: BuildSecrets,
                 on_step: Optional[Callable[[str, str], None]] = None,
-                extra_args: tuple[str, ...] = (), engine: Optional[Engine] = None) -> BuildResult:
+                extra_args: tuple[str, ...] = (), engine: Optional[Engine] = None,
+                cache: Optional[LayerCache] = None, say: Callable[[str], None] = lambda _: None) -> BuildResult:
     """Build `build_dir` and tag it `repo:readable_tag` and `repo:<content tag>`.
 
     Parameters
@@ -70,6 +92,8 @@ def build_image(build_dir: Path, readable_tag: str, repo: str, secrets: BuildSec
         Callback ``(event, step name)`` for progress display.
     engine:
         The container engine (default: :func:`envbuild.engine.get_engine`).
+    cache:
+        A publish job's layer cache in its registry: imported, and exported for the next run.
 
     Raises
     ------
@@ -80,10 +104,41 @@ def build_image(build_dir: Path, readable_tag: str, repo: str, secrets: BuildSec
     log_path = build_dir / LOG_NAME
     tags = [f"{repo}:{readable_tag}", f"{repo}:{content_tag(readable_tag, build_dir)}"]
     start = time.monotonic()
+    if cache:
+        extra_args = (*cache.args(), *extra_args)
+        _build_stage(engine, build_dir, cache, secrets, log_path, on_step, extra_args, say)
     try:
         outcome = engine.build(build_dir, tags, secrets, log_path, on_step=on_step, extra_args=extra_args)
     except BuildFailed as failed:
-        raise EnvbuildError(
-            f"image build failed at step {failed.step}.{failed.hint} Last lines:\n    " + "\n    ".join(failed.lines)
-            + f"\nFull log: {log_path}. No tag was applied.", exit_code=1) from None
+        raise _failed(failed, log_path) from None
     return BuildResult(outcome.image_id, tags, log_path, time.monotonic() - start, outcome.steps)
+
+
+def _failed(failed: BuildFailed, log_path: Path) -> EnvbuildError:
+    return EnvbuildError(
+        f"image build failed at step {failed.step}.{failed.hint} Last lines:\n    " + "\n    ".join(failed.lines)
+        + f"\nFull log: {log_path}. No tag was applied.", exit_code=1)
+
+
+def _build_stage(engine: Engine, build_dir: Path, cache: LayerCache, secrets: BuildSecrets, log_path: Path,
+                 on_step, extra_args: tuple[str, ...], say: Callable[[str], None]) -> None:
+    """The builder stage on its own, tagged and pushed as its cache image; the whole build after
+    it takes that stage from the engine's own cache. A push that fails costs the next run its
+    compiles, never this run its image: it is said, and the build goes on."""
+    if f" AS {BUILDER_STAGE}\n" not in (build_dir / "Dockerfile").read_text():
+        return
+    try:
+        engine.build(build_dir, [cache.builder], secrets, log_path.with_name("builder-stage.log"), on_step=on_step,
+                     extra_args=("--target", BUILDER_STAGE, *extra_args))
+    except BuildFailed as failed:
+        raise _failed(failed, log_path.with_name("builder-stage.log")) from None
+    try:
+        engine.push(cache.builder)
+        say(f"layer cache: the builder stage is {cache.builder}")
+    except (EnvbuildError, RegistryError) as e:
+        say(f"warning: layer cache: {cache.builder} was not pushed ({e.message}); the next run builds this stage again")
+    finally:
+        try:
+            engine.untag(cache.builder)  # the stage's layers stay in the build cache; the tag was for the push
+        except Exception:  # another engine's untag, or gone already: nothing to free
+            pass

@@ -25,6 +25,7 @@ published tag ever serves the image, and the failure says what is left in the re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -42,13 +43,14 @@ from securesystemslib.signer import CryptoSigner
 from . import audit, extcache, grammar, provenance, sbom
 from .artifacts import Blob, Registry
 from .ci import digest_name, publish_plan
+from .build import LayerCache
 from .engine import get_engine
 from .enroot import export_sqsh
 from .errors import EnvbuildError, nearest
 from .files import write_atomic
 from .lock import load_lock
 from .matrix import Matrix
-from .publish import merge, push
+from .publish import merge, per_platform_tag, push
 from .registry import api_host
 from .untrusted import redact
 from .verdict import record_path, run_smoke
@@ -92,6 +94,7 @@ class Outcome:
     seconds: dict = field(default_factory=dict)  # step -> seconds
     bytes: dict = field(default_factory=dict)    # what each step added: sbom, sqsh, attestation sizes
     left_in_registry: list = field(default_factory=list)
+    layer_cache: dict = field(default_factory=dict)  # the references the build imported and exported (LayerCache)
 
 
 def repository(image_repo: str) -> str:
@@ -120,6 +123,15 @@ def find_job(m: Matrix, job_id: str) -> tuple[dict, list[dict], object]:
     variants = [j for j in jobs if j["stack"] == job["stack"] and j["platform"] == job["platform"]
                 and j.get("extensions", "") == job["extensions"]]
     return job, variants, cfg
+
+
+def layer_cache(cache_repo: Optional[str], image_repo: str, variant: dict) -> Optional[LayerCache]:
+    """A variant's layer cache: its builder stage under `cache_repo`, and its published
+    per-platform image, which carries its own stage's cache inline."""
+    if not cache_repo:
+        return None
+    tag = per_platform_tag(variant["tag"], variant["platform"])
+    return LayerCache(builder=f"{cache_repo}:{tag}-builder", final=f"{image_repo}:{tag}")
 
 
 def check_tools(signing: Signing) -> None:
@@ -264,11 +276,14 @@ class JobContext:
     keep_images: bool = False
     say: Callable[[str], None] = lambda _: None
     activity: dict = field(default_factory=dict)  # 'build': the BuildKit step now running (the heartbeat names it)
+    cache_repo: Optional[str] = None  # where the builder stages' cache images go (--layer-cache); None: off
 
 
 def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
     """Every step of one variant; the outcome says which step failed and why."""
     o = Outcome(variant["variant"], variant["tag"], variant["platform"])
+    cache = layer_cache(ctx.cache_repo, ctx.image_repo, variant)
+    o.layer_cache = dataclasses.asdict(cache) if cache else {}
     s = slug(variant["variant"])
     build_dir, work = ctx.out / "build" / s, ctx.out / "attestations" / s
     started = provenance._now()

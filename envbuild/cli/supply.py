@@ -60,6 +60,10 @@ def _build_options(f):
               help="--job: a compiled-extension cache file (ext-cache save/load): loaded before the builds if it "
                    "exists, saved after with this run's wheels; its cache key goes beside it (FILE.key).")
 @click.option("--keep-images", is_flag=True, help="--job: keep the local images after pushing (CI frees the disk).")
+@click.option("--layer-cache", "cache_repo", metavar="REPO|off",
+              help="--job: the registry repository the builder stages' layer cache is pushed to and imported from "
+                   "(default: REGISTRY/envbuild-cache; the published images carry their own stage's cache inline); "
+                   "'off' builds without it.")
 @click.option("--variant", "variant_ids", multiple=True, metavar="GPU[:FABRIC][:EXT]",
               help="--job: publish only this variant of the job (repeatable; a part left out matches any, and "
                    "each value must name one variant). Default: every variant.")
@@ -67,7 +71,7 @@ def _build_options(f):
 @_build_options
 @matrix_dir_option
 def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key, identity, digests, out_dir,
-            ext_cache, keep_images, variant_ids, service, matrix_dir, **build_flags):
+            ext_cache, keep_images, cache_repo, variant_ids, service, matrix_dir, **build_flags):
     """Publish the matrix the way its CI does: one job of the publish plan (--job), or one tag's
     manifest list (--manifest). The generated workflow runs exactly these commands.
 
@@ -91,7 +95,7 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
         _manifest(m, registry, image_repo, manifest_tag, Path(digests), signing_key, keyless, key, identity)
         return
     _run_job(m, job_id, variant_ids, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
-             keep_images, build_flags)
+             keep_images, _cache_repo(cache_repo, registry), build_flags)
 
 
 def _image_repo(registry, name) -> str:
@@ -121,11 +125,23 @@ def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, 
         out.print(f"{i.platform} {i.digest}", markup=False)
 
 
+def _cache_repo(value, registry) -> str | None:
+    """--layer-cache: a repository (checked by the reference grammar: it reaches the build's
+    command line), 'off', or REGISTRY/envbuild-cache by default."""
+    from ..registry import check_image_repo
+
+    if value == "off":
+        return None
+    repo = value or f"{registry}/envbuild-cache"
+    check_image_repo(repo, "--layer-cache")
+    return repo
+
+
 def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service, out_dir, ext_cache, keep_images,
-             build_flags):
+             cache_repo, build_flags):
     from ..audit import service_from
     from ..build import build_image
-    from ..release import (JobContext, check_tools, ext_cache_load, ext_cache_save, find_job, run_job,
+    from ..release import (JobContext, check_tools, ext_cache_load, ext_cache_save, find_job, layer_cache, run_job,
                            select_variants, signing_from)
     from .stack import render_to
 
@@ -148,14 +164,15 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
                         matrix_dir=str(m.directory), **build_flags)
         r, secrets, path, _ = render_to(kw, str(build_dir), show=False, reach_archive=True)
         activity.clear()
-        build_image(path, r.tag, r.request.image_repo, secrets, on_step=lambda event, name: on_step(variant, event, name))
+        build_image(path, r.tag, r.request.image_repo, secrets, on_step=lambda event, name: on_step(variant, event, name),
+                    cache=layer_cache(cache_repo, image_repo, variant), say=lambda t: _say(f"{variant['variant']}: {t}"))
         return f"{r.request.image_repo}:{r.tag}"
 
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = Path(ext_cache) if ext_cache else None
     if cache:
         ext_cache_load(m, job, cache, build_flags.get("base_image"), _say)
-    ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say, activity)
+    ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say, activity, cache_repo)
     outcomes = run_job(ctx, job, variants)
     if cache:
         ext_cache_save(m, job, cache, out_dir, build_flags.get("base_image"), _say)

@@ -82,3 +82,39 @@ def test_env_with_a_lower_case_level_is_exit_2_naming_the_spellings(tmp_path: Pa
     assert ran.returncode == 2 and "Traceback" not in ran.stderr
     assert "NCCL_P2P_LEVEL takes LOC, NVL, PIX, PXB, PHB or SYS in capitals" in message
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("torch", ["2.12.1", "2.13.0", "2.14.1"])
+def test_the_cuda_13_2_variants_of_pytorch_s_release_matrix_are_recorded(torch):
+    """PyTorch's release matrix (pytorch PRs #182849, #187075, #194367) and each wheel's
+    PYTORCH_RELEASES_CODE_CC list a CUDA 13.2 build of these releases; the note names the source."""
+    release = load_matrix(ROOT / "matrices").torch_release(torch)
+    assert release.variants.get("13.2") == "cu13"
+    assert all(pr in release.note for pr in ("#182849", "#187075", "#194367"))
+
+
+def test_torch_2_13_with_cuda_13_2_renders_unlocked_from_pytorch_s_index(tmp_path: Path):
+    ran = run_here("render", "--torch", "2.13", "--cuda", "13.2", "--gpu", "h100", "-o", str(tmp_path / "out"),
+                   production=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "torch2.13-cu132-py3.12" in ran.stdout and "download.pytorch.org" in ran.stdout
+    assert "https://download.pytorch.org/whl/cu132 torch==2.13.0" in (tmp_path / "out" / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("gpu", ["p100", "Tesla P100-PCIE-16GB"])
+def test_the_p100_renders_a_cu126_stack_that_carries_sm_60(tmp_path: Path, gpu):
+    """PyTorch's CUDA 12.6 builds keep sm_60 (PYTORCH_RELEASES_CODE_CC["12.6"] of the torch
+    2.11-2.15 wheels): the P100 is served from them, with torch.compile named as unavailable."""
+    ran = run_here("render", "--gpu", gpu, "-o", str(tmp_path / "out"), production=True)
+    assert ran.returncode == 0, ran.stderr
+    assert re.search(r"^stack +torch2\.14-cu126-py3\.12$", ran.stdout, re.M)
+    assert 'TORCH_CUDA_ARCH_LIST="6.0"' in (tmp_path / "out" / "Dockerfile").read_text()
+    p100 = load_matrix(ROOT / "matrices").gpu(gpu)
+    assert any("no torch.compile" in n and "7.0" in n for n in p100.notes)
+
+
+def test_the_p100_refuses_a_build_without_sm_60_naming_the_cu126_stacks(tmp_path: Path):
+    ran = run_here("render", "--gpu", "p100", "--cuda", "13.0", "-o", str(tmp_path / "out"), production=True)
+    message = " ".join(ran.stderr.split())
+    assert ran.returncode == 2 and "no code for p100 (sm_60)" in message
+    assert "--cuda 12.6 --python 3.12 (stack torch2.14-cu126-py3.12)" in message

@@ -118,3 +118,18 @@ def test_the_p100_refuses_a_build_without_sm_60_naming_the_cu126_stacks(tmp_path
     message = " ".join(ran.stderr.split())
     assert ran.returncode == 2 and "no code for p100 (sm_60)" in message
     assert "--cuda 12.6 --python 3.12 (stack torch2.14-cu126-py3.12)" in message
+
+
+def test_fp_quantizer_is_refused_on_every_cuda_13_stack():
+    """nvcc 13.0.88, 13.1.115 and 13.2 all reject fp_quantize_impl.cu of DeepSpeed >= 0.19.0
+    (the redeclared template parameter of DeepSpeed PR #7976): no CUDA 13 stack offers the op."""
+    from packaging.version import Version
+
+    from envbuild import rules
+
+    m = load_matrix(ROOT / "matrices")
+    cuda13 = [s for s in m.stacks if s.cuda.startswith("13.")]
+    assert cuda13 and all(Version(s.deepspeed) >= Version("0.19.0") for s in cuda13)
+    for s in cuda13:
+        why = rules.op_rejection(m, s, "fp_quantizer", "9.0")
+        assert why and "13.0.88 and 13.1.115" in why.message and "pull/7976" in why.message, s.id

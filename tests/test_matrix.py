@@ -12,7 +12,7 @@ from conftest import FIXTURE_MATRIX
 
 # Every GPU envbuild targets has a profile, with its compute capability as NVIDIA lists it
 # (https://developer.nvidia.com/cuda-gpus and https://developer.nvidia.com/cuda-legacy-gpus).
-EXPECTED_GPUS = {"v100": "7.0", "t4": "7.5", "a10": "8.6", "a100": "8.0", "a800": "8.0", "l4": "8.9",
+EXPECTED_GPUS = {"p100": "6.0", "v100": "7.0", "t4": "7.5", "a10": "8.6", "a100": "8.0", "a800": "8.0", "l4": "8.9",
                      "l40": "8.9", "l40s": "8.9", "l20": "8.9", "rtx3090": "8.6", "rtx4090": "8.9",
                      "h100": "9.0", "h200": "9.0", "gh200": "9.0", "h800": "9.0", "h20": "9.0",
                      "b200": "10.0", "gb200": "10.0", "b300": "10.3", "gb300": "10.3", "rtx5090": "12.0",
@@ -51,10 +51,8 @@ def test_round_three_profiles_and_aliases_are_found_by_what_nvidia_smi_prints(pr
 
 
 @pytest.mark.parametrize("name, why", [
-    ("p100", r"the P100 \(Pascal, sm_60\) is out of scope: .*pytorch#157517.*V100"),
-    ("Tesla P100-PCIE-16GB", r"P100 .* out of scope: .*Triton"),
     ("NVIDIA Jetson AGX Thor", r"Jetson Thor .* out of scope: .*L4T"), ("jetson-t5000", r"Jetson Thor"), ("thor", r"sm_110")])
-def test_p100_and_jetson_thor_are_refused_by_name_with_the_reason(production_matrix, name, why):
+def test_jetson_thor_is_refused_by_name_with_the_reason(production_matrix, name, why):
     with pytest.raises(EnvbuildError, match=why) as e:
         production_matrix.gpu(name)
     assert "unknown GPU" not in e.value.message and "did you mean" not in e.value.message

@@ -50,7 +50,7 @@ def test_publish_workflow_builds_arm64_natively_and_merges_by_digest():
     """Each job is one envbuild command (the job's steps are envbuild's, run here by
     tests/test_publish_job.py); the workflow keeps GitHub's glue and cosign for keyless signing."""
     text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
-    assert "runs-on: ${{ matrix.runner }}" in text and "runner: ubuntu-24.04-arm" in text
+    assert "runs-on: ${{ matrix.runner }}" in text and "runner: \"ubuntu-24.04-arm\"" in text
     assert 'envbuild publish --job "$JOB" --registry "$REGISTRY" --keyless' in text
     assert 'envbuild publish --manifest "$TAG" --registry "$REGISTRY" --digests digests --keyless' in text
     assert "needs: image" in text and "uses: sigstore/cosign-installer@v3" in text and "id-token: write" in text

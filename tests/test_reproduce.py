@@ -111,8 +111,8 @@ def test_the_recorded_request_renders_the_same_files_again(matrix, manifest):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda m: m.update(envbuild="99.0.0"), ["made by envbuild 99.0.0", "(older)", "pip install 'envbuild==99.0.0'"]),
-    (lambda m: m.update(envbuild="0.0.1"), ["made by envbuild 0.0.1", "pip install 'envbuild==0.0.1'"]),
+    (lambda m: m.update(envbuild="99.0.0"), ["made by envbuild 99.0.0", "(older)", "pip install envbuild==99.0.0"]),
+    (lambda m: m.update(envbuild="0.0.1"), ["made by envbuild 0.0.1", "pip install envbuild==0.0.1"]),
     (lambda m: m.pop("request"), ["did not record its request"]),
     (lambda m: m.update(matrix={"sha256": "f" * 64}), ["rendered from a matrix with sha256 ffffffff", "--matrix-dir"]),
     (lambda m: m.update(extend={"from": "envbuild:x"}), ["`envbuild extend` layer", "envbuild:x"]),
@@ -130,7 +130,7 @@ def test_a_record_this_envbuild_cannot_reproduce_says_what_to_do(matrix, manifes
 
 
 @pytest.mark.parametrize("content, words", [
-    (b"\xff\xfe\x00", "not JSON"), (b"[]", "no `envbuild` and `tag`"), (b'{"envbuild": "0.1.0"}', "no `envbuild` and"),
+    (b"\xff\xfe\x00", "not UTF-8"), (b"{", "not valid JSON"), (b"[]", "no `envbuild` and `tag`"), (b'{"envbuild": "0.1.0"}', "no `envbuild` and"),
 ])
 def test_a_file_that_is_no_record_is_refused(tmp_path, content, words):
     path = tmp_path / "manifest.json"

@@ -25,7 +25,7 @@ from .build import BuildResult, build_image
 from .engine import BuildSecrets, get_engine
 from .errors import EnvbuildError
 from .files import read_bytes
-from .grammar import shown
+from .grammar import one_line, shown
 from .image import paths
 from .imagediff import Difference, ImageRecord, check_source, compare, find_or_pull, read_image
 from .matrix import load_matrix
@@ -110,6 +110,16 @@ class _Request(_Doc):
     fabric: Optional[str] = None
     extensions: list[str] = []
     nccl: Optional[str] = None
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _one_line(cls, v):
+        """No value of a request spans lines: every field becomes a word or a line of a rendered file."""
+        for text in (v if isinstance(v, list) else [v]):
+            for word in (text if isinstance(text, list) else [text]):
+                if isinstance(word, str):
+                    one_line(word, "a request's field")
+        return v
 
 
 class _BaseImages(_Doc):

@@ -168,8 +168,8 @@ def yaml_scalar(value: str) -> str:
     """`value` as one double-quoted YAML scalar on one line, read back as exactly `value` in a
     flow mapping or as a block value (the workflow's matrix rows and `env:` values).
 
-    >>> yaml_scalar("ubuntu-latest"), yaml_scalar('a"b: {c}')
-    ('"ubuntu-latest"', '"a\\"b: {c}"')
+    >>> print(yaml_scalar("ubuntu-latest"), yaml_scalar('a"b: {c}'))
+    "ubuntu-latest" "a\\"b: {c}"
     """
     return yaml.safe_dump(value, default_style='"', width=1 << 30, allow_unicode=False).removesuffix("\n")
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import yaml
 
 from .errors import EnvbuildError
 from .files import check_owned, write_owned
+from .grammar import shown
 from .matrix import PUBLISH, Matrix, load_publish
+from .registry import bad_port, valid_repository
 from .render import environment
 from .resolve import Request, resolve
 
@@ -111,6 +115,7 @@ def publish_plan(m: Matrix):
         raise EnvbuildError(f"{m.directory / PUBLISH} must name the `gpus` to publish and the `registry` to push to "
                             f"(e.g. registry: \"ghcr.io/$OWNER\", gpus: [h100, h20]); `envbuild ci` has nothing to "
                             f"generate without them.")
+    check_publish_strings(cfg, m.directory / PUBLISH)
     gpus, multiarch, fabrics = cfg.gpus, cfg.multiarch, cfg.fabrics
     runners = {**DEFAULT_RUNNERS, **cfg.runners}
     for g in [*gpus, *multiarch, *multiarch.values(), *(g for names in fabrics.values() for g in names),
@@ -128,11 +133,52 @@ def publish_plan(m: Matrix):
     return cfg, jobs, stack_jobs(jobs), merge_jobs(m, jobs, multiarch)
 
 
+OWNER = "$OWNER"  # in publish.yaml's registry: the GitHub owner, filled in (lower-cased) by the workflow
+RUNNER_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")  # a GitHub-hosted or self-hosted runner label
+
+
+def check_registry(registry: str, image_repo: str, where) -> None:
+    """publish.yaml's `registry` (HOST[:PORT][/NAMESPACE], `$OWNER` standing for a namespace
+    component) and `image_repo` by the OCI name grammar: nothing else reaches the workflow."""
+    probe = registry.replace(OWNER, "owner")
+    host = probe.split("/", 1)[0]
+    if "$" in probe or bad_port(host) or not valid_repository(f"{probe.lower()}/envbuild"):
+        nearest = re.sub(r"[^a-z0-9./:-]+", "-", registry.replace(OWNER, "\0").lower()).replace("\0", OWNER)
+        raise EnvbuildError(f"{where}: field `registry` {shown(registry)} is not a registry: expected "
+                            f"HOST[:PORT][/NAMESPACE] of letters, digits, '.', '_' and '-' ({OWNER}, filled in by CI, "
+                            f"may stand for a namespace), such as ghcr.io/{OWNER}; nearest: {shown(nearest.strip('-'))}.")
+    if not valid_repository(f"{probe.lower()}/{image_repo}"):
+        raise EnvbuildError(f"{where}: field `image_repo` {shown(image_repo)} is not a repository name: lower-case "
+                            f"letters, digits and '.', '_', '-' separated by '/', such as envbuild.")
+
+
+def check_publish_strings(cfg, where) -> None:
+    """Every string of publish.yaml that the workflow carries, by its grammar (exit 2 naming the field)."""
+    if cfg.registry:
+        check_registry(cfg.registry, cfg.image_repo, where)
+    for field, labels in (("runners", cfg.runners), ("extension_runners", cfg.extension_runners)):
+        for key, label in labels.items():
+            if not RUNNER_LABEL.match(label):
+                nearest = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-._")[:100] or DEFAULT_RUNNERS["x86_64"]
+                raise EnvbuildError(f"{where}: field `{field}.{key}` {shown(label)} is not a runner label: letters, "
+                                    f"digits, '.', '_' and '-', at most 100, such as ubuntu-latest; nearest: {nearest}.")
+
+
+def yaml_scalar(value: str) -> str:
+    """`value` as one double-quoted YAML scalar on one line, read back as exactly `value` in a
+    flow mapping or as a block value (the workflow's matrix rows and `env:` values).
+
+    >>> print(yaml_scalar("ubuntu-latest"), yaml_scalar('a"b: {c}'))
+    "ubuntu-latest" "a\\"b: {c}"
+    """
+    return yaml.safe_dump(value, default_style='"', width=1 << 30, allow_unicode=False).removesuffix("\n")
+
+
 def render_workflow(m: Matrix) -> str:
     cfg, jobs, ci_jobs, merges = publish_plan(m)
     return environment().get_template("ci/publish.yml.j2").render(
         images=len(jobs), jobs=ci_jobs, merges=merges, registry=cfg.registry,
-        image_repo=cfg.image_repo, python=CI_PYTHON)
+        image_repo=cfg.image_repo, python=CI_PYTHON, quote=yaml_scalar)
 
 
 def workflows_for(m: Matrix, output: str) -> dict[Path, str]:

@@ -20,6 +20,8 @@ from typing import Optional
 from .contents import ImageContents, read_contents
 from .engine import ImageConfig, RegistryError, get_engine
 from .errors import EnvbuildError
+from .grammar import shown
+from .registry import check_image_reference, split_reference
 
 SECTIONS = ("python", "os", "files", "env", "labels", "config", "layers")
 ABSENT = "(absent)"
@@ -41,22 +43,48 @@ class Difference:
     b: str
 
 
+def pullable(ref: str) -> bool:
+    """Whether `ref` names where to pull it from: a repository path (``ghcr.io/acme/x:t``,
+    ``127.0.0.1:5000/x:t``, ``nvidia/cuda:t``) or a digest. The name is split by the OCI grammar
+    (envbuild/registry.py), so a registry's port is no tag.
+
+    >>> pullable("127.0.0.1:5000/envbuild:t"), pullable("envbuild:t"), pullable("debian@sha256:" + "0" * 64)
+    (True, False, True)
+    """
+    name, _, digest = split_reference(ref)
+    return "/" in name or digest is not None
+
+
+def check_source(ref: str, what: str = "IMAGE") -> str:
+    """`ref` by the image-reference grammar, before the engine or a registry is asked anything."""
+    check_image_reference(what, ref)
+    return ref
+
+
+def find_or_pull(ref: str, engine, not_here: str, pulled: Optional[list] = None):
+    """The engine's ImageInfo of `ref`, pulled first when this engine does not have it and it
+    names a registry (and said in `pulled`)."""
+    try:
+        return engine.inspect(ref)
+    except EnvbuildError:
+        if not pullable(ref):
+            raise EnvbuildError(f"{shown(ref)} {not_here} and names no registry to pull it from; give a local image "
+                                f"(`docker images` lists them) or REGISTRY/NAME:TAG.") from None
+        try:
+            engine.pull(ref)
+        except RegistryError as e:
+            raise EnvbuildError(f"image {shown(ref)} is not on this machine and could not be pulled: {e.message}",
+                                exit_code=1) from None
+        if pulled is not None:
+            pulled.append(ref)
+        return engine.inspect(ref)
+
+
 def read_image(ref: str, engine=None, pulled: Optional[list] = None) -> ImageRecord:
     """Everything :func:`compare` needs of one image; a registry reference this engine does not
     have is pulled first (and said in `pulled`)."""
     engine = engine or get_engine()
-    try:
-        engine.inspect(ref)
-    except EnvbuildError:
-        if "/" not in ref.split(":", 1)[0] and "@" not in ref:
-            raise EnvbuildError(f"image '{ref}' does not exist on this machine's engine and names no registry to pull "
-                                f"it from; give a local image (`docker images` lists them) or REGISTRY/NAME:TAG.") from None
-        try:
-            engine.pull(ref)
-        except RegistryError as e:
-            raise EnvbuildError(f"image '{ref}' is not on this machine and could not be pulled: {e.message}") from None
-        if pulled is not None:
-            pulled.append(ref)
+    find_or_pull(ref, engine, "does not exist on this machine's engine", pulled)
     config = engine.config(ref)
     with engine.export(ref) as stream:
         contents = read_contents(stream)

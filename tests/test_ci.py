@@ -50,7 +50,7 @@ def test_publish_workflow_builds_arm64_natively_and_merges_by_digest():
     """Each job is one envbuild command (the job's steps are envbuild's, run here by
     tests/test_publish_job.py); the workflow keeps GitHub's glue and cosign for keyless signing."""
     text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
-    assert "runs-on: ${{ matrix.runner }}" in text and "runner: ubuntu-24.04-arm" in text
+    assert "runs-on: ${{ matrix.runner }}" in text and "runner: \"ubuntu-24.04-arm\"" in text
     assert 'envbuild publish --job "$JOB" --registry "$REGISTRY" --keyless' in text
     assert 'envbuild publish --manifest "$TAG" --registry "$REGISTRY" --digests digests --keyless' in text
     assert "needs: image" in text and "uses: sigstore/cosign-installer@v3" in text and "id-token: write" in text
@@ -167,3 +167,95 @@ def test_actionlint_really_lints(tmp_path):
     bad.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ github.nope }}\n")
     r = _actionlint(bad)
     assert r.returncode == 1 and "nope" in r.stdout
+
+
+# ---------------------------------------------------------------- publish.yaml is a lab's document: hostile until checked
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import FIXTURE_MATRIX  # noqa: E402
+from property_settings import EXAMPLES  # noqa: E402
+from test_hostile_input import HOSTILE, envbuild, refused  # noqa: E402
+
+INJECT = ["$(touch PWNED)", "${{ github.event.issue.title }}", "\nRUN touch PWNED", '"', "'", "`id`", ": x", "\n",
+          "{a: b}", "#x", " ", "$"]
+INJECTED = st.tuples(HOSTILE, st.sampled_from(INJECT), HOSTILE).map("".join)
+GOOD = {"registry": "ghcr.io/$OWNER", "image_repo": "envbuild", "gpus": ["h100"],
+        "runners": {"x86_64": "ubuntu-latest", "aarch64": "ubuntu-24.04-arm"},
+        "extensions": {"flash-attn": ["h100"]}, "extension_runners": {"flash-attn": "big-x86"}}
+FIELDS = ["registry", "image_repo", "runners.x86_64", "runners.aarch64", "extension_runners.flash-attn"]
+HOSTILE_PUBLISH = st.one_of(
+    st.tuples(st.sampled_from(FIELDS), INJECTED | st.sampled_from([1, 1.5, True, [], {}, ["x"], 10 ** 60])),
+    st.tuples(st.sampled_from(["gpus", "runners", "extensions"]), st.sampled_from(["h100", 1, [[["x"]]]])),
+)
+
+
+def _publish_text(path: str, value) -> str:
+    import yaml
+
+    doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in GOOD.items()}
+    key, _, sub = path.partition(".")
+    if sub:
+        doc[key][sub] = value
+    else:
+        doc[key] = value
+    return yaml.safe_dump(doc, width=1 << 20)
+
+
+@pytest.fixture(scope="module")
+def ci_matrix(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ci") / "matrices"
+    shutil.copytree(FIXTURE_MATRIX, d)
+    return d
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=HOSTILE_PUBLISH)
+def test_any_hostile_publish_yaml_is_refused_naming_the_field_and_writes_no_workflow(ci_matrix, tmp_path_factory,
+                                                                                    case):
+    """Issue 40: `registry` went into a `run:` line (`$(...)` ran on the runner, `${{ }}` was expanded
+    into the script) and `runners` unquoted into the YAML (exit 0, a workflow that does not parse)."""
+    path, value = case
+    (ci_matrix / "publish.yaml").write_text(_publish_text(path, value))
+    out = tmp_path_factory.mktemp("wf")
+    r = envbuild("ci", "--matrix-dir", str(ci_matrix), "-o", str(out / "publish.yml"))
+    refused(r, "publish.yaml", path.split(".")[0])
+    assert list(out.iterdir()) == []
+
+
+def test_the_workflow_parses_and_carries_publish_yaml_values_as_data_only(matrix_copy):
+    """Every value of publish.yaml reaches the workflow as YAML data (an `env:` value, a matrix
+    row), never inside a `run:` script, and the workflow reads back with each value exact."""
+    import yaml
+
+    from envbuild.ci import render_workflow
+    from envbuild.matrix import load_matrix
+
+    registry, x86, arm = "registry.example.com:5000/team-x/$OWNER", "self-hosted.big_1", "arm-runner.2"
+    (matrix_copy / "publish.yaml").write_text(f'registry: "{registry}"\ngpus: [h100, gh200]\n'
+                                              f"runners: {{x86_64: {x86}, aarch64: {arm}}}\n")
+    workflow = yaml.safe_load(render_workflow(load_matrix(matrix_copy)))
+    for job in workflow["jobs"].values():
+        scripts = [step["run"] for step in job["steps"] if "run" in step]
+        assert scripts and not any(v in s for s in scripts for v in ("example.com", "team-x", x86, arm))
+        assert [s["env"]["PUBLISH_REGISTRY"] for s in job["steps"] if "PUBLISH_REGISTRY" in s.get("env", {})] == [registry]
+    runners = {row["runner"] for row in workflow["jobs"]["image"]["strategy"]["matrix"]["include"]}
+    assert runners == {x86, arm}
+
+
+@pytest.mark.parametrize("registry", ["ghcr.io/$OWNER", "127.0.0.1:5000", "registry.example.com/Acme/$OWNER/ml"])
+def test_the_registry_step_fills_in_the_owner_and_lower_cases(matrix_copy, tmp_path, registry):
+    """The `run:` line of the registry step, run by bash as the runner runs it, with the value in its env."""
+    import yaml
+
+    from envbuild.ci import render_workflow
+    from envbuild.matrix import load_matrix
+
+    (matrix_copy / "publish.yaml").write_text(f'registry: "{registry}"\ngpus: [h100]\n')
+    step = next(s for s in yaml.safe_load(render_workflow(load_matrix(matrix_copy)))["jobs"]["image"]["steps"]
+                if "PUBLISH_REGISTRY" in s.get("env", {}))
+    env_file = tmp_path / "github_env"
+    subprocess.run(["bash", "-e", "-c", step["run"]], check=True,
+                   env={"PATH": os.environ["PATH"], "OWNER": "AcMe", "GITHUB_ENV": str(env_file), **step["env"]})
+    assert env_file.read_text() == f"REGISTRY={registry.replace('$OWNER', 'AcMe').lower()}\n"

@@ -4,7 +4,9 @@ rebuild (rebuild.py). The real images are in tests/test_oslock_docker.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import io
 import json
 import tarfile
@@ -111,8 +113,8 @@ def test_the_recorded_request_renders_the_same_files_again(matrix, manifest):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda m: m.update(envbuild="99.0.0"), ["made by envbuild 99.0.0", "(older)", "pip install 'envbuild==99.0.0'"]),
-    (lambda m: m.update(envbuild="0.0.1"), ["made by envbuild 0.0.1", "pip install 'envbuild==0.0.1'"]),
+    (lambda m: m.update(envbuild="99.0.0"), ["made by envbuild 99.0.0", "(older)", "pip install envbuild==99.0.0"]),
+    (lambda m: m.update(envbuild="0.0.1"), ["made by envbuild 0.0.1", "pip install envbuild==0.0.1"]),
     (lambda m: m.pop("request"), ["did not record its request"]),
     (lambda m: m.update(matrix={"sha256": "f" * 64}), ["rendered from a matrix with sha256 ffffffff", "--matrix-dir"]),
     (lambda m: m.update(extend={"from": "envbuild:x"}), ["`envbuild extend` layer", "envbuild:x"]),
@@ -130,7 +132,7 @@ def test_a_record_this_envbuild_cannot_reproduce_says_what_to_do(matrix, manifes
 
 
 @pytest.mark.parametrize("content, words", [
-    (b"\xff\xfe\x00", "not JSON"), (b"[]", "no `envbuild` and `tag`"), (b'{"envbuild": "0.1.0"}', "no `envbuild` and"),
+    (b"\xff\xfe\x00", "not UTF-8"), (b"{", "not valid JSON"), (b"[]", "no `envbuild` and `tag`"), (b'{"envbuild": "0.1.0"}', "no `envbuild` and"),
 ])
 def test_a_file_that_is_no_record_is_refused(tmp_path, content, words):
     path = tmp_path / "manifest.json"
@@ -151,3 +153,256 @@ def test_the_manifest_records_request_matrix_and_files(manifest, matrix):
     assert manifest["envbuild"] == __version__ and manifest["matrix"]["sha256"] == matrix.sha256
     assert manifest["request"]["gpu"] == "h20" and manifest["request"]["env"] == [["NCCL_DEBUG", "INFO"]]
     assert len(manifest["render"]["sha256"]) == 64
+
+
+# ---------------------------------------------------------------- a record is hostile until checked (issue 40)
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import FIXTURE_MATRIX  # noqa: E402
+from property_settings import EXAMPLES  # noqa: E402
+from test_hostile_input import HOSTILE, envbuild, refused  # noqa: E402
+
+INJECT = ["\nRUN touch /PWNED", "\n%post\ntouch /PWNED", "$(touch PWNED)", "${{ github.event.issue.title }}", "'",
+          '"', "`id`", "\n"]
+INJECTED = st.tuples(HOSTILE, st.sampled_from(INJECT), HOSTILE).map("".join)  # never a value any field takes
+WRONG = st.sampled_from([0, -1, 1.5, True, [], {}, ["x"], {"a": "b"}])
+TEXT_FIELDS = ["envbuild", "tag", "image", "base_images.builder", "base_images.runtime", "matrix.sha256",
+               "render.sha256", "request.gpu", "request.stack", "request.base_image", "request.builder_image",
+               "request.ds_ops", "request.image_repo", "request.cpu_target", "request.fabric", "request.torch",
+               "request.nccl", "extend.from"]
+BIG, DEEP = "9" * 5000, "[" * 200 + "]" * 200  # JSON text Python's json.dumps cannot write
+HOSTILE_RECORDS = st.one_of(
+    st.tuples(st.sampled_from(TEXT_FIELDS), INJECTED | WRONG),
+    st.tuples(st.just("request.extensions"), INJECTED.map(lambda v: [v]) | st.sampled_from(["flash-attn", 1, {}])),
+    st.tuples(st.just("request.env"), INJECTED.map(lambda v: [["NCCL_DEBUG", v]]) | INJECTED.map(lambda v: [[v, "1"]])
+              | st.sampled_from(["A=1", [["A"]], [["A", 1]], [[1, 2]], 5])),
+    st.tuples(st.just("request.keep_toolchain"), st.sampled_from(["yes", 1, 0, [], "true"])),
+    st.tuples(st.sampled_from(["request", "matrix", "render", "base_images", "extend"]),
+              st.sampled_from(["x", 1, ["gpu"], True])),
+    st.tuples(st.sampled_from(["schema", "request.gpu", "base_images.builder", "matrix.sha256", "request.env"]),
+              st.sampled_from([BIG, DEEP])),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def recorded_manifest() -> str:
+    """A real record (the fixture matrix's), as `render` writes it."""
+    from envbuild.matrix import load_matrix
+
+    r = resolve(load_matrix(FIXTURE_MATRIX), Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi",
+                                                    base_image="local/debian:bookworm", ds_ops="cpu_adam"))
+    return render_files(r)[MANIFEST_NAME].decode()
+
+
+def with_field(path: str, value) -> str:
+    """The record with `path` set to `value`; for a base, the render digest an attacker would
+    compute for it (the digest is no gate). BIG and DEEP go in as JSON text."""
+    doc = json.loads(recorded_manifest())
+    node, *_, last = [doc, *path.split(".")]
+    for key in path.split(".")[:-1]:
+        node = node.setdefault(key, {}) if isinstance(node.get(key), dict) or key not in node else node[key]
+    placeholder = value in (BIG, DEEP)
+    node[last] = "@@VALUE@@" if placeholder else value
+    if path.startswith("base_images.") and isinstance(value, str) and not placeholder:
+        doc["render"]["sha256"] = _digest_with_bases(doc["base_images"])
+    text = json.dumps(doc)
+    return text.replace('"@@VALUE@@"', value) if placeholder else text
+
+
+def _digest_with_bases(bases: dict) -> str:
+    from envbuild.matrix import load_matrix
+
+    m = load_matrix(FIXTURE_MATRIX)
+    r = resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", base_image="local/debian:bookworm",
+                           ds_ops="cpu_adam"))
+    try:
+        return render_digest(render_files(dataclasses.replace(r, base_images=bases)))
+    except Exception:  # a renderer that refuses the base itself: any digest will do
+        return "0" * 64
+
+
+class NoEngine:
+    """An engine that records every use: a record refused before any engine work leaves `calls` empty."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        self.calls.append(name)
+        raise EnvbuildError("ENGINE-REACHED", exit_code=1)
+
+
+@contextlib.contextmanager
+def no_engine_work():
+    """The engine, the build and the OS-lock network check, each recorded and stopped."""
+    engine, stops = NoEngine(), []
+
+    def stop(what):
+        def called(*_, **__):
+            stops.append(what)
+            raise EnvbuildError(f"{what}-REACHED", exit_code=1)
+        return called
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("envbuild.rebuild.get_engine", lambda: engine)
+        mp.setattr("envbuild.imagediff.get_engine", lambda: engine)
+        mp.setattr("envbuild.rebuild.build_image", stop("BUILD"))
+        mp.setattr("envbuild.rebuild.check_reachable", stop("NETWORK"))
+        yield engine, stops
+
+
+def test_a_well_formed_record_reaches_the_build(tmp_path):
+    """What the property below relies on: with the record as written, rebuild does get to the build."""
+    (tmp_path / "manifest.json").write_text(recorded_manifest())
+    with no_engine_work() as (engine, stops):
+        r = envbuild("rebuild", str(tmp_path / "manifest.json"), "--matrix-dir", str(FIXTURE_MATRIX),
+                     "-o", str(tmp_path / "out"))
+    assert r.code == 1 and stops == ["NETWORK"], (r.code, r.err)  # the fixture's OS lock: its snapshot first
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=HOSTILE_RECORDS)
+def test_any_hostile_record_is_refused_naming_the_field_before_any_engine_work(tmp_path_factory, case):
+    """Issue 40: a newline in a base reached the Dockerfile and was built; a wrong type, deep
+    nesting or a 5,000-digit integer was exit 70. Every one is exit 2 naming the field (the
+    document, for what the bounded parser refuses), with nothing written, built or asked."""
+    path, value = case
+    work = tmp_path_factory.mktemp("record")
+    (work / "manifest.json").write_text(with_field(path, value))
+    with no_engine_work() as (engine, stops):
+        r = envbuild("rebuild", str(work / "manifest.json"), "--matrix-dir", str(FIXTURE_MATRIX), "-o", str(work / "out"))
+    assert engine.calls == [] and stops == [], (path, value, engine.calls, stops)
+    if value in (BIG, DEEP):
+        refused(r, "manifest.json", "digits" if value == BIG else "nests deeper")
+    else:
+        refused(r, path.split(".")[0] if path.startswith("request.") else path)
+    assert sorted(p.name for p in work.iterdir()) == ["manifest.json"]
+
+
+@pytest.mark.parametrize("version, shown", [("1!2.0", "pip install 'envbuild==1!2.0'"),
+                                            ("99.0.0+local.1", "pip install envbuild==99.0.0+local.1")])
+def test_the_suggested_pip_command_is_one_quoted_word(tmp_path, version, shown):
+    """The record's envbuild version went unquoted into the pip command a user copies."""
+    import shlex
+
+    doc = json.loads(recorded_manifest())
+    doc["envbuild"] = version
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    with no_engine_work() as (engine, stops):
+        r = envbuild("rebuild", str(tmp_path / "manifest.json"), "--matrix-dir", str(FIXTURE_MATRIX))
+    refused(r, shown)
+    command = r.message.split("run this again: ", 1)[1].rstrip(".")
+    assert shlex.split(command) == ["pip", "install", f"envbuild=={version}"] and not engine.calls
+
+
+@pytest.mark.parametrize("args, named", [
+    (["diff", "envbuild:a", "127.0.0.1:5000/x:t\nRUN id"], "B"),
+    (["diff", "envbuild:a\n", "envbuild:b"], "A"),
+    (["diff", "envbuild:a", "Upper/Case:t"], "B"),
+    (["rebuild", "127.0.0.1:5000/x:t$(id)"], "IMAGE"),
+    (["rebuild", "127.0.0.1:99999/x:t"], "IMAGE"),
+])
+def test_diff_and_rebuild_refuse_a_bad_reference_before_the_engine(tmp_path, monkeypatch, args, named):
+    """A bad reference was found out only after the engine had inspected (or pulled) the other one."""
+    monkeypatch.chdir(tmp_path)
+    with no_engine_work() as (engine, stops):
+        r = envbuild(*args, "--matrix-dir", str(FIXTURE_MATRIX)) if args[0] == "rebuild" else envbuild(*args)
+    refused(r, named)
+    assert engine.calls == [] and stops == [] and list(tmp_path.iterdir()) == []
+
+
+class PullingEngine:
+    """An engine without the image until it is pulled."""
+
+    def __init__(self):
+        self.pulled: list[str] = []
+
+    def inspect(self, ref):
+        if ref not in self.pulled:
+            raise EnvbuildError(f"no such image {ref}")
+        return type("Info", (), {"id": "sha256:" + "1" * 64})()
+
+    def pull(self, ref):
+        self.pulled.append(ref)
+
+    def config(self, ref):
+        return ImageConfig("sha256:" + "1" * 64, (), (), (), (), "", "", ())
+
+    def export(self, ref):
+        return contextlib.nullcontext(io.BytesIO(image_tar(base_files())))
+
+
+@pytest.mark.parametrize("ref", ["127.0.0.1:5000/envbuild:tag", "localhost:5000/team/envbuild:t",
+                                 "registry.example.com:443/a/b:c"])
+def test_a_host_port_reference_is_pulled(ref):
+    """The port's colon was taken for the tag's, so a registry on a port was never pulled from."""
+    from envbuild.imagediff import read_image
+
+    engine, pulled = PullingEngine(), []
+    assert read_image(ref, engine, pulled).ref == ref
+    assert engine.pulled == [ref] and pulled == [ref]
+
+
+def test_a_name_without_a_registry_is_not_pulled():
+    from envbuild.imagediff import read_image
+
+    with pytest.raises(EnvbuildError, match="names no registry"):
+        read_image("envbuild:tag", PullingEngine())
+
+
+def _rebuild_with_fake_build(tmp_path, events: list[str], *flags: str):
+    """`rebuild` of a record whose build the engine serves with `events` for its one RUN step."""
+    from envbuild.build import BuildResult
+
+    (tmp_path / "manifest.json").write_text(recorded_manifest())
+    built = {}
+
+    def build_image(path, tag, repo, secrets, on_step=None, extra_args=(), engine=None):
+        built["extra_args"] = extra_args
+        for name in ("[runtime 1/3] FROM local/debian:bookworm", "[runtime 2/3] RUN step.sh"):
+            on_step("start", name)
+            on_step(events[0] if "RUN" in name else "done", name)
+        return BuildResult("sha256:" + "2" * 64, [f"{repo}:{tag}"], path / "build.log", 0.0, [])
+
+    same = record(image_tar(base_files()))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("envbuild.rebuild.get_engine", lambda: type("E", (), {"inspect": lambda self, ref: True})())
+        mp.setattr("envbuild.rebuild.build_image", build_image)
+        mp.setattr("envbuild.rebuild.check_reachable", lambda *a, **k: None)
+        mp.setattr("envbuild.rebuild.read_image", lambda ref, engine=None: same)
+        r = envbuild("rebuild", str(tmp_path / "manifest.json"), "--matrix-dir", str(FIXTURE_MATRIX),
+                     "-o", str(tmp_path / "out"), *flags)
+    return r, built
+
+
+def test_a_rebuild_served_from_the_cache_says_it_was_not_rebuilt(tmp_path):
+    """With a warm cache the 'rebuilt' image was the original, compared with itself: 'the same content'."""
+    r, built = _rebuild_with_fake_build(tmp_path, ["cached"], "--cache")
+    assert r.code == 1 and "not rebuilt: served from cache" in r.out and "the same content" not in r.out, r
+    assert "--no-cache" not in built["extra_args"]
+
+
+def test_a_rebuild_builds_every_step_again_by_default(tmp_path):
+    r, built = _rebuild_with_fake_build(tmp_path, ["done"])
+    assert r.code == 0 and "the same content" in r.out, r
+    assert "--no-cache" in built["extra_args"]
+
+
+@pytest.mark.docker
+def test_docker_rebuild_of_a_record_with_an_injected_base_builds_nothing(tmp_path):
+    """With a real engine up: a manifest.json (the one `render` writes for the fixture's CI
+    stack) whose base carries a newline and a RUN, with the render digest an attacker computes
+    for it, is exit 2 naming the field; no build directory, no new image, no build log."""
+    from conftest import docker, run_cli
+
+    doc = json.loads(with_field("base_images.builder", "local/debian:bookworm\nRUN touch /PWNED"))
+    assert "RUN touch /PWNED" in doc["base_images"]["builder"]  # the case the issue reproduced
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    before = docker("images", "-qa", "--no-trunc").stdout.split()
+    r = run_cli("rebuild", str(tmp_path / "manifest.json"), "--matrix-dir", str(FIXTURE_MATRIX),
+                "-o", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 2 and "base_images.builder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+    assert sorted(docker("images", "-qa", "--no-trunc").stdout.split()) == sorted(before)

@@ -25,8 +25,9 @@ def diff(image_a, image_b, as_json, show_all):
 
     A and B are local images or registry references (pulled when not here). Exit 0: the same
     content; 1: they differ; 2: an image cannot be read."""
-    from ..imagediff import SECTIONS, compare, read_image, summary
+    from ..imagediff import SECTIONS, check_source, compare, read_image, summary
 
+    check_source(image_a, "A"), check_source(image_b, "B")  # both, before the engine or a registry is asked
     pulled: list[str] = []
     a, b = read_image(image_a, pulled=pulled), read_image(image_b, pulled=pulled)
     for ref in pulled:
@@ -41,31 +42,53 @@ def diff(image_a, image_b, as_json, show_all):
 @click.option("-o", "--output", type=click.Path(file_okay=False),
               help="Build directory (default: build/<tag>-rebuild).")
 @click.option("--json", "as_json", is_flag=True, help="The comparison with the original as JSON.")
+@click.option("--cache", "use_cache", is_flag=True,
+              help="Let the engine reuse its build cache (faster; a step served from it was not built again, "
+                   "and when every step was, nothing was rebuilt and nothing is compared).")
 @secret_options
 @matrix_dir_option
-def rebuild(source, output, as_json, matrix_dir, **kw):
+def rebuild(source, output, as_json, use_cache, matrix_dir, **kw):
     """Build an image again from its own record and compare the two.
 
     IMAGE (local, or a registry reference) or its manifest.json records the request, the
     envbuild that rendered it, its matrix and its files' digest. The request is rendered
     again; only when the files come out the same is it built (tagged <repo>-rebuild:<tag>, the
-    original keeps its tags), then compared as `envbuild diff` compares. Exit 0: the same
-    content; 1: they differ; 2: this envbuild or matrix cannot reproduce it (it says which)."""
+    original keeps its tags), every step again (--cache reuses the build cache), then compared
+    as `envbuild diff` compares. Exit 0: the same content; 1: they differ, or (--cache) every step
+    came from the cache, so nothing was rebuilt; 2: the record is malformed, or this envbuild or
+    matrix cannot reproduce it (it says which)."""
     from ..imagediff import SECTIONS, summary
     from ..rebuild import rebuild as run_rebuild
     from .options import secrets_from
 
     secrets = secrets_from(kw)
     done = run_rebuild(source, Path(matrix_dir) if matrix_dir else None, secrets, Path(output) if output else None,
-                       progress=lambda text: err.print(f"envbuild: {text}", markup=False))
+                       progress=lambda text: err.print(f"envbuild: {text}", markup=False), use_cache=use_cache)
     for tag in done.result.tags:
         err.print(f"envbuild: tagged {tag}", markup=False)
+    if not done.rebuilt:
+        _not_rebuilt(done, as_json)
     if done.original is None:
         out.print(f"built {done.result.image_id[:19]} from {source}; no original image here to compare with",
                   markup=False)
         return
-    print_differences(summary(done.original, done.again, done.differences), as_json, False, SECTIONS)
+    doc = {**summary(done.original, done.again, done.differences), "rebuilt": True, "cached_steps": done.cached}
+    print_differences(doc, as_json, False, SECTIONS)
     sys.exit(1 if done.differences else 0)
+
+
+def _not_rebuilt(done, as_json: bool) -> None:
+    """--cache and every step served from the cache: say so, claim nothing, exit 1."""
+    said = (f"not rebuilt: served from cache. Every one of the {done.cached} build steps of {done.record.source} "
+            f"came from this machine's build cache, so the image is the cached one and comparing it with the "
+            f"original proves nothing about reproducibility; run `envbuild rebuild` without --cache to build "
+            f"every step again.")
+    if as_json:
+        click.echo(json.dumps({"rebuilt": False, "cached_steps": done.cached, "image": done.result.image_id,
+                               "message": said}, indent=2))
+    else:
+        out.print(said, markup=False)
+    sys.exit(1)
 
 
 def print_differences(doc: dict, as_json: bool, show_all: bool, sections) -> None:

@@ -298,13 +298,14 @@ def _scan_bytes(data: bytes, needles: list[bytes], where: str, hits: list):
             hits.append(f"{where}: {n[:12]!r}...")
 
 
-def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential):
-    needles = [m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
+def _secret_hits(image: str, needles: list[bytes]) -> list[str]:
+    """Where any of `needles` occurs in `image`: its layers' files, its config (history, labels,
+    env), `docker history` and `docker inspect`."""
     hits: list[str] = []
     scanned = 0
     # `docker save` read as it streams: the image is several GB, which a saved file would need on disk.
     with alarm_deadline(1800, "docker save"), \
-            subprocess.Popen([conftest.DOCKER, "save", h20["image"]], stdout=subprocess.PIPE) as save, \
+            subprocess.Popen([conftest.DOCKER, "save", image], stdout=subprocess.PIPE) as save, \
             tarfile.open(fileobj=save.stdout, mode="r|") as outer:
         for member in outer:
             if not member.isfile():
@@ -320,16 +321,91 @@ def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential):
             else:  # the image config (history, labels, env) and the manifest
                 _scan_bytes(outer.extractfile(member).read(), needles, member.name, hits)
     assert save.returncode == 0 and scanned > 1_000_000_000  # the scan really read the layers
-    history = docker("history", "--no-trunc", h20["image"]).stdout.encode()
-    inspect = docker("image", "inspect", h20["image"]).stdout.encode()
-    _scan_bytes(history, needles, "docker history", hits)
-    _scan_bytes(inspect, needles, "docker inspect", hits)
+    _scan_bytes(docker("history", "--no-trunc", image).stdout.encode(), needles, "docker history", hits)
+    _scan_bytes(docker("image", "inspect", image).stdout.encode(), needles, "docker inspect", hits)
+    return hits
+
+
+def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential):
+    needles = [m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
+    hits = _secret_hits(h20["image"], needles)
     for p in h20["out"].rglob("*"):
         if p.is_file():
             _scan_bytes(p.read_bytes(), needles, str(p), hits)
     assert hits == []
     # The scan can fail: the marker is really in the bundle the build used.
     assert all(n in test_ca["bundle"].read_bytes() for n in needles[:2])
+
+
+@pytest.fixture
+def empty_engine(tmp_path):
+    """A Docker engine of its own (data root, containerd, socket), empty: what a fresh CI runner
+    has. It holds only the base image, loaded from this engine (no registry serves local/debian)."""
+    exec_root = Path(f"/run/envbuild-e2-{conftest.RUN_ID}")
+    host = f"unix://{exec_root}.sock"
+    log = open(tmp_path / "dockerd.log", "w")
+    proc = subprocess.Popen(["/usr/sbin/dockerd", "--data-root", str(tmp_path / "data"), "--exec-root",
+                             str(exec_root), "-H", host, "--pidfile", str(tmp_path / "dockerd.pid"),
+                             "--iptables=false", "--bridge=none", "--storage-driver=overlay2"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "DOCKER_HOST": host}
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run([conftest.DOCKER, "info"], env=env, capture_output=True).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "dockerd.log").read_text()[-2000:]
+            time.sleep(0.5)
+        save = subprocess.Popen([conftest.DOCKER, "save", BASE_IMAGE], stdout=subprocess.PIPE)
+        subprocess.run([conftest.DOCKER, "load", "-q"], stdin=save.stdout, env=env, check=True, capture_output=True)
+        assert save.wait() == 0
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+        log.close()
+        shutil.rmtree(tmp_path / "data", ignore_errors=True)
+        for leftover in (exec_root, Path(f"{exec_root}.sock")):
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+
+
+def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h20, test_ca, credential, work,
+                                                                             empty_engine, monkeypatch):
+    """What `publish --job` does with its layer cache (envbuild/build.py LayerCache): the first
+    engine builds with it and pushes the builder stage and the image; an empty engine then builds
+    the same directory with no RUN step executed (no compiler, no download) and the same content,
+    and the pushed builder stage holds no secret."""
+    from envbuild.build import LayerCache, build_image
+    from envbuild.engine import BuildSecrets
+    from envbuild.engine.docker import DockerEngine
+
+    cache_repo = f"{REGISTRY}/{unique('envbuild-cache')}"
+    cache = LayerCache(builder=f"{cache_repo}:h20-amd64-builder", final=f"{cache_repo}:h20-amd64")
+    idx = credential["indexes"]
+    secrets_ = BuildSecrets(ca_cert=test_ca["bundle"], pip_index_url=idx["--pip-index-url"],
+                            torch_index_url=idx["--torch-index-url"], apt_mirror=idx["--apt-mirror"])
+    said: list[str] = []
+    try:
+        cold = build_image(h20["out"], "layer-cache-cold", REPO, secrets_, cache=cache, say=said.append)
+        assert said == [f"layer cache: the builder stage is {cache.builder}"], said
+        docker("tag", cold.image_id, cache.final)
+        docker("push", cache.final, timeout=1800)
+
+        monkeypatch.setenv("DOCKER_HOST", empty_engine)  # the CLI, the SDK and docker() below: the empty engine
+        warm = build_image(h20["out"], "layer-cache-warm", REPO, secrets_, engine=DockerEngine(), cache=cache,
+                           say=said.append)
+        ran = [name for name, _ in warm.steps if " RUN " in f" {name} "]
+        assert ran == [], f"steps that ran on the empty engine: {ran}"
+        docker("tag", warm.image_id, f"{cache_repo}:warm")
+        docker("push", f"{cache_repo}:warm", timeout=1800)
+        monkeypatch.delenv("DOCKER_HOST")
+
+        r = run_cli("diff", cache.final, f"{cache_repo}:warm", timeout=1800)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        docker("pull", cache.builder, timeout=1800)
+        needles = [m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
+        assert _secret_hits(cache.builder, needles) == []
+    finally:
+        monkeypatch.delenv("DOCKER_HOST", raising=False)
+        docker("rmi", cache.final, cache.builder, f"{cache_repo}:warm", check=False)
 
 
 def test_broken_build_fails_clearly_and_tags_nothing(docker_engine, work, state, matrix_copy_module):

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import requests
 from securesystemslib.signer import CryptoSigner
 
 from . import audit, extcache, grammar, provenance, sbom
@@ -47,12 +48,12 @@ from .build import LayerCache
 from .engine import get_engine
 from .enroot import export_sqsh
 from .errors import EnvbuildError, nearest
-from .files import write_atomic
+from .files import read_bytes, write_atomic
 from .lock import load_lock
 from .matrix import Matrix
 from .publish import merge, per_platform_tag, push
 from .registry import api_host
-from .untrusted import redact
+from .untrusted import loads_json, redact
 from .verdict import record_path, run_smoke
 from .verify import PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust, attached_byproduct, signed_statement, targets
 
@@ -132,6 +133,73 @@ def layer_cache(cache_repo: Optional[str], image_repo: str, variant: dict) -> Op
         return None
     tag = per_platform_tag(variant["tag"], variant["platform"])
     return LayerCache(builder=f"{cache_repo}:{tag}-builder", final=f"{image_repo}:{tag}")
+
+
+def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: str, cache_repo: Optional[str],
+         ext_cache: Optional[Path], out: Path) -> list[str]:
+    """What `publish --job` would do, per variant, without building anything: which layer-cache
+    images the registry already holds (pulled, not built) and which stages will be built, the
+    compiled extensions an --ext-cache file holds, and how long the last run's build took."""
+    held = _held_refs(registry, [c for v in variants for c in dataclasses.astuple(
+        layer_cache(cache_repo, image_repo, v) or LayerCache("", ""))])
+    last = _last_build_seconds(out)
+    wheels = _cache_wheels(ext_cache) if job["extensions"] and ext_cache else None
+    lines = [f"job {job['id']}: {len(variants)} variant(s), {job['platform']}, layer cache "
+             f"{cache_repo or 'off'}"]
+    for v in variants:
+        cache = layer_cache(cache_repo, image_repo, v)
+        lines.append(f"{v['variant']}  {v['tag']}")
+        if cache:
+            for what, ref in (("builder stage", cache.builder), ("image", cache.final)):
+                state = held.get(ref)
+                verdict = ("in the cache: pulled, not built" if state is True else
+                           f"cannot tell ({state})" if isinstance(state, str) else "not in the cache: built")
+                lines.append(f"  {what:<14} {verdict}  ({ref})")
+        else:
+            lines.append("  every stage    built (--layer-cache off)")
+        if wheels is not None:
+            names = [w for w in wheels if w.split("/")[0] in v["extensions"].split(",")]
+            lines.append(f"  extensions     {len(names)} compiled wheel(s) in {ext_cache}: "
+                         f"{', '.join(n.rsplit('/', 1)[1] for n in names) or 'none (compiled in the build)'}")
+        if v["variant"] in last:
+            lines.append(f"  last run       build {last[v['variant']]:.0f} s ({out / 'report.json'})")
+    return lines
+
+
+def _held_refs(registry: str, refs: list[str]) -> dict[str, object]:
+    """ref -> True/False (the registry holds it or not), or why it cannot tell."""
+    refs = [r for r in refs if r]
+    if not refs:
+        return {}
+    try:
+        client = Registry(registry)
+    except EnvbuildError as e:
+        return {r: f"registry unreachable: {e.message}" for r in refs}
+    found: dict[str, object] = {}
+    for ref in refs:
+        name, tag = ref.rsplit(":", 1)
+        try:
+            found[ref] = client.exists(repository(name), tag)
+        except (EnvbuildError, requests.RequestException) as e:
+            found[ref] = getattr(e, "message", None) or type(e).__name__
+    return found
+
+
+def _last_build_seconds(out: Path) -> dict[str, float]:
+    """Each variant's build time in the report an earlier run left in `out` (none: {})."""
+    path = out / "report.json"
+    if not path.is_file():
+        return {}
+    try:
+        report = loads_json(read_bytes(path, "report", "record"), f"{path}")
+        return {o["variant"]: float(o["seconds"]["build"]) for o in report.get("outcomes", [])
+                if isinstance(o, dict) and isinstance(o.get("seconds"), dict) and "build" in o["seconds"]}
+    except (EnvbuildError, TypeError, ValueError, AttributeError):  # not a report this version wrote: no figure
+        return {}
+
+
+def _cache_wheels(file: Path) -> tuple[str, ...]:
+    return extcache.wheels_in(file) if file.is_file() else ()
 
 
 def check_tools(signing: Signing) -> None:

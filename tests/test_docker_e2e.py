@@ -388,6 +388,9 @@ def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h2
         assert said == [f"layer cache: the builder stage is {cache.builder}"], said
         docker("tag", cold.image_id, cache.final)
         docker("push", cache.final, timeout=1800)
+        from envbuild.release import _held_refs  # what `publish --plan` reports
+        assert _held_refs(REGISTRY, [cache.builder, cache.final, f"{cache_repo}:absent"]) == {
+            cache.builder: True, cache.final: True, f"{cache_repo}:absent": False}
 
         monkeypatch.setenv("DOCKER_HOST", empty_engine)  # the CLI, the SDK and docker() below: the empty engine
         warm = build_image(h20["out"], "layer-cache-warm", REPO, secrets_, engine=DockerEngine(), cache=cache,

@@ -139,3 +139,30 @@ def test_a_long_step_says_it_is_alive_and_what_buildkit_runs(monkeypatch):
     time.sleep(0.2)
     assert len(said) == count  # the heartbeat ends with its step
     assert o.seconds["build"] >= 0.4
+
+
+def test_the_plan_says_per_variant_what_is_cached_and_builds_nothing(tmp_path):
+    out = tmp_path / "publish-out"
+    out.mkdir()
+    (out / "report.json").write_text('{"job": "x", "outcomes": [{"variant": "h20:ib:", "seconds": {"build": 1712.4}}]}')
+    r = run_here("publish", "--job", JOB, "--registry", "127.0.0.1:9/acme", "--plan", "--variant", "h20",
+                 "--out", str(out), cwd=tmp_path, env=SHIPPED)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"job {JOB}: 1 variant(s), linux/amd64, layer cache 127.0.0.1:9/acme/envbuild-cache"
+    assert lines[1].startswith("h20:ib:  torch2.5.1-cu124-py3.10-")
+    assert "builder stage  cannot tell (registry unreachable" in r.stdout and "-h20-amd64-builder)" in r.stdout
+    assert f"last run       build 1712 s ({out / 'report.json'})" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["report.json"]  # nothing built, nothing written
+
+
+@pytest.mark.parametrize("report", ['[' * 100 + ']' * 100, '{"outcomes": [{"variant": "h20:ib:", "seconds": 5}]}',
+                                    '{"outcomes": "x"}', "\xff"])
+def test_a_report_the_plan_cannot_read_gives_no_figure(tmp_path, report):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "report.json").write_text(report, errors="surrogateescape") if report != "\xff" else \
+        (out / "report.json").write_bytes(b"\xff")
+    r = run_here("publish", "--job", JOB, "--registry", "127.0.0.1:9/acme", "--plan", "--variant", "h20",
+                 "--layer-cache", "off", "--out", str(out), cwd=tmp_path, env=SHIPPED)
+    assert r.returncode == 0 and "last run" not in r.stdout and "every stage    built (--layer-cache off)" in r.stdout

@@ -64,6 +64,9 @@ def _build_options(f):
               help="--job: the registry repository the builder stages' layer cache is pushed to and imported from "
                    "(default: REGISTRY/envbuild-cache; the published images carry their own stage's cache inline); "
                    "'off' builds without it.")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="--job: print what the job would build and what its caches already hold, per variant; build "
+                   "nothing.")
 @click.option("--variant", "variant_ids", multiple=True, metavar="GPU[:FABRIC][:EXT]",
               help="--job: publish only this variant of the job (repeatable; a part left out matches any, and "
                    "each value must name one variant). Default: every variant.")
@@ -71,7 +74,7 @@ def _build_options(f):
 @_build_options
 @matrix_dir_option
 def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key, identity, digests, out_dir,
-            ext_cache, keep_images, cache_repo, variant_ids, service, matrix_dir, **build_flags):
+            ext_cache, keep_images, cache_repo, show_plan, variant_ids, service, matrix_dir, **build_flags):
     """Publish the matrix the way its CI does: one job of the publish plan (--job), or one tag's
     manifest list (--manifest). The generated workflow runs exactly these commands.
 
@@ -83,8 +86,9 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if sum(map(bool, (job_id, manifest_tag, list_jobs))) != 1:
         raise EnvbuildError("give one of --job ID (a job of the plan), --manifest TAG (a published tag) or --list.")
-    if variant_ids and not job_id:
-        raise EnvbuildError("--variant chooses among a job's variants: give --job ID too (`envbuild publish --list`).")
+    if (variant_ids or show_plan) and not job_id:
+        raise EnvbuildError("--variant and --plan are about one job's variants: give --job ID too (`envbuild publish "
+                            "--list` prints the jobs).")
     cfg, _, jobs, merges = publish_plan(m)
     if list_jobs:
         for line in [f"job {j['id']}  {j['gpus']}" for j in jobs] + [f"tag {t['tag']}  {t['platforms']}" for t in merges]:
@@ -93,6 +97,14 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     image_repo = _image_repo(registry, cfg.image_repo)
     if manifest_tag:
         _manifest(m, registry, image_repo, manifest_tag, Path(digests), signing_key, keyless, key, identity)
+        return
+    if show_plan:
+        from ..release import find_job, plan, select_variants
+
+        job, variants, _ = find_job(m, job_id)
+        for line in plan(m, job, select_variants(m, job, variants, variant_ids), registry, image_repo,
+                         _cache_repo(cache_repo, registry), Path(ext_cache) if ext_cache else None, Path(out_dir)):
+            out.print(line, markup=False, soft_wrap=True)
         return
     _run_job(m, job_id, variant_ids, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
              keep_images, _cache_repo(cache_repo, registry), build_flags)

@@ -332,3 +332,12 @@ def parse_size(text: str, option: str = "--max-bytes") -> int:
         raise EnvbuildError(f"{option} {shown(text)} is {'under 1 byte' if size < 1 else 'over 1024T (1 PiB)'}; "
                             "give a size from 1 byte to 1024T, e.g. 16G.")
     return size
+
+
+def run_budget(max_bytes: str, max_seconds: float) -> Budget:
+    """The budget of a run from its options (--max-seconds' nan passes a range check and would
+    make the limit no limit)."""
+    if max_seconds != max_seconds:
+        raise EnvbuildError("--max-seconds 'nan' is not a number of seconds; give one from 1 to 604800 (a week), "
+                            "e.g. 600.")
+    return Budget(parse_size(max_bytes), max_seconds)

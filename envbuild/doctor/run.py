@@ -290,13 +290,13 @@ def check_read(report: Report, paths: list[str]):
                         "bzip2 or xz), torch's flight-recorder dumps, or - for standard input.")
 
 
-def unread_dumps(report: Report) -> Optional[EnvbuildError]:
-    """The error (exit 2) for a run that found nothing while some of its dumps could not be read:
-    their ranks' verdict is unknown, so "nothing found" would not be true of the job."""
+def unread_dumps(report: Report):
+    """Refuse (exit 2) a run that found nothing while some of its dumps could not be read: their
+    ranks' verdict is unknown, so "nothing found" would not be true of the job."""
     unread = report.recording.unread if report.recording else []
     if report.found() or not unread:
-        return None
+        return
     names = ", ".join(escaped(p) for p in unread[:4]) + (" ..." if len(unread) > 4 else "")
-    return EnvbuildError(f"{len(unread)} flight-recorder dump{'s' * (len(unread) != 1)} could not be read ({names}; "
+    raise EnvbuildError(f"{len(unread)} flight-recorder dump{'s' * (len(unread) != 1)} could not be read ({names}; "
                          "each is listed under Skipped: with the reason), so nothing found covers only what was read. "
                          "Give the files torch wrote (TORCH_FR_DUMP_TEMP_FILE<rank>, pickled or JSON).")

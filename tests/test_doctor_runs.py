@@ -385,7 +385,7 @@ def test_a_dumps_newlines_add_no_line_of_their_own_to_the_report(tmp_path, cli):
 
 
 _HOSTILE_LEAF = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.sampled_from([2 ** 64, -(10 ** 100), 10 ** 4000]),
+    st.none(), st.booleans(), st.integers(), st.sampled_from([2 ** 64, -(10 ** 100), "HUGE"]),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30).map(lambda t: t + "\nINJECTED\r\x1b]0;"),
 )
@@ -402,10 +402,23 @@ def _nested(depth: int):
     return value
 
 
+def _huge(value):
+    """`value` with "HUGE" as a 5,000-digit integer (which hypothesis could not print in a report)."""
+    if value == "HUGE":
+        return 10 ** 5000
+    if isinstance(value, list):
+        return [_huge(v) for v in value]
+    return {k: _huge(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
 def _hostile_dump(field_name: str, value, depth: int, form: str) -> bytes:
     """The never-entered dump of rank 0 with one field (of the dump or of its entries) replaced by
     `value`, a field nested `depth` deep, pickled or as JSON."""
     dump = pickle.loads((DUMPS / "never-entered" / "rank_0").read_bytes())  # a fixture this repository made
+    value = _huge(value)
+    dump["version"] = "2.10\nINJECTED"  # what the report quotes carries control characters in every example
+    for entry in dump["entries"]:
+        entry["profiling_name"] += "\nINJECTED\r\x1b[2K\x85"
     if field_name in ("entries", "pg_config", "pg_status", "version"):
         dump[field_name] = value
     else:
@@ -415,7 +428,12 @@ def _hostile_dump(field_name: str, value, depth: int, form: str) -> bytes:
     if form == "pickle":
         dump["extra"] = _nested(min(depth, 300))
         return pickle.dumps(dump, protocol=4)
-    text = json.dumps(dump, default=str)
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # a 5,000-digit integer written as JSON
+    try:
+        text = json.dumps(dump, default=str)
+    finally:
+        sys.set_int_max_str_digits(limit)
     return text.replace('"DEEP"', "[" * depth + "]" * depth).encode()
 
 

@@ -32,7 +32,7 @@ from .reading import read_regular, size_text
 MAX_DUMP = 64 << 20  # a dump of 20,000 entries with stacks is about 20 MiB
 # Values one dump may hold, counted before it is parsed (JSON: from its bytes; a pickle: its
 # opcodes, each of which makes at most one object or slot). A parsed value costs up to about 70
-# bytes, so one dump costs at most about 150 MB while it is read; a real dump of torch's 2,000
+# bytes, so one dump costs at most about 300 MB while it is read; a real dump of torch's 2,000
 # entries holds about 300,000, one of 20,000 entries with stacks about 2,700,000 opcodes.
 DUMP_VALUES = 1 << 22
 TOTAL_ENTRIES = 1 << 21  # entries kept over all dumps (about 200 bytes each): 1,000 ranks of 2,000

@@ -10,14 +10,17 @@ import gzip
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT
+from property_settings import EXAMPLES
 from envbuild.doctor import Budget, LogReader, examine, load_catalogue, parse_size
 from envbuild.doctor.flight import load_dump, read_recording
 from envbuild.errors import EnvbuildError
@@ -280,3 +283,198 @@ def test_a_hostile_known_issues_file_is_refused(tmp_path, make, words):
     make(tmp_path / "known_issues.yaml")
     with pytest.raises(EnvbuildError, match=words):
         load_catalogue(tmp_path)
+
+
+# --- input from another machine: bounds, /proc, nothing read (issue 40) -------------------------
+
+
+def _dump(entries, **more) -> dict:
+    return {"version": "2.10", "entries": entries, **more}
+
+
+def _entry(seq=1, op="nccl:all_reduce", **more) -> dict:
+    return {"process_group": ["0", "default_pg"], "pg_id": 0, "collective_seq_id": seq, "profiling_name": op,
+            "state": "scheduled", "input_sizes": [[1024]], **more}
+
+
+def _one_paragraph(r):
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("write", [
+    lambda p: p.write_bytes(pickle.dumps(_dump([_entry(seq=10 ** 5000)]), protocol=4)),
+    lambda p: p.write_bytes(pickle.dumps(_dump([_entry(input_sizes=[[10 ** 5000]])], pg_id=10 ** 5000), protocol=4)),
+    lambda p: p.write_text('{"version": "2.10", "entries": [{"collective_seq_id": ' + "9" * 5000 + "}]}"),
+])
+def test_a_dump_holding_a_5000_digit_integer_is_one_paragraph(tmp_path, cli, write):
+    """A 5,000-digit integer in a pickled dump reached str() in the report: exit 70."""
+    write(tmp_path / "rank_0")
+    r = cli("doctor", str(tmp_path / "rank_0"))
+    assert r.returncode in (2, 3) and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    if r.returncode == 2:
+        _one_paragraph(r)
+        assert "rank_0" in r.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="no /proc")
+def test_proc_files_are_refused_when_named_and_skipped_in_a_directory(tmp_path, cli):
+    """/proc/self/mem fails its read (EIO: exit 70); /proc/self/status says 0 bytes and gives some."""
+    for path, words in (("/proc/self/mem", "cannot be read"), ("/proc/self/status", "says it holds 0 bytes")):
+        r = cli("doctor", path, timeout=30)
+        _one_paragraph(r)
+        assert path in r.stderr and words in r.stderr
+    (tmp_path / "mem.log").symlink_to("/proc/self/mem")
+    (tmp_path / "status.log").symlink_to("/proc/self/status")
+    (tmp_path / "rank_1.log").write_text("OSError: libcudnn.so.8: cannot open shared object file: No such file\n")
+    r = cli("doctor", str(tmp_path), timeout=30)
+    assert r.returncode == 3 and r.stdout.count("Skipped: ") == 2 and "mem.log: cannot be read" in r.stdout
+
+
+@pytest.mark.parametrize("bad", ["9" * 400, "1025T", "0.0000001"])
+def test_max_bytes_out_of_range_names_the_option_and_the_range(cli, bad):
+    r = cli("doctor", str(RANKS), "--max-bytes", bad)
+    _one_paragraph(r)
+    assert "--max-bytes" in r.stderr and "1024T" in r.stderr
+
+
+def test_max_seconds_nan_is_refused(cli):
+    r = cli("doctor", str(RANKS), "--max-seconds", "nan")
+    _one_paragraph(r)
+    assert "--max-seconds" in r.stderr
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: (d / "empty.log").write_bytes(b"") and None or d / "empty.log",
+    lambda d: [(d / f"job-{i}.err").write_bytes(b"") for i in range(3)] and d,
+    lambda d: (d / "rank_0").write_bytes(pickle.dumps(_dump([{"no": "fields"}]), protocol=4)) and d,
+])
+def test_a_run_that_read_nothing_says_so_with_exit_2(tmp_path, cli, make):
+    """Empty logs, or a directory whose one dump was refused: doctor said "no known signature found", exit 0."""
+    r = cli("doctor", str(make(tmp_path)))
+    _one_paragraph(r)
+    assert "doctor read nothing" in r.stderr and r.stdout == ""
+
+
+def test_nothing_found_while_a_dump_was_unread_is_not_exit_0(tmp_path, cli):
+    """A job's healthy-looking log beside a dump that could not be read: its rank's verdict is unknown."""
+    (tmp_path / "train.log").write_text("step 1 loss 0.5\n")
+    (tmp_path / "rank_0").write_bytes(pickle.dumps(_dump([_entry()], x=10 ** 5000), protocol=4)[:40])  # cut short
+    r = cli("doctor", str(tmp_path))
+    _one_paragraph(r)
+    assert "could not be read" in r.stderr and "Skipped: " in r.stdout and "rank_0" in r.stdout
+
+
+def test_a_rank_whose_dump_was_unread_is_not_called_one_that_wrote_none(tmp_path, cli):
+    for rank in (0, 1, 3):
+        shutil.copy(DUMPS / "never-entered" / f"rank_{rank}", tmp_path)
+    (tmp_path / "rank_2").write_bytes(b"\x80\x04\x95" + bytes(50))
+    r, report = report_of(cli, tmp_path)
+    (hang,) = report["flight_recorder"]["hangs"]
+    assert r.returncode == 3 and hang["no_dump"] == [] and report["flight_recorder"]["unread_ranks"] == [2]
+    assert "dump not read:     rank 2" in cli("doctor", str(tmp_path)).stdout
+
+
+def test_a_dumps_newlines_add_no_line_of_their_own_to_the_report(tmp_path, cli):
+    evil = "nccl:all_reduce\nINJECTED never entered it: rank 7\r\x1b[2K\x85\u2028"
+    entries = [_entry(op=evil, process_group=["0\nINJECTED", "pg\n"], state="s\nINJECTED")]
+    (tmp_path / "rank_0").write_bytes(pickle.dumps(_dump(entries, version="2.\nINJECTED"), protocol=4))
+    r = cli("doctor", str(tmp_path / "rank_0"))
+    assert r.returncode == 3 and "\\nINJECTED" in r.stdout
+    assert not any(line.lstrip().startswith("INJECTED") for line in r.stdout.splitlines())
+    assert not re.search("[\r\x1b\x85\u2028]", r.stdout)
+
+
+_HOSTILE_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.sampled_from([2 ** 64, -(10 ** 100), "HUGE"]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30).map(lambda t: t + "\nINJECTED\r\x1b]0;"),
+)
+_HOSTILE = st.recursive(_HOSTILE_LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                        max_leaves=12)
+_FIELDS = ["entries", "process_group", "collective_seq_id", "profiling_name", "state", "input_sizes", "pg_id", "pg_config",
+           "pg_status", "version", "is_p2p", "p2p_seq_id"]
+
+
+def _nested(depth: int):
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _huge(value):
+    """`value` with "HUGE" as a 5,000-digit integer (which hypothesis could not print in a report)."""
+    if value == "HUGE":
+        return 10 ** 5000
+    if isinstance(value, list):
+        return [_huge(v) for v in value]
+    return {k: _huge(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+def _hostile_dump(field_name: str, value, depth: int, form: str) -> bytes:
+    """The never-entered dump of rank 0 with one field (of the dump or of its entries) replaced by
+    `value`, a field nested `depth` deep, pickled or as JSON."""
+    dump = pickle.loads((DUMPS / "never-entered" / "rank_0").read_bytes())  # a fixture this repository made
+    value = _huge(value)
+    dump["version"] = "2.10\nINJECTED"  # what the report quotes carries control characters in every example
+    for entry in dump["entries"]:
+        entry["profiling_name"] += "\nINJECTED\r\x1b[2K\x85"
+    if field_name in ("entries", "pg_config", "pg_status", "version"):
+        dump[field_name] = value
+    else:
+        for entry in dump["entries"]:
+            entry[field_name] = value
+    dump["extra"] = "DEEP"
+    if form == "pickle":
+        dump["extra"] = _nested(min(depth, 300))
+        return pickle.dumps(dump, protocol=4)
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # a 5,000-digit integer written as JSON
+    try:
+        text = json.dumps(dump, default=str)
+    finally:
+        sys.set_int_max_str_digits(limit)
+    return text.replace('"DEEP"', "[" * depth + "]" * depth).encode()
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None)
+@given(field_name=st.sampled_from(_FIELDS), value=_HOSTILE, depth=st.integers(0, 5000),
+       form=st.sampled_from(["pickle", "json"]), named=st.booleans())
+def test_any_hostile_dump_is_one_paragraph_or_a_skipped_line(tmp_path_factory, field_name, value, depth, form, named):
+    """Wrong types, deep nesting, huge integers and control characters in any field of a dump:
+    exit 2 in one paragraph naming the dump, or read (or skipped with a line) beside rank 1's good
+    dump; never exit 70, and no line of the report is one a dump wrote."""
+    from conftest import run_here
+
+    d = tmp_path_factory.mktemp("dumps")
+    (d / "rank_0").write_bytes(_hostile_dump(field_name, value, depth, form))
+    shutil.copy(DUMPS / "never-entered" / "rank_1", d)
+    r = run_here("doctor", str(d / "rank_0") if named else str(d), timeout=60)
+    assert r.returncode in ((0, 2, 3) if named else (2, 3)), (r.returncode, r.stderr)
+    if r.returncode == 2:
+        _one_paragraph(r)
+        assert "rank_0" in r.stderr
+    elif not named:  # rank 0's dump read, or skipped with a line
+        assert "dumps, ranks 0, 1;" in r.stdout or f"Skipped: {d / 'rank_0'}: " in r.stdout, r.stdout
+    assert not any(line.lstrip().startswith("INJECTED") for line in (r.stdout + r.stderr).splitlines())
+    assert not re.search("[\r\x1b\x85\u2028]", r.stdout + r.stderr)
+
+
+@pytest.mark.parametrize("form", ["json", "pickle"])
+def test_a_16_mb_dump_of_nested_lists_is_read_in_bounded_memory(tmp_path, form):
+    """A 16 MB dump of [[],[],...] cost about 880 MB (a parsed value is about 60 bytes); it is
+    refused from its value count before it is parsed. Peak RSS of the child, measured by a parent
+    of its own (RUSAGE_CHILDREN is the largest child a process waited for)."""
+    count = 16 << 20
+    if form == "json":
+        data = b'{"entries": [' + b"[]," * (count // 3) + b"[]]}"
+    else:  # PROTO 4, {}, 'entries', [], MARK, N times [], APPENDS, SETITEM, STOP
+        data = b"\x80\x04}\x8c\x07entries](" + b"]" * count + b"es."
+    (tmp_path / "rank_0").write_bytes(data)
+    probe = ("import resource, subprocess, sys; r = subprocess.run([sys.executable, '-m', 'envbuild', 'doctor', sys.argv[1]],"
+             " capture_output=True, text=True); print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss);"
+             " print(r.stderr)")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "rank_0")], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    code, peak_kib = map(int, out.split("\n")[0].split())
+    assert code == 2 and "more than" in out and peak_kib < 300 * 1024, out

@@ -203,8 +203,8 @@ def ci(output, check, matrix_dir):
 @click.argument("paths", nargs=-1, required=True, metavar="LOG|DIR...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: findings, ranks, flight recorder.")
 @click.option("--max-bytes", default="16G", show_default=True, metavar="SIZE",
-              help="Stop reading after this much text (after decompression), over all inputs.")
-@click.option("--max-seconds", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
+              help="Stop reading after this much text (after decompression), over all inputs: 1 to 1024T.")
+@click.option("--max-seconds", type=click.FloatRange(min=1, max=604800), default=600, show_default=True, metavar="SECONDS",
               help="Stop reading after this many seconds.")
 @click.option("--manifest", metavar="PATH",
               help="The manifest.json of the image the job ran (default: the image's own, when run inside one): "
@@ -215,16 +215,21 @@ def doctor(paths, as_json, max_bytes, max_seconds, manifest, matrix_dir):
 
     Each LOG is a file (text, gzip, bzip2 or xz; UTF-8 or UTF-16) or - for standard input; a DIR
     holds a job's per-rank logs (`srun --output=%x-%t.out`) and/or torch's flight-recorder dumps.
-    Exit status: 0 nothing known found, 3 something found, 2 an input cannot be read.
+    Exit status: 0 nothing known found, 3 something found, 2 an input cannot be read, nothing was
+    read at all, or nothing was found while a flight-recorder dump could not be read.
     """
-    from ..doctor import Budget, examine, find_image, load_catalogue, parse_size, render_json, render_text
+    from ..doctor import examine, find_image, load_catalogue, render_json, render_text
+    from ..doctor.reading import run_budget
+    from ..doctor.run import unread_dumps
     from ..resources import matrices_dir
 
+    budget = run_budget(max_bytes, max_seconds)
     issues, families = load_catalogue(Path(matrix_dir) if matrix_dir else matrices_dir())
-    report = examine(list(paths), issues, families, Budget(parse_size(max_bytes), max_seconds), find_image(manifest))
+    report = examine(list(paths), issues, families, budget, find_image(manifest))
     click.echo(render_json(report) if as_json else render_text(report))
     if report.found():
         sys.exit(3)
+    unread_dumps(report)
 
 
 @main.command("readme-tables", hidden=True)

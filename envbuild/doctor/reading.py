@@ -17,6 +17,7 @@ import codecs
 import gzip
 import io
 import lzma
+import os
 import re
 import stat
 import sys
@@ -26,6 +27,7 @@ from typing import BinaryIO, Callable, Iterator, Optional
 
 from ..errors import EnvbuildError
 from ..files import NotRegularFile, kind_of, open_checked
+from ..grammar import escaped, shown
 
 MAX_LINE = 64 * 1024
 CHUNK = 1 << 20
@@ -70,8 +72,10 @@ def clean_block(block: bytes) -> bytes:
 
 
 def printable(text: str) -> str:
-    """Text safe to echo to a terminal: control characters shown as \\xNN, never sent raw."""
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Text safe to echo to a terminal and one line of the report: every control character
+    (newline, carriage return, ESC, NEL, U+2028 too) written as an escape, never sent raw, so
+    what a log or a dump says cannot add lines of its own to the report (grammar.escaped)."""
+    return escaped(text)
 
 
 def size_text(n: int) -> str:
@@ -110,17 +114,45 @@ def open_regular(path: str, what: str) -> BinaryIO:
     except NotRegularFile as e:
         streamed = stat.S_ISFIFO(e.mode) or stat.S_ISCHR(e.mode)
         hint = " (pipe it in instead: ... | envbuild doctor -)" if streamed and what == "log" else ""
-        raise EnvbuildError(f"{what} {path} is {kind_of(e.mode)}, not a regular file{hint}; give the file itself.") from None
-    except OSError as e:
-        raise EnvbuildError(f"{what} {path} cannot be read: {e.strerror}; check the path and its permissions.") from None
+        raise EnvbuildError(f"{what} {escaped(path)} is {kind_of(e.mode)}, not a regular file{hint}; give the file itself.") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
+        why = getattr(e, "strerror", None) or "not a file name"
+        raise EnvbuildError(f"{what} {escaped(path)} cannot be read: {why}; check the path and its permissions.") from None
+
+
+def read_head(path: str, what: str, size: int) -> bytes:
+    """The first `size` bytes of PATH, a regular file whose size does not lie. Read without
+    blocking (a /proc file such as kmsg that would wait is refused) and refused when the file
+    says it is empty yet holds bytes (a /proc or /sys file: its size is no bound on what it
+    gives), or when a read fails (/proc/self/mem: EIO)."""
+    with open_regular(path, what) as f:
+        fd = f.fileno()
+        claimed = os.fstat(fd).st_size
+        os.set_blocking(fd, False)
+        try:
+            head = os.read(fd, size)
+        except BlockingIOError:
+            raise EnvbuildError(f"{what} {escaped(path)} would block when read (a /proc or device file), not a "
+                                "file of its own; give the file itself.") from None
+        except OSError as e:
+            raise EnvbuildError(f"{what} {escaped(path)} cannot be read: {e.strerror}; check the path and its "
+                                "permissions.") from None
+    if head and not claimed:
+        raise EnvbuildError(f"{what} {escaped(path)} says it holds 0 bytes and yet gives some (a /proc or /sys "
+                            "file, whose size is no bound on what it gives), not a log or dump; give the file itself.")
+    return head
 
 
 def read_regular(path, what: str, limit: int) -> bytes:
     """The bytes of a small regular file (a signature file, a dump), refused past `limit`."""
     with open_regular(str(path), what) as f:
-        data = f.read(limit + 1)
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise EnvbuildError(f"{what} {escaped(str(path))} cannot be read: {e.strerror}; check the path and its "
+                                "permissions.") from None
     if len(data) > limit:
-        raise EnvbuildError(f"{what} {path} is larger than {size_text(limit)}, which no real one is; "
+        raise EnvbuildError(f"{what} {escaped(str(path))} is larger than {size_text(limit)}, which no real one is; "
                             "give the file itself.")
     return data
 
@@ -141,7 +173,7 @@ class LogReader:
     """
 
     def __init__(self, log: str, budget: Optional[Budget] = None):
-        self.name = "standard input" if log == "-" else log
+        self.name = "standard input" if log == "-" else escaped(log)
         self.format = "text"
         self.encoding = "utf-8"
         self.cut_lines = 0
@@ -164,7 +196,7 @@ class LogReader:
             try:
                 raw = open_regular(log, "log")
             except EnvbuildError as e:
-                raise self._fail(e.message.removeprefix(f"log {log} ").split(";")[0]) from None
+                raise self._fail(e.message.removeprefix(f"log {escaped(log)} ").split(";")[0]) from None
         self._raw = raw
         buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)
         try:
@@ -278,18 +310,34 @@ def text_blocks(text: str) -> Iterator[bytes]:
         pos = end
 
 
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
+MAX_SIZE = 1 << 50  # 1024T (1 PiB): more text than a run can read in --max-seconds
 
 
 def parse_size(text: str, option: str = "--max-bytes") -> int:
-    """A size a user typed: 500M, 16G, 2.5GiB, 1000000 (bytes).
+    """A size a user typed: 500M, 16G, 2.5GiB, 1000000 (bytes), from 1 byte to 1024T.
 
     >>> parse_size("16G"), parse_size("512k"), parse_size("100")
     (17179869184, 524288, 100)
     """
     match = SIZE.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise EnvbuildError(f"{option} {text!r} is not a size; give a number of bytes with an optional K, M, G "
-                            "or T suffix, e.g. 16G.")
+    if not match:
+        raise EnvbuildError(f"{option} {shown(text)} is not a size; give a number of bytes with an optional K, M, G "
+                            "or T suffix, from 1 to 1024T, e.g. 16G.")
     scale = 1 << (10 * " KMGT".index(match.group(2).upper() or " "))
-    return int(float(match.group(1)) * scale)
+    whole, _, fraction = match.group(1).partition(".")
+    # 400 digits would be a float of inf: a number past the bound is over it whatever its digits
+    size = int(float(f"{whole}.{fraction[:20] or 0}") * scale) if len(whole.lstrip("0")) <= 20 else MAX_SIZE + 1
+    if not 1 <= size <= MAX_SIZE:
+        raise EnvbuildError(f"{option} {shown(text)} is {'under 1 byte' if size < 1 else 'over 1024T (1 PiB)'}; "
+                            "give a size from 1 byte to 1024T, e.g. 16G.")
+    return size
+
+
+def run_budget(max_bytes: str, max_seconds: float) -> Budget:
+    """The budget of a run from its options (--max-seconds' nan passes a range check and would
+    make the limit no limit)."""
+    if max_seconds != max_seconds:
+        raise EnvbuildError("--max-seconds 'nan' is not a number of seconds; give one from 1 to 604800 (a week), "
+                            "e.g. 600.")
+    return Budget(parse_size(max_bytes), max_seconds)

@@ -19,15 +19,15 @@ def _ranks(finding: Finding) -> str:
         words = [("stuck", finding.ranks), ("loaded", finding.other_ranks)]
     else:
         words = [("on", finding.ranks), ("not on", finding.other_ranks)]
-    return "; ".join(f"{word}: {', '.join(labels)}" for word, labels in words if labels)
+    return "; ".join(f"{word}: {', '.join(map(printable, labels))}" for word, labels in words if labels)
 
 
 def _finding(f: Finding, report: Report) -> str:
-    where = f"{f.file} line {f.line_no}" if f.file else f"line {f.line_no}"
-    head = f"{f.title} ({f.issue.id}), {where}" + (f", {f.count} times" if f.count > 1 else "")
+    where = f"{printable(f.file)} line {f.line_no}" if f.file else f"line {f.line_no}"
+    head = f"{printable(f.title)} ({f.issue.id}), {where}" + (f", {f.count} times" if f.count > 1 else "")
     lines = [head]
     if f.detail:
-        lines.append(f"  what:   {f.detail}")
+        lines.append(f"  what:   {printable(f.detail)}")
     ranks = _ranks(f)
     if ranks:
         lines.append(f"  ranks:  {ranks}")
@@ -52,25 +52,27 @@ def _order(report: Report) -> list[str]:
             firsts = [e for e in report.ranks.get(rank, []) if not e["follows"]]
             if firsts:
                 e = firsts[0]
-                where = f"{e['file'] + ' ' if e['file'] else ''}line {e['line']}" + (f", {e['time']}" if e["time"] else "")
-                what.append(f"{rank} ({e['id']}, {where})")
+                where = f"{printable(e['file']) + ' ' if e['file'] else ''}line {e['line']}" + (f", {e['time']}" if e["time"] else "")
+                what.append(f"{printable(rank)} ({e['id']}, {where})")
             else:
-                what.append(f"{rank} (no finding in its log)")
+                what.append(f"{printable(rank)} (no finding in its log)")
         lines.append(f"  {likely}first to fail: {'; '.join(what)}" + (" …" if len(order.first) > 8 else ""))
     if order.followed:
         ids = sorted({e["id"] for rank in order.followed for e in report.ranks.get(rank, [])})
-        lines.append(f"  only followed: {', '.join(order.followed)} ({', '.join(ids)})")
+        lines.append(f"  only followed: {', '.join(map(printable, order.followed))} ({', '.join(ids)})")
     if order.quiet and order.quiet != order.first:
-        lines.append(f"  no finding:    {', '.join(order.quiet)}")
-    lines.append(f"  decided by:    {order.how}")
+        lines.append(f"  no finding:    {', '.join(map(printable, order.quiet))}")
+    lines.append(f"  decided by:    {printable(order.how)}")
     return lines
 
 
 def _recording(recording: Recording) -> list[str]:
     lines = [f"Flight recorder ({len(recording.files)} dumps, ranks {', '.join(map(str, recording.ranks)) or 'none'}; "
              f"dump format {printable(recording.version)}):"]
-    if not recording.hangs:
-        lines.append("  every collective recorded completed on every rank that dumped: no hang recorded.")
+    if not recording.files:
+        lines.append("  no dump could be read (each is listed under Skipped: with the reason): no verdict.")
+    elif not recording.hangs:
+        lines.append("  every collective recorded completed on every rank whose dump was read: no hang recorded.")
     for hang in recording.hangs:
         kind = "point-to-point op" if hang.p2p else "collective"
         lines.append(f"  process group {printable(hang.pg)}: {kind} #{hang.seq} {printable(hang.op)} (input sizes "
@@ -87,6 +89,8 @@ def _recording(recording: Recording) -> list[str]:
         if hang.no_dump:
             lines.append(f"    wrote no dump:    {', '.join(f'rank {r}' for r in hang.no_dump)} (died, or never "
                          "reached the watchdog)")
+    if recording.unread_ranks:
+        lines.append(f"  dump not read:     {', '.join(f'rank {r}' for r in recording.unread_ranks)} (see Skipped:)")
     if recording.ignored_entries:
         lines.append(f"  {recording.ignored_entries} entries lacked the fields read and were left out.")
     return lines
@@ -94,6 +98,9 @@ def _recording(recording: Recording) -> list[str]:
 
 def _reading(report: Report) -> list[str]:
     lines = []
+    empty = [info.path for info in report.inputs if not info.bytes and not info.stopped]
+    if empty:
+        lines.append(f"Empty (0 bytes): {', '.join(map(printable, empty[:20]))}" + (" …" if len(empty) > 20 else ""))
     for info in report.inputs:
         if info.stopped:
             lines.append(f"Not read to the end: {printable(info.path)}: stopped after {size_text(info.bytes)} "

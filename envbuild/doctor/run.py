@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import EnvbuildError
+from ..grammar import escaped
 from .engine import MAX_VALUES, Finding, Screen, diagnose_blocks, rank_order, sorted_ranks
 from .flight import Recording, is_dump, read_recording
 from .ranks import file_rank, stream_of, time_text
-from .reading import Budget, LogReader, open_regular, sniff_binary
+from .reading import Budget, LogReader, read_head, sniff_binary
 from .image import Image
 from .signatures import Family, KnownIssue, bind_image
 
@@ -84,12 +85,11 @@ def _kind(path: str, named: bool) -> tuple[Optional[str], Optional[str]]:
     """("log" or "dump", None), or (None, why it is skipped) for a file found in a directory that
     is neither (whether a log is text is told by LogReader, when it is read)."""
     try:
-        with open_regular(path, "log") as f:
-            head = f.read(HEAD)
+        head = read_head(path, "log", HEAD)
     except EnvbuildError as e:
         if named:
             raise
-        return None, e.message.split(";")[0].removeprefix(f"log {path} ")
+        return None, e.message.split(";")[0].removeprefix(f"log {escaped(path)} ")
     if is_dump(head):
         return "dump", None
     why = sniff_binary(head)
@@ -109,7 +109,7 @@ def expand(paths: list[str]) -> tuple[list[Source], list[tuple[str, str]]]:
         try:
             mode = os.stat(path).st_mode
         except OSError as e:
-            raise EnvbuildError(f"log {path} cannot be read: {e.strerror}. Give `envbuild doctor` training logs, "
+            raise EnvbuildError(f"log {escaped(path)} cannot be read: {e.strerror}. Give `envbuild doctor` training logs, "
                                 "a directory of per-rank logs or flight-recorder dumps, or - for standard input.") from None
         if not stat.S_ISDIR(mode):
             kind, _ = _kind(path, True)
@@ -135,8 +135,9 @@ def expand(paths: list[str]) -> tuple[list[Source], list[tuple[str, str]]]:
             if found >= MAX_FILES:
                 break
         if not any(s.path.startswith(os.path.join(path, "")) for s in sources):
-            raise EnvbuildError(f"directory {path} holds no log or flight-recorder dump"
-                                f"{' (' + str(len(skipped)) + ' files skipped)' if skipped else ''}. Give it the "
+            first = f"; first {escaped(skipped[0][0])}: {escaped(skipped[0][1])}" if skipped else ""
+            raise EnvbuildError(f"directory {escaped(path)} holds no log or flight-recorder dump"
+                                f"{f' ({len(skipped)} files skipped{first})' if skipped else ''}. Give it the "
                                 "job's per-rank logs (text, gzip, bzip2 or xz) or torch's dumps.")
     _name_ranks([s for s in sources if s.kind == "log"])
     return sources, skipped
@@ -251,7 +252,7 @@ def examine(paths: list[str], issues: list[KnownIssue], families: list[Family] =
             if source.named:
                 raise
             report.inputs.pop()
-            report.skipped.append((source.path, e.message.split(". Give")[0].removeprefix(f"log {source.path} ")))
+            report.skipped.append((source.path, e.message.split(". Give")[0].removeprefix(f"log {escaped(source.path)} ")))
             continue
         found, scan = diagnose_blocks(reader.blocks(), issues, screen, source.rank)
         info.format, info.lines, info.bytes, info.stopped = reader.format, scan.lines, reader.bytes_read, reader.stopped
@@ -269,5 +270,33 @@ def examine(paths: list[str], issues: list[KnownIssue], families: list[Family] =
     if dumps:
         named = [s.path for s in dumps if s.named]
         found = [s.path for s in dumps if not s.named]
-        report.recording = read_recording(named + found, report.skipped if not named else None)
+        report.recording = read_recording(named + found, report.skipped if not named else None, budget)
+    check_read(report, paths)
     return report
+
+
+def check_read(report: Report, paths: list[str]):
+    """Refuse (exit 2) a run that read nothing: every log empty or skipped and no dump read, so
+    "no known signature found" would be said of no text at all."""
+    if sum(info.bytes for info in report.inputs) or (report.recording and report.recording.files):
+        return
+    named = ", ".join(escaped(p) if p != "-" else "standard input" for p in paths[:4]) + (" ..." if len(paths) > 4 else "")
+    empty = [info.path for info in report.inputs if not info.bytes]
+    said = [f"{len(empty)} log{'s' * (len(empty) != 1)} held 0 bytes ({', '.join(escaped(p) for p in empty[:3])})"] if empty else []
+    said += [f"{escaped(path)} was skipped: {escaped(why)}" for path, why in report.skipped[:3]]
+    more = len(report.skipped) - 3
+    raise EnvbuildError(f"doctor read nothing from {named}: {'; '.join(said) or 'no input held a byte'}"
+                        f"{f' (and {more} more skipped)' if more > 0 else ''}. Give it the job's logs (text, gzip, "
+                        "bzip2 or xz), torch's flight-recorder dumps, or - for standard input.")
+
+
+def unread_dumps(report: Report):
+    """Refuse (exit 2) a run that found nothing while some of its dumps could not be read: their
+    ranks' verdict is unknown, so "nothing found" would not be true of the job."""
+    unread = report.recording.unread if report.recording else []
+    if report.found() or not unread:
+        return
+    names = ", ".join(escaped(p) for p in unread[:4]) + (" ..." if len(unread) > 4 else "")
+    raise EnvbuildError(f"{len(unread)} flight-recorder dump{'s' * (len(unread) != 1)} could not be read ({names}; "
+                         "each is listed under Skipped: with the reason), so nothing found covers only what was read. "
+                         "Give the files torch wrote (TORCH_FR_DUMP_TEMP_FILE<rank>, pickled or JSON).")

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -52,7 +53,8 @@ from .files import read_bytes, write_atomic
 from .lock import load_lock
 from .matrix import Matrix
 from .publish import merge, per_platform_tag, push
-from .registry import api_host
+from .registry import api_host, check_image_repo
+from .resources import matrices_dir
 from .untrusted import loads_json, redact
 from .verdict import record_path, run_smoke
 from .verify import PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust, attached_byproduct, signed_statement, targets
@@ -166,6 +168,14 @@ def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: 
     return lines
 
 
+def job_plan(m: Matrix, job_id: str, wanted: tuple[str, ...], registry: str, image_repo: str,
+             cache_repo: Optional[str], ext_cache: Optional[str], out: Path) -> list[str]:
+    """`publish --job ID --plan [--variant ...]`: :func:`plan` of the variants chosen."""
+    job, variants, _ = find_job(m, job_id)
+    return plan(m, job, select_variants(m, job, variants, wanted), registry, image_repo, cache_repo,
+                Path(ext_cache) if ext_cache else None, out)
+
+
 def _held_refs(registry: str, refs: list[str]) -> dict[str, object]:
     """ref -> True/False (the registry holds it or not), or why it cannot tell."""
     refs = [r for r in refs if r]
@@ -200,6 +210,60 @@ def _last_build_seconds(out: Path) -> dict[str, float]:
 
 def _cache_wheels(file: Path) -> tuple[str, ...]:
     return extcache.wheels_in(file) if file.is_file() else ()
+
+
+def cache_repo_from(value: Optional[str], registry: str) -> Optional[str]:
+    """--layer-cache: a repository (checked by the reference grammar: it reaches the build's
+    command line), 'off', or REGISTRY/envbuild-cache by default."""
+    if value == "off":
+        return None
+    repo = value or f"{registry}/envbuild-cache"
+    check_image_repo(repo, "--layer-cache")
+    return repo
+
+
+def next_commands(m: Matrix, outcomes: list["Outcome"], variants: list[dict], registry: str, out: Path,
+                  signing: tuple[Optional[str], bool]) -> list[str]:
+    """The `publish --manifest` command of each tag this run's images join, to copy and run."""
+    tags = next_manifests(m, outcomes, variants)
+    if not tags:
+        return []
+    signing_key, keyless = signing
+    sign = ["--keyless"] if keyless else ["--signing-key", str(signing_key)]
+    where = [] if Path(m.directory) == matrices_dir().resolve() else ["--matrix-dir", str(m.directory)]
+    lines = ["next (merge each tag's platforms into its manifest list, then it is published):"]
+    for tag, complete in tags:
+        words = ["envbuild", "publish", "--manifest", tag, "--registry", registry, "--digests", str(out / "digests"),
+                 *sign, *where]
+        lines.append(f"  {shlex.join(words)}" + ("" if complete else "  # once the jobs of its other platforms have run"))
+    return lines
+
+
+def build_hooks(variant: dict, activity: dict, cache: Optional[LayerCache], say: Callable[[str], None]) -> dict:
+    """build_image's progress and cache for one variant: a line per finished BuildKit step, the
+    step now running kept in `activity` for the heartbeat, the variant's layer cache."""
+    activity.clear()
+    name = variant["variant"]
+
+    def on_step(event: str, step: str) -> None:
+        if event == "start":
+            activity["build"] = step[:120]
+        elif event == "done":
+            say(f"{name}: done {step}"[:160])
+
+    return {"on_step": on_step, "cache": cache, "say": lambda text: say(f"{name}: {text}")}
+
+
+def outcome_lines(outcomes: list["Outcome"], image_repo: str) -> list[str]:
+    """A line per variant: published where, or the step it failed at, why, and what stayed behind."""
+    lines = []
+    for o in outcomes:
+        if o.ok:
+            lines.append(f"published {o.variant}  {image_repo}@{o.digest}  {o.platform}")
+            continue
+        lines.append(f"FAILED    {o.variant}  at {o.failed_step}: {redact(o.reason)}")
+        lines += [f"          left in the registry: {left}" for left in o.left_in_registry]
+    return lines
 
 
 def check_tools(signing: Signing) -> None:

@@ -3,7 +3,6 @@ need checked before anything is built, a heartbeat while a step runs, and the ne
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time

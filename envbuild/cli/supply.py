@@ -64,9 +64,8 @@ def _build_options(f):
               help="--job: the registry repository the builder stages' layer cache is pushed to and imported from "
                    "(default: REGISTRY/envbuild-cache; the published images carry their own stage's cache inline); "
                    "'off' builds without it.")
-@click.option("--plan", "show_plan", is_flag=True,
-              help="--job: print what the job would build and what its caches already hold, per variant; build "
-                   "nothing.")
+@click.option("--plan", "show_plan", is_flag=True, help="--job: print what the job would build and what its caches "
+                                                         "already hold, per variant; build nothing.")
 @click.option("--variant", "variant_ids", multiple=True, metavar="GPU[:FABRIC][:EXT]",
               help="--job: publish only this variant of the job (repeatable; a part left out matches any, and "
                    "each value must name one variant). Default: every variant.")
@@ -82,13 +81,10 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     names each failed variant and its step."""
     from ..ci import publish_plan
     from ..matrix import load_matrix
+    from ..release import cache_repo_from, job_plan
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
-    if sum(map(bool, (job_id, manifest_tag, list_jobs))) != 1:
-        raise EnvbuildError("give one of --job ID (a job of the plan), --manifest TAG (a published tag) or --list.")
-    if (variant_ids or show_plan) and not job_id:
-        raise EnvbuildError("--variant and --plan are about one job's variants: give --job ID too (`envbuild publish "
-                            "--list` prints the jobs).")
+    _one_mode(job_id, manifest_tag, list_jobs, variant_ids or show_plan)
     cfg, _, jobs, merges = publish_plan(m)
     if list_jobs:
         for line in [f"job {j['id']}  {j['gpus']}" for j in jobs] + [f"tag {t['tag']}  {t['platforms']}" for t in merges]:
@@ -98,16 +94,21 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     if manifest_tag:
         _manifest(m, registry, image_repo, manifest_tag, Path(digests), signing_key, keyless, key, identity)
         return
+    cache = cache_repo_from(cache_repo, registry)
     if show_plan:
-        from ..release import find_job, plan, select_variants
-
-        job, variants, _ = find_job(m, job_id)
-        for line in plan(m, job, select_variants(m, job, variants, variant_ids), registry, image_repo,
-                         _cache_repo(cache_repo, registry), Path(ext_cache) if ext_cache else None, Path(out_dir)):
+        for line in job_plan(m, job_id, variant_ids, registry, image_repo, cache, ext_cache, Path(out_dir)):
             out.print(line, markup=False, soft_wrap=True)
         return
     _run_job(m, job_id, variant_ids, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
-             keep_images, _cache_repo(cache_repo, registry), build_flags)
+             keep_images, cache, build_flags)
+
+
+def _one_mode(job_id, manifest_tag, list_jobs, about_a_job) -> None:
+    if sum(map(bool, (job_id, manifest_tag, list_jobs))) != 1:
+        raise EnvbuildError("give one of --job ID (a job of the plan), --manifest TAG (a published tag) or --list.")
+    if about_a_job and not job_id:
+        raise EnvbuildError("--variant and --plan are about one job's variants: give --job ID too (`envbuild publish "
+                            "--list` prints the jobs).")
 
 
 def _image_repo(registry, name) -> str:
@@ -137,24 +138,12 @@ def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, 
         out.print(f"{i.platform} {i.digest}", markup=False)
 
 
-def _cache_repo(value, registry) -> str | None:
-    """--layer-cache: a repository (checked by the reference grammar: it reaches the build's
-    command line), 'off', or REGISTRY/envbuild-cache by default."""
-    from ..registry import check_image_repo
-
-    if value == "off":
-        return None
-    repo = value or f"{registry}/envbuild-cache"
-    check_image_repo(repo, "--layer-cache")
-    return repo
-
-
 def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service, out_dir, ext_cache, keep_images,
              cache_repo, build_flags):
     from ..audit import service_from
     from ..build import build_image
-    from ..release import (JobContext, check_tools, ext_cache_load, ext_cache_save, find_job, layer_cache, run_job,
-                           select_variants, signing_from)
+    from ..release import (JobContext, build_hooks, check_tools, ext_cache_load, ext_cache_save, find_job,
+                           layer_cache, next_commands, outcome_lines, run_job, select_variants, signing_from)
     from .stack import render_to
 
     signing = signing_from(*signing_args)
@@ -164,20 +153,13 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
     check_tools(signing)
     activity: dict = {}  # the BuildKit step now running, for the heartbeat
 
-    def on_step(variant: dict, event: str, name: str) -> None:
-        if event == "start":
-            activity["build"] = name[:120]
-        elif event == "done":
-            _say(f"{variant['variant']}: done {name}"[:160])
-
     def build(variant: dict, build_dir: Path) -> str:
         kw = request_kw(gpu=variant["gpu"], stack=variant["stack"], fabric=variant["fabric"],
                         extensions=variant.get("extensions") or None, image_repo=image_repo,
                         matrix_dir=str(m.directory), **build_flags)
         r, secrets, path, _ = render_to(kw, str(build_dir), show=False, reach_archive=True)
-        activity.clear()
-        build_image(path, r.tag, r.request.image_repo, secrets, on_step=lambda event, name: on_step(variant, event, name),
-                    cache=layer_cache(cache_repo, image_repo, variant), say=lambda t: _say(f"{variant['variant']}: {t}"))
+        build_image(path, r.tag, r.request.image_repo, secrets,
+                    **build_hooks(variant, activity, layer_cache(cache_repo, image_repo, variant), _say))
         return f"{r.request.image_repo}:{r.tag}"
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -188,38 +170,11 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
     outcomes = run_job(ctx, job, variants)
     if cache:
         ext_cache_save(m, job, cache, out_dir, build_flags.get("base_image"), _say)
-    for o in outcomes:
-        if o.ok:
-            out.print(f"published {o.variant}  {image_repo}@{o.digest}  {o.platform}", markup=False)
-        else:
-            out.print(f"FAILED    {o.variant}  at {o.failed_step}: {redact(o.reason)}", markup=False, soft_wrap=True)
-            for left in o.left_in_registry:
-                out.print(f"          left in the registry: {left}", markup=False, soft_wrap=True)
-    out.print(f"report {out_dir / 'report.json'}", markup=False)
-    _next_manifests(m, outcomes, variants, registry, out_dir, signing_args)
+    for line in [*outcome_lines(outcomes, image_repo), f"report {out_dir / 'report.json'}",
+                 *next_commands(m, outcomes, variants, registry, out_dir, signing_args)]:
+        out.print(line, markup=False, soft_wrap=True)
     if not all(o.ok for o in outcomes):
         sys.exit(1)
-
-
-def _next_manifests(m, outcomes, variants, registry, out_dir, signing_args) -> None:
-    """The `publish --manifest` command of each tag this run's images join, to copy and run."""
-    import shlex
-
-    from ..release import next_manifests
-    from ..resources import matrices_dir
-
-    tags = next_manifests(m, outcomes, variants)
-    if not tags:
-        return
-    signing_key, keyless = signing_args
-    sign = ["--keyless"] if keyless else ["--signing-key", signing_key]
-    where = [] if Path(m.directory) == matrices_dir().resolve() else ["--matrix-dir", str(m.directory)]
-    out.print("next (merge each tag's platforms into its manifest list, then it is published):", markup=False)
-    for tag, complete in tags:
-        words = ["envbuild", "publish", "--manifest", tag, "--registry", registry, "--digests",
-                 str(out_dir / "digests"), *sign, *where]
-        wait = "" if complete else "  # once the jobs of its other platforms have run"
-        out.print(f"  {shlex.join(words)}{wait}", markup=False, soft_wrap=True)
 
 
 @main.command()

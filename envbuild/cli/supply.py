@@ -118,12 +118,15 @@ def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, 
 def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ext_cache, keep_images, build_flags):
     from ..audit import service_from
     from ..build import build_image
-    from ..release import JobContext, ext_cache_load, ext_cache_save, find_job, run_job, signing_from
+    from ..release import JobContext, ext_cache_check, ext_cache_load, ext_cache_save, find_job, run_job, signing_from
     from .stack import render_to
 
     signing = signing_from(*signing_args)
     job, variants, _ = find_job(m, job_id)
     service = service_from(service)  # before anything is written
+    cache = Path(ext_cache) if ext_cache else None
+    if cache:
+        ext_cache_check(cache)  # a file of the user's there: refused before anything runs, never replaced
 
     def build(variant: dict, build_dir: Path) -> str:
         kw = request_kw(gpu=variant["gpu"], stack=variant["stack"], fabric=variant["fabric"],
@@ -135,7 +138,6 @@ def _run_job(m, job_id, registry, image_repo, signing_args, service, out_dir, ex
         return f"{r.request.image_repo}:{r.tag}"
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache = Path(ext_cache) if ext_cache else None
     if cache:
         ext_cache_load(m, job, cache, build_flags.get("base_image"), _say)
     ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say)

@@ -417,10 +417,13 @@ def check_owned(path: Path, ours: Callable[[bytes], bool], refusal: str) -> Opti
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` by `data` in one step: a reader (or a run killed half-way) sees the old
-    file or the new one, never a truncated one."""
+    file or the new one, never a truncated one. Only a regular file is replaced: a symlink,
+    device, FIFO or directory there is refused (exit 2) and left as it is."""
+    refusal = "envbuild writes this name itself in a directory it writes into: remove it, or choose another directory."
+    found = owned_file(Path(path), lambda f: True, refusal)
     tmp = write_temp(Path(path), data, mode)
     try:
-        os.replace(tmp, path)
+        replace_owned(tmp, Path(path), found, refusal)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -254,3 +254,18 @@ def test_ci_never_replaces_what_is_at_its_output(work, kind):
     put(kind, work / "publish.yml")
     before = snapshot(work)
     _unchanged_and_refused(run("ci", "-o", "publish.yml"), work, before, Path("publish.yml"))
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "symlink-to-mine", "dangling-symlink", "symlink-to-a-saved-file"])
+def test_write_atomic_replaces_no_link_device_or_fifo(tmp_path, kind):
+    """The files a job writes into its --out (report.json, digests, attestations), stage's
+    checksum and the smoke records all go through write_atomic: main renamed over whatever was
+    at the name (a device node, a FIFO, the user's symlink)."""
+    from envbuild.files import write_atomic
+
+    put(kind, tmp_path / "report.json")
+    before = snapshot(tmp_path)
+    with pytest.raises(EnvbuildError) as refusal:
+        write_atomic(tmp_path / "report.json", b"{}\n")
+    assert refusal.value.exit_code == 2 and "report.json" in refusal.value.message
+    assert snapshot(tmp_path) == before

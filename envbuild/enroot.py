@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -32,7 +33,8 @@ from .artifacts import Descriptor, client as registry_client, is_index
 from .engine import RegistryError, get_engine
 from .errors import EnvbuildError
 from .grammar import escaped
-from .files import locked, open_regular, remove_stale_temps, sha256_file, temp_path, write_atomic
+from .files import (locked, open_regular, owned_file, remove_stale_temps, replace_owned, sha256_file, still,
+                    temp_path, write_atomic)
 from .registry import ANY_MANIFEST, check_image_reference, registry_of, split_reference
 
 COMPRESSIONS = {"zstd": ["-comp", "zstd", "-Xcompression-level", "3"], "gzip": ["-comp", "gzip"],
@@ -271,8 +273,12 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
     final, checksum = directory / name, directory / (name.removesuffix(SUFFIX) + CHECKSUM_SUFFIX)
     with locked(directory, "staging into", wait, lock_file=".envbuild-stage.lock", progress=progress):
         remove_stale_temps(directory, recursive=False)  # what a killed stage left (we hold the lock)
-        if final.exists():
-            if not checksum.exists():
+        refusal = "envbuild stages only where nothing is, or where it staged before: remove it, or choose another --to."
+        found = owned_file(final, lambda f: True, refusal)  # a regular file, not a link, device or FIFO
+        written = owned_file(checksum, lambda f: bool(re.fullmatch(rb"[0-9a-f]{64}  " + re.escape(name.encode()) + rb"\n",
+                                                                   f.read(len(name) + 68))), refusal)
+        if found:
+            if not written:
                 raise EnvbuildError(f"{final} exists without its checksum file {checksum.name}: envbuild did not "
                                     f"finish staging it (or another tool wrote it); remove it and stage again.")
             expected = checksum.read_text().split()[0]
@@ -292,7 +298,8 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
                 raise EnvbuildError(f"the file written at {tmp} does not match (sha256 {got[:16]}... against "
                                     f"{expected[:16]}...): the filesystem lost data; nothing was staged.")
             os.chmod(tmp, 0o644)
-            os.replace(tmp, final)
+            replace_owned(tmp, final, None, refusal)
+            still(checksum, written, refusal)
             write_atomic(checksum, f"{expected}  {final.name}\n".encode())
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import hashlib
 import os
+import re
 import secrets
 import shutil
 import tarfile
@@ -32,12 +34,16 @@ from typing import Optional
 from .engine import BuildFailed, BuildSecrets, Engine, get_engine
 from .errors import EnvbuildError
 from .grammar import escaped
-from .files import locked, open_regular, read_text, remove_stale_temps, temp_path
+from .files import (Identity, locked, open_regular, owned_file, read_text, remove_stale_temps, replace_owned,
+                    temp_path, write_owned)
 from .image import paths
 from .matrix import Matrix
 from .plan import EXTENSION_CACHE_ID, EXTENSION_SPEC, cache_mount
 
 MARKER = ".envbuild-ext-cache"  # in every file `save` writes: what makes it ours
+MARKED = b"envbuild-ext-cache\n"  # the marker's content (SAVE_STEPS writes it)
+KEY_SUFFIX = ".key"  # FILE.key: the cache key of the wheels in FILE (a CI job's, `publish --job --ext-cache`)
+_KEY = re.compile(rb"[0-9a-f]{16}\n")  # all a FILE.key envbuild wrote holds
 LOADED = "loaded"               # what `load`'s last stage leaves: how many wheels went in
 MAX_FILE_BYTES = 64 * 2 ** 30   # a bound on the file `load` reads (flash-attn for every arch: < 1 GiB)
 
@@ -161,14 +167,43 @@ def keys_of(build_dirs) -> tuple[str, ...]:
     return tuple(sorted(keys))
 
 
-def _check_replaceable(file: Path) -> None:
-    if not os.path.lexists(file):
-        return
+def _is_saved(f) -> bool:
+    """Whether the open file is one `save` wrote: a plain tar holding the marker with its content.
+    Read member by member up to the marker, so a file cut short after it (a full disk, a
+    cancelled copy) is still recognised, and replaced by the next save."""
     try:
-        wheels_in(file)
-    except EnvbuildError:
-        raise EnvbuildError(f"{escaped(str(file))} exists and is not a file `envbuild ext-cache save` wrote: refusing to replace "
-                            f"it, and nothing was written. Name a new file, or one `ext-cache save` wrote.") from None
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            for member in tar:
+                if member.name.removeprefix("./") == MARKER:
+                    data = tar.extractfile(member) if member.isfile() else None
+                    return data is not None and data.read(len(MARKED) + 1) == MARKED
+    except (tarfile.TarError, OSError, EOFError):
+        return False
+    return False
+
+
+def owned(file: Path, what: str = "") -> Optional[Identity]:
+    """None when nothing is at `file`; else its identity, once it is checked to be a regular file
+    (not a link, device or FIFO) that `save` wrote. Anything else is refused (exit 2) and left as
+    it is: envbuild removes or replaces only what it wrote."""
+    return owned_file(Path(file), _is_saved, f"{what}Name a new file, or one `envbuild ext-cache save` wrote.")
+
+
+def check_key_file(file: Path) -> None:
+    """FILE.key, beside `file`, is absent or one envbuild wrote (16 hex digits and a newline);
+    a file of the user's there is refused before anything runs (exit 2)."""
+    owned_file(Path(f"{file}{KEY_SUFFIX}"), lambda f: bool(_KEY.fullmatch(f.read(18))), _KEY_REFUSAL)
+
+
+_KEY_REFUSAL = "It is where `publish --job --ext-cache FILE` writes FILE's cache key: name another FILE."
+
+
+def write_key(file: Path, wheels: tuple[str, ...]) -> str:
+    """The cache key of `wheels` (what CI caches FILE under) into FILE.key; only a FILE.key
+    envbuild wrote is replaced."""
+    key = hashlib.sha256("\n".join(sorted(wheels)).encode()).hexdigest()[:16]
+    write_owned(Path(f"{file}{KEY_SUFFIX}"), f"{key}\n".encode(), lambda old: bool(_KEY.fullmatch(old)), _KEY_REFUSAL)
+    return key
 
 
 def save(file: Path, image: str, keys: Optional[tuple[str, ...]] = None, engine: Optional[Engine] = None) -> Transfer:
@@ -186,17 +221,17 @@ def save(file: Path, image: str, keys: Optional[tuple[str, ...]] = None, engine:
     if any(c in str(file.resolve()) for c in ',"'):
         raise EnvbuildError(f"{escaped(str(file))}: its path has a comma or a double quote, which `docker build --output` cannot "
                             f"take; nothing was written. Name a file whose path has neither.")
-    _check_replaceable(file)
+    owned(file)
     with locked(file.parent), tempfile.TemporaryDirectory(prefix="envbuild-ext-cache-") as tmp:
         remove_stale_temps(file.parent, recursive=False)
-        _check_replaceable(file)  # again, under the lock: another run may have put a file there
+        found = owned(file)  # again, under the lock: another run may have put a file there
         (Path(tmp) / "Dockerfile").write_text(dockerfile(image, SAVE_STEPS))
         out = temp_path(file.resolve())
         try:
             _build(engine, Path(tmp), f"type=tar,dest={out}", Path(tmp) / "build.log",
                    {} if keys is None else {"ENVBUILD_KEYS": " ".join(keys)})
             wheels = wheels_in(out)
-            os.replace(out, file)
+            replace_owned(out, file, found, "Name a new file, or one `envbuild ext-cache save` wrote.")
         finally:
             with contextlib.suppress(FileNotFoundError):
                 out.unlink()

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import BinaryIO, Callable, Iterator, Optional
 
 import yaml
 
@@ -68,7 +68,7 @@ def _size_text(n: int) -> str:
     return f"{n / MIB:.0f} MiB" if n >= MIB else f"{n} bytes"
 
 
-_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 # What each kind of file is, and an example of one, for the messages.
 _NOUN = {"ca": "CA bundle", "requirements": "requirements file", "project": "project file",
@@ -349,27 +349,81 @@ def write_temp(dest: Path, data: bytes, mode: int = 0o644) -> Path:
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(dest.parent))
 
 
+Identity = tuple[int, int]  # (st_dev, st_ino) of a file checked to be envbuild's
+
+
+def owned_file(path: Path, ours: Callable[[BinaryIO], bool], refusal: str) -> Optional[Identity]:
+    """Whether envbuild may remove or replace what is at `path`: None when nothing is there (not
+    even a dangling link); else its (device, inode), once it is checked to be a regular file, not
+    a link, that `ours` (given the file opened, without following a link or blocking) recognises
+    by envbuild's own format. Anything else (a device, FIFO, socket, directory, symlink, a file
+    of the user's) is refused (exit 2, `refusal` says what to do), and nothing is touched."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise EnvbuildError(f"{escaped(str(path))} cannot be checked ({getattr(e, 'strerror', None) or e}); nothing was "
+                            f"written. {refusal}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_ours(path, f"is {kind_of(st.st_mode)}, not a regular file envbuild wrote", refusal)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise EnvbuildError(f"{escaped(str(path))} cannot be read ({e.strerror or e}) to tell whether envbuild wrote it; "
+                            f"refusing to replace it, and nothing was written. {refusal}") from None
+    with os.fdopen(fd, "rb") as f:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(now.st_mode):
+            raise _not_ours(path, "changed while it was checked", refusal)
+        if not ours(f):
+            raise _not_ours(path, "exists and envbuild did not write it", refusal)
+    return st.st_dev, st.st_ino
+
+
+def _not_ours(path: Path, why: str, refusal: str) -> EnvbuildError:
+    return EnvbuildError(f"{escaped(str(path))} {why}; refusing to replace it, and nothing was written. {refusal}")
+
+
+def still(path: Path, identity: Optional[Identity], refusal: str) -> None:
+    """Refuse (exit 2) unless `path` is still what :func:`owned_file` found: nothing, or that
+    same file. Called right before it is replaced or removed (under the directory's lock)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return  # gone: nothing is there to lose
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != identity:
+        raise _not_ours(path, "changed while envbuild ran (another program put a file there)", refusal)
+
+
+def replace_owned(tmp: Path, path: Path, identity: Optional[Identity], refusal: str) -> None:
+    """Move `tmp` (envbuild's new file) onto `path`, which :func:`owned_file` found to be
+    `identity` (None: nothing was there); refused if anything else is there now."""
+    still(path, identity, refusal)
+    os.replace(tmp, path)
+
+
 def check_owned(path: Path, ours: Callable[[bytes], bool], refusal: str) -> Optional[bytes]:
     """The bytes of the file at `path` if envbuild may replace it (None: no file there);
     refused (exit 2, `refusal` says what to do) when it is not a regular file envbuild wrote."""
-    if not os.path.lexists(path):
-        return None
-    if path.is_symlink() or not path.is_file():
-        raise EnvbuildError(f"{path} is not a regular file envbuild wrote (a symlink, directory or special file); "
-                            f"nothing was written. {refusal}")
-    old = read_bytes(path, "existing file", "record")
-    if not ours(old):
-        raise EnvbuildError(f"{path} exists and envbuild did not write it; refusing to replace it, and nothing was "
-                            f"written. {refusal}")
-    return old
+    found: list[bytes] = []
+
+    def read(f: BinaryIO) -> bool:
+        found.append(f.read(LIMITS["record"] + 1))
+        return len(found[0]) <= LIMITS["record"] and ours(found[0])
+
+    return found[0] if owned_file(Path(path), read, refusal) else None
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` by `data` in one step: a reader (or a run killed half-way) sees the old
-    file or the new one, never a truncated one."""
+    file or the new one, never a truncated one. Only a regular file is replaced: a symlink,
+    device, FIFO or directory there is refused (exit 2) and left as it is."""
+    refusal = "envbuild writes this name itself in a directory it writes into: remove it, or choose another directory."
+    found = owned_file(Path(path), lambda f: True, refusal)
     tmp = write_temp(Path(path), data, mode)
     try:
-        os.replace(tmp, path)
+        replace_owned(tmp, Path(path), found, refusal)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -266,9 +266,12 @@ def outcome_lines(outcomes: list["Outcome"], image_repo: str) -> list[str]:
     return lines
 
 
-def check_tools(signing: Signing) -> None:
+def check_tools(signing: Signing, ext_cache: Optional[Path] = None) -> None:
     """Every tool a job needs, before it builds anything: a job that finds mksquashfs missing after
-    an hour's build has wasted the hour (exit 2 in the first seconds, naming the package)."""
+    an hour's build has wasted the hour (exit 2 in the first seconds, naming the package); and
+    the --ext-cache file and its key, which must be envbuild's own if they exist."""
+    if ext_cache:
+        ext_cache_check(ext_cache)
     missing = []
     if not shutil.which("mksquashfs"):
         missing.append("mksquashfs, which writes each image's enroot .sqsh (Debian and Ubuntu: apt-get install "
@@ -682,28 +685,35 @@ def publish_manifest(m: Matrix, registry: str, image_repo: str, tag: str, digest
 # ---------------------------------------------------------------- the compiled-extension cache of a job
 
 
+def ext_cache_check(file: Path) -> None:
+    """--ext-cache FILE and FILE.key, before anything runs: each absent or a regular file envbuild
+    wrote (exit 2 otherwise): the job replaces both at its end, and never a file of the user's."""
+    extcache.owned(file, "--ext-cache: ")
+    extcache.check_key_file(file)
+
+
 def ext_cache_load(m: Matrix, job: dict, file: Path, base_image: Optional[str], say: Callable[[str], None]) -> None:
-    """An earlier run's compiled wheels into this machine's build cache; a file envbuild refuses is
-    dropped (this run's save replaces it), never kept to block every later run."""
-    if not job["extensions"] or not file.is_file():
+    """An earlier run's compiled wheels into this machine's build cache. A file `ext-cache save`
+    wrote that load refuses (a cut-short copy) is kept, and this run's save replaces it; any other
+    file is refused (exit 2) and never removed."""
+    if not job["extensions"] or extcache.owned(file, "--ext-cache: ") is None:
         return
     try:
         done = extcache.load(file, base_image or extcache.copy_image(m, job["stack"]))
         say(f"loaded {done.moved} of {len(done.wheels)} compiled wheel(s) from {file}")
     except EnvbuildError as e:
         say(f"warning: {file} was refused ({e.message}); compiling instead")
-        file.unlink()
 
 
 def ext_cache_save(m: Matrix, job: dict, file: Path, out: Path, base_image: Optional[str],
                    say: Callable[[str], None]) -> None:
-    """This run's compiled wheels into `file`, their cache key (from the wheel names) into FILE.key."""
+    """This run's compiled wheels into `file` (replacing only a file `ext-cache save` wrote: the
+    restored file's other wheels are not kept), their cache key into FILE.key (likewise)."""
     dirs = [d for d in sorted((out / "build").glob("*")) if (d / "envbuild" / "extensions.json").is_file()]
     if not job["extensions"] or not dirs:
         return
-    file.unlink(missing_ok=True)  # the restored file: only the wheels this run's builds use are kept
+    ext_cache_check(file)
     done = extcache.save(file, base_image or extcache.copy_image(m, job["stack"]), extcache.keys_of(dirs))
     if done.wheels:
-        key = hashlib.sha256("\n".join(sorted(done.wheels)).encode()).hexdigest()[:16]
-        Path(f"{file}.key").write_text(key + "\n")
+        key = extcache.write_key(file, done.wheels)
         say(f"saved {len(done.wheels)} wheel(s) into {file} (cache key {key})")

@@ -150,7 +150,8 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
     job, variants, _ = find_job(m, job_id)
     variants = select_variants(m, job, variants, variant_ids)
     service = service_from(service)  # before anything is written
-    check_tools(signing)
+    cache = Path(ext_cache) if ext_cache else None
+    check_tools(signing, cache)  # and a file of the user's at --ext-cache: refused before anything runs
     activity: dict = {}  # the BuildKit step now running, for the heartbeat
 
     def build(variant: dict, build_dir: Path) -> str:
@@ -163,7 +164,6 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
         return f"{r.request.image_repo}:{r.tag}"
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache = Path(ext_cache) if ext_cache else None
     if cache:
         ext_cache_load(m, job, cache, build_flags.get("base_image"), _say)
     ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say, activity, cache_repo)

@@ -82,9 +82,10 @@ class Trust:
 
 
 def trust_from(key: Optional[str], identity: Optional[str], issuer: Optional[str],
-               signer_key: Optional[SSlibKey] = None, keyless: bool = False) -> Trust:
+               signer_key: Optional[SSlibKey] = None, keyless: bool = False, unverified_hint: bool = False) -> Trust:
     """--key / --certificate-identity-regexp (or, publishing, the signing key's public half, or
-    keyless in GitHub Actions: this very workflow's identity)."""
+    keyless in GitHub Actions: this very workflow's identity); `unverified_hint`: the refusal
+    names `stage --unverified` too."""
     if key and identity:
         raise EnvbuildError("--key and --certificate-identity-regexp are two ways to trust a signature; give one.")
     if issuer is not None and not re.fullmatch(r"https://[\x21-\x7e]{1,500}", issuer):
@@ -109,7 +110,8 @@ def trust_from(key: Optional[str], identity: Optional[str], issuer: Optional[str
         return Trust(identity="^" + re.escape(f"{server}/{os.environ['GITHUB_WORKFLOW_REF']}") + "$")
     raise EnvbuildError("say whose signature to trust: --key FILE (the PEM public key the images were signed with) "
                         "or --certificate-identity-regexp RE (keyless: the publishing workflow, e.g. "
-                        "'^https://github.com/acme/envbuild/.github/workflows/publish.yml@refs/heads/main$').")
+                        "'^https://github.com/acme/envbuild/.github/workflows/publish.yml@refs/heads/main$')"
+                        + ("; or --unverified to stage bytes no signature vouches for." if unverified_hint else "."))
 
 
 @dataclass

@@ -31,9 +31,12 @@ import oras.container
 import oras.oci
 import oras.provider
 import requests
+from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import EnvbuildError
+from .grammar import escaped
 from .registry import ANY_MANIFEST, LIST_TYPES, OCI_INDEX, OCI_MANIFEST, api_host
+from .untrusted import loads_json, validated
 
 EMPTY_CONFIG = b"{}"  # application/vnd.oci.empty.v1+json: the config of an artifact that needs none
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
@@ -62,6 +65,74 @@ class Descriptor:
     def from_dict(d: dict) -> "Descriptor":
         return Descriptor(d.get("mediaType", ""), d.get("digest", ""), int(d.get("size") or 0),
                           d.get("artifactType", ""), dict(d.get("annotations") or {}))
+
+
+# ---------------------------------------------------------------- what a registry serves, as envbuild reads it
+#
+# A registry's manifests, indexes and referrers are written by whoever may push there: each is
+# parsed bounded (envbuild.untrusted) and checked against these models before a field is used.
+# A digest is one the distribution spec allows (no newline, no path), a media type an RFC 6838
+# name, a size a count of bytes, a platform's words letters and digits.
+
+_MEDIA = r"^([A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126})?$"
+_WORD = r"^[a-z0-9_.-]{1,32}$"
+_DIGEST = r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$"  # registry.DIGEST_RE, as pydantic's regex writes it
+
+
+class OciPlatform(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    os: str = Field("linux", pattern=_WORD)
+    architecture: str = Field("unknown", pattern=_WORD)
+    variant: str = Field("", pattern=r"^[a-z0-9]{0,16}$")
+
+    def name(self) -> str:
+        return f"{self.os}/{self.architecture}"
+
+
+class OciDescriptor(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    mediaType: str = Field("", pattern=_MEDIA)
+    digest: str = Field(pattern=_DIGEST)
+    size: int = Field(ge=0, le=1 << 50)
+    artifactType: str = Field("", pattern=_MEDIA)
+    annotations: dict[str, str] = {}
+    platform: Optional[OciPlatform] = None
+
+    def descriptor(self) -> "Descriptor":
+        return Descriptor(self.mediaType, self.digest, self.size, self.artifactType, dict(self.annotations))
+
+
+class OciIndex(BaseModel):
+    """An image index or manifest list (a tag's platforms, a referrers list)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    mediaType: str = Field("", pattern=_MEDIA)
+    manifests: list[OciDescriptor] = []
+
+
+class OciManifest(BaseModel):
+    """One image's (or one attached artifact's) manifest."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    mediaType: str = Field("", pattern=_MEDIA)
+    artifactType: str = Field("", pattern=_MEDIA)
+    config: Optional[OciDescriptor] = None
+    layers: list[OciDescriptor] = []
+
+
+class _Head(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    mediaType: str = Field("", pattern=_MEDIA)
+
+
+def parse_index(body: bytes, named: str) -> OciIndex:
+    """An index a registry served, bounded and checked (exit 2 naming the field otherwise)."""
+    return validated(OciIndex, loads_json(body, named, MANIFEST_LIMIT), named)
+
+
+def parse_manifest(body: bytes, named: str) -> OciManifest:
+    """A manifest a registry served, bounded and checked (exit 2 naming the field otherwise)."""
+    return validated(OciManifest, loads_json(body, named, MANIFEST_LIMIT), named)
 
 
 @dataclass(frozen=True)
@@ -169,7 +240,9 @@ class Registry:
         if reference.startswith("sha256:") and digest != reference:
             raise EnvbuildError(f"registry {self.host} served {name}@{reference} with other bytes (sha256 "
                                 f"{digest[7:19]}...); it cannot be trusted.", exit_code=1)
-        media = json.loads(body).get("mediaType") or r.headers.get("Content-Type", "").split(";")[0]
+        head = validated(_Head, loads_json(body, f"manifest {name}@{reference}", MANIFEST_LIMIT),
+                         f"manifest {name}@{reference}")
+        media = head.mediaType or r.headers.get("Content-Type", "").split(";")[0]
         return Descriptor(media, digest, len(body)), body
 
     def exists(self, name: str, reference: str) -> bool:
@@ -274,7 +347,9 @@ class Registry:
         if not self.exists(name, tag):
             return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
         _, body = self.manifest(name, tag, OCI_INDEX)
-        index = json.loads(body)
+        named = f"the referrers index {name}:{tag}"
+        index = loads_json(body, named, MANIFEST_LIMIT)  # kept whole: what another tool listed is written back
+        validated(OciIndex, index, named)
         if index.get("mediaType") != OCI_INDEX:
             raise EnvbuildError(f"{self.host}/{name}:{tag} is not an OCI image index, so it is not a referrers "
                                 f"fallback envbuild can extend; it was written by another tool.", exit_code=1)
@@ -301,25 +376,30 @@ class Registry:
         """What the referrers API lists, or None where the registry has no such API (404)."""
         self._container(name)
         r = self.client.do_request(f"{self.base}/v2/{name}/referrers/{subject_digest}", "GET",
-                                   headers={"Accept": OCI_INDEX})
+                                   headers={"Accept": OCI_INDEX}, stream=True)
         if r.status_code == 404 or not r.headers.get("Content-Type", "").startswith(OCI_INDEX):
+            r.close()
             return None
         if r.status_code != 200:
+            r.close()
             raise EnvbuildError(f"listing what is attached to {name}@{subject_digest}: registry {self.host} "
                                 f"answered HTTP {r.status_code}.", exit_code=1)
-        return [Descriptor.from_dict(m) for m in r.json().get("manifests", [])]
+        named = f"the referrers of {name}@{subject_digest}"
+        body = _read_bounded(r, MANIFEST_LIMIT, named)
+        return [m.descriptor() for m in parse_index(body, named).manifests]
 
     def referrers(self, name: str, subject_digest: str, artifact_type: str = "") -> list[Descriptor]:
         """Every artifact attached to the image `subject_digest`, of one type if given."""
         found = self.referrers_api(name, subject_digest)
         if found is None:
-            found = [Descriptor.from_dict(m) for m in self._fallback_index(name, subject_digest).get("manifests", [])]
+            index = OciIndex.model_validate(self._fallback_index(name, subject_digest))  # checked as it was read
+            found = [m.descriptor() for m in index.manifests]
         return [d for d in found if not artifact_type or d.artifact_type == artifact_type]
 
     def layers(self, name: str, artifact: Descriptor) -> list[Descriptor]:
         """The layers of an attached artifact, read from its manifest (bytes checked by digest)."""
         _, body = self.manifest(name, artifact.digest, OCI_MANIFEST)
-        return [Descriptor.from_dict(d) for d in json.loads(body).get("layers", [])]
+        return [d.descriptor() for d in parse_manifest(body, f"the artifact {name}@{artifact.digest}").layers]
 
 
 @functools.lru_cache(maxsize=16)
@@ -378,11 +458,23 @@ def _read_bounded(r: requests.Response, limit: int, what: str) -> bytes:
     return data
 
 
+class _RegistryError(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    code: str = ""
+    message: str = ""
+
+
+class _RegistryErrors(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    errors: list[_RegistryError] = []
+
+
 def _errors(r: requests.Response) -> str:
+    """The distribution spec's error body, as a message quotes it (bounded, control characters escaped)."""
     try:
-        errors = r.json().get("errors") or []
-        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or r.reason
-    except ValueError:
-        return r.reason or "no detail"
+        said = validated(_RegistryErrors, loads_json(r.content, "the registry's error", 1 << 16), "the registry's error")
+    except EnvbuildError:
+        return escaped(r.reason or "no detail")
+    return escaped("; ".join(f"{e.code}: {e.message}" for e in said.errors)[:300]) or escaped(r.reason or "no detail")
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from .artifacts import Descriptor, client as registry_client, is_index
+from .artifacts import Descriptor, client as registry_client, is_index, parse_index, parse_manifest
 from .engine import RegistryError, get_engine
 from .errors import EnvbuildError
 from .grammar import escaped
@@ -255,6 +255,15 @@ def _verify(path: Path, expected: str) -> None:
                             f"and stage again.")
 
 
+def check_stage_directory(directory: Path) -> Path:
+    """--to: an existing directory (checked before any registry is asked or anything exported)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise EnvbuildError(f"stage directory {escaped(str(directory))} does not exist; create it on the shared "
+                            f"filesystem the compute nodes mount (e.g. /shared/containers), or choose another --to.")
+    return directory
+
+
 def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path], str], wait: float = 3600,
           progress: Callable[[str], None] = lambda _: None) -> Staged:
     """Put a file at `directory/name` once: `produce(path)` writes it there under a temporary name
@@ -266,10 +275,7 @@ def stage(directory: Path, name: str, need_bytes: int, produce: Callable[[Path],
     fsynced and checked against the sha256 before it takes its name; the sha256 goes beside it
     (`NAME.sha256`, `sha256sum -c` format). A file found there whose sha256 is not its checksum
     file's (a partial copy, a corrupt disk) is refused, not used."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise EnvbuildError(f"stage directory {directory} does not exist; create it on the shared filesystem the "
-                            f"compute nodes mount (e.g. /shared/containers), or choose another --to.")
+    directory = check_stage_directory(directory)
     final, checksum = directory / name, directory / (name.removesuffix(SUFFIX) + CHECKSUM_SUFFIX)
     with locked(directory, "staging into", wait, lock_file=".envbuild-stage.lock", progress=progress):
         remove_stale_temps(directory, recursive=False)  # what a killed stage left (we hold the lock)
@@ -388,30 +394,33 @@ def host_platform() -> str:
 
 
 def published_sqsh(source: str, platform: Optional[str] = None) -> tuple[Optional[Published], str, str]:
-    """The .sqsh published beside `source`'s image for `platform` (this host's by default), or
-    None; with the platform image's digest and config digest either way."""
+    """UNVERIFIED (`stage --unverified`): the .sqsh attached beside `source`'s image for
+    `platform` (this host's by default), or None; with the platform image's digest and config
+    digest either way. No signature is checked (envbuild.verify.signed_sqsh does): the one
+    candidate is taken, and more than one is a refusal naming them, never a choice by position."""
     host = registry_of(source)
     name, tag, digest = split_reference(source)
     name = name[len(host) + 1:]
     client = registry_client(host)
     desc, body = client.manifest(name, digest or tag or "latest", ANY_MANIFEST)
     platform = platform or host_platform()
-    doc = json.loads(body)
     if is_index(desc.media_type):
-        entry = next((m for m in doc.get("manifests", [])
-                      if f"{(m.get('platform') or {}).get('os')}/{(m.get('platform') or {}).get('architecture')}"
-                      == platform), None)
-        if entry is None:
-            served = ", ".join(f"{(m.get('platform') or {}).get('os')}/{(m.get('platform') or {}).get('architecture')}"
-                               for m in doc.get("manifests", []))
-            raise EnvbuildError(f"{source} serves no {platform} image (it serves {served}); give --platform.")
-        desc, body = client.manifest(name, entry["digest"])
-        doc = json.loads(body)
-    image_id = (doc.get("config") or {}).get("digest", "")
-    for art in client.referrers(name, desc.digest, SQSH_TYPE):
-        layers = client.layers(name, art)
-        if len(layers) == 1:
-            return Published(host, name, desc.digest, image_id, layers[0]), desc.digest, image_id
+        entries = parse_index(body, f"the manifest list {escaped(source)}").manifests
+        served = [m.platform.name() if m.platform else "linux/unknown" for m in entries]
+        if platform not in served:
+            raise EnvbuildError(f"{source} serves no {platform} image (it serves {', '.join(served)}); give --platform.")
+        entry = entries[served.index(platform)]
+        desc, body = client.manifest(name, entry.digest)
+    doc = parse_manifest(body, f"the image manifest {host}/{name}@{desc.digest}")
+    image_id = doc.config.digest if doc.config else ""
+    layers = [layer for art in client.referrers(name, desc.digest, SQSH_TYPE) for layer in client.layers(name, art)]
+    found = {layer.digest: layer for layer in layers}
+    if len(found) > 1:
+        raise EnvbuildError(f"{source}: {len(found)} .sqsh files are attached to {desc.digest[:19]}... "
+                            f"({', '.join(found)}); unverified, none can be told from another. Stage with --key or "
+                            f"--certificate-identity-regexp: the signed provenance names the one.", exit_code=1)
+    if found and image_id:
+        return Published(host, name, desc.digest, image_id, layers[0]), desc.digest, image_id
     return None, desc.digest, image_id
 
 
@@ -431,35 +440,63 @@ def download_producer(published: Published, progress: Callable[[str], None] = la
     return produce
 
 
-def staging_source(source: str, compression: str, platform: Optional[str] = None,
-                   progress: Callable[[str], None] = lambda _: None) -> tuple[str, int, Callable[[Path], str]]:
-    """(staged name, bytes needed, producer) for what `envbuild stage` is given: a .sqsh file
-    (copied), a published image (its attached .sqsh downloaded; pulled and exported only when none
-    is published, and said so), or a local image (exported)."""
+def source_kind(source: str) -> str:
+    """What `envbuild stage` was given: 'file' (a .sqsh), 'registry' (a published image, its
+    reference's grammar checked) or 'local' (an image of the local engine)."""
     if source.endswith(SUFFIX) and os.path.lexists(source):
-        check_squashfs(Path(source))  # before anything is copied: a .sqsh that is none is refused
-        return Path(source).name, Path(source).stat().st_size, copy_producer(Path(source))
+        return "file"
     if is_registry_reference(source):
         check_image_reference("SOURCE", source)  # a newline in the host is no unreachable registry (exit 1)
-        try:
-            found, digest, image_id = published_sqsh(source, platform)
-        except EnvbuildError as e:  # a registry name this machine cannot read: its local image, if any
-            if _local_id(source) is None:
-                raise
-            progress(f"{source}: {e.message} Exporting the local image of that name instead.")
-            return _local_source(source, compression, progress)
-        if found is not None:
-            progress(f"fetching the published .sqsh of {source} ({found.layer.size / 2**20:.0f} MiB, sha256 "
-                     f"{found.layer.digest[7:19]}...)")
-            return staged_name(image_id), found.layer.size, download_producer(found, progress)
-        ref = f"{split_reference(source)[0]}@{digest}"
-        progress(f"no .sqsh is published beside {source}; pulling {ref} and exporting it here")
-        engine = get_engine()
-        try:
-            source = engine.pull(ref)
-        except RegistryError as e:
-            raise EnvbuildError(f"pulling {ref} failed: {e.message}", exit_code=1) from None
+        return "registry"
+    return "local"
+
+
+def staging_source(source: str, compression: str, platform: Optional[str] = None,
+                   progress: Callable[[str], None] = lambda _: None,
+                   verified: Optional[Callable[[str, Optional[str]], Published]] = None,
+                   ) -> tuple[str, int, Callable[[Path], str]]:
+    """(staged name, bytes needed, producer) for what `envbuild stage` is given: a .sqsh file
+    (copied), a published image, or a local image (exported).
+
+    A published image with `verified` (envbuild.verify.signed_sqsh: the .sqsh its signed
+    provenance names) stages that .sqsh or nothing. Without it (`--unverified`) the one .sqsh
+    attached is downloaded, or where none is the image is pulled and exported here (or, the
+    registry unreadable, a local image of that name), and the caller says the bytes are unverified."""
+    kind = source_kind(source)
+    if kind == "file":
+        check_squashfs(Path(source))  # before anything is copied: a .sqsh that is none is refused
+        return Path(source).name, Path(source).stat().st_size, copy_producer(Path(source))
+    if kind == "registry" and verified is not None:
+        found = verified(source, platform)
+        progress(f"fetching the signed .sqsh of {source} ({found.layer.size / 2**20:.0f} MiB, sha256 "
+                 f"{found.layer.digest[7:19]}...)")
+        return staged_name(found.image_id), found.layer.size, download_producer(found, progress)
+    if kind == "registry":
+        return _unverified_source(source, compression, platform, progress)
     return _local_source(source, compression, progress)
+
+
+def _unverified_source(source: str, compression: str, platform: Optional[str], progress: Callable[[str], None]):
+    """staging_source of a published image without a signature checked (`stage --unverified`)."""
+    try:
+        found, digest, image_id = published_sqsh(source, platform)
+    except EnvbuildError as e:  # a registry name this machine cannot read: its local image, if any
+        if e.exit_code == 2 or _local_id(source) is None:
+            raise
+        progress(f"{source}: {e.message} Exporting the local image of that name instead.")
+        return _local_source(source, compression, progress)
+    if found is not None:
+        progress(f"fetching the published .sqsh of {source} ({found.layer.size / 2**20:.0f} MiB, sha256 "
+                 f"{found.layer.digest[7:19]}...)")
+        return staged_name(image_id), found.layer.size, download_producer(found, progress)
+    ref = f"{split_reference(source)[0]}@{digest}"
+    progress(f"no .sqsh is published beside {source}; pulling {ref} and exporting it here")
+    engine = get_engine()
+    try:
+        image = engine.pull(ref)
+    except RegistryError as e:
+        raise EnvbuildError(f"pulling {ref} failed: {e.message}", exit_code=1) from None
+    return _local_source(image, compression, progress)
 
 
 def _local_source(image: str, compression: str, progress: Callable[[str], None]):

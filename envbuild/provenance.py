@@ -29,6 +29,7 @@ from google.protobuf import json_format
 from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
 from in_toto_attestation.v1 import statement_pb2
 from in_toto_attestation.v1.statement import Statement
+from pydantic import BaseModel, ConfigDict, Field
 from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
@@ -36,6 +37,7 @@ from securesystemslib.signer import CryptoSigner, SSlibKey
 from . import __version__
 from .errors import EnvbuildError
 from .files import read_bytes
+from .untrusted import loads_json, validated
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
@@ -178,6 +180,101 @@ def check_shape(doc: dict) -> None:
                             exit_code=1) from None
 
 
+# ---------------------------------------------------------------- what verify reads of an envelope and a statement
+#
+# An attestation attached to an image is written by whoever may push there, and even a signed
+# statement is parsed bounded and checked before a field is used: the fields verify and stage
+# read have the grammar of what they are (a sha256, a tag, a platform), the rest may be any JSON.
+
+_HEX = r"^[0-9a-f]{64}$"
+_PRINTABLE = r"^[\x20-\x7e]{0,256}$"  # a keyid, a name: one line a message can quote
+_BASE64 = r"^[A-Za-z0-9+/=_-]*$"
+_PLATFORM = r"^[a-z0-9_]{1,32}/[a-z0-9_]{1,32}(/[a-z0-9]{1,16})?$"
+_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"  # registry.TAG_RE
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Signature(_Open):
+    keyid: str = Field("", pattern=_PRINTABLE)
+    sig: str = Field(pattern=_BASE64, max_length=1 << 16)
+
+
+class EnvelopeDoc(_Open):
+    """A DSSE envelope (https://github.com/secure-systems-lab/dsse/blob/master/envelope.md)."""
+
+    payload: str = Field(pattern=_BASE64, max_length=ENVELOPE_LIMIT)
+    payloadType: str = Field(pattern=_PRINTABLE)
+    signatures: list[_Signature] = Field(max_length=64)
+
+
+class _Sha256(_Open):
+    sha256: str = Field(pattern=_HEX)
+
+
+class _Named(_Open):
+    name: str = Field("", pattern=_PRINTABLE)
+
+
+class _Dependency(_Named):
+    digest: dict[str, str] = {}
+
+
+class _Byproduct(_Named):
+    digest: _Sha256
+
+
+class _External(_Open):
+    tag: Optional[str] = Field(None, pattern=_TAG)
+
+
+class _Internal(_Open):
+    platform: Optional[str] = Field(None, pattern=_PLATFORM)
+    stack: Optional[str] = Field(None, pattern=_PRINTABLE)
+
+
+class _BuildDefinition(_Open):
+    externalParameters: _External
+    internalParameters: Optional[_Internal] = None
+    resolvedDependencies: list[_Dependency] = []
+
+
+class _RunDetails(_Open):
+    byproducts: list[_Byproduct] = []
+
+
+class _Predicate(_Open):
+    buildDefinition: _BuildDefinition
+    runDetails: _RunDetails = _RunDetails()
+
+
+class _Subject(_Named):
+    digest: _Sha256
+
+
+class _StatementHead(_Open):
+    predicateType: str = Field(pattern=_PRINTABLE)
+    subject: list[_Subject] = Field(min_length=1, max_length=64)
+
+
+class ProvenanceDoc(_StatementHead):
+    """The SLSA v1 provenance statement envbuild signs, as far as verify and stage read it."""
+
+    predicate: _Predicate
+
+
+def parse_statement(data: bytes | str, named: str) -> dict:
+    """A statement (the payload of an envelope, or cosign's), bounded and, when it is a SLSA
+    provenance, checked field by field (exit 2 naming the field); the document as parsed."""
+    doc = loads_json(data, named, ENVELOPE_LIMIT)
+    head = validated(_StatementHead, doc, named)
+    if head.predicateType == SLSA_PROVENANCE:
+        validated(ProvenanceDoc, doc, named)
+    return doc
+
+
 # ---------------------------------------------------------------- DSSE
 
 
@@ -193,8 +290,10 @@ def open_envelope(data: bytes, key: SSlibKey) -> dict:
     """The statement inside a DSSE envelope that `key` signed; an error naming what is wrong."""
     if len(data) > ENVELOPE_LIMIT:
         raise EnvbuildError("the attestation is larger than 16 MiB, which no envbuild provenance is.", exit_code=1)
+    raw = loads_json(data, "the attestation (a DSSE envelope)", ENVELOPE_LIMIT)
+    validated(EnvelopeDoc, raw, "the attestation (a DSSE envelope)")
     try:
-        envelope = Envelope.from_dict(json.loads(data))
+        envelope = Envelope.from_dict(raw)
     except (ValueError, KeyError, TypeError):
         raise EnvbuildError("the attestation is not a DSSE envelope.", exit_code=1) from None
     if envelope.payload_type != PAYLOAD_TYPE:
@@ -208,10 +307,7 @@ def open_envelope(data: bytes, key: SSlibKey) -> dict:
     except VerificationError:
         raise EnvbuildError(f"its signature by key {key.keyid[:16]} does not verify: the statement was changed "
                             f"after it was signed.", exit_code=1) from None
-    try:
-        doc = json.loads(envelope.payload)
-    except ValueError:
-        raise EnvbuildError("the signed payload is not JSON.", exit_code=1) from None
+    doc = parse_statement(envelope.payload, "the signed statement")
     check_shape(doc)
     return doc
 
@@ -221,4 +317,6 @@ def subject_digest(doc: dict) -> str:
 
 
 def byproduct(doc: dict, name: str) -> Optional[dict]:
-    return next((b for b in doc["predicate"]["runDetails"].get("byproducts", []) if b.get("name") == name), None)
+    """The byproduct `name` a (checked) statement lists, or None."""
+    return next((b for b in (doc["predicate"].get("runDetails") or {}).get("byproducts", []) if b.get("name") == name),
+                None)

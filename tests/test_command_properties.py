@@ -133,10 +133,10 @@ CASES = {
              ("--for",)),
     ],
     "stage": [
-        Case(("stage", "{v}", "--to", "shared"), "127.0.0.1:9/acme/envbuild:t", ("stage",)),
-        Case(("stage", "127.0.0.1:9/acme/envbuild:t", "--to", "{v}"), "shared", ("--to",)),
-        Case(("stage", "127.0.0.1:9/acme/envbuild:t", "--to", "shared", "--platform", "{v}"), "linux/amd64",
-             ("--platform",)),
+        Case(("stage", "{v}", "--to", "shared"), "127.0.0.1:9/acme/envbuild:t", ("stage", "--key")),
+        Case(("stage", "127.0.0.1:9/acme/envbuild:t", "--to", "{v}", "--key", "key.pub"), "shared", ("--to",)),
+        Case(("stage", "127.0.0.1:9/acme/envbuild:t", "--to", "shared", "--key", "key.pub", "--platform", "{v}"),
+             "linux/amd64", ("--platform",)),
     ],
 }
 

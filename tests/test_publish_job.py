@@ -323,23 +323,26 @@ def test_an_unsigned_image_fails_verify_and_stage_exports_it_where_no_sqsh_is_pu
     assert r.returncode == 1 and "(unsigned image)" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
     staged = work / "staged-plain"
     staged.mkdir()
-    r = run_cli("stage", plain, "--to", str(staged), env=env, timeout=900)
+    r = run_cli("stage", plain, "--to", str(staged), "--key", str(keys["ours"][1]), env=env, timeout=600)
+    assert r.returncode == 1 and "(unsigned image)" in r.stderr and not list(staged.iterdir()), r.stderr
+    r = run_cli("stage", plain, "--to", str(staged), "--unverified", env=env, timeout=900)
     assert r.returncode == 0, r.stderr
-    assert "no .sqsh is published beside" in r.stderr and "exporting it here" in r.stderr
+    assert "UNVERIFIED: staging" in r.stderr and "no .sqsh is published beside" in r.stderr and "exporting it here" in r.stderr
     assert len(list(staged.glob("*.sqsh"))) == 1
 
 
-def test_stage_fetches_the_published_sqsh_by_digest(published, env, work):
+def test_stage_fetches_the_published_sqsh_by_digest(published, env, work, keys):
     staged = work / "staged"
     staged.mkdir()
-    r = run_cli("stage", published["ref"], "--to", str(staged), env=env, timeout=1800)
+    r = run_cli("stage", published["ref"], "--to", str(staged), "--key", str(keys["ours"][1]), env=env, timeout=1800)
     assert r.returncode == 0, r.stderr
-    assert "fetching the published .sqsh" in r.stderr and "exporting" not in r.stderr
+    assert "fetching the signed .sqsh" in r.stderr and "exporting" not in r.stderr
     files = list(staged.glob("*.sqsh"))
     statement = json.loads((published["out"] / "attestations" / "h20-ib" / "provenance.json").read_text())
     sqsh = next(b for b in statement["predicate"]["runDetails"]["byproducts"] if b["name"] == "image.sqsh")
     assert len(files) == 1 and hashlib.sha256(files[0].read_bytes()).hexdigest() == sqsh["digest"]["sha256"]
-    again = run_cli("stage", published["ref"], "--to", str(staged), env=env, timeout=600)
+    again = run_cli("stage", published["ref"], "--to", str(staged), "--key", str(keys["ours"][1]), env=env,
+                    timeout=600)
     assert again.returncode == 0 and again.stdout.startswith("already staged")
     files[0].unlink()
 

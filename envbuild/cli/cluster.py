@@ -35,18 +35,45 @@ def export_cmd(image, as_enroot, output, compression):
 @click.option("--to", "directory", required=True, type=click.Path(file_okay=False),
               help="Shared directory the compute nodes mount (e.g. /shared/containers).")
 @click.option("--platform", help="A published multi-arch tag: the platform to stage (default: this machine's).")
+@click.option("--key", type=click.Path(dir_okay=False), help="A published image: the PEM public key its provenance "
+                                                             "must be signed with (as `envbuild verify --key`).")
+@click.option("--certificate-identity-regexp", "identity", metavar="RE",
+              help="A published image, keyless (cosign): the identity the signing certificate must have.")
+@click.option("--certificate-oidc-issuer", "issuer", metavar="URL",
+              help="Keyless: the OIDC issuer (default GitHub Actions': https://token.actions.githubusercontent.com).")
+@click.option("--unverified", is_flag=True, help="A published image: stage what the registry serves without checking "
+                                                 "any signature (said so on stderr).")
 @COMPRESSION
-def stage(source, directory, platform, compression):
+def stage(source, directory, platform, key, identity, issuer, unverified, compression):
     """Put an image's .sqsh on shared storage once: SOURCE is a published image
-    (REGISTRY/NAME:TAG or @DIGEST: the .sqsh `envbuild publish` attached beside it is downloaded
-    by digest; only when none is published is the image pulled and exported here), a local
-    image (exported as by `export --enroot`) or a .sqsh file. Named by the image ID, locked so
-    two jobs staging at once export once, checked for free space first and by sha256 after; a
-    partial or corrupt file there is refused."""
-    from ..enroot import stage as stage_file, staging_source
+    (REGISTRY/NAME:TAG or @DIGEST: the .sqsh whose digest its signed provenance lists is
+    downloaded, after the signature is checked with --key or --certificate-identity-regexp as
+    `envbuild verify` does; with --unverified, whatever .sqsh is attached, or the image pulled and
+    exported here), a local image (exported as by `export --enroot`) or a .sqsh file. Named by
+    the image ID, locked so two jobs staging at once export once, checked for free space first
+    and by sha256 after; a partial or corrupt file there is refused."""
+    from ..enroot import check_stage_directory, source_kind, stage as stage_file, staging_source
+    from ..errors import EnvbuildError
+    from ..verify import check_platform, signed_sqsh, trust_from
 
-    say = lambda t: err.print(f"envbuild: {t}", markup=False)  # noqa: E731
-    name, size, produce = staging_source(source, compression, platform, progress=say)
+    say = lambda t: err.print(f"envbuild: {t}", markup=False, soft_wrap=True)  # noqa: E731
+    kind = source_kind(source)  # every input before any registry, engine or file is touched
+    check_platform("--platform", platform)
+    check_stage_directory(Path(directory))
+    verified = None
+    if kind != "registry" and (key or identity or unverified):
+        raise EnvbuildError(f"--key, --certificate-identity-regexp and --unverified are about a published image; "
+                            f"SOURCE is a {'.sqsh file' if kind == 'file' else 'local image'}: drop them.")
+    if kind == "registry" and unverified:
+        if key or identity:
+            raise EnvbuildError("--unverified stages without checking a signature, and --key or "
+                                "--certificate-identity-regexp asks for the check; give one.")
+        say(f"UNVERIFIED: staging {source} without checking any signature (--unverified): the file staged is "
+            f"whatever the registry serves, which nobody may have signed.")
+    elif kind == "registry":
+        trust = trust_from(key, identity, issuer, unverified_hint=True)
+        verified = lambda ref, plat: signed_sqsh(ref, trust, plat)  # noqa: E731
+    name, size, produce = staging_source(source, compression, platform, progress=say, verified=verified)
     staged = stage_file(Path(directory), name, size, produce, progress=say)
     out.print(f"{'staged' if staged.copied else 'already staged'} {staged.path} (sha256 {staged.sha256})", markup=False)
     out.print(f"next: srun --container-image={staged.path} python /opt/envbuild/smoke.py", markup=False, soft_wrap=True)

@@ -43,3 +43,28 @@ def test_a_reader_that_stops_early_ends_the_run_quietly(tmp_path):
     p.stdout.close()  # `envbuild matrix | head -0`
     _, err = p.communicate(timeout=120)
     assert p.returncode in (1, 141) and b"Traceback" not in err and b"Exception ignored" not in err, err
+
+
+TOKEN = "tok-9f8e7d6c5b4a"
+URL_OPTIONS = {"--pip-index-url": "https://ci:{t}@pypi.example/simple",
+               "--torch-index-url": "https://ci:{t}@torch.example/whl/cu128",
+               "--apt-mirror": "http://ci:{t}@deb.example",
+               "--source-mirror": "http://ci:{t}@127.0.0.1:8765"}
+
+
+@pytest.mark.parametrize("flag", sorted(URL_OPTIONS))
+@pytest.mark.parametrize("shape", ["accepted", "refused"])
+def test_a_url_s_credentials_reach_no_output_and_no_rendered_file(tmp_path, flag, shape):
+    """The credential in a mirror URL is the user's secret: a render that takes it (a build
+    secret) and a refusal that quotes the URL both show it nowhere."""
+    from conftest import run_here, tree
+
+    url = URL_OPTIONS[flag].format(t=TOKEN) + ("/x y" if shape == "refused" else "")
+    args = ["render", "--gpu", "h20", "-o", str(tmp_path / "out"), flag, url]
+    if flag == "--source-mirror":
+        args += ["--fabric", "aws-efa"]
+    r = run_here(*args)
+    assert (r.returncode == 0) == (shape == "accepted"), r.stderr
+    assert TOKEN not in r.stdout + r.stderr
+    assert all(TOKEN.encode() not in data for data in (tree(tmp_path / "out") if (tmp_path / "out").exists()
+                                                      else {}).values())

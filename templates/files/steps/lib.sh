@@ -91,14 +91,14 @@ uv_pip() (
     for name in $(compgen -e); do
         if [[ $name == UV_* ]]; then unset "$name"; fi
     done
-    cache=(--no-cache)
-    if cache_mounted "$PY_CACHE"; then cache=(--cache-dir "$PY_CACHE/uv"); fi
-    cert=()
-    if [[ -n ${PIP_CERT:-} ]]; then cert=(--cert "$PIP_CERT"); fi
+    uv_cache=(--no-cache)
+    if cache_mounted "$PY_CACHE"; then uv_cache=(--cache-dir "$PY_CACHE/uv"); fi
+    uv_cert=()
+    if [[ -n ${PIP_CERT:-} ]]; then uv_cert=(--cert "$PIP_CERT"); fi
     export UV_NO_CONFIG=1 UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
-    command=$1; shift
-    "${ENVBUILD_UV:?the step installs with uv but the plan named none}" pip "$command" --no-config "${cache[@]}" \
-        "${cert[@]}" --link-mode copy "$@"
+    subcommand=$1; shift
+    "${ENVBUILD_UV:?the step installs with uv but the plan named none}" pip "$subcommand" --no-config "${uv_cache[@]}" \
+        "${uv_cert[@]}" --link-mode copy "$@"
 )
 
 # The index options of a uv install: INDEX (PyTorch's, or - for none) searched first, then PyPI

@@ -1,8 +1,8 @@
-"""Installing a locked stack: the way envbuild's build does it (pip --require-hashes --no-deps
--r, one part of the lock at a time) vs a plain `pip install -r` of the same lock (pip's
-resolver on; hash checking is on in both, because the file carries hashes), and uv's
-installer as a third row, each into a fresh venv from the same warm wheel cache, in the same
-run. Downloads are not measured: a first pass fills each tool's cache.
+"""Installing a locked stack: the way envbuild's build does it (the matrix's uv: uv pip install
+--require-hashes --no-deps -r, one part of the lock at a time; pip until issue 41) vs a plain
+`pip install -r` of the same lock (pip's resolver on; hash checking is on in all, because the
+file carries hashes) and pip as the build used it, each into a fresh venv from the same warm
+wheel cache, in the same run. Downloads are not measured: a first pass fills each tool's cache.
 
     python bench/lock_install.py
 """
@@ -46,14 +46,15 @@ def main():
     env = {"PIP_CACHE_DIR": str(work / "pip-cache"), "UV_CACHE_DIR": str(work / "uv-cache"), "PIP_CERT": CA,
            "SSL_CERT_FILE": CA, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     methods = {
-        "envbuild: pip --require-hashes --no-deps -r": lambda py: run(
+        "pip --require-hashes --no-deps -r (the build before issue 41)": lambda py: run(
             str(py), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "-r", str(part), env=env),
         "plain pip install -r (baseline)": lambda py: run(str(py), "-m", "pip", "install", "-q", "-r", str(part), env=env),
-        "uv pip install --require-hashes -r": lambda py: run(
-            uv_binary(), "pip", "install", "-q", "--require-hashes", "--python", str(py), "--compile-bytecode",
-            "-r", str(part), env=env),
+        # what the torch step runs (templates/files/steps/torch.sh, lib.sh uv_pip): the matrix's uv
+        "envbuild: uv pip install --require-hashes --no-deps -r": lambda py: run(
+            uv_binary(), "pip", "install", "-q", "--no-config", "--link-mode", "copy", "--require-hashes", "--no-deps",
+            "--python", str(py), "--compile-bytecode", "-r", str(part), env=env),
     }
-    for install in (methods["plain pip install -r (baseline)"], methods["uv pip install --require-hashes -r"]):
+    for install in (methods["plain pip install -r (baseline)"], methods["envbuild: uv pip install --require-hashes --no-deps -r"]):
         install(fresh_venv(work / "warm"))  # fills pip's and uv's caches: downloads are not measured
     seconds = {}
     for name, install in methods.items():

@@ -58,10 +58,15 @@ def os_steps(build_dir: Path) -> dict[str, list[str]]:
     builder, runtime = text.split(" AS runtime\n", 1)
     steps = {}
     for stage, part in (("builder", builder), ("runtime", runtime)):
-        steps[stage] = [block[block.index("RUN "):].replace(
-            "RUN --mount=type=secret", "RUN --mount=type=bind,source=envbuild/steps,target=/opt/envbuild-setup "
-            "--mount=type=secret", 1) for block in part.split("\n\n") if "os.sh" in block and "RUN " in block]
+        steps[stage] = [_bound(block[block.index("RUN "):]) for block in part.split("\n\n")
+                        if "os.sh" in block and "RUN " in block]
     return steps
+
+
+def _bound(run: str) -> str:
+    """A RUN line that binds the step scripts (the builder's COPYs them; its first mount may be apt's cache)."""
+    bind = "--mount=type=bind,source=envbuild/steps,target=/opt/envbuild-setup"
+    return run if bind in run else run.replace("RUN ", f"RUN {bind} ", 1)
 
 
 def build_os(build_dir: Path, secrets: dict[str, str]) -> float:

@@ -300,3 +300,62 @@ def test_a_step_run_outside_a_build_restamps_nothing_of_this_machine(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr
     assert witness.stat().st_mtime > 315532800 + 86400, "a step outside a build restamped a file of this machine"
+
+
+def _recording_stub(bin_dir: Path, name: str, body: str = "") -> Path:
+    """A stand-in that records its argv (one word a line) and its environment, then runs `body`."""
+    _stub(bin_dir, name, f'printf "%s\\n" "$@" > "$0.argv"\nenv > "$0.env"\n{body}')
+    return bin_dir / name
+
+
+@pytest.mark.parametrize("index", ["-", "https://download.pytorch.org/whl/cu130"])
+def test_the_torch_step_installs_its_lock_part_with_uv_and_none_of_the_machines_uv_settings(tmp_path, index):
+    """torch.sh with ENVBUILD_UV runs `uv pip install` into the venv: --require-hashes --no-deps
+    from the lock part, no uv.toml (--no-config, UV_NO_CONFIG) and no UV_* variable of the
+    machine (UV_INDEX_URL would add an index, UV_CONSTRAINT is the image's guard), the CA bundle,
+    byte-compiled, copied, and PyTorch's index searched before PyPI as `envbuild lock` resolved
+    it. A failure is reported as a lock failure. uv is a stand-in recording its argv."""
+    bin_dir, secrets = tmp_path / "bin", tmp_path / "secrets"
+    bin_dir.mkdir(), secrets.mkdir()
+    (secrets / "ca_cert").write_text("-----BEGIN CERTIFICATE-----\n")
+    uv = _recording_stub(bin_dir, "uv", 'exit "${FAIL:-0}"\n')
+    env = {**os.environ, "ENVBUILD_UV": str(uv), "VIRTUAL_ENV": str(tmp_path / "venv"), "ENVBUILD_SECRETS_DIR": str(secrets),
+           "UV_INDEX_URL": "https://evil.example/simple", "UV_CONSTRAINT": "/etc/pip/constraint.txt"}
+    script = ROOT / "templates" / "files" / "steps" / "torch.sh"
+    args = ["--require-hashes", "--no-deps", "-r", "/opt/envbuild-setup/lock/venv.txt"]
+    r = subprocess.run(["bash", str(script), index, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    argv = (bin_dir / "uv.argv").read_text().splitlines()
+    indexes = ["--index-url", "https://pypi.org/simple", *(["--extra-index-url", index] if index != "-" else [])]
+    assert argv[:4] == ["pip", "install", "--no-config", "--no-cache"] and argv[-len(args):] == args
+    assert argv[4] == "--cert" and argv[6:] == ["--link-mode", "copy", "--python", f"{tmp_path}/venv/bin/python",
+                                                 "--compile-bytecode", *indexes, *args]
+    seen = (bin_dir / "uv.env").read_text()
+    assert "UV_NO_CONFIG=1" in seen and "UV_INDEX_URL" not in seen and "UV_CONSTRAINT" not in seen
+    failed = subprocess.run(["bash", str(script), index, *args], env={**env, "FAIL": "1"}, capture_output=True, text=True,
+                            timeout=60)
+    assert failed.returncode != 0 and "the install from the stack's lock failed" in failed.stderr
+
+
+def test_the_uv_step_installs_the_pinned_uv_by_hash_outside_the_venv_and_checks_its_version(tmp_path):
+    """uv.sh: the venv's pip installs the matrix's uv by its hashes (--require-hashes --no-deps,
+    wheels only) into the prefix, reading no pip configuration file; a uv that says another version
+    fails the step. pip is a stand-in that writes the uv it was asked for."""
+    venv_bin, prefix = tmp_path / "venv" / "bin", tmp_path / "uv"
+    venv_bin.mkdir(parents=True)
+    pip = _recording_stub(venv_bin, "pip", f'mkdir -p {prefix}/bin && printf \'#!/bin/sh\\necho "uv $VERSION (x86_64)"\\n\' '
+                                          f"> {prefix}/bin/uv && chmod +x {prefix}/bin/uv\n")
+    part = tmp_path / "uv.txt"
+    part.write_text("uv==0.13.9 --hash=sha256:" + "a" * 64 + "\n")
+    env = {**os.environ, "VIRTUAL_ENV": str(tmp_path / "venv"), "ENVBUILD_SECRETS_DIR": str(tmp_path / "none")}
+    script = ROOT / "templates" / "files" / "steps" / "uv.sh"
+    r = subprocess.run(["bash", str(script), str(prefix), str(part)], env={**env, "VERSION": "0.13.9"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "installer: uv 0.13.9" in r.stderr, r.stderr
+    assert (venv_bin / "pip.argv").read_text().splitlines() == [
+        "install", "--require-hashes", "--no-deps", "--only-binary", ":all:", "--no-compile", "--target", str(prefix),
+        "-r", str(part)]
+    assert "PIP_CONFIG_FILE=/dev/null" in (venv_bin / "pip.env").read_text() and pip.exists()
+    r = subprocess.run(["bash", str(script), str(prefix), str(part)], env={**env, "VERSION": "0.14.0"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "the matrix pins uv 0.13.9" in r.stderr

@@ -5,6 +5,7 @@ several places (issue 7); each fails on the code before the plan existed."""
 
 import subprocess
 
+from conftest import ROOT
 from envbuild.render import render_files
 from envbuild.resolve import Request, resolve
 
@@ -57,11 +58,12 @@ NO_AUDIT = ("the PyPI toolchain has no cuobjdump before CUDA 13.2 (nvidia-cuda-c
             "cuda-toolkit[cuobjdump] installs, has releases from 13.2.51 on "
             "(https://pypi.org/simple/nvidia-cuda-cuobjdump/); cuda-toolkit 13.0.2 has no cuobjdump extra), so the "
             "SASS audit cannot run")
+PY_CACHE = "--mount=type=cache,id=envbuild-py,target=/var/cache/envbuild-py,sharing=locked"
 STEPS = {
     "os": (
         "# python3.11 with headers and a host compiler for the DeepSpeed ops\n"
         "COPY envbuild/steps/lib.sh envbuild/steps/os.sh /opt/envbuild-setup/\n"
-        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=apt_mirror \\\n"
+        "RUN --mount=type=cache,id=envbuild-apt,target=/var/cache/envbuild-apt,sharing=locked --mount=type=secret,id=ca_cert --mount=type=secret,id=apt_mirror \\\n"
         "    ENVBUILD_APT_HOSTS='deb.debian.org security.debian.org' \\\n"
         "    bash /opt/envbuild-setup/os.sh ca-certificates g++ python3.11-dev python3.11-venv",
         {"files": ["envbuild/steps/lib.sh /opt/envbuild-setup/lib.sh", "envbuild/steps/os.sh /opt/envbuild-setup/os.sh"],
@@ -74,29 +76,44 @@ STEPS = {
         "RUN bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11",
         {"files": ["envbuild/steps/venv.sh /opt/envbuild-setup/venv.sh"],
          "post": ["# one virtual environment holds the whole stack", "bash /opt/envbuild-setup/venv.sh /usr/bin/python3.11"]}),
+    "uv": (
+        "# uv 0.13.9, which installs the lock's parts: PyPI's wheel by its hashes (matrices/bases.yaml installer), "
+        "outside the venv, in the builder only\n"
+        "COPY envbuild/steps/uv.sh /opt/envbuild-setup/\n"
+        "COPY envbuild/lock/uv.txt /opt/envbuild-setup/lock/\n"
+        f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
+        "    bash /opt/envbuild-setup/uv.sh /opt/envbuild-uv /opt/envbuild-setup/lock/uv.txt",
+        {"files": ["envbuild/steps/uv.sh /opt/envbuild-setup/uv.sh", "envbuild/lock/uv.txt /opt/envbuild-setup/lock/uv.txt"],
+         "post": ["# uv 0.13.9, which installs the lock's parts: PyPI's wheel by its hashes (matrices/bases.yaml "
+                  "installer), outside the venv, in the builder only",
+                  "bash /opt/envbuild-setup/uv.sh /opt/envbuild-uv /opt/envbuild-setup/lock/uv.txt"]}),
     "torch": (
         "# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel); the whole venv "
-        "but DeepSpeed, from the stack's lock, every hash checked\n"
+        "but DeepSpeed, from the stack's lock, every hash checked, by uv\n"
         "COPY envbuild/steps/torch.sh /opt/envbuild-setup/\n"
         "COPY envbuild/lock/venv.txt /opt/envbuild-setup/lock/\n"
-        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url --mount=type=secret,id=torch_index_url \\\n"
+        f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url "
+        "--mount=type=secret,id=torch_index_url \\\n"
+        "    ENVBUILD_UV=/opt/envbuild-uv/bin/uv \\\n"
         "    bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps -r /opt/envbuild-setup/lock/venv.txt",
         {"files": ["envbuild/steps/torch.sh /opt/envbuild-setup/torch.sh",
                    "envbuild/lock/venv.txt /opt/envbuild-setup/lock/venv.txt"],
          "post": ["# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel); the whole "
-                  "venv but DeepSpeed, from the stack's lock, every hash checked",
+                  "venv but DeepSpeed, from the stack's lock, every hash checked, by uv",
+                  "ENVBUILD_UV=/opt/envbuild-uv/bin/uv "
                   "bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps -r /opt/envbuild-setup/lock/venv.txt"]}),
     "cuda-toolkit": (
         "# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)\n"
         "COPY envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/\n"
         "COPY envbuild/lock/toolchain.txt /opt/envbuild-setup/lock/\n"
-        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
+        f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
+        "    ENVBUILD_UV=/opt/envbuild-uv/bin/uv \\\n"
         "    bash /opt/envbuild-setup/cuda-toolkit.sh /opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13 --require-hashes "
         "--no-deps -r /opt/envbuild-setup/lock/toolchain.txt",
         {"files": ["envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/cuda-toolkit.sh",
                    "envbuild/lock/toolchain.txt /opt/envbuild-setup/lock/toolchain.txt"],
          "post": ["# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)",
-                  "bash /opt/envbuild-setup/cuda-toolkit.sh /opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13 "
+                  "ENVBUILD_UV=/opt/envbuild-uv/bin/uv bash /opt/envbuild-setup/cuda-toolkit.sh /opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13 "
                   "--require-hashes --no-deps -r /opt/envbuild-setup/lock/toolchain.txt"]}),
     "deepspeed": (
         "# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed recorded "
@@ -104,7 +121,7 @@ STEPS = {
         "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/verify_ops.py "
         "envbuild/steps/sass_audit.py /opt/envbuild-setup/\n"
         "COPY envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/\n"
-        "RUN --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
+        f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
         "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
         "    TORCH_CUDA_ARCH_LIST=9.0 \\\n    ENVBUILD_CPU_TARGET=x86-64-v3 \\\n"
         "    ENVBUILD_CPU_FLAG=-march=x86-64-v3 \\\n    ENVBUILD_CPU_SIMD=-D__AVX256__ \\\n"
@@ -327,3 +344,101 @@ def test_the_smoke_tests_lock_check_takes_the_sections_the_venv_installed(tmp_pa
     assert not ok and msg == "not in the lock nvidia-curand==10.4.2.66"
     ok, msg = checks.check_lock({"lock": {"path": str(lock), "sections": ["venv", "curand"]}}, {"torch": "2.15.0"})
     assert not ok and msg == "missing nvidia-curand==10.4.2.66"
+
+
+# ---------------------------------------------------------------- installs (issue 41): uv, cache mounts
+
+def _ci_files(matrix, **request) -> dict[str, str]:
+    files = render_files(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam",
+                                                **request)))
+    return {name: data.decode() if isinstance(data, bytes) else data for name, data in files.items()}
+
+
+def _runs(dockerfile: str) -> list[str]:
+    """Each RUN instruction with its continuation lines joined."""
+    joined = dockerfile.replace("\\\n", " ")
+    return [line for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+def test_every_lock_part_installs_with_the_matrixs_uv_by_hash_from_a_cache_mount(matrix):
+    """The venv's and the toolchain's lock parts go through uv (ENVBUILD_UV: torch.sh and
+    cuda-toolkit.sh run `uv pip install`) with --require-hashes --no-deps and pip's and uv's cache
+    mount; uv itself comes by its hashes from the matrix's pin (lock/uv.txt), before them; every
+    apt step mounts apt's cache."""
+    files = _ci_files(matrix)
+    pin = matrix.bases.installer
+    assert files["envbuild/lock/uv.txt"] == pin.requirement + "\n" and pin.requirement.count("--hash=sha256:") >= 2
+    runs = _runs(files["Dockerfile"])
+    cache = {"py": "--mount=type=cache,id=envbuild-py,target=/var/cache/envbuild-py,sharing=locked",
+             "apt": "--mount=type=cache,id=envbuild-apt,target=/var/cache/envbuild-apt,sharing=locked"}
+    uv = [i for i, r in enumerate(runs) if "/uv.sh /opt/envbuild-uv /opt/envbuild-setup/lock/uv.txt" in r]
+    installs = [i for i, r in enumerate(runs) if "/torch.sh " in r or "/cuda-toolkit.sh " in r]
+    assert len(uv) == 1 and len(installs) == 2 and uv[0] < min(installs)
+    for i in uv + installs:
+        assert cache["py"] in runs[i]
+    for i in installs:
+        assert "ENVBUILD_UV=/opt/envbuild-uv/bin/uv" in runs[i] and "--require-hashes --no-deps -r" in runs[i]
+    apt = [r for r in runs if "/os.sh " in r]
+    assert len(apt) == 3 and all(cache["apt"] in r for r in apt)  # builder, runtime, the fabric's runtime packages
+    steps = ROOT / "templates" / "files" / "steps"
+    for script in ("torch.sh", "cuda-toolkit.sh"):
+        assert 'uv_pip install --python "$(venv_dir)/bin/python"' in (steps / script).read_text()
+    assert '"${ENVBUILD_UV:?' in (steps / "lib.sh").read_text() and 'pip "$subcommand" --no-config' in (steps / "lib.sh").read_text()
+
+
+def test_nothing_of_a_cache_mount_reaches_the_final_image(matrix):
+    """Every cache mount's target lies outside what the final image takes from the builder and
+    outside every COPY, in each kind of render (a kept toolchain's final stage is the builder:
+    a cache mount never reaches a layer, but its target must not be a directory the image keeps);
+    and the targets are the directories lib.sh uses only where they are mounted."""
+    from envbuild.plan.blocks import APT_CACHE, PY_CACHE
+
+    lib = (ROOT / "templates" / "files" / "steps" / "lib.sh").read_text()
+    assert f"APT_CACHE={APT_CACHE[1]}\n" in lib and f"PY_CACHE={PY_CACHE[1]}\n" in lib
+    for request in ({}, {"keep_toolchain": True}, {"fabric": "aws-efa"}):
+        plan = stack_plan(resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi",
+                                                  ds_ops="cpu_adam,fused_adam", **request)))
+        steps = (*plan.builder.steps, *plan.runtime.steps, *plan.runtime.after_copy)
+        targets = {t for s in steps for _, t in s.caches}
+        assert {APT_CACHE[1], PY_CACHE[1]} <= targets, request
+        kept = [*plan.runtime.from_builder, *(f.target for s in steps for f in s.files)]
+        copied = [line.split()[-2] for line in _ci_files(matrix, **request)["Dockerfile"].splitlines()
+                  if line.startswith("COPY ")]
+        for target in targets:
+            for path in (*kept, *copied):
+                assert not (path + "/").startswith(target + "/") and not (target + "/").startswith(path.rstrip("/") + "/"), \
+                    (request, target, path)
+
+
+def test_pip_check_runs_after_the_uv_installs(matrix):
+    """The finish step (pip check, the guard) still runs after every install, uv's included."""
+    runs = _runs(_ci_files(matrix)["Dockerfile"])
+    order = [next(i for i, r in enumerate(runs) if f"/{name}.sh" in r) for name in ("uv", "torch", "cuda-toolkit", "finish")]
+    assert order == sorted(order)
+    assert '"$venv/bin/python" "$STEPS_DIR/pip_check.py"' in (ROOT / "templates" / "files" / "steps" / "finish.sh").read_text()
+
+
+def test_the_apptainer_definition_installs_the_lock_with_uv_by_hash_without_cache_mounts(matrix):
+    """Apptainer cannot mount caches: the definition installs uv and the lock parts the same way,
+    every hash checked, and downloads as before (lib.sh uses a cache only where one is mounted)."""
+    files = _ci_files(matrix)
+    text = files["Singularity.standalone.def"]
+    assert "envbuild/lock/uv.txt /opt/envbuild-setup/lock/uv.txt" in text
+    assert "bash /opt/envbuild-setup/uv.sh /opt/envbuild-uv /opt/envbuild-setup/lock/uv.txt" in text
+    assert ("ENVBUILD_UV=/opt/envbuild-uv/bin/uv bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps "
+            "-r /opt/envbuild-setup/lock/venv.txt") in text
+    assert "--mount" not in text and "/opt/envbuild-uv" not in text.split("Stage: final", 1)[1].split("%post", 1)[0]
+
+
+def test_a_matrix_without_an_installer_installs_with_pip(matrix_copy):
+    """A lab's matrix from before the installer pin still renders, installing with pip as before."""
+    import re
+
+    from envbuild.matrix import load_matrix
+
+    bases = matrix_copy / "bases.yaml"
+    bases.write_text(re.sub(r"\ninstaller:\n(  .*\n)+", "\n", bases.read_text()))
+    files = _ci_files(load_matrix(matrix_copy))
+    assert "uv.sh" not in files["Dockerfile"] and "ENVBUILD_UV" not in files["Dockerfile"]
+    assert "envbuild/lock/uv.txt" not in files
+    assert "bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps" in files["Dockerfile"]

@@ -42,6 +42,14 @@ def cache_mount(cache_id: str, target: str) -> str:
     return f"--mount=type=cache,id={cache_id},target={target},sharing=locked"
 
 
+# BuildKit cache mounts of the package downloads (Docker only; lib.sh names the same directories and
+# uses each only where it is mounted, so an Apptainer build, which has none, downloads as before):
+# apt's archives and index files (os.sh), pip's and uv's caches (uv.sh, torch.sh, cuda-toolkit.sh,
+# deepspeed.sh). A second build downloads nothing, and nothing under them reaches a layer.
+APT_CACHE = ("envbuild-apt", "/var/cache/envbuild-apt")
+PY_CACHE = ("envbuild-py", "/var/cache/envbuild-py")
+
+
 def step_files(*names: str) -> tuple["FileCopy", ...]:
     """Step scripts of templates/files/steps, each copied to the setup directory."""
     return tuple(FileCopy(f"{STEPS_SOURCE}/{n}", f"{paths.SETUP_DIR}/{n}") for n in names)

@@ -138,6 +138,32 @@ class Toolchain(_Strict):
                 f"({self.install.audit_source}), so the SASS audit cannot run")
 
 
+def _sha256s(values: list[str]) -> list[str]:
+    if not values:
+        raise ValueError("expected at least one sha256 (one per Linux wheel a build may take)")
+    return [_matching(r"[0-9a-f]{64}", "a sha256 of 64 lower-case hex digits")(v) for v in values]
+
+
+class Installer(_Strict):
+    """What installs every lock part in the builder (uv pip install --require-hashes --no-deps):
+    PyPI's `uv` wheel, pinned by its version and the sha256 of each Linux wheel a build may take
+    (x86_64, aarch64); pip installs it by those hashes outside the venv (steps/uv.sh)."""
+
+    package: Literal["uv"]
+    version: str
+    hashes: list[str]
+    source: str
+
+    _v = field_validator("version")(lambda v: _version(v))
+    _h = field_validator("hashes")(lambda v: _sha256s(v))
+
+    @property
+    def requirement(self) -> str:
+        """Its pip requirement line, every hash on it."""
+        return " ".join([f"{self.package}=={self.version}", *(f"--hash=sha256:{h}" for h in self.hashes)])
+
+
 class BasesFile(_Strict):
     families: dict[str, Family]
     toolchains: dict[str, Toolchain]
+    installer: Optional[Installer] = None  # absent (a lab's older matrix): the lock parts install with pip

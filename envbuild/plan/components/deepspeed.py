@@ -5,7 +5,7 @@ declared CPU target, and the build failing unless DeepSpeed recorded every op fo
 from __future__ import annotations
 
 from ...image import paths
-from ..blocks import Step, step_files
+from ..blocks import PY_CACHE, Step, step_files
 from .base import Context, Part
 from .python import PIP_SECRETS, lock_part
 
@@ -31,7 +31,7 @@ def part(ctx: Context) -> Part:
                 env=tuple(env),
                 files=step_files("deepspeed.sh", "cc-wrapper.sh", "verify_ops.py", "sass_audit.py")
                 + ((copy,) if lock else ()),
-                secrets=PIP_SECRETS,
+                secrets=PIP_SECRETS, caches=(PY_CACHE,),  # pip's download of the sdist
                 comment="DeepSpeed with its ops pre-built for the target arches; the build "
                         "fails unless DeepSpeed recorded every op for cuda",
                 # --qemu: only the step that imports torch (setup.py); the others keep their cache

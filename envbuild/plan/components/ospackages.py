@@ -10,7 +10,7 @@ from dataclasses import replace
 from ...image import paths
 from ...oslock import archive_url, stage_part
 from ...resolve import Resolution
-from ..blocks import STEPS_SOURCE, FileCopy, Step, step_files
+from ..blocks import APT_CACHE, STEPS_SOURCE, FileCopy, Step, step_files
 from .base import Context, Part
 
 APT_SECRETS = ("ca_cert", "apt_mirror")
@@ -33,7 +33,7 @@ def apt_step(resolution: Resolution, packages, comment: str, stage: str, files=(
     """An apt step of `stage` (os.sh), pinned by the OS lock where it pins that stage."""
     family = resolution.facts.family
     step = Step("os", tuple(packages), files=files, env=(("ENVBUILD_APT_HOSTS", " ".join(family.mirror_hosts)),),
-                secrets=APT_SECRETS, comment=comment)
+                secrets=APT_SECRETS, caches=(APT_CACHE,), comment=comment)
     return locked(step, resolution, stage)
 
 

@@ -3,9 +3,9 @@ installs it outside the venv, only when something needs nvcc; --keep-toolchain k
 
 from __future__ import annotations
 
-from ..blocks import Step, step_files
+from ..blocks import PY_CACHE, Step, step_files
 from .base import Context, Part
-from .python import PIP_SECRETS, lock_part
+from .python import PIP_SECRETS, lock_part, uv_env
 
 
 def part(ctx: Context) -> Part:
@@ -23,7 +23,7 @@ def part(ctx: Context) -> Part:
     # what an extra added to the venv for the chosen ops (cuRAND), linked into CUDA_HOME for -l<name>
     env = (("ENVBUILD_TOOLCHAIN_ADDS", " ".join(toolchain.adds[n].library for n in resolution.toolchain_adds)),)
     step = Step("cuda-toolkit", (install.prefix, toolchain.cuda_home, *toolchain_install),
-                env=env if resolution.toolchain_adds else (),
+                env=(*uv_env(ctx), *(env if resolution.toolchain_adds else ())), caches=(PY_CACHE,),
                 files=step_files("cuda-toolkit.sh") + toolchain_files, secrets=PIP_SECRETS,
                 comment=f"nvcc {stack.cuda_toolkit} from PyPI, outside the venv ({resolution.nvcc_reason})")
     return Part(builder_steps=(step,), from_builder=(install.prefix,) if ctx.keep else ())

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # cuda-toolkit.sh PREFIX CUDA_HOME PIP_ARG...: nvcc from PyPI's cuda-toolkit wheels (from a
-# lock: `--require-hashes --no-deps -r PART`), installed outside the venv into PREFIX;
+# lock: `--require-hashes --no-deps -r PART`), installed outside the venv into PREFIX (by the
+# matrix's uv where the plan names it: ENVBUILD_UV, else pip);
 # CUDA_HOME is where the wheels put the toolkit.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 pip_env
 prefix=$1 home=$2; shift 2
-"$(venv_dir)/bin/pip" install --target "$prefix" "$@" || lock_failed "$@"
+if [[ -n ${ENVBUILD_UV:-} ]]; then  # the matrix's uv (uv.sh), as the venv's lock part
+    mapfile -t indexes < <(uv_indexes -)
+    uv_pip install --python "$(venv_dir)/bin/python" --target "$prefix" "${indexes[@]}" "$@" || lock_failed "$@"
+else
+    "$(venv_dir)/bin/pip" install --target "$prefix" "$@" || lock_failed "$@"
+fi
 # DeepSpeed and cpp_extension expect a classic CUDA_HOME: nvcc.profile and torch link
 # with -L$CUDA_HOME/lib64 and -lcudart.
 [[ -e $home/lib64 ]] || ln -s lib "$home/lib64"

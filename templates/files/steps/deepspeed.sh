@@ -28,7 +28,9 @@ if [[ -f $spec ]]; then
     # The sdist by its locked hash, compiled in a directory of a fixed name (pip's own build
     # directory has a random one, which the compilers write into the libraries: two builds
     # would differ), then installed by the wheel's hash from that directory only.
-    "$venv/bin/pip" download --require-hashes --no-deps --no-build-isolation --no-binary :all: -r "$spec" \
+    # pip, not uv: uv has no download without an install, and builds an sdist in a directory of
+    # its own choosing (the compilers would write its name into the ops).
+    "${PIP_CACHED[@]}" "$venv/bin/pip" download --require-hashes --no-deps --no-build-isolation --no-binary :all: -r "$spec" \
         -d "$TMP/sdist" || lock_failed --require-hashes
     tree=/tmp/envbuild-build
     rm -rf "$tree" && mkdir -p "$tree" "$TMP/wheel"

@@ -64,15 +64,60 @@ venv_dir() {
     printf '%s' "${VIRTUAL_ENV:?the build stage sets VIRTUAL_ENV}"
 }
 
-# After a failed pip install: when it installed from a lock part, say so in envbuild's words
-# (pip's own lines above name the package and both hashes), then fail the step.
+# BuildKit cache mounts of the downloads (envbuild/plan/blocks.py APT_CACHE, PY_CACHE): a step uses
+# one only where the build mounted it (Docker); an Apptainer build has none and downloads as before.
+# Nothing under them reaches a layer, and the end-of-step stamp (-xdev) does not walk them.
+# shellcheck disable=SC2034  # read by the steps that source this file
+APT_CACHE=/var/cache/envbuild-apt
+PY_CACHE=/var/cache/envbuild-py
+cache_mounted() {
+    [[ -d $1 ]] && { ! command -v mountpoint > /dev/null || mountpoint -q "$1"; }
+}
+
+# pip's download cache on the cache mount, as a prefix for one pip command: "${PIP_CACHED[@]}" pip ...
+# Only for downloads of hash-pinned files: pip would also cache the wheels it builds from an sdist,
+# and a DeepSpeed wheel built for other ops must never be taken from a cache.
+PIP_CACHED=(env)
+if cache_mounted "$PY_CACHE"; then
+    # shellcheck disable=SC2034  # read by the steps that source this file
+    PIP_CACHED=(env -u PIP_NO_CACHE_DIR "PIP_CACHE_DIR=$PY_CACHE/pip")
+fi
+
+# uv_pip COMMAND ARG...: `uv pip COMMAND` with the matrix's uv (ENVBUILD_UV, installed by uv.sh),
+# none of the machine's configuration (no uv.toml or pyproject.toml, no UV_* variable but these),
+# the step's CA bundle (pip_env), its cache on the cache mount (else none), and files copied into
+# place (a link into a cache would not survive the step).
+uv_pip() (
+    for name in $(compgen -e); do
+        if [[ $name == UV_* ]]; then unset "$name"; fi
+    done
+    uv_cache=(--no-cache)
+    if cache_mounted "$PY_CACHE"; then uv_cache=(--cache-dir "$PY_CACHE/uv"); fi
+    uv_cert=()
+    if [[ -n ${PIP_CERT:-} ]]; then uv_cert=(--cert "$PIP_CERT"); fi
+    export UV_NO_CONFIG=1 UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
+    subcommand=$1; shift
+    "${ENVBUILD_UV:?the step installs with uv but the plan named none}" pip "$subcommand" --no-config "${uv_cache[@]}" \
+        "${uv_cert[@]}" --link-mode copy "$@"
+)
+
+# The index options of a uv install: INDEX (PyTorch's, or - for none) searched first, then PyPI
+# or the pip_index_url secret (pip_env), as `envbuild lock` resolved the lock (uv's first-index
+# strategy: a package comes from the first index that has it).
+uv_indexes() {
+    printf '%s\n' --index-url "${PIP_INDEX_URL:-https://pypi.org/simple}"
+    if [[ $1 != "-" ]]; then printf '%s\n' --extra-index-url "$1"; fi
+}
+
+# After a failed install: when it installed from a lock part, say so in envbuild's words (pip's or
+# uv's own lines above name the package and both hashes), then fail the step.
 lock_failed() {
     local arg
     for arg in "$@"; do
         if [[ $arg == --require-hashes ]]; then
             log "the install from the stack's lock failed. If pip says THESE PACKAGES DO NOT MATCH THE" \
-                "HASHES, the package it names is not the file the lock pinned (a changed upload, a mirror" \
-                "serving another file, or an edited lock): the build stops and no tag is applied." \
+                "HASHES (uv: Hash mismatch), the package it names is not the file the lock pinned (a changed" \
+                "upload, a mirror serving another file, or an edited lock): the build stops and no tag is applied." \
                 "Refresh the lock with \`envbuild lock --stack ID\` only if the change is expected."
         fi
     done

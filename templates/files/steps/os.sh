@@ -6,6 +6,9 @@
 # .deb checked against the lock's sha256 before dpkg sees it, and the base checked to be the one
 # the lock was resolved on, before and after. Unlocked: the base's own sources, through the
 # apt_mirror secret when one is given (ENVBUILD_APT_HOSTS: the distro's hosts it replaces).
+# Where the build mounts apt's cache (Docker: lib.sh APT_CACHE), the index files and the .debs
+# come from it and what is fetched joins it (locked: only files that matched the lock); nothing
+# of it reaches the layer, and the image's apt configuration is not touched.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -49,6 +52,30 @@ in_index() {
         | awk -v n="$1" -v v="$2" '/^Package: / {p = $2} /^Version: / && p == n && $2 == v {found = 1} END {exit !found}'
 }
 
+# apt's index files for SOURCES (a sources.list): on the cache mount, in a directory of that
+# list's own (a second build asks only whether each Release file changed), else a private one.
+apt_lists() {
+    local dir=$TMP/lists
+    if cache_mounted "$APT_CACHE"; then
+        # keyed by the sources without a mirror's credentials: a new token is the same archive
+        dir=$APT_CACHE/lists/$({ cat -- "$@" 2> /dev/null || true; } | sed -E 's#//[^/@]*@#//#g' | sha256sum | cut -c1-16)
+    fi
+    mkdir -p "$dir/partial"
+    printf '%s' "$dir"
+}
+
+# The lock's .deb files the cache mount holds, each checked against the lock's sha256, copied into
+# apt's archive directory DIR: apt fetches only the others. $TMP/want lists 'FILE SHA256' lines.
+cached_debs_in() {
+    cache_mounted "$APT_CACHE" || return 0
+    local name sha from found=0
+    while read -r name sha; do
+        from=$APT_CACHE/archives/$name
+        if [[ -f $from && $(sha256sum "$from" | cut -d' ' -f1) == "$sha" ]]; then cp "$from" "$1/"; found=$((found + 1)); fi
+    done < "$TMP/want"
+    log "apt's cache mount holds $found of the lock's $(wc -l < "$TMP/want") .deb files"
+}
+
 locked_install() {
     local part=$ENVBUILD_OS_LOCK url moment keyring valid override
     url=$(awk '$1 == "snapshot" {print $2}' "$part")
@@ -75,12 +102,14 @@ locked_install() {
     local option="signed-by=$keyring"
     if [[ $valid == no ]]; then option+=" check-valid-until=no"; fi
     option="[$option]"
-    mkdir -p "$TMP/parts" "$TMP/lists/partial" "$TMP/archives/partial"
+    mkdir -p "$TMP/parts" "$TMP/archives/partial"
     awk -v option="$option" -v url="$url" '$1 == "source" {
             root = url; gsub(/\{archive\}/, $2, root)
             line = "deb " option " " root " " $3
             for (i = 4; i <= NF; i++) line = line " " $i
             print line }' "$part" > "$TMP/sources.list"
+    local lists
+    lists=$(apt_lists "$TMP/sources.list")
     # apt may choose only the lock's version of each package, and nothing the lock does not hold.
     {
         awk '$1 == "deb" {printf "Package: %s\nPin: version %s\nPin-Priority: 1001\n\n", $2, $4}' "$part"
@@ -88,7 +117,7 @@ locked_install() {
     } > "$TMP/preferences"
     opts+=(-o "Dir::Etc::SourceList=$TMP/sources.list" -o "Dir::Etc::SourceParts=$TMP/parts"
            -o "Dir::Etc::Preferences=$TMP/preferences" -o "Dir::Etc::PreferencesParts=$TMP/parts"
-           -o "Dir::State::Lists=$TMP/lists" -o "Dir::Cache::Archives=$TMP/archives"
+           -o "Dir::State::Lists=$lists" -o "Dir::Cache::Archives=$TMP/archives"
            -o "APT::Install-Recommends=false")
     # Each package asked for, as NAME=VERSION: apt then takes no name for a pattern (g++ is also a
     # regular expression), and a version the archive lacks is an error naming it.
@@ -115,6 +144,9 @@ locked_install() {
     fi
     # A name the index lacks altogether is taken for a pattern by apt-get (g++ matches other
     # packages, and the install "succeeds" without it): each one asked for must be there first.
+    # Each .deb the lock pins, as apt names it, with its sha256.
+    awk '$1 == "deb" {v = $4; gsub(/:/, "%3a", v); print $2 "_" v "_" $3 ".deb", $5}' "$part" | LC_ALL=C sort > "$TMP/want"
+    cached_debs_in "$TMP/archives"
     local pin failed=0
     for pin in "${wanted[@]}"; do
         in_index "${pin%%=*}" "${pin#*=}" || failed=1
@@ -139,7 +171,6 @@ locked_install() {
         return 1
     fi
     # Each .deb is the file the lock pinned, before dpkg sees any of them.
-    awk '$1 == "deb" {v = $4; gsub(/:/, "%3a", v); print $2 "_" v "_" $3 ".deb", $5}' "$part" | LC_ALL=C sort > "$TMP/want"
     local file name sha expected bad=0
     for file in "$TMP"/archives/*.deb; do
         [[ -e $file ]] || continue
@@ -154,6 +185,10 @@ locked_install() {
         fi
     done
     ((bad == 0)) || return 1
+    if cache_mounted "$APT_CACHE"; then  # checked: they join the cache for the next build
+        mkdir -p "$APT_CACHE/archives"
+        cp -n "$TMP"/archives/*.deb "$APT_CACHE/archives/" 2> /dev/null || true
+    fi
     apt-get "${opts[@]}" install --no-download -y -qq "${wanted[@]}"
     check_base "$part" "after installing"
 }
@@ -173,8 +208,20 @@ else
         done
         opts+=(-o "Dir::Etc::SourceList=$TMP/apt/sources.list" -o "Dir::Etc::SourceParts=$TMP/apt/sources.list.d")
     fi
+    if cache_mounted "$APT_CACHE"; then  # the downloads stay on the cache mount (no lock: nothing to check)
+        sources=(/etc/apt/sources.list /etc/apt/sources.list.d/*)
+        if [[ -n $mirror ]]; then sources=("$TMP/apt/sources.list" "$TMP"/apt/sources.list.d/*); fi
+        mkdir -p "$APT_CACHE/archives/partial"
+        opts+=(-o "Dir::State::Lists=$(apt_lists "${sources[@]}")"
+               -o "Dir::Cache::Archives=$APT_CACHE/archives")
+        cached=$(find "$APT_CACHE/archives" -maxdepth 1 -name '*.deb' | wc -l)
+    fi
     apt-get "${opts[@]}" update -qq
     apt-get "${opts[@]}" install -y -qq --no-install-recommends "$@"
+    if cache_mounted "$APT_CACHE"; then
+        now=$(find "$APT_CACHE/archives" -maxdepth 1 -name '*.deb' | wc -l)
+        log "apt's cache mount holds $now .deb files, $((now - cached)) of them fetched by this step"
+    fi
 fi
 apt-get clean
 # What apt and dpkg log, cache and keep of the inode times: not the image's content.

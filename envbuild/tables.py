@@ -18,6 +18,7 @@ from .files import read_text, write_owned
 from .jobs import Job, job_script
 from .lock import lock_path, stack_lock
 from .matrix import Matrix
+from .oslock import os_lock_path
 
 STACK_HEADERS = ("stack", "python", "cuda", "torch", "torchvision", "deepspeed", "os", "nvcc from",
                  "min driver", "lock", "builder base", "runtime base")
@@ -72,6 +73,23 @@ def stack_rows(m: Matrix) -> list[tuple[str, ...]]:
                      f"PyPI {install.package} {s.cuda_toolkit}" if install else "NVIDIA devel image",
                      m.driver_floor(s.cuda).min_driver, lock, s.base_images.builder, s.base_images.runtime))
     return rows
+
+
+def pinning(m: Matrix) -> str:
+    """What is pinned for the matrix's stacks, said once under the stack table: Python packages
+    by hash lock, OS packages by OS lock, base images by digest, each counted, never implied."""
+    ids = [s.id for s in m.stacks]
+    unlocked = [s.id for s in m.stacks if not any(lock_path(m.directory, s.id, a).is_file() for a in m.stack_arches(s))]
+    os_locked = [s.id for s in m.stacks if any(os_lock_path(m.directory, s.id, a).is_file() for a in m.stack_arches(s))]
+    bases = sorted({b for s in m.stacks for b in (s.base_images.builder, s.base_images.runtime)})
+    by_digest = [b for b in bases if "@sha256:" in b or b in m.base_digests]
+    python = (f"Python packages by a hash lock for {len(ids) - len(unlocked)} of {len(ids)} stacks"
+              + (f" (none yet for {', '.join(unlocked)}: `envbuild lock` makes one where their index answers)"
+                 if unlocked else ""))
+    osp = (f"OS packages by an OS lock for {len(os_locked)} of {len(ids)} stacks" if os_locked else
+           "OS packages: no stack has an OS lock yet, so apt installs the archive's newest (`envbuild lock --os`)")
+    base = f"base images by digest: {len(by_digest)} of {len(bases)} (the rest by tag; `envbuild lock --bases`)"
+    return f"pinned: {python}; {osp}; {base}."
 
 
 def gpu_rows(m: Matrix) -> list[tuple[str, ...]]:

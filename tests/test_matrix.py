@@ -320,3 +320,23 @@ def test_what_ci_publishes_changes_no_matrix_digest_an_image_records(tmp_path):
     assert load_matrix(d).sha256 == before
     (d / "stacks.yaml").write_text((d / "stacks.yaml").read_text() + "# an edit\n")
     assert load_matrix(d).sha256 != before
+
+
+def test_the_stack_listing_says_what_is_pinned_and_counts_it(tmp_path):
+    """No shipped stack has an OS lock, some have no Python lock: the listing says so in numbers
+    rather than read as if everything were pinned; a lock removed or an OS lock added moves them."""
+    import shutil
+
+    from conftest import ROOT, run_here
+
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "matrices", d)
+    said = " ".join(run_here("matrix", "--matrix-dir", str(d)).stdout.split())
+    assert "OS packages: no stack has an OS lock yet" in said and "base images by digest: 0 of" in said
+    before = int(said.split("Python packages by a hash lock for ")[1].split(" of ")[0])
+    (d / "locks" / "torch2.10-cu128-py3.12.x86_64.txt").unlink()
+    (d / "locks" / "os").mkdir()
+    (d / "locks" / "os" / "torch2.11-cu130-py3.12.x86_64.txt").write_text("# envbuild OS lock\n")
+    said = " ".join(run_here("matrix", "--matrix-dir", str(d)).stdout.split())
+    assert f"Python packages by a hash lock for {before - 1} of" in said and "torch2.10-cu128-py3.12" in said
+    assert "OS packages by an OS lock for 1 of" in said

@@ -30,7 +30,7 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
     if ctx.invoked_subcommand:
         return
     from ..matrix import load_matrix
-    from ..tables import STACK_HEADERS, STACK_NARROW, narrow, stack_notes, stack_rows
+    from ..tables import STACK_HEADERS, STACK_NARROW, narrow, pinning, stack_notes, stack_rows
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
@@ -44,8 +44,8 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
                      narrow(STACK_HEADERS, headers, stack_rows(m)), ids=(0,),
                      **({} if wide else {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True})))
     notes("notes:", stack_notes(m))
-    out.print("\nmin driver: the oldest NVIDIA driver (Linux) the stack's CUDA runs on; older data-centre "
-              "drivers need NVIDIA's forward-compatibility package (docs/matrix.md).", soft_wrap=False)
+    out.print(f"\n{pinning(m)}\nmin driver: the oldest NVIDIA driver (Linux) the stack's CUDA runs on; older "
+              "data-centre drivers need NVIDIA's forward-compatibility package (docs/matrix.md).", soft_wrap=False)
     markers_note([n for _, n in stack_notes(m)])
 
 

@@ -38,7 +38,7 @@ from . import grammar
 from .files import read_text, read_yaml
 from .lock import LOCK_DIR, Lock, parse_lock
 from .matrix import ALLOWLIST
-from .untrusted import redact
+from .grammar import redact
 
 SERVICE_ENV = "ENVBUILD_VULNERABILITY_SERVICE"
 SERVICES = ("pypi", "osv")  # pip-audit's names: PyPI's JSON API (the default), api.osv.dev

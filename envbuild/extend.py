@@ -77,6 +77,9 @@ def _beside(project_file: Path, name: str) -> Path:
     (symlinks followed), never `/etc/...` or `../../` out of it: a project file comes from a
     repository someone else may have written, and what it names is read and shown in messages."""
     home = project_file.parent.resolve()
+    if "\0" in name:  # no file has one; os.stat's ValueError would be exit 70
+        raise EnvbuildError(f"-f {grammar.escaped(str(project_file))}: requirements {grammar.shown(name)} holds a NUL "
+                            f"byte, which no file name can; name a file beside envbuild.yaml, such as requirements.txt.")
     target = (home / name).resolve()
     if Path(name).is_absolute() or not target.is_relative_to(home):
         raise EnvbuildError(f"-f {grammar.escaped(str(project_file))}: requirements {grammar.shown(name)} is outside "

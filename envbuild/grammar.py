@@ -218,3 +218,20 @@ def nccl_version(value: str) -> str:
         raise GrammarError("an NCCL release is MAJOR.MINOR.PATCH in digits (and .postN for a re-upload), as its "
                            "nvidia-nccl-cuXX wheel is numbered (2.31.2)")
     return value
+
+
+# ---------------------------------------------------------------- secrets
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@'\" \t\r\n]*@")
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:access_token|token|password|passwd|secret|sig|signature|key|api_key)=)[^&\s'\"#]*")
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of every URL in it replaced by ``***``: the user-info part
+    (``https://user:token@host``) and secret-looking query parameters (``?token=...``). Every
+    message, log line, report and record that may quote a URL passes through here.
+
+    >>> redact("push to https://ci:s3cret@registry.example.com/v2/?token=abc failed")
+    'push to https://***@registry.example.com/v2/?token=*** failed'
+    """
+    return _QUERY_SECRET.sub(r"\1***", _USERINFO.sub(r"\1***@", text))

@@ -56,7 +56,7 @@ from .errors import EnvbuildError, nearest
 from .grammar import shown
 from .files import read_text, write_owned
 from .registry import repo_of
-from .untrusted import redact
+from .grammar import redact
 from .resources import is_installed_copy, templates_dir
 
 OS_LOCK_DIR = "locks/os"

@@ -55,7 +55,8 @@ from .matrix import Matrix
 from .publish import merge, per_platform_tag, push
 from .registry import api_host, check_image_repo
 from .resources import matrices_dir
-from .untrusted import loads_json, redact
+from .grammar import redact
+from .untrusted import loads_json
 from .verdict import record_path, run_smoke
 from .verify import PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust, attached_byproduct, signed_statement, targets
 

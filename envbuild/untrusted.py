@@ -4,7 +4,7 @@ a lab's ``publish.yaml`` or ``envbuild.yaml``, a cache's spec.
 
 Each document is parsed with bounds (bytes, nesting depth, how many values, digits in an
 integer) and then checked against a schema (a pydantic model) before any field is used; every
-refusal is an EnvbuildError (exit 2) naming the document and the field. Strings that go on to a
+refusal is an EnvbuildError (exit 2) naming the document and the field. (Secrets in URLs: grammar.redact.) Strings that go on to a
 generated file still pass the grammar of what they become (:mod:`envbuild.grammar`,
 :mod:`envbuild.registry`) where they are used.
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -170,16 +169,3 @@ def validated(model: type[M], data: Any, named: str) -> M:
         also = f" (and {more} more field{'s' * (more > 1)})" if more else ""
         raise EnvbuildError(f"{named}: field {shown(field_path(first['loc']))} is wrong: {reason}{also}; "
                             f"give the document envbuild wrote.") from None
-
-
-# ---------------------------------------------------------------- secrets
-
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@'\" \t\r\n]*@")
-_QUERY_SECRET = re.compile(r"(?i)([?&](?:access_token|token|password|passwd|secret|sig|signature|key|api_key)=)[^&\s'\"#]*")
-
-
-def redact(text: str) -> str:
-    """`text` with the credentials of every URL in it replaced by ``***``: the user-info part
-    (``https://user:token@host``) and secret-looking query parameters (``?token=...``). Every
-    message, log line, report and record that may quote a URL passes through here."""
-    return _QUERY_SECRET.sub(r"\1***", _USERINFO.sub(r"\1***@", text))

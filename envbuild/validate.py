@@ -33,7 +33,7 @@ from packaging.version import Version
 from . import grammar, rules
 from .errors import EnvbuildError, nearest
 from .registry import check_image_reference, check_image_repo
-from .untrusted import redact
+from .grammar import redact
 
 # ---------------------------------------------------------------- URLs
 

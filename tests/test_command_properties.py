@@ -289,7 +289,7 @@ FOUND = [
     (("extend", *EXTEND[1:], "-r", "req.txt", "--as-of", "a\n\nb"), {}, ["--as-of 'a\\n\\nb'"]),
     (("extend", "--gpu", "a\n\nb", "-r", "req.txt"), {}, ["unknown GPU 'a\\n\\nb'"]),
     (("extend", "-f", "image.yaml"), {}, ["-f image.yaml: image is empty"]),
-    (("extend", "-f", "nul.yaml"), {}, ["a\\x00b.txt: cannot read it (no such file)"]),  # was exit 70 (ValueError)
+    (("extend", "-f", "nul.yaml"), {}, ["requirements 'a\\x00b.txt' holds a NUL byte"]),  # was exit 70 (ValueError)
     (("publish", "--job", "a\n\nb", "--registry", "127.0.0.1:9/acme", "--signing-key", "key.pem"), SHIPPED,
      ["--job 'a\\n\\nb': no such job"]),
     (("publish", "--manifest", "a\n\nb", "--registry", "127.0.0.1:9/acme", "--key", "key.pub"), SHIPPED,

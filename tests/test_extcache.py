@@ -105,8 +105,8 @@ def test_both_copy_dockerfiles_pass_hadolint_and_mount_the_cache_the_extension_s
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
     rendered = (ROOT / "tests" / "golden" / "h100-ext" / "Dockerfile").read_text()  # an image with --ext
-    mount = re.search(r"--mount=type=cache,[^ ]*", rendered).group(0)
-    assert mount in steps and "id=envbuild-ext," in mount
+    mount = re.search(r"--mount=type=cache,id=envbuild-ext,[^ ]*", rendered).group(0)  # not the apt or uv caches
+    assert mount in steps
 
 
 def _script(steps: str, root: Path) -> list[str]:

@@ -101,7 +101,7 @@ class CopyEngine:
 
 
 @pytest.fixture
-def work(tmp_path, monkeypatch):
+def work(tmp_path, tmp_path_factory, monkeypatch):
     """The cwd, with a signing key; the ext-cache copy on CopyEngine, a publish job's builds
     replaced by one rendered variant with an extension (what its save takes the keys of)."""
     monkeypatch.chdir(tmp_path)
@@ -115,8 +115,7 @@ def work(tmp_path, monkeypatch):
         return []
 
     monkeypatch.setattr(release, "run_job", run_job)
-    tools = tmp_path.parent / f"{tmp_path.name}-bin"  # the job's builds are replaced: so is the tool its .sqsh needs
-    tools.mkdir()
+    tools = tmp_path_factory.mktemp("bin")  # the job's builds are replaced: so is the tool its .sqsh needs
     (tools / "mksquashfs").write_text("#!/bin/sh\nexit 1\n")
     (tools / "mksquashfs").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")

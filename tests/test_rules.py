@@ -112,9 +112,9 @@ def test_nvcc_rule(matrix):
 def test_pypi_stack_without_cuda_ops_skips_the_toolkit(matrix):
     from envbuild.plan import stack_plan
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam"))
-    assert [s.name for s in stack_plan(r).builder.steps] == ["os", "venv", "torch", "deepspeed", "finish", "layers"]
+    assert [s.name for s in stack_plan(r).builder.steps] == ["os", "venv", "uv", "torch", "deepspeed", "finish", "layers"]
     r = resolve(matrix, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam"))
-    assert [s.name for s in stack_plan(r).builder.steps] == ["os", "venv", "torch", "cuda-toolkit", "deepspeed",
+    assert [s.name for s in stack_plan(r).builder.steps] == ["os", "venv", "uv", "torch", "cuda-toolkit", "deepspeed",
                                                              "finish", "layers"]
 
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from pydantic import BaseModel, ConfigDict
 
 from envbuild.errors import EnvbuildError
-from envbuild.untrusted import loads_json, loads_yaml, redact, validated
+from envbuild.grammar import redact
+from envbuild.untrusted import loads_json, loads_yaml, validated
 from property_settings import EXAMPLES
 
 HOSTILE = {

@@ -360,8 +360,9 @@ def test_readme_fast_test_command_needs_only_the_test_extras():
 def _pyproject_requirements():
     """`dependencies` and the `test` extra of pyproject.toml (read as text: tomllib is 3.11+)."""
     text = (ROOT / "pyproject.toml").read_text()
-    blocks = [re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M).group(1),
-              re.search(r"^test = \[(.*?)\]", text, re.S | re.M).group(1)]
+    # each list ends with a ] of its own line: one inside a string ("securesystemslib[crypto]") does not end it
+    blocks = [re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1),
+              re.search(r"^test = \[(.*?)^\]", text, re.S | re.M).group(1)]
     return [req for block in blocks for req in re.findall(r'"([^"]+)"', block)]
 
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from .. import __version__, grammar
 from ..errors import EnvbuildError, signal_in
-from ..untrusted import redact
+from ..grammar import redact
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -13,7 +13,7 @@ from ..errors import EnvbuildError
 from ..grammar import escaped
 from .app import err, main, out
 from ..request import flags
-from ..untrusted import redact
+from ..grammar import redact
 from .options import matrix_dir_option, request_kw, secret_options
 
 SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .app import err, main, out
+from .options import trust_options
 
 COMPRESSION = click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default="zstd",
                            show_default=True, help="squashfs compression (enroot and squashfuse read all three).")
@@ -35,12 +36,7 @@ def export_cmd(image, as_enroot, output, compression):
 @click.option("--to", "directory", required=True, type=click.Path(file_okay=False),
               help="Shared directory the compute nodes mount (e.g. /shared/containers).")
 @click.option("--platform", help="A published multi-arch tag: the platform to stage (default: this machine's).")
-@click.option("--key", type=click.Path(dir_okay=False), help="A published image: the PEM public key its provenance "
-                                                             "must be signed with (as `envbuild verify --key`).")
-@click.option("--certificate-identity-regexp", "identity", metavar="RE",
-              help="A published image, keyless (cosign): the identity the signing certificate must have.")
-@click.option("--certificate-oidc-issuer", "issuer", metavar="URL",
-              help="Keyless: the OIDC issuer (default GitHub Actions': https://token.actions.githubusercontent.com).")
+@trust_options("A published image (checked as `envbuild verify` does). ")
 @click.option("--unverified", is_flag=True, help="A published image: stage what the registry serves without checking "
                                                  "any signature (said so on stderr).")
 @COMPRESSION

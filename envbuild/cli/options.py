@@ -54,6 +54,21 @@ def secret_options(f):
     return f
 
 
+def trust_options(prefix: str = ""):
+    """--key, --certificate-identity-regexp, --certificate-oidc-issuer: whose signature a published
+    image's provenance must carry (`verify`, `stage`), declared once."""
+    def add(f):
+        f = click.option("--certificate-oidc-issuer", "issuer", metavar="URL",
+                         help="Keyless: the OIDC issuer (default GitHub Actions': "
+                              "https://token.actions.githubusercontent.com).")(f)
+        f = click.option("--certificate-identity-regexp", "identity", metavar="RE",
+                         help=f"{prefix}Keyless (cosign): the identity the signing certificate must have (the "
+                              f"publishing workflow).")(f)
+        return click.option("--key", type=click.Path(dir_okay=False),
+                            help=f"{prefix}The PEM public key the image's provenance must be signed with.")(f)
+    return add
+
+
 def _request_option(name: str, flag: Flag, gpu_required: bool):
     """One request field's option, as envbuild/request.py declares it (the value arrives as `name`)."""
     if flag.switch:

@@ -14,7 +14,7 @@ from ..grammar import escaped
 from .app import err, main, out
 from ..request import flags
 from ..grammar import redact
-from .options import matrix_dir_option, request_kw, secret_options
+from .options import matrix_dir_option, request_kw, secret_options, trust_options
 
 SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
                        help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
@@ -179,12 +179,7 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
 
 @main.command()
 @click.argument("image")
-@click.option("--key", type=click.Path(dir_okay=False), help="The PEM public key the image's provenance must be "
-                                                             "signed with.")
-@click.option("--certificate-identity-regexp", "identity", metavar="RE",
-              help="Keyless (cosign): the identity the signing certificate must have (the publishing workflow).")
-@click.option("--certificate-oidc-issuer", "issuer", metavar="URL",
-              help="Keyless: the OIDC issuer (default GitHub Actions': https://token.actions.githubusercontent.com).")
+@trust_options()
 @click.option("--platform", help="Check only this platform of a multi-arch tag (linux/amd64, linux/arm64).")
 @click.option("--no-pull", is_flag=True, help="Do not pull the image: check signatures and records, not the SBOM "
                                               "against the image's content.")

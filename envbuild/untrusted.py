@@ -20,8 +20,6 @@ the bytes alone.
 Traceback (most recent call last):
 ...
 envbuild.errors.EnvbuildError: a record nests deeper than 64 levels; no document envbuild reads does: give the document envbuild wrote.
->>> redact("push to https://ci:s3cret@registry.example.com/v2/ failed")
-'push to https://***@registry.example.com/v2/ failed'
 """
 
 from __future__ import annotations

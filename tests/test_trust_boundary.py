@@ -68,3 +68,12 @@ def test_a_url_s_credentials_reach_no_output_and_no_rendered_file(tmp_path, flag
     assert TOKEN not in r.stdout + r.stderr
     assert all(TOKEN.encode() not in data for data in (tree(tmp_path / "out") if (tmp_path / "out").exists()
                                                       else {}).values())
+
+
+def test_an_unknown_fabric_with_a_newline_is_one_paragraph(tmp_path):
+    """matrix.fabric() quoted the value raw: a newline split the error (and reached a record's refusal)."""
+    from conftest import run_here
+
+    r = run_here("render", "--gpu", "h20", "--fabric", "ib\nRUN id", "-o", str(tmp_path / "out"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "'ib\\nRUN id'" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

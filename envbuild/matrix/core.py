@@ -122,7 +122,7 @@ class Matrix:
         hint = nearest(wanted, [n for f in self.fabrics for n in (f.name, *f.aliases)])
         did = f" did you mean {', '.join(hint)}?" if hint else ""
         raise EnvbuildError(
-            f"--fabric '{name}' is not a known fabric;{did} Known fabrics: {', '.join(names)} (default: "
+            f"--fabric {shown(name or '')} is not a known fabric;{did} Known fabrics: {', '.join(names)} (default: "
             f"{self.fabrics_file.default}; `envbuild fabrics` shows what each puts in the image).")
 
     @property

@@ -110,10 +110,10 @@ def main() -> None:
         same = runs["cold"]["image"] == runs["warm"]["image"]
         print(f"warm image ID {'equals' if same else 'DIFFERS FROM'} the cold one ({runs['warm']['image'][:19]})")
         (work / "result.json").write_text(json.dumps(runs, indent=2))
+        shutil.rmtree(work, ignore_errors=True)  # kept when a build failed: its logs are there
     finally:
         registry.terminate()
         registry.wait()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

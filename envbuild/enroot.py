@@ -117,11 +117,14 @@ def enroot_files(config: dict) -> dict[str, bytes]:
 # ---------------------------------------------------------------- export
 
 
+MKSQUASHFS_FROM = "Debian and Ubuntu: apt-get install squashfs-tools"  # where the tool comes from, said once
+
+
 def _mksquashfs() -> str:
     found = shutil.which("mksquashfs")
     if not found:
-        raise EnvbuildError("envbuild export --enroot needs mksquashfs (Debian and Ubuntu: apt-get install "
-                            "squashfs-tools; it is what enroot itself uses).")
+        raise EnvbuildError(f"envbuild export --enroot needs mksquashfs ({MKSQUASHFS_FROM}; it is what enroot itself "
+                            f"uses).")
     return found
 
 

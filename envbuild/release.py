@@ -47,7 +47,7 @@ from .artifacts import Blob, Registry
 from .ci import digest_name, publish_plan
 from .build import LayerCache
 from .engine import get_engine
-from .enroot import export_sqsh
+from .enroot import MKSQUASHFS_FROM, export_sqsh
 from .errors import EnvbuildError, nearest
 from .files import read_bytes, write_atomic
 from .lock import load_lock
@@ -275,8 +275,7 @@ def check_tools(signing: Signing, ext_cache: Optional[Path] = None) -> None:
         ext_cache_check(ext_cache)
     missing = []
     if not shutil.which("mksquashfs"):
-        missing.append("mksquashfs, which writes each image's enroot .sqsh (Debian and Ubuntu: apt-get install "
-                       "squashfs-tools)")
+        missing.append(f"mksquashfs, which writes each image's enroot .sqsh ({MKSQUASHFS_FROM})")
     if signing.keyless and not shutil.which("cosign"):
         missing.append("cosign, which signs keyless (the workflow installs it with sigstore/cosign-installer; sign "
                        "with --signing-key where there is no Sigstore)")

@@ -8,19 +8,24 @@ module names the tags and words the failure, the same for every engine.
 from __future__ import annotations
 
 import hashlib
+import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+from urllib.parse import urlsplit
 
 from .engine import BuildFailed, BuildSecrets, Engine, RegistryError, get_engine
 from .errors import EnvbuildError
+from .grammar import redact
 from .output import RECORD, recorded_files
 from .registry import CONTENT_TAG_DIGITS, check_readable_tag
 
 LOG_NAME = "build.log"
 
-__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "LayerCache", "build_image", "content_hash", "content_tag"]
+__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "LayerCache", "build_image", "check_compile_cache", "content_hash",
+           "content_tag"]
 
 BUILDER_STAGE = "builder"  # the stage of a stack's Dockerfile that compiles (templates/docker/Dockerfile.j2)
 
@@ -142,3 +147,42 @@ def _build_stage(engine: Engine, build_dir: Path, cache: LayerCache, secrets: Bu
             engine.untag(cache.builder)  # the stage's layers stay in the build cache; the tag was for the push
         except Exception:  # another engine's untag, or gone already: nothing to free
             pass
+
+
+def check_compile_cache(secrets: BuildSecrets, timeout: float = 5.0) -> None:
+    """A Redis compile cache answers PING before anything builds: a cache that does not answer
+    is exit 2 in the first seconds, naming it, not a build step failing an hour in (the step
+    checks it again with a probe compile, and so do S3 and the GitHub Actions cache, which
+    cannot be asked from here without their SDKs)."""
+    lines = dict(line.split("=", 1) for line in (secrets.compile_cache or "").splitlines() if "=" in line)
+    url = lines.get("SCCACHE_REDIS_ENDPOINT")
+    if not url:
+        return
+    parts = urlsplit(url)
+    shown = redact(url) + (" (with a password)" if lines.get("SCCACHE_REDIS_PASSWORD") else "")
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 6379), timeout=timeout) as raw:
+            sock = (ssl.create_default_context().wrap_socket(raw, server_hostname=parts.hostname)
+                    if parts.scheme.lower() == "rediss" else raw)
+            auth = [a for a in (lines.get("SCCACHE_REDIS_USERNAME"), lines.get("SCCACHE_REDIS_PASSWORD")) if a]
+            commands = ([["AUTH", *auth]] if auth else []) + [["PING"]]
+            sock.sendall(b"".join(_resp(c) for c in commands))
+            replies = sock.recv(4096).decode("utf-8", "replace").splitlines()
+    except (OSError, ssl.SSLError) as e:
+        raise EnvbuildError(f"--compile-cache {shown}: nothing answers there ({e.strerror or e}); start the cache "
+                            f"(scripts/host-setup.sh starts a Redis on 127.0.0.1:6379 with ENVBUILD_REDIS=1) or leave "
+                            f"--compile-cache out (every unit is then compiled). Nothing was built.") from None
+    wrong = [r for r in replies if r.startswith("-")]
+    if wrong or not any(r == "+PONG" for r in replies):
+        said = (wrong or replies or ["nothing"])[0][:200]
+        raise EnvbuildError(f"--compile-cache {shown}: the server answered {said!r}, not PONG (a wrong or missing password: "
+                            f"redis://:PASSWORD@HOST:PORT); nothing was built.")
+
+
+def _resp(words: list[str]) -> bytes:
+    """One Redis command in its wire format (RESP arrays of bulk strings)."""
+    out = f"*{len(words)}\r\n".encode()
+    for w in words:
+        b = w.encode()
+        out += f"${len(b)}\r\n".encode() + b + b"\r\n"
+    return out

@@ -38,12 +38,13 @@ from .files import (Identity, locked, open_regular, owned_file, read_text, remov
                     temp_path, write_owned)
 from .image import paths
 from .matrix import Matrix
-from .plan import EXTENSION_CACHE_ID, EXTENSION_SPEC, cache_mount
+from .plan import DEEPSPEED_RECORD, EXTENSION_CACHE_ID, EXTENSION_SPEC, cache_mount
 
 MARKER = ".envbuild-ext-cache"  # in every file `save` writes: what makes it ours
 MARKED = b"envbuild-ext-cache\n"  # the marker's content (SAVE_STEPS writes it)
 KEY_SUFFIX = ".key"  # FILE.key: the cache key of the wheels in FILE (a CI job's, `publish --job --ext-cache`)
 _KEY = re.compile(rb"[0-9a-f]{16}\n")  # all a FILE.key envbuild wrote holds
+_NAME_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}/[0-9a-f]{16}")  # a wheel's folder in the cache: NAME/KEY
 LOADED = "loaded"               # what `load`'s last stage leaves: how many wheels went in
 MAX_FILE_BYTES = 64 * 2 ** 30   # a bound on the file `load` reads (flash-attn for every arch: < 1 GiB)
 
@@ -148,22 +149,28 @@ def _build(engine: Engine, context: Path, output: str, log: Path, build_args: di
 
 
 def keys_of(build_dirs) -> tuple[str, ...]:
-    """The NAME/KEY of every extension the builds rendered in `build_dirs` use (each directory's
-    envbuild/extensions.json): what a CI job saves, so the file holds this run's wheels and not
-    every wheel the cache ever held."""
+    """The NAME/KEY of every compiled wheel the builds rendered in `build_dirs` use (each
+    directory's envbuild/extensions.json and envbuild/deepspeed.json): what a CI job saves, so the
+    file holds this run's wheels and not every wheel the cache ever held."""
     keys = set()
     for directory in map(Path, build_dirs):
-        spec_path = directory / "envbuild" / EXTENSION_SPEC
-        if not spec_path.is_file():
-            raise EnvbuildError(f"--for {escaped(str(directory))}: it holds no envbuild/{EXTENSION_SPEC}, so it is not a build "
-                                f"directory of an image with CUDA extensions (`envbuild render --ext NAME -o DIR` "
-                                f"writes one); name such directories, or leave --for out to save every wheel.")
-        try:
-            spec = json.loads(read_text(spec_path, "extension spec", "record"))
-            keys.update(f"{e['name']}/{e['cache_key']}" for e in spec["extensions"])
-        except (ValueError, KeyError, TypeError):
-            raise EnvbuildError(f"--for {escaped(str(directory))}: envbuild/{EXTENSION_SPEC} is not one envbuild wrote (it has "
-                                f"no extensions with cache keys); render the directory again.") from None
+        records = [directory / "envbuild" / name for name in (EXTENSION_SPEC, DEEPSPEED_RECORD)]
+        if not any(r.is_file() for r in records):
+            raise EnvbuildError(f"--for {escaped(str(directory))}: it holds neither envbuild/{EXTENSION_SPEC} nor "
+                                f"envbuild/{DEEPSPEED_RECORD}, so it is not a build directory of an image with compiled "
+                                f"wheels (`envbuild render -o DIR` of a locked stack writes one); name such directories, or "
+                                f"leave --for out to save every wheel.")
+        for record in (r for r in records if r.is_file()):
+            try:
+                data = json.loads(read_text(record, "wheel cache record", "record"))
+                found = ([f"{e['name']}/{e['cache_key']}" for e in data["extensions"]] if record.name == EXTENSION_SPEC
+                         else [data["cache_key"]])
+                if not all(isinstance(k, str) and _NAME_KEY.fullmatch(k) for k in found):
+                    raise ValueError(found)
+                keys.update(found)
+            except (ValueError, KeyError, TypeError):
+                raise EnvbuildError(f"--for {escaped(str(directory))}: envbuild/{record.name} is not one envbuild wrote "
+                                    f"(no cache keys in it); render the directory again.") from None
     return tuple(sorted(keys))
 
 

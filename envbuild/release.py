@@ -696,7 +696,7 @@ def ext_cache_load(m: Matrix, job: dict, file: Path, base_image: Optional[str], 
     """An earlier run's compiled wheels into this machine's build cache. A file `ext-cache save`
     wrote that load refuses (a cut-short copy) is kept, and this run's save replaces it; any other
     file is refused (exit 2) and never removed."""
-    if not job["extensions"] or extcache.owned(file, "--ext-cache: ") is None:
+    if extcache.owned(file, "--ext-cache: ") is None:
         return
     try:
         done = extcache.load(file, base_image or extcache.copy_image(m, job["stack"]))
@@ -709,8 +709,9 @@ def ext_cache_save(m: Matrix, job: dict, file: Path, out: Path, base_image: Opti
                    say: Callable[[str], None]) -> None:
     """This run's compiled wheels into `file` (replacing only a file `ext-cache save` wrote: the
     restored file's other wheels are not kept), their cache key into FILE.key (likewise)."""
-    dirs = [d for d in sorted((out / "build").glob("*")) if (d / "envbuild" / "extensions.json").is_file()]
-    if not job["extensions"] or not dirs:
+    dirs = [d for d in sorted((out / "build").glob("*"))
+            if any((d / "envbuild" / name).is_file() for name in (extcache.EXTENSION_SPEC, extcache.DEEPSPEED_RECORD))]
+    if not dirs:
         return
     ext_cache_check(file)
     done = extcache.save(file, base_image or extcache.copy_image(m, job["stack"]), extcache.keys_of(dirs))

@@ -32,7 +32,7 @@ from .registry import READABLE_TAG_MAX, check_readable_tag
 from .request import Request
 from .rules import DEFAULT_CPU_TARGET, PLATFORMS
 from .image import paths
-from .matrix import (CpuTarget, CudaExtension, DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Installer,
+from .matrix import (CompileCacheTool, CpuTarget, CudaExtension, DriverFloor, EnvDefault, Fabric, Family, GpuProfile, ImageEnv, Installer,
                      Matrix, Op, Stack, Toolchain)
 
 OPS_IN_TAG = 40  # a longer op list is named by 8 hex digits of its hash: every readable tag fits the tag rule
@@ -81,6 +81,7 @@ class BuildFacts:
     image_env: tuple[ImageEnv, ...] = ()  # what every image bakes (gpus.yaml image_env), not yet filled in
     cpu_target: Optional[CpuTarget] = None  # the chosen target's compiler flag and SIMD macro (cc-wrapper.sh)
     installer: Optional[Installer] = None  # what installs the lock parts (bases.yaml installer: uv); None: pip
+    compile_cache: Optional[CompileCacheTool] = None  # what caches the compiles (bases.yaml compile_cache: sccache)
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,7 @@ def _facts(m: Matrix, s: Stack, ops: list[str], cpu_target: str) -> BuildFacts:
                       ops={o: m.ops[o] for o in ops}, ds_build_requires=tuple(m.deepspeed_file.build_requires),
                       ds_build_only=dict(m.deepspeed_file.build_only), forward_compat=m.cuda_file.forward_compat,
                       image_env=tuple(m.gpus_file.image_env), cpu_target=m.gpus_file.cpu_targets[cpu_target],
-                      installer=m.bases.installer)
+                      installer=m.bases.installer, compile_cache=m.bases.compile_cache)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from typing import Optional
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from packaging.version import Version
 
@@ -79,6 +79,78 @@ def check_mirror_options(options: dict) -> None:
     if ca_cert is not None and not ca_cert.strip():
         raise EnvbuildError("--ca-cert is empty; give a PEM file such as /etc/ssl/certs/ca-certificates.crt, or "
                             "leave the option out.")
+
+
+# ---------------------------------------------------------------- --compile-cache
+
+COMPILE_CACHE_EXAMPLES = "redis://127.0.0.1:6379, rediss://:PASSWORD@cache.example.com:6380/0, s3://BUCKET/PREFIX or gha"
+# What each storage needs from envbuild's own environment (where CI keeps its credentials);
+# the compile_cache secret hands them to sccache inside the build step (lib.sh).
+_FROM_ENV = {"s3": (("AWS_REGION", "SCCACHE_REGION", False), ("AWS_ENDPOINT_URL", "SCCACHE_ENDPOINT", False),
+                    ("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", False),
+                    ("AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN", False)),
+             "gha": (("ACTIONS_RESULTS_URL", "ACTIONS_RESULTS_URL", True), ("ACTIONS_RUNTIME_TOKEN", "ACTIONS_RUNTIME_TOKEN", True))}
+
+
+def compile_cache_secret(url: Optional[str], environ: dict) -> Optional[str]:
+    """--compile-cache: where sccache keeps compiled units, as the compile_cache secret's lines
+    (sccache's own storage variables). redis:// or rediss:// (host, port, optional password and
+    database), s3://BUCKET[/PREFIX] (credentials and region from the AWS_* variables), gha (the
+    GitHub Actions cache: ACTIONS_RESULTS_URL and ACTIONS_RUNTIME_TOKEN, which a workflow step
+    exposes). Each value is one line: nothing in it can set another variable."""
+    if url is None:
+        return None
+    shown = grammar.shown(redact(url), limit=200)[1:-1]
+    bad = sorted({c for c in url if c.isspace()} | set(grammar.control_characters(url)))
+    if not url.strip() or bad:
+        raise EnvbuildError(f"--compile-cache '{shown}' is {'empty' if not url.strip() else 'not one word'}; give where "
+                            f"the compile cache is, one of {COMPILE_CACHE_EXAMPLES}, or leave the option out (every unit "
+                            f"is then compiled).")
+    if url == "gha":
+        return _cache_lines({"SCCACHE_GHA_ENABLED": "on"}, "gha", environ)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as e:
+        raise EnvbuildError(f"--compile-cache '{shown}' is not a valid URL ({e}); e.g. {COMPILE_CACHE_EXAMPLES}.") from None
+    db = re.fullmatch(r"/?(\d{1,2})?", parts.path)
+    if scheme in ("redis", "rediss") and host and db and not parts.query and not parts.fragment:
+        # sccache takes the endpoint without credentials; they and the database are variables of their own
+        netloc = f"[{host}]" if ":" in host else host
+        values = {"SCCACHE_REDIS_ENDPOINT": f"{scheme}://{netloc}:{port or 6379}"}
+        if parts.username:
+            values["SCCACHE_REDIS_USERNAME"] = unquote(parts.username)
+        if parts.password:
+            values["SCCACHE_REDIS_PASSWORD"] = unquote(parts.password)
+        if db.group(1):
+            values["SCCACHE_REDIS_DB"] = db.group(1)
+        return _cache_lines(values, "redis", environ)
+    if scheme == "s3" and host and re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", host) and not (port or parts.query):
+        return _cache_lines({"SCCACHE_BUCKET": host, **({"SCCACHE_S3_KEY_PREFIX": parts.path.strip("/")}
+                                                          if parts.path.strip("/") else {})}, "s3", environ)
+    nearest_one = f"redis://{url.split('://', 1)[-1]}" if "://" in url and scheme not in ("redis", "rediss", "s3") else None
+    raise EnvbuildError(f"--compile-cache '{shown}' is not a compile cache envbuild can hand sccache: one of "
+                        f"{COMPILE_CACHE_EXAMPLES} (a Redis URL takes a host, an optional port and database number, "
+                        f"no query)" + (f"; nearest valid choice: --compile-cache {redact(nearest_one)}" if nearest_one else "")
+                        + ".")
+
+
+def _cache_lines(values: dict, kind: str, environ: dict) -> str:
+    for name, variable, needed in _FROM_ENV.get(kind, ()):
+        value = environ.get(name, "")
+        if needed and not value:
+            raise EnvbuildError(f"--compile-cache gha needs {name} in envbuild's environment (GitHub Actions gives it "
+                                f"to actions, not to run steps: an actions/github-script step exports it, as the generated workflow does); "
+                                f"it is not set. Outside GitHub Actions use a Redis or S3 cache, e.g. --compile-cache "
+                                f"redis://127.0.0.1:6379.")
+        if value:
+            values[variable] = value
+    for name, value in values.items():
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise EnvbuildError(f"--compile-cache: {name} holds a line break or NUL, which would end the value it "
+                                f"hands sccache; set it to one line.")
+    return "".join(f"{name}={value}\n" for name, value in values.items()).rstrip("\n")
 
 
 # ---------------------------------------------------------------- --env

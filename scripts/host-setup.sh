@@ -5,6 +5,8 @@
 #     not answering
 #   - starts a plain docker-registry on 127.0.0.1:5000 if nothing listens there
 #   - builds the base image local/debian:bookworm with debootstrap if it is missing
+#   - with ENVBUILD_REDIS=1: installs redis-server and starts it on 127.0.0.1:6379 (no
+#     persistence), the compile cache `envbuild build --compile-cache redis://127.0.0.1:6379` uses
 # Safe to run again: every step checks first and skips what is already done.
 #
 # Always uses Debian's own CLI /usr/bin/docker: another `docker` client that may be
@@ -164,6 +166,23 @@ EOF
     rm -rf "${rootfs}"
     trap - EXIT
     log "image ${BASE_IMAGE} built"
+fi
+
+# --- 5. a compile cache (opt-in) ----------------------------------------------------------
+REDIS_ADDR=127.0.0.1:6379
+if [[ ${ENVBUILD_REDIS:-} == 1 ]]; then
+    if ! command -v redis-server >/dev/null; then
+        log "installing redis-server"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null \
+            || die "apt-get install redis-server failed"
+    fi
+    if (exec 3<>"/dev/tcp/${REDIS_ADDR%:*}/${REDIS_ADDR#*:}") 2>/dev/null; then
+        log "something already listens on ${REDIS_ADDR}; not starting redis-server"
+    else
+        log "starting redis-server on ${REDIS_ADDR} (no persistence; log /var/log/envbuild-redis.log)"
+        redis-server --bind "${REDIS_ADDR%:*}" --port "${REDIS_ADDR#*:}" --save '' --appendonly no \
+            --daemonize yes --logfile /var/log/envbuild-redis.log --dir /var/tmp >/dev/null
+    fi
 fi
 
 log "ready: $("${DOCKER}" version --format 'docker {{.Server.Version}}'), registry ${REGISTRY_ADDR}, image ${BASE_IMAGE}"

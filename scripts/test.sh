@@ -17,7 +17,8 @@ cross=()
 # squashfs-tools: tests/test_enroot.py exports an image as enroot's squashfs (mksquashfs, unsquashfs).
 # dpkg-dev, apt-utils, gnupg: tests/test_oslock_docker.py serves a signed apt repository of an OS
 # lock's .debs (dpkg-scanpackages, apt-ftparchive release, gpg --clearsign).
-for pkg in qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross squashfs-tools dpkg-dev apt-utils gnupg; do
+# redis-server: tests/test_compile_cache.py starts one of its own as the compile cache's store.
+for pkg in qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross squashfs-tools dpkg-dev apt-utils gnupg redis-server; do
     dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null | grep -qx installed || cross+=("$pkg")
 done
 if ((${#cross[@]})); then

@@ -103,10 +103,51 @@ def _tags(out: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def h20(docker_engine, work, state, test_ca, credential):
-    r, out = _build(work, state, "h20", ca_cert=test_ca["bundle"], indexes=credential["indexes"])
+def compile_cache(work):
+    """A real compile cache: Debian's redis-server on a free port of 127.0.0.1, with a password
+    (a secret the no-secret scan looks for in every layer)."""
+    server = conftest.need_tool("redis-server", "redis-server")
+    password = "pw" + secrets.token_hex(12)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--requirepass", password, "--dir", str(work)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+    yield {"url": f"redis://:{password}@127.0.0.1:{port}", "password": password}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def h20(docker_engine, work, state, test_ca, credential, compile_cache):
+    r, out = _build(work, state, "h20", "--compile-cache", compile_cache["url"], ca_cert=test_ca["bundle"],
+                    indexes=credential["indexes"])
     readable, content = _tags(out)
     return {"out": out, "image": readable, "content_tag": content, "stdout": r.stdout}
+
+
+def test_the_ops_were_compiled_through_the_compile_cache_or_taken_from_the_wheel_cache(h20):
+    """The DeepSpeed step ran with the compile cache (sccache on the test's Redis) and said what
+    it compiled by category, or took DeepSpeed's wheel from the wheel cache and compiled nothing;
+    a step the layer cache served ran neither."""
+    log = (h20["out"] / "build.log").read_text()
+    stats = [json.loads(m) for m in re.findall(r"envbuild: compiles (\{.*\})$", log, re.M)]
+    if "DeepSpeed: cached wheel" in log:
+        assert stats and stats[0]["runs"] == {}
+    elif "deepspeed.sh" in log and stats:
+        assert "compile cache: sccache 0.16.0 under g++ and nvcc (redis)" in log
+        assert all(not s["errors"] for s in stats), stats
+        ds = stats[0]
+        assert ds["runs"].get("nvcc") and (ds["hits"] or ds["misses"])
+        assert {"c++ [gcc]", "cubin [ptxas]"} <= set(ds["hits"]) | set(ds["misses"]), ds
 
 
 def test_build_tags_labels_and_env(h20):
@@ -326,8 +367,9 @@ def _secret_hits(image: str, needles: list[bytes]) -> list[str]:
     return hits
 
 
-def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential):
-    needles = [m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
+def test_no_secret_in_any_layer_history_or_label(h20, test_ca, credential, compile_cache):
+    needles = ([m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
+               + [compile_cache["password"].encode()])
     hits = _secret_hits(h20["image"], needles)
     for p in h20["out"].rglob("*"):
         if p.is_file():

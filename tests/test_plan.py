@@ -59,6 +59,8 @@ NO_AUDIT = ("the PyPI toolchain has no cuobjdump before CUDA 13.2 (nvidia-cuda-c
             "(https://pypi.org/simple/nvidia-cuda-cuobjdump/); cuda-toolkit 13.0.2 has no cuobjdump extra), so the "
             "SASS audit cannot run")
 PY_CACHE = "--mount=type=cache,id=envbuild-py,target=/var/cache/envbuild-py,sharing=locked"
+EXT_CACHE = "--mount=type=cache,id=envbuild-ext,target=/var/cache/envbuild-ext,sharing=locked"
+DS_KEY = "deepspeed/18a4f866a31e37ea"  # the DeepSpeed wheel's key in the wheel cache (envbuild/deepspeed.json)
 STEPS = {
     "os": (
         "# python3.11 with headers and a host compiler for the DeepSpeed ops\n"
@@ -118,18 +120,21 @@ STEPS = {
     "deepspeed": (
         "# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed recorded "
         "every op for cuda\n"
-        "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/verify_ops.py "
-        "envbuild/steps/sass_audit.py /opt/envbuild-setup/\n"
+        "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/nvcc-arch.sh "
+        "envbuild/steps/verify_ops.py envbuild/steps/sass_audit.py /opt/envbuild-setup/\n"
         "COPY envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/\n"
-        f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
+        f"RUN {PY_CACHE} {EXT_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url "
+        "--mount=type=secret,id=compile_cache \\\n"
         "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
         "    TORCH_CUDA_ARCH_LIST=9.0 \\\n    ENVBUILD_CPU_TARGET=x86-64-v3 \\\n"
         "    ENVBUILD_CPU_FLAG=-march=x86-64-v3 \\\n    ENVBUILD_CPU_SIMD=-D__AVX256__ \\\n"
         "    CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 \\\n"
         f"    ENVBUILD_SASS_AUDIT='skipped: {NO_AUDIT}' \\\n"
+        f"    ENVBUILD_DS_CACHE_KEY={DS_KEY} \\\n"
         "    bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam",
         {"files": ["envbuild/steps/deepspeed.sh /opt/envbuild-setup/deepspeed.sh",
                    "envbuild/steps/cc-wrapper.sh /opt/envbuild-setup/cc-wrapper.sh",
+                   "envbuild/steps/nvcc-arch.sh /opt/envbuild-setup/nvcc-arch.sh",
                    "envbuild/steps/verify_ops.py /opt/envbuild-setup/verify_ops.py",
                    "envbuild/steps/sass_audit.py /opt/envbuild-setup/sass_audit.py",
                    "envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/deepspeed.txt"],
@@ -138,7 +143,7 @@ STEPS = {
                   "DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 "
                   "TORCH_CUDA_ARCH_LIST=9.0 ENVBUILD_CPU_TARGET=x86-64-v3 ENVBUILD_CPU_FLAG=-march=x86-64-v3 "
                   "ENVBUILD_CPU_SIMD=-D__AVX256__ CUDA_HOME=/opt/cuda-pypi/nvidia/cu13 "
-                  f"ENVBUILD_SASS_AUDIT='skipped: {NO_AUDIT}' "
+                  f"ENVBUILD_SASS_AUDIT='skipped: {NO_AUDIT}' ENVBUILD_DS_CACHE_KEY={DS_KEY} "
                   "bash /opt/envbuild-setup/deepspeed.sh /opt/envbuild-setup/lock/deepspeed.txt cpu_adam fused_adam"]}),
     "finish": (
         "# the guard pins what was compiled against; the build-only packages leave; pip check\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from pathlib import Path
 
 import click
@@ -48,6 +49,10 @@ def secret_options(f):
                                              "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
                                              "pinned sha256 is checked all the same; a secret)."),
         click.option("--ca-cert", type=click.Path(dir_okay=False), help="Extra CA certificate (PEM) for TLS proxies (a secret)."),
+        click.option("--compile-cache", envvar="ENVBUILD_COMPILE_CACHE", metavar="URL",
+                     help="Where sccache keeps compiled units for DeepSpeed's ops and the CUDA extensions: "
+                          "redis://HOST:PORT, s3://BUCKET/PREFIX or gha (a secret; the image is the same with or "
+                          "without it). Env: ENVBUILD_COMPILE_CACHE."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -123,14 +128,15 @@ def secrets_from(kw):
     from ..build import BuildSecrets
     from ..oslock import check_snapshot_template
     from ..resolve import apt_key_file, ca_file
-    from ..validate import check_mirror_options
+    from ..validate import check_mirror_options, compile_cache_secret
 
     check_mirror_options(kw)
     check_snapshot_template("--apt-snapshot", kw.get("apt_snapshot"))
     return BuildSecrets(ca_cert=ca_file(kw.get("ca_cert")), pip_index_url=kw.get("pip_index_url"),
                         torch_index_url=kw.get("torch_index_url"), apt_mirror=kw.get("apt_mirror"),
                         source_mirror=kw.get("source_mirror"), apt_snapshot=kw.get("apt_snapshot"),
-                        apt_key=apt_key_file(kw.get("apt_key")))
+                        apt_key=apt_key_file(kw.get("apt_key")),
+                        compile_cache=compile_cache_secret(kw.get("compile_cache"), dict(os.environ)))
 
 
 def pin_named_bases(r):

@@ -90,6 +90,7 @@ def render_to(kw, output, show=True, reach_archive=False):
     from ..output import RECORD, write_build_dir
     from ..render import render_files
     from ..resolve import resolve
+    from ..build import check_compile_cache
     from ..oslock import check_reachable
     from ..rules import check_apt_mirror
     from ..running import local_bootstrap_warning
@@ -103,6 +104,8 @@ def render_to(kw, output, show=True, reach_archive=False):
     check_apt_mirror(r.os_locked, secrets.apt_mirror, secrets.apt_snapshot)
     if reach_archive and r.os_lock:
         check_reachable(r.os_lock, r.facts.family.apt.snapshot, secrets.apt_snapshot, secrets.ca_cert)
+    if reach_archive:
+        check_compile_cache(secrets)
     for warning in env_warnings(r):
         err.print(f"envbuild: warning: {warning}", markup=False)
     r = pin_named_bases(r)

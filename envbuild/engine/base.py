@@ -34,11 +34,13 @@ class BuildSecrets:
     source_mirror: Optional[str] = None  # replaces https://github.com in a fabric's source URLs
     apt_snapshot: Optional[str] = None  # a mirror of the OS lock's moment of the archive ({archive}, {timestamp})
     apt_key: Optional[Path] = None  # the public key that signs that mirror (apt's signed-by)
+    compile_cache: Optional[str] = None  # sccache's storage variables, NAME=VALUE lines (validate.compile_cache_secret)
 
     def values(self) -> list[str]:
         """The secret strings, for leak scans."""
+        cache = [line.split("=", 1)[1] for line in (self.compile_cache or "").splitlines() if "=" in line]
         return [v for v in (self.pip_index_url, self.torch_index_url, self.apt_mirror, self.source_mirror,
-                            self.apt_snapshot) if v]
+                            self.apt_snapshot, *cache) if v]
 
 
 @dataclass

@@ -21,11 +21,11 @@ from .files.torch_yaml import TorchFile, TorchRelease
 from .files.deepspeed_yaml import Aarch64Facts, DeepspeedFile, DsRelease, Op, TritonRule
 from .files.gpus_yaml import CpuTarget, EnvDefault, GpuProfile, GpuRequires, GpusFile, IMAGE_ENV_FIELDS, ImageEnv, NodeCondition, NotBaked, OutOfScope, VariableGrammar
 from .files.cuda_yaml import CudaFile, DriverFloor, GenerationDriverFloor
-from .files.bases_yaml import AptArchive, AptPorts, AptSource, BasesFile, Family, Installer, Toolchain, ToolchainInstall
+from .files.bases_yaml import AptArchive, AptPorts, AptSource, BasesFile, CompileCacheTool, Family, Installer, Toolchain, ToolchainInstall
 from .files.fabrics_yaml import Fabric, FabricBuild, FabricFile, FabricRequires, FabricSource, FabricsFile
 from .files.extensions_yaml import CudaExtension, ExtensionSdist, ExtensionsFile, NotPrebuilt, SourcePatch
 from .files.nccl_yaml import NcclFile, NcclPackage, NcclRelease, NcclWheel
 from .files.stacks_yaml import BaseImages, EXTENSIONS, PUBLISH, PublishFile, Stack, StacksFile
 from .loader import FILES, NCCL, load_matrix, load_publish
 
-__all__ = ["ALLOWLIST", "Aarch64Facts", "AptArchive", "AptPorts", "AptSource", "BASE_DIGESTS", "BaseImages", "BasesFile", "CpuTarget", "CudaExtension", "CudaFile", "DeepspeedFile", "DriverFloor", "DsRelease", "EXTENSIONS", "EnvDefault", "ExtensionSdist", "ExtensionsFile", "FILES", "NCCL", "Fabric", "FabricBuild", "FabricFile", "FabricRequires", "FabricSource", "FabricsFile", "Family", "GenerationDriverFloor", "GpuProfile", "GpuRequires", "GpusFile", "IMAGE_ENV_FIELDS", "ImageEnv", "Installer", "Matrix", "NcclFile", "NcclPackage", "NcclRelease", "NcclWheel", "NodeCondition", "NotBaked", "NotPrebuilt", "Op", "OutOfScope", "PUBLISH", "PublishFile", "SourcePatch", "Stack", "StacksFile", "Toolchain", "ToolchainInstall", "TorchFile", "TorchRelease", "TritonRule", "VariableGrammar", "load_matrix", "load_publish"]
+__all__ = ["ALLOWLIST", "Aarch64Facts", "AptArchive", "AptPorts", "AptSource", "BASE_DIGESTS", "BaseImages", "BasesFile", "CompileCacheTool", "CpuTarget", "CudaExtension", "CudaFile", "DeepspeedFile", "DriverFloor", "DsRelease", "EXTENSIONS", "EnvDefault", "ExtensionSdist", "ExtensionsFile", "FILES", "NCCL", "Fabric", "FabricBuild", "FabricFile", "FabricRequires", "FabricSource", "FabricsFile", "Family", "GenerationDriverFloor", "GpuProfile", "GpuRequires", "GpusFile", "IMAGE_ENV_FIELDS", "ImageEnv", "Installer", "Matrix", "NcclFile", "NcclPackage", "NcclRelease", "NcclWheel", "NodeCondition", "NotBaked", "NotPrebuilt", "Op", "OutOfScope", "PUBLISH", "PublishFile", "SourcePatch", "Stack", "StacksFile", "Toolchain", "ToolchainInstall", "TorchFile", "TorchRelease", "TritonRule", "VariableGrammar", "load_matrix", "load_publish"]

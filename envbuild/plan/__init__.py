@@ -20,6 +20,7 @@ flow.
 
 from .blocks import (APPTAINER, APPTAINER_SECTIONS, DOCKER, FORMATS, IMAGE_OWNED, STEPS_SOURCE, SYSTEM_PATH, Copy,
                      Environment, FileCopy, Label, Stage, Step, cache_mount, split_path, step_files)
+from .components.deepspeed import RECORD as DEEPSPEED_RECORD
 from .components.extensions import EXTENSION_BUILD_RECIPE, EXTENSION_CACHE_ID, EXTENSION_SPEC
 from .components.finish import GUARD_PACKAGES, guard_packages
 from .components.layers import CUDA_LAYER_PACKAGES, CUDA_LAYERS, LAYERS_DIR, cuda_layer_args
@@ -29,7 +30,7 @@ from .extend import layer_plan
 from .model import DOCKERIGNORE, EXTENSION_LAYOUTS, MANIFEST_NAME, STACK_LAYOUTS, BuildPlan, LayerFacts, ImageFacts
 from .stack import stack_plan
 
-__all__ = ["APPTAINER", "APPTAINER_SECTIONS", "CUDA_LAYERS", "CUDA_LAYER_PACKAGES", "DOCKER", "DOCKERIGNORE",
+__all__ = ["APPTAINER", "APPTAINER_SECTIONS", "CUDA_LAYERS", "CUDA_LAYER_PACKAGES", "DEEPSPEED_RECORD", "DOCKER", "DOCKERIGNORE",
            "EXTENSION_BUILD_RECIPE", "EXTENSION_CACHE_ID", "EXTENSION_LAYOUTS", "EXTENSION_SPEC", "FORMATS",
            "GUARD_PACKAGES", "IMAGE_OWNED", "LAYERS_DIR", "MANIFEST_NAME", "STACK_LAYOUTS", "STEPS_SOURCE",
            "SYSTEM_PATH", "BuildPlan", "Copy", "Environment", "LayerFacts", "FileCopy", "ImageFacts", "Label",

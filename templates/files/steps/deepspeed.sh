@@ -11,8 +11,12 @@
 pip_env
 cuda_link_stubs
 nvcc_reproducible
+compile_cache_start
 spec=$1; shift
 venv=$(venv_dir)
+# cpp_extension runs this instead of nvcc (PYTORCH_NVCC, with ninja): it counts each compile and
+# puts the compile cache under it; with ENVBUILD_CUDA_ARCHS unset it keeps every -gencode pair.
+if [[ -n ${CUDA_HOME:-} ]]; then export PYTORCH_NVCC="$STEPS_DIR/nvcc-arch.sh"; fi
 
 # Wrap the host compilers so DeepSpeed's `-march=native` becomes the declared CPU target:
 # an image built on an AVX-512 runner must not die with SIGILL on older nodes.
@@ -24,18 +28,52 @@ if [[ -n ${ENVBUILD_CPU_TARGET:-} ]]; then
     export PATH="$TMP/cc-bin:$PATH"
     log "CPU ops target $ENVBUILD_CPU_TARGET (-march=native is rewritten)"
 fi
+EXT_CACHE=/var/cache/envbuild-ext  # envbuild/image/paths.py EXTENSION_CACHE, a BuildKit cache mount
+# ds_cached_wheel DIR: the key's wheel, its sha256 stamp checked, copied into DIR; false if none.
+ds_cached_wheel() {
+    local key=${ENVBUILD_DS_CACHE_KEY:-} w
+    [[ -n $key ]] && cache_mounted "$EXT_CACHE" || return 1
+    for w in "$EXT_CACHE/$key"/*.whl; do
+        [[ -f $w && -f ${w%.whl}.sha256 ]] || continue
+        if [[ "$(sha256sum "$w" | cut -d' ' -f1)" == "$(head -c 64 "${w%.whl}.sha256")" ]]; then
+            cp "$w" "$1/"
+            log "DeepSpeed: cached wheel ${w##*/} (key $key): not compiled again"
+            return 0
+        fi
+        log "DeepSpeed: cached wheel ${w##*/} does not match its stamp: compiled again"
+    done
+    return 1
+}
+# ds_store_wheel WHEEL: into the cache under its key, the wheel then its stamp, each moved into place.
+ds_store_wheel() {
+    local key=${ENVBUILD_DS_CACHE_KEY:-} dest name
+    [[ -n $key ]] && cache_mounted "$EXT_CACHE" || return 0
+    dest=$EXT_CACHE/$key name=${1##*/}
+    mkdir -p "$dest"
+    cp "$1" "$dest/.$name.envbuild-tmp"
+    sha256sum "$1" | cut -d' ' -f1 > "$dest/.${name%.whl}.sha256.envbuild-tmp"
+    mv "$dest/.$name.envbuild-tmp" "$dest/$name"
+    mv "$dest/.${name%.whl}.sha256.envbuild-tmp" "$dest/${name%.whl}.sha256"
+}
 if [[ -f $spec ]]; then
     # The sdist by its locked hash, compiled in a directory of a fixed name (pip's own build
     # directory has a random one, which the compilers write into the libraries: two builds
     # would differ), then installed by the wheel's hash from that directory only.
     # pip, not uv: uv has no download without an install, and builds an sdist in a directory of
     # its own choosing (the compilers would write its name into the ops).
-    "${PIP_CACHED[@]}" "$venv/bin/pip" download --require-hashes --no-deps --no-build-isolation --no-binary :all: -r "$spec" \
-        -d "$TMP/sdist" || lock_failed --require-hashes
+    # The wheel is kept in the extension cache under a key of everything that decides its bytes
+    # (ENVBUILD_DS_CACHE_KEY: deepspeed/KEY, envbuild/deepspeed.json), beside the CUDA extensions'
+    # wheels, so `ext-cache save`/`load` carry it to another machine and an unchanged key never compiles.
+    mkdir -p "$TMP/wheel"
     tree=/tmp/envbuild-build
-    rm -rf "$tree" && mkdir -p "$tree" "$TMP/wheel"
-    tar -xzf "$TMP"/sdist/*.tar.gz -C "$tree"
-    DS_ENABLE_NINJA=1 "$venv/bin/pip" wheel --no-deps --no-build-isolation -w "$TMP/wheel" "$tree"/*/
+    if ! ds_cached_wheel "$TMP/wheel"; then
+        "${PIP_CACHED[@]}" "$venv/bin/pip" download --require-hashes --no-deps --no-build-isolation --no-binary :all: -r "$spec" \
+            -d "$TMP/sdist" || lock_failed --require-hashes
+        rm -rf "$tree" && mkdir -p "$tree"
+        tar -xzf "$TMP"/sdist/*.tar.gz -C "$tree"
+        DS_ENABLE_NINJA=1 "$venv/bin/pip" wheel --no-deps --no-build-isolation -w "$TMP/wheel" "$tree"/*/
+        ds_store_wheel "$TMP"/wheel/*.whl
+    fi
     wheel=("$TMP"/wheel/*.whl)
     name=${wheel[0]##*/}
     printf '%s==%s --hash=sha256:%s\n' "${name%%-*}" "$(cut -d- -f2 <<< "$name")" "$(sha256sum "${wheel[0]}" | cut -d' ' -f1)" \
@@ -47,6 +85,7 @@ else
     "$venv/bin/pip" install ${ENVBUILD_DS_BUILD_REQUIRES:?without a lock the deepspeed step needs its build requirements}
     DS_ENABLE_NINJA=1 "$venv/bin/pip" install --no-build-isolation "$spec"
 fi
+compile_cache_report
 "$venv/bin/python" "$STEPS_DIR/verify_ops.py" "$@"
 # Every op library carries SASS for the GPU's arches (NVIDIA's cuobjdump, no GPU needed): an op
 # compiled for another arch would fail at run time with "no kernel image is available".

@@ -13,4 +13,7 @@ export ENVBUILD_TMP="$TMP"
 # cpp_extension runs this instead of nvcc (PYTORCH_NVCC): it keeps only the GPU's arches of the
 # -gencode flags an extension's setup.py hard-codes (causal-conv1d lists nine).
 export PYTORCH_NVCC="$STEPS_DIR/nvcc-arch.sh"
+# nvcc (its phases, host compiles included) through the compile cache when the build has one
+compile_cache_start
 "$(venv_dir)/bin/python" "$STEPS_DIR/extensions.py" "$1"
+compile_cache_report

@@ -29,6 +29,7 @@ if [[ $STEPS_DIR == /opt/envbuild-setup ]]; then
     STEP_STARTED=$(mktemp /dev/shm/envbuild-step.XXXXXX 2> /dev/null || true)
 fi
 finish_step() {
+    if [[ -n ${ENVBUILD_SCCACHE:-} ]]; then "$ENVBUILD_SCCACHE" --stop-server > /dev/null 2>&1 || true; fi
     rm -rf "$TMP"
     if [[ -n $STEP_STARTED ]]; then
         find / -xdev -newer "$STEP_STARTED" -print0 2> /dev/null | xargs -0r touch -h -d "@$SOURCE_DATE_EPOCH" 2> /dev/null || true
@@ -140,4 +141,75 @@ cuda_link_stubs() {
     if [[ -n ${CUDA_HOME:-} && -d $CUDA_HOME/lib64/stubs ]]; then
         export LIBRARY_PATH="$CUDA_HOME/lib64/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
     fi
+}
+
+# compile_cache_start: every compile of this step counted (the wrappers append their name to
+# ENVBUILD_COMPILES) and, when the build was handed a compile cache (the compile_cache secret:
+# lines NAME=VALUE of sccache's storage variables, `envbuild build --compile-cache`), served
+# through the matrix's sccache (ENVBUILD_SCCACHE_BIN, sccache.sh): its server on a socket of this
+# step, its storage checked by one probe compile, so a cache that does not answer fails the step
+# here, naming it, and not every compile later. A unit served from the cache is the bytes the
+# compile writes, so the image is the same with or without it.
+compile_cache_start() {
+    export ENVBUILD_COMPILES="$TMP/compiles"
+    : > "$ENVBUILD_COMPILES"
+    if [[ ! -s $SECRETS/compile_cache ]]; then
+        log "compile cache: none (the build was handed no --compile-cache): every unit is compiled"
+        return 0
+    fi
+    local bin=${ENVBUILD_SCCACHE_BIN:-} line name
+    if [[ -z $bin || ! -x $bin ]]; then
+        log "compile cache: handed one, but this build has no sccache (matrices/bases.yaml compile_cache): every unit is compiled"
+        return 0
+    fi
+    while IFS= read -r line || [[ -n $line ]]; do
+        line=${line%$'\r'}
+        [[ -n $line && $line != \#* ]] || continue
+        name=${line%%=*}
+        case $name in
+            SCCACHE_REDIS_ENDPOINT | SCCACHE_REDIS_USERNAME | SCCACHE_REDIS_PASSWORD | SCCACHE_REDIS_DB \
+            | SCCACHE_REDIS_KEY_PREFIX | SCCACHE_REDIS_EXPIRATION | SCCACHE_GHA_ENABLED | SCCACHE_GHA_VERSION \
+            | ACTIONS_RESULTS_URL | ACTIONS_RUNTIME_TOKEN | ACTIONS_CACHE_URL | ACTIONS_CACHE_SERVICE_V2 | SCCACHE_BUCKET \
+            | SCCACHE_REGION | SCCACHE_ENDPOINT | SCCACHE_S3_KEY_PREFIX | SCCACHE_S3_USE_SSL | AWS_ACCESS_KEY_ID \
+            | AWS_SECRET_ACCESS_KEY | AWS_SESSION_TOKEN) export "$name=${line#*=}" ;;
+            *) log "compile cache: the compile_cache secret sets '$name', which is not one of sccache's storage variables envbuild passes"
+               return 1 ;;
+        esac
+    done < "$SECRETS/compile_cache"
+    export SCCACHE_SERVER_UDS="$TMP/sccache.sock" SCCACHE_IDLE_TIMEOUT=0 SCCACHE_DIR="$TMP/sccache" \
+        SCCACHE_ERROR_LOG="$TMP/sccache.log" SCCACHE_LOG=warn SCCACHE_CONF=/dev/null
+    printf 'int envbuild_probe(void) { return %s; }\n' "$RANDOM" > "$TMP/probe.c"
+    if ! "$bin" --start-server > "$TMP/probe.out" 2>&1 \
+        || ! (cd "$TMP" && "$bin" /usr/bin/gcc -c probe.c -o probe.o) >> "$TMP/probe.out" 2>&1; then
+        log "compile cache: a probe compile through sccache failed; the cache it was handed does not answer" \
+            "(sccache: $(tail -n 3 "$TMP/probe.out" "$SCCACHE_ERROR_LOG" 2> /dev/null | tr '\n' ' '))." \
+            "Check it from this machine (redis-cli -u URL ping), or build without --compile-cache"
+        return 1
+    fi
+    "$bin" --zero-stats > /dev/null 2>&1
+    export ENVBUILD_SCCACHE="$bin"
+    if [[ ${ENVBUILD_SCCACHE_NVCC:-} == no:* ]]; then
+        log "compile cache: g++ only; nvcc is not cached (${ENVBUILD_SCCACHE_NVCC#no: })"
+    fi
+    # the storage's kind only: sccache's own line names the URL, password included
+    log "compile cache: sccache $("$bin" --version | cut -d' ' -f2) under g++ and nvcc" \
+        "($("$bin" --show-stats | sed -n 's/^Cache location *\([A-Za-z0-9]*\).*/\1/p'))"
+}
+
+# compile_cache_report: one line of what this step compiled: the compilers' runs and, with a
+# compile cache, its hits and misses by category the way they are true for CUDA (host C/C++,
+# nvcc's phases: cudafe++, cicc's PTX, ptxas's CUBIN), not the request count alone.
+compile_cache_report() {
+    local stats=""
+    if [[ -n ${ENVBUILD_SCCACHE:-} ]]; then stats=$("$ENVBUILD_SCCACHE" --show-stats --stats-format=json); fi
+    ENVBUILD_STATS=$stats "$(venv_dir)/bin/python" - "$ENVBUILD_COMPILES" << 'PY'
+import collections, json, os, sys
+runs = collections.Counter(line.strip() for line in open(sys.argv[1]) if line.strip())
+out = {"runs": dict(sorted(runs.items()))}
+if os.environ.get("ENVBUILD_STATS"):
+    stats = json.loads(os.environ["ENVBUILD_STATS"])["stats"]
+    for name in ("cache_hits", "cache_misses", "cache_errors"):
+        out[name.replace("cache_", "")] = dict(sorted(stats.get(name, {}).get("adv_counts", {}).items()))
+print("envbuild: compiles " + json.dumps(out, sort_keys=True), file=sys.stderr)
+PY
 }

@@ -6,7 +6,10 @@
 # fails, naming what the extension asked for, instead of building code the GPU cannot run.
 # The largest lever on an extension's build time (causal-conv1d hard-codes nine arches).
 set -euo pipefail
-: "${ENVBUILD_CUDA_ARCHS:?extensions.py sets the arches to keep}" "${CUDA_HOME:?}"
+# ENVBUILD_CUDA_ARCHS empty (DeepSpeed's ops, whose arches TORCH_CUDA_ARCH_LIST decides): every
+# pair is kept, and nvcc is only counted and cached.
+: "${CUDA_HOME:?}"
+wanted=${ENVBUILD_CUDA_ARCHS-}
 args=() asked=() kept=0 seen=0
 keep() {  # keep arch=compute_80,code=sm_80: does this code run on one of the wanted arches?
     local code=${1##*code=} want ptx=0 exact=0 c w
@@ -15,7 +18,7 @@ keep() {  # keep arch=compute_80,code=sm_80: does this code run on one of the wa
     code=${code#sm_}; code=${code#compute_}
     if [[ $code == *[af] ]]; then exact=1; code=${code%[af]}; fi
     [[ $code =~ ^[0-9]+$ ]] || return 1
-    for want in $ENVBUILD_CUDA_ARCHS; do
+    for want in $wanted; do
         w=${want%+PTX}; c=$code
         if ((ptx)); then
             [[ $want == *+PTX ]] && ((c <= w)) && return 0
@@ -34,11 +37,18 @@ while (($#)); do
         *) args+=("$1"); shift; continue ;;
     esac
     seen=$((seen + 1)); asked+=("$value")
-    if keep "$value"; then args+=(-gencode "$value"); kept=$((kept + 1)); fi
+    if [[ -z $wanted ]] || keep "$value"; then args+=(-gencode "$value"); kept=$((kept + 1)); fi
 done
 if ((seen > 0 && kept == 0)); then
     printf 'envbuild: nvcc-arch: this compile asks for %s, none of them for the GPU arches %s: the extension does not build code for this GPU\n' \
         "${asked[*]}" "$ENVBUILD_CUDA_ARCHS" >&2
     exit 1
+fi
+# Counted (lib.sh compile_cache_report), and served through the compile cache when the step has
+# one and its sccache handles this CUDA (lib.sh compile_cache_start); the host compiles sccache
+# runs for nvcc then go to the compiler itself (ENVBUILD_SCCACHE unset below them).
+if [[ -n ${ENVBUILD_COMPILES:-} ]]; then printf 'nvcc\n' >> "$ENVBUILD_COMPILES"; fi
+if [[ -n ${ENVBUILD_SCCACHE:-} && ${ENVBUILD_SCCACHE_NVCC:-} != no:* ]]; then
+    exec env -u ENVBUILD_SCCACHE "$ENVBUILD_SCCACHE" "$CUDA_HOME/bin/nvcc" "${args[@]}"
 fi
 exec "$CUDA_HOME/bin/nvcc" "${args[@]}"

@@ -113,7 +113,7 @@ class CudaExtension(_Strict):
     stable_abi: Optional[str] = None  # the torch releases torch's stable C ABI it targets spans
     device_code: bool = True  # False: a host-only library (TE's torch binding calls the core's kernels)
     run_time_compile: Optional[RunTimeCompile] = None
-    unbuildable: Optional[str] = None  # why nothing on PyPI builds it (rule ext-source), with the file that says so
+    unbuildable: Optional[str] = None  # why nothing on PyPI builds it, with the file that says so: refused at render
     aliases: list[str] = []  # other names --ext takes (fa3)
     packages: list[str]  # the import names of its Python packages
     modules: list[str]  # its compiled modules (imported by the build check and the smoke test)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import urllib.request
 import zipfile
@@ -54,7 +55,10 @@ def test_flash_attn_on_gh200_renders_an_arm64_image(tmp_path):
     assert r.returncode == 0, r.stderr
     spec = json.loads((out / "envbuild" / "extensions.json").read_text())
     assert [e["name"] for e in spec["extensions"]] == ["flash-attn"] and spec["arch_list"] == "9.0"
-    assert "linux/arm64" in (out / "Dockerfile").read_text() or "arm64" in r.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["arch"], manifest["platform"]) == ("aarch64", "linux/arm64")
+    assert re.search(r"^FROM --platform=linux/arm64 \S+ AS builder$", (out / "Dockerfile").read_text(), re.M)
+    assert spec["extensions"][0]["determines"]["cpu_arch"] == "aarch64"  # its own wheel-cache key
 
 
 @pytest.mark.parametrize("asked, fix", [(("mamba-ssm",), "--ext causal-conv1d,mamba-ssm"),
@@ -195,3 +199,97 @@ def test_every_wheel_and_sdist_of_the_catalogue_is_a_distinct_pypi_file(producti
     by_url = dict(files)
     assert all(by_url[u] == h for u, h in files)  # one hash per file, wherever it is named
     assert all(Path(u).name.endswith((".whl", ".tar.gz")) for u, _ in files)
+
+
+# ---------------------------------------------------------------- the build step's wheel path
+
+
+def _step():
+    """The build step extensions.py (stdlib only, run in the builder), as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("envbuild_extensions_step_42",
+                                                  ROOT / "envbuild" / "buildsteps" / "extensions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fa3_is_downloaded_as_the_flash_attn_sdist_it_is_built_from():
+    step = _step()
+    assert step.sdist_project("flash_attn-2.8.3.post2.tar.gz") == ("flash_attn", "2.8.3.post2")
+    assert step.sdist_project("transformer_engine_torch-2.20.2.tar.gz") == ("transformer_engine_torch", "2.20.2")
+
+
+def _wheel_entry(data: bytes) -> dict:
+    import hashlib
+    return {"name": "xformers", "version": "0.0.35", "cuda_major": "13", "device_code": True,
+            "wheel": {"filename": "xformers-0.0.35-py39-none-manylinux_2_28_x86_64.whl",
+                      "sha256": hashlib.sha256(data).hexdigest()}}
+
+
+def test_a_pypi_wheel_is_fetched_with_its_hash_required_and_refused_when_it_differs(tmp_path, monkeypatch):
+    step, calls = _step(), []
+
+    def pip(*args, env=None):
+        calls.append(args)
+        out = Path(args[args.index("-d") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "xformers-0.0.35-py39-none-manylinux_2_28_x86_64.whl").write_bytes(b"what the index served")
+    monkeypatch.setattr(step, "pip", pip)
+    entry = _wheel_entry(b"what the index served")
+    assert step.fetch_wheel(entry, tmp_path).read_bytes() == b"what the index served"
+    assert "--require-hashes" in calls[0] and "--only-binary" in calls[0]
+    assert (tmp_path / "wheel.txt").read_text() == f"xformers==0.0.35 --hash=sha256:{entry['wheel']['sha256']}\n"
+    with pytest.raises(SystemExit):
+        step.fetch_wheel(_wheel_entry(b"the file the matrix recorded"), tmp_path)
+
+
+def test_the_build_refuses_pypis_cu12_xformers_library_in_a_cuda_13_image(tmp_path, monkeypatch, capsys,
+                                                                        recorded_cuobjdump):
+    """The same audit a compiled wheel passes: the real library's SASS fits sm_90, and its
+    libcudart.so.12 does not fit CUDA 13: the build fails naming it."""
+    step = _step()
+    monkeypatch.setattr(step, "shared_libraries", lambda name: [XFORMERS / "_C.dynamic.so"])
+    monkeypatch.setattr(step.importlib.util, "find_spec", lambda name: None)  # no torch here: CUDA only
+    with pytest.raises(SystemExit):
+        step.audit_libraries(_wheel_entry(b""), "9.0", recorded_cuobjdump)
+    assert "xformers: _C.dynamic.so needs libcudart.so.12, a CUDA 12 library, and the image is CUDA 13" in capsys.readouterr().err
+    entry = {**_wheel_entry(b""), "cuda_major": "12"}
+    assert step.audit_libraries(entry, "9.0", recorded_cuobjdump)["problems"] == []
+
+
+# ---------------------------------------------------------------- the smoke test's report
+
+
+def test_the_smoke_check_says_where_fa4_compiles_its_kernels(tmp_path, monkeypatch, production_matrix):
+    """The report proves which way FA4's run-time compile goes in this container: the per-job
+    directory env.sh set, or memory only where its cache is off."""
+    from envbuild.image import checks
+    fa4 = production_matrix.extension("fa4")
+    manifest = {"extensions": [{"name": fa4.name, "version": fa4.version, "arch_list": "9.0", "gpu_check": None,
+                                "modules": [], "packages": fa4.packages,
+                                "run_time_compile": {"enable_env": fa4.run_time_compile.enable_env,
+                                                     "cache_env": fa4.run_time_compile.cache_env}}]}
+    record = tmp_path / "extensions.json"
+    record.write_text(json.dumps([{"name": fa4.name, "version": fa4.version, "sha256": "cd" * 32}]))
+    res = {"extensions": {fa4.name: {"ok": True, "detail": ""}}}
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "/tmp/flash_attention_cute_dsl-42")
+    ok, detail = checks.check_extensions(manifest, res, str(record))
+    assert ok and detail.endswith("; kernels compile at first call into /tmp/flash_attention_cute_dsl-42 "
+                                  "(FLASH_ATTENTION_CUTE_DSL_CACHE_DIR, per job and node)"), detail
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
+    assert "kept in memory only" in checks.check_extensions(manifest, res, str(record))[1]
+
+
+def test_env_sh_turns_fa4s_cache_on_in_the_per_job_directory_and_keeps_a_users_value(tmp_path):
+    import subprocess
+    env_sh = ROOT / "templates" / "files" / "env.sh"
+    show = '. "$1"; echo "$FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED $FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"'
+    base = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "ENVBUILD_LOCAL_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    out = subprocess.run(["sh", "-c", show, "sh", str(env_sh)], env=base, capture_output=True, text=True).stdout
+    assert out.split("\n")[-2] == f"1 {tmp_path}/flash_attention_cute_dsl-77", out
+    mine = {**base, "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "0", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "/mine"}
+    out = subprocess.run(["sh", "-c", show, "sh", str(env_sh)], env=mine, capture_output=True, text=True).stdout
+    assert out.split("\n")[-2] == "0 /mine", out

@@ -293,3 +293,17 @@ def test_env_sh_turns_fa4s_cache_on_in_the_per_job_directory_and_keeps_a_users_v
     mine = {**base, "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "0", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "/mine"}
     out = subprocess.run(["sh", "-c", show, "sh", str(env_sh)], env=mine, capture_output=True, text=True).stdout
     assert out.split("\n")[-2] == "0 /mine", out
+
+
+@pytest.mark.parametrize("filename", ["../../etc/x.whl", "other-1.0.tar.gz", ".hidden.whl"])
+def test_a_file_name_that_is_not_its_urls_last_part_is_refused_naming_the_field(tmp_path, filename):
+    import shutil
+    import yaml
+    from envbuild.matrix import load_matrix
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "matrices", d)
+    data = yaml.safe_load((d / "extensions.yaml").read_text())
+    data["extensions"][0]["sdist"]["filename"] = filename
+    (d / "extensions.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(EnvbuildError, match=r"extensions\[0\] \(flash-attn\)\.sdist: .*is not the last part of its url"):
+        load_matrix(d)

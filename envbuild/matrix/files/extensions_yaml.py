@@ -37,6 +37,13 @@ class ExtensionSdist(_Strict):
             raise ValueError(f"expected a https://files.pythonhosted.org/packages/... file URL, got {v!r}")
         return v
 
+    @model_validator(mode="after")
+    def _named(self):
+        """The file name is the URL's last part (it becomes a path in the builder: no '/', no '..')."""
+        if "/" in self.filename or self.filename.startswith(".") or not self.url.endswith("/" + self.filename):
+            raise ValueError(f"filename {self.filename!r} is not the last part of its url {self.url!r}")
+        return self
+
 
 class ExtensionWheel(ExtensionSdist):
     """A wheel PyPI publishes for the extension, installed instead of a compile where it fits the

@@ -1,6 +1,7 @@
-"""The CUDA extensions (--ext: flash-attn, causal-conv1d): compiled from their hash-checked
-sdists for the GPU's arches only, after DeepSpeed (an image without extensions shares every
-layer before), cached by what determines each wheel (envbuild/buildsteps/extensions.py), and recorded in the
+"""The CUDA extensions (--ext: flash-attn, causal-conv1d, xformers, ...): PyPI's wheel by hash
+where one fits the stack, else compiled from their hash-checked sdists for the GPU's arches only,
+after DeepSpeed (an image without extensions shares every layer before), cached by what
+determines each wheel (envbuild/buildsteps/extensions.py), and recorded in the
 image (/opt/envbuild/built), which the final image copies from the builder."""
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def part(ctx: Context) -> Part:
                 files=step_files("extensions.sh", "nvcc-arch.sh", "extensions.py", "sass_audit.py")
                 + (FileCopy(f"envbuild/{EXTENSION_SPEC}", target),),
                 secrets=PIP_SECRETS, caches=((EXTENSION_CACHE_ID, paths.EXTENSION_CACHE),),
-                comment=f"CUDA extensions {', '.join(e.name for e in resolution.extensions)} compiled "
-                        f"from their sdists for {resolution.arch_list} only, cached by what determines "
-                        f"the wheel; the build fails unless each imports and carries SASS for it")
+                comment=f"CUDA extensions {', '.join(e.name for e in resolution.extensions)}: PyPI's wheel by "
+                        f"hash where one fits, else compiled from the sdist for {resolution.arch_list} only, cached by "
+                        f"what determines the wheel; the build fails unless each imports, carries SASS for it and "
+                        f"links this CUDA major and torch")
     text = json.dumps(spec(resolution, ctx.toolchain_home), indent=2, sort_keys=True) + "\n"
     return Part(builder_steps=(step,), from_builder=(paths.BUILT,), generated=((f"envbuild/{EXTENSION_SPEC}", text),))

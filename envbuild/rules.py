@@ -28,6 +28,9 @@ say which rule rejected what and why. The rule names are stable strings users se
 - ``ext-arch``        a CUDA extension has been built for the image's CPU architecture
 - ``ext-deps``        a CUDA extension's runtime requirements are in the stack's lock (nothing unlocked sneaks in)
 - ``ext-audit``       the stack's toolchain has NVIDIA's cuobjdump, so the extension's SASS can be audited
+- ``ext-source``    a CUDA extension has a source on PyPI that builds (FA3: the sdist lacks its kernels)
+- ``ext-wheel``     a wheel-only extension has a PyPI wheel for the stack's CPU, CUDA major, torch and Python
+- ``ext-needs``     an extension that needs another (mamba-ssm: causal-conv1d) is requested with it
 - ``ext-not-prebuilt`` a package that compiles against torch and CUDA at pip install, and that envbuild does not pre-build, is refused by name
 - ``request``         the stack matches the versions the user asked for
 
@@ -362,6 +365,13 @@ def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[se
     if cpu_arch is not None and cpu_arch not in ext.cpu_arch:
         out.append(Rejection("ext-arch", f"{ext.name} has been built for {', '.join(ext.cpu_arch)} only, the image is "
                                          f"{cpu_arch}"))
+    if ext.unbuildable:
+        out.append(Rejection("ext-source", f"{ext.name} {ext.version} cannot be built: {ext.unbuildable}"))
+    elif ext.sdist is None and cpu_arch is not None:
+        wheel, why = extension_wheel(ext, s, cpu_arch)
+        if wheel is None:
+            out.append(Rejection("ext-wheel", f"no {ext.name} {ext.version} wheel on PyPI fits and it has no sdist to "
+                                              f"compile: {'; '.join(why)}"))
     no_audit = m.bases.toolchains[s.toolchain].audit_missing(s.cuda_toolkit)
     if no_audit:
         out.append(Rejection("ext-audit", f"{ext.name} must pass the SASS audit and {no_audit}"))
@@ -371,6 +381,45 @@ def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[se
             out.append(Rejection("ext-deps", f"{ext.name} needs {', '.join(missing)}, which stack {s.id}'s lock does "
                                              f"not hold (the image installs nothing unlocked)"))
     return out
+
+
+def extension_wheel(ext, s, cpu_arch: str):
+    """(the first of `ext`'s PyPI wheels that fits stack `s` on `cpu_arch`, why each other does
+    not): its CPU architecture, the CUDA major its libraries link (a libcudart.so.12 in a CUDA 13
+    image is a load error), the torch it loads into, its Python tag. None: compile the sdist."""
+    why = []
+    for wheel in ext.wheels:
+        problems = [problem for problem in (
+            wheel.cpu_arch not in ("any", cpu_arch) and f"it is for {wheel.cpu_arch}, the image is {cpu_arch}",
+            wheel.cuda_major and wheel.cuda_major != s.cuda.split(".")[0]
+            and f"it links CUDA {wheel.cuda_major} libraries (libcudart.so.{wheel.cuda_major}), the stack's torch CUDA {s.cuda}",
+            wheel.torch and not contains(wheel.torch, s.torch) and f"it loads into torch {wheel.torch}, the stack has {s.torch}",
+            wheel.python and not contains(wheel.python, s.python) and f"its tag admits Python {wheel.python}",
+        ) if problem]
+        if not problems:
+            return wheel, why
+        why.append(f"{wheel.filename}: {', '.join(problems)}")
+    return None, why
+
+
+def extension_needs(need: str) -> list[str]:
+    """The extensions one `needs:` entry can be: itself, or with {cuda_major} the one of each CUDA
+    major (11 to 19; the stack's own is the one whose CUDA range fits it)."""
+    return [need.format(cuda_major=major) for major in range(11, 20)] if "{cuda_major}" in need else [need]
+
+
+def _check_needs(m, ext, names: tuple[str, ...]) -> None:
+    """Rule ext-needs: an extension that needs another (mamba-ssm: causal-conv1d; Transformer
+    Engine's torch binding: the core wheel of the stack's CUDA major) is refused without it,
+    naming the --ext that works."""
+    wanted = {m.extension(n).name for n in names}
+    for need in ext.needs:
+        choices = [n for n in extension_needs(need) if n in m.extensions]
+        if not wanted & set(choices):
+            fix = ",".join(dict.fromkeys([*choices[-1:], *(m.extension(n).name for n in names)]))
+            raise EnvbuildError(f"--ext {ext.name} needs {' or '.join(choices) or need} in the same image "
+                                f"({ext.sources.get('needs', ext.sources.get('setup.py', ''))}) (rule ext-needs). "
+                                f"Nearest valid choice: --ext {fix} (`envbuild extensions` shows the stacks each fits).")
 
 
 def extension_patches(ext, s) -> list:
@@ -410,6 +459,7 @@ def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
             fits = extension_gpus(m, ext)
             raise EnvbuildError(f"--ext {ext.name}: {why.message} (rule {why.rule}). GPUs it fits: "
                                 f"{', '.join(fits) or 'none'}; drop --ext {ext.name} for {gpu.name}.")
+        _check_needs(m, ext, names)
 
 
 def nvcc_required(m, s, ops: list[str], fabric=None, extensions=()) -> Optional[str]:

@@ -201,20 +201,26 @@ def fabric_json(m: Matrix) -> list[dict]:
 
 
 def extension_fits(m: Matrix, ext) -> tuple[list[str], list[str], dict[str, str]]:
-    """(GPUs it can be built for, x86_64 stacks it builds on, why each other stack cannot): the
-    ext-* rules, for `envbuild extensions` and the docs."""
+    """(GPUs it can be built for, stacks it builds on, each with the CPU architectures, why each
+    other stack cannot): the ext-* rules, for `envbuild extensions` and the docs."""
     gpus = rules.extension_gpus(m, ext)
     stacks, refused = [], {}
     for s in m.stacks:
-        try:
-            lock = stack_lock(m, s, "x86_64")
-        except EnvbuildError:
-            lock = None
-        why = rules.extension_rejections(m, s, ext, "x86_64", set(lock.pins()) if lock else None)
-        if why:
-            refused[s.id] = "; ".join(f"[{r.rule}] {r.message}" for r in why)
+        fits, why = [], []
+        for arch in m.stack_arches(s):
+            try:
+                lock = stack_lock(m, s, arch)
+            except EnvbuildError:
+                lock = None
+            rejections = rules.extension_rejections(m, s, ext, arch, set(lock.pins()) if lock else None)
+            if rejections:
+                why += [f"[{r.rule}] {r.message}" for r in rejections if f"[{r.rule}] {r.message}" not in why]
+            else:
+                fits.append(arch)
+        if fits:
+            stacks.append(f"{s.id} ({', '.join(fits)})")
         else:
-            stacks.append(s.id)
+            refused[s.id] = "; ".join(why)
     return gpus, stacks, refused
 
 
@@ -232,8 +238,16 @@ def extension_fields(e: dict) -> list[tuple[str, str]]:
             ("GPUs", f"compute capability >= {e['min_cc']}, hosts {', '.join(e['cpu_arch'])}: {', '.join(e['gpus'])}"),
             ("stacks", ", ".join(e["stacks"]) or "none"),
             *((f"not {sid}", why) for sid, why in e["refused"].items()),
-            ("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),
-            ("build", f"{e['memory_per_job_gib']:g} GiB per compile job; {e['build_time']}"),
+            *((("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),) if e.get("sdist") else ()),
+            *((f"wheel {w['cpu_arch']}", f"{w['url']} (sha256 {w['sha256']})") for w in e.get("wheels", [])),
+            *((("not buildable", e["unbuildable"]),) if e.get("unbuildable") else ()),
+            *((("needs", ", ".join(e["needs"])),) if e.get("needs") else ()),
+            *((("stable ABI", f"torch {e['stable_abi']}: cached by CUDA major and arches only"),)
+              if e.get("stable_abi") else ()),
+            *((("run-time compile", f"{e['run_time_compile']['image']} ({e['run_time_compile']['source']})"),)
+              if e.get("run_time_compile") else ()),
+            ("build", (f"{e['memory_per_job_gib']:g} GiB per compile job; " if e.get("memory_per_job_gib") else "")
+             + e["build_time"]),
             *((f"patch {p['file']}", f"for torch {p['torch']}: {' '.join(p['old'].split())} -> "
                                      f"{' '.join(p['new'].split())} ({p['source']})") for p in e.get("patches", [])),
             *((f"source {k}", v) for k, v in e["sources"].items())]

@@ -39,13 +39,18 @@ FIXTURES = ROOT / "tests" / "fixtures" / "extensions"
 
 def test_every_extension_fact_names_a_public_source(production_matrix):
     for ext in production_matrix.extensions.values():
-        assert ext.sdist.url.startswith("https://files.pythonhosted.org/packages/")
-        assert ext.sdist.url.endswith("/" + ext.sdist.filename)
-        assert ext.sdist.filename == f"{ext.name.replace('-', '_')}-{ext.version}.tar.gz"
+        for file in [*([ext.sdist] if ext.sdist else []), *ext.wheels]:
+            assert file.url.startswith("https://files.pythonhosted.org/packages/")
+            assert file.url.endswith("/" + file.filename)
+        if ext.sdist and not ext.subdirectory:
+            assert ext.sdist.filename == f"{ext.name.replace('-', '_')}-{ext.version}.tar.gz"
+        for wheel in ext.wheels:
+            assert wheel.filename.startswith(f"{ext.name.replace('-', '_')}-{ext.version}-")
         for fact in ("setup.py", "min_cc", "torch", "cuda", "python", "sdist"):
             source = ext.sources[fact]
-            assert re.search(r"https://\S+|\.tar\.gz (setup\.py|README\.md)", source), (ext.name, fact, source)
-        assert ext.modules and ext.packages and ext.memory_per_job_gib > 0
+            assert re.search(r"https://\S+|\.tar\.gz |wheel|cuobjdump|core", source), (ext.name, fact, source)
+        assert ext.modules or ext.packages
+        assert ext.memory_per_job_gib or not ext.sdist or ext.unbuildable
     tags = [e.tag for e in production_matrix.extensions.values()]
     assert len(tags) == len(set(tags))
 
@@ -68,15 +73,19 @@ def test_a_gpu_below_the_extensions_floor_is_refused_naming_the_gpus_that_fit(ma
 
 def test_every_gpu_named_as_a_fit_is_one_a_render_accepts(matrix):
     """The fit list of rule ext-gpu passes rule ext-arch too: no Grace (aarch64-only) GPU is
-    offered for an extension built for x86_64 only."""
+    offered for an extension built for x86_64 only, and every Grace GPU for flash-attn, which
+    builds on aarch64."""
     with pytest.raises(EnvbuildError) as e:
         resolve(matrix, Request(gpu="v100", extensions=("flash-attn",)))
     fits = str(e.value).split("GPUs it fits: ")[1].split(";")[0].split(", ")
-    assert "h100" in fits and not {"gh200", "gb200"} & set(fits), fits
+    assert {"h100", "gh200", "gb200", "gb300", "gb10"} <= set(fits), fits
     for gpu in fits:
         resolve(matrix, Request(gpu=gpu, extensions=("flash-attn",)))
-    with pytest.raises(EnvbuildError, match=r"flash-attn has been built for x86_64 only, the image is aarch64"):
-        resolve(matrix, Request(gpu="gh200", extensions=("flash-attn",)))
+    with pytest.raises(EnvbuildError) as e:
+        resolve(matrix, Request(gpu="v100", extensions=("causal-conv1d",)))
+    assert "gh200" not in str(e.value).split("GPUs it fits: ")[1]
+    with pytest.raises(EnvbuildError, match=r"causal-conv1d has been built for x86_64 only, the image is aarch64"):
+        resolve(matrix, Request(gpu="gh200", extensions=("causal-conv1d",)))
 
 
 @pytest.mark.parametrize("given", ["flash-attn==9.9", "Flash_Attn==2.8.3.post2", "flash-attn[x]", "flash-attn>=2"])
@@ -96,7 +105,7 @@ def test_every_refusal_reason_is_in_the_build_script_it_cites(production_matrix)
     """Each not_prebuilt entry cites a file of its named release: every 'WORD (line N)' it cites
     is on that line of the verbatim file kept here, and PyPI's JSON for that version is named."""
     entries = production_matrix.extensions_file.not_prebuilt
-    assert {n.name for n in entries} >= {"mamba-ssm", "natten", "transformer-engine-torch"}
+    assert {n.name for n in entries} >= {"natten"}
     for n in entries:
         sdist = f"{n.name.replace('-', '_')}-{n.version}.tar.gz"
         assert n.source.startswith(sdist + " ") and f"https://pypi.org/pypi/{n.name}/{n.version}/json" in n.source
@@ -111,8 +120,8 @@ def test_every_refusal_reason_is_in_the_build_script_it_cites(production_matrix)
 
 def test_a_package_envbuild_does_not_prebuild_is_refused_by_ext_and_by_extend_before_uv(tmp_path):
     out = tmp_path / "out"
-    r = run_here("render", "--gpu", "h100", "--ext", "mamba_ssm", "-o", str(out))
-    assert r.returncode == 2 and "rule ext-not-prebuilt" in r.stderr and "MAMBA_FORCE_BUILD" in r.stderr, r.stderr
+    r = run_here("render", "--gpu", "h100", "--ext", "NATTEN", "-o", str(out))
+    assert r.returncode == 2 and "rule ext-not-prebuilt" in r.stderr and "NATTEN_CUDA_ARCH" in r.stderr, r.stderr
     assert "Pre-built: flash-attn, causal-conv1d" in r.stderr and "Traceback" not in r.stderr
     req = tmp_path / "r.txt"
     req.write_text("einops\nnatten>=0.17\n")
@@ -121,21 +130,21 @@ def test_a_package_envbuild_does_not_prebuild_is_refused_by_ext_and_by_extend_be
     assert "WITHOUT libnatten" in r.stderr and f"Remove it from {req}" in r.stderr
     assert not out.exists()
     listed = run_here("extensions").stdout
-    assert "not pre-built" in listed and "mamba-ssm 2.3.2.post1" in listed.split("not pre-built")[1]
+    assert "not pre-built" in listed and "natten 0.21.7" in listed.split("not pre-built")[1]
 
 
 def test_extend_refuses_a_package_that_pulls_in_one_envbuild_does_not_prebuild(matrix, monkeypatch):
     """uv's output is stood in for (the real uv resolves in test_extend.py): a requirement whose
-    dependency is mamba-ssm is refused naming what pulled it in."""
+    dependency is natten is refused naming what pulled it in."""
     from envbuild import extend
     uv_output = ("some-model-zoo==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via -r inputs\n"
-                 "mamba-ssm==2.3.2.post1 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via some-model-zoo\n")
+                 "natten==0.21.7 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via some-model-zoo\n")
     monkeypatch.setattr(extend, "_compile_layer", lambda *a: uv_output)
     resolution = resolve(matrix, Request(gpu="h100", stack="torch2.11-cu130-py3.12"))
     with pytest.raises(EnvbuildError) as e:
         extend.resolve_layer(matrix, resolution, ["some-model-zoo"], "r.txt")
-    assert str(e.value).startswith("r.txt: the requirements pull in mamba-ssm==2.3.2.post1 (via some-model-zoo): "
-                                   "mamba-ssm compiles against torch"), str(e.value)
+    assert str(e.value).startswith("r.txt: the requirements pull in natten==0.21.7 (via some-model-zoo): "
+                                   "natten compiles against torch"), str(e.value)
 
 
 @pytest.mark.parametrize("field, what", [("torch", "torch"), ("cuda", "CUDA"), ("python", "Python")])

@@ -13,6 +13,7 @@ built, with the wheel's sha256, goes to the record and lock files the final imag
 """
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -132,6 +133,29 @@ def apply_patches(tree: Path, patches: list, name: str) -> None:
         log(f"{name}: patched {patch['file']}: {patch['old'].strip()} -> {patch['new'].strip()} ({patch['source']})")
 
 
+def sdist_project(filename: str) -> tuple[str, str]:
+    """The distribution and version an sdist file is of ('flash_attn-2.8.3.post2.tar.gz' ->
+    ('flash_attn', '2.8.3.post2')): FA3 is built from flash-attn's sdist, so pip downloads that
+    one by its own name and hash."""
+    stem = filename[:-len(".tar.gz")] if filename.endswith(".tar.gz") else filename.rsplit(".", 1)[0]
+    project, _, version = stem.rpartition("-")
+    return project, version
+
+
+def fetch_wheel(entry: dict, work: Path) -> Path:
+    """The PyPI wheel the plan chose for this stack (rules.extension_wheel), downloaded by pip with
+    its sha256 required: a wheel is installed only as the matrix recorded it."""
+    wheel = entry["wheel"]
+    req = work / "wheel.txt"
+    req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{wheel['sha256']}\n")
+    out = work / "download"
+    pip("download", "--no-deps", "--only-binary", ":all:", "--require-hashes", "-r", str(req), "-d", str(out))
+    found = out / wheel["filename"]
+    if not found.is_file() or sha256(found) != wheel["sha256"]:
+        fail(f"{entry['name']}: pip did not download {wheel['filename']} with sha256 {wheel['sha256']}")
+    return found
+
+
 def source_tree(entry: dict, cache: Path, env: dict) -> Path:
     """The unpacked, patched sdist to compile in, at a path that depends only on the wheel's cache
     key, kept in the cache until the wheel is stored: a build cut off (Ctrl-C, a killed CI job, a
@@ -144,17 +168,18 @@ def source_tree(entry: dict, cache: Path, env: dict) -> Path:
     if stamp.is_file() and stamp.read_text().strip() == sdist["sha256"]:
         tops = [d for d in (partial / "src").iterdir() if d.is_dir()]
         if len(tops) == 1:
-            return tops[0]
+            return tops[0] / (entry.get("subdirectory") or "")
     shutil.rmtree(partial, ignore_errors=True)  # a cut-off unpack: only envbuild writes here
     partial.mkdir(parents=True)
     download = partial / "sdist"
     req = partial / "sdist.txt"
-    req.write_text(f"{entry['name']}=={entry['version']} --hash=sha256:{sdist['sha256']}\n")
-    pip("download", "--no-deps", "--no-build-isolation", "--no-binary", entry["name"], "--require-hashes",
+    project, version = sdist_project(sdist["filename"])
+    req.write_text(f"{project}=={version} --hash=sha256:{sdist['sha256']}\n")
+    pip("download", "--no-deps", "--no-build-isolation", "--no-binary", project, "--require-hashes",
         "-r", str(req), "-d", str(download), env=env)  # its metadata step runs setup.py: CUDA_HOME
     if not (download / sdist["filename"]).is_file():
         fail(f"{entry['name']}: pip did not download {sdist['filename']}")
-    tree = unpack(download / sdist["filename"], partial / "src")
+    tree = unpack(download / sdist["filename"], partial / "src") / (entry.get("subdirectory") or "")
     apply_patches(tree, entry.get("patches", []), entry["name"])
     shutil.rmtree(download)
     stamp.write_text(sdist["sha256"] + "\n")
@@ -339,6 +364,29 @@ def shared_libraries(name: str) -> list[Path]:
     return sorted(Path(f.locate()) for f in dist.files if f.name.endswith(".so") or ".so." in f.name)
 
 
+def audit_libraries(entry: dict, arch_list: str, cuobjdump: str) -> dict:
+    """One audit for a compiled wheel and a PyPI one: every shared library carries SASS for each
+    arch (a host-only library, TE's torch binding, may carry none), needs no CUDA library of
+    another major and no torch symbol this torch does not define; the build fails naming what
+    does not fit."""
+    libs = shared_libraries(entry["name"])
+    if not libs and entry.get("device_code", True):
+        fail(f"{entry['name']}: the wheel has no compiled library: the build compiled nothing")
+    if not libs:
+        return {"libraries": {}, "problems": [], "summary": "pure Python"}
+    audit = sass_audit.audit(libs, arch_list, cuobjdump, require_device_code=entry.get("device_code", True))
+    spec_origin = importlib.util.find_spec("torch")
+    known = sass_audit.torch_symbols(Path(spec_origin.origin).parent / "lib") if spec_origin else None
+    if known is not None:
+        known |= {s for lib in libs for s in sass_audit.elf_dynamic(lib)[2]}  # its own libraries define some
+    problems = [*audit["problems"], *(p for lib in libs for p in sass_audit.link_problems(lib, entry["cuda_major"], known))]
+    if problems:
+        fail(f"{entry['name']}: " + "; ".join(problems))
+    log(f"{entry['name']}: SASS for {arch_list} in every library, CUDA {entry['cuda_major']} and this torch's "
+        f"symbols only ({audit['summary']})")
+    return audit
+
+
 def remove_stale_trees(cache: Path) -> None:
     """An interrupted compile that no build has resumed for STALE_DAYS (its extension version or
     stack changed since) would hold its objects in the cache forever (flash-attn's: GBs)."""
@@ -362,8 +410,11 @@ def main(spec_path: str) -> None:
     cuobjdump = sass_audit.find_cuobjdump(spec["cuda_home"])
     for entry in spec["extensions"]:
         work = Path(tempfile.mkdtemp(prefix=f"ext-{entry['name']}-", dir=os.environ.get("ENVBUILD_TMP")))
-        wheel = cached_wheel(entry, cache)
-        if wheel is not None:
+        wheel = fetch_wheel(entry, work) if entry.get("wheel") else cached_wheel(entry, cache)
+        if entry.get("wheel"):
+            log(f"{entry['name']} {entry['version']}: PyPI's {wheel.name} fits this stack: audited, not compiled")
+            facts = {"cache": "pypi-wheel", "url": entry["wheel"]["url"]}
+        elif wheel is not None:
             log(f"{entry['name']} {entry['version']}: cached wheel {wheel.name} (key {entry['cache_key']}): not compiled again")
             # a compile cut off before this wheel came in from elsewhere (envbuild ext-cache load)
             shutil.rmtree(cache / entry["name"] / entry["cache_key"] / PARTIAL, ignore_errors=True)
@@ -378,13 +429,7 @@ def main(spec_path: str) -> None:
                 f"(largest compile process {facts['peak_rss_mib']} MiB)")
         digest = install(wheel, entry, work)
         check_imports(entry)
-        libs = shared_libraries(entry["name"])
-        if not libs:
-            fail(f"{entry['name']}: the wheel has no compiled library: the build compiled nothing")
-        audit = sass_audit.audit(libs, spec["arch_list"], cuobjdump, require_device_code=True)
-        if audit["problems"]:
-            fail(f"{entry['name']}: " + "; ".join(audit["problems"]))
-        log(f"{entry['name']}: SASS for {spec['arch_list']} in every library ({audit['summary']})")
+        audit = audit_libraries(entry, spec["arch_list"], cuobjdump)
         records.append({"name": entry["name"], "version": entry["version"], "wheel": wheel.name, "sha256": digest,
                         "cache_key": entry["cache_key"], "arch_list": spec["arch_list"], "build": facts,
                         "sass": audit["libraries"], "determines": entry["determines"]})

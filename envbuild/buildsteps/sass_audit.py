@@ -18,6 +18,7 @@ at build time. Used by extensions.py and, for the DeepSpeed ops, by deepspeed.sh
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,70 @@ def audit(libs, arch_list: str, cuobjdump: str, require_device_code: bool) -> di
                             f"{', '.join(codes)}): it would fail with 'no kernel image is available'")
     summary = ", ".join(f"{name}: {' '.join(codes) or 'host only'}" for name, codes in result.items())
     return {"libraries": result, "problems": problems, "summary": summary}
+
+
+# CUDA libraries whose soname major is the CUDA major (libcudart.so.12 is CUDA 12's runtime);
+# cuFFT, cuSPARSE, cuSOLVER and cuRAND number their sonames on their own, so they are not read.
+_CUDA_SONAME = re.compile(r"lib(cudart|cublas|cublasLt|nvrtc|nvJitLink)\.so\.(\d+)\Z")
+_TORCH_SYMBOL = re.compile(r"_ZN(3c10|2at|5torch)|aoti_torch_|torch_")
+
+
+def elf_dynamic(path) -> tuple[list[str], set[str], set[str]]:
+    """(NEEDED libraries, undefined symbols, defined symbols) of a 64-bit little-endian ELF shared
+    library, from its section headers (.dynamic, .dynsym and their string tables): what the dynamic
+    loader reads, without readelf (the builder may not have binutils). Weak undefined symbols are
+    left out: the loader accepts them missing."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+    def text(strtab: int, offset: int) -> str:
+        start = sections[strtab][4] + offset
+        return data[start:data.index(b"\0", start)].decode(errors="replace")
+
+    needed, undefined, defined = [], set(), set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind == 6:  # SHT_DYNAMIC: (tag, value) pairs; DT_NEEDED = 1
+            for at in range(offset, offset + size, 16):
+                tag, value = struct.unpack_from("<qQ", data, at)
+                if tag == 1:
+                    needed.append(text(link, value))
+        elif kind == 11:  # SHT_DYNSYM
+            for at in range(offset + entsize, offset + size, entsize):
+                name, info, _, shndx = struct.unpack_from("<IBBH", data, at)
+                symbol = text(link, name)
+                if symbol and shndx == 0 and info >> 4 != 2:
+                    undefined.add(symbol)
+                elif symbol and shndx != 0:
+                    defined.add(symbol)
+    return needed, undefined, defined
+
+
+def link_problems(lib, cuda_major: str, torch_symbols=None) -> list[str]:
+    """Why `lib` cannot load in this image: a CUDA library of another major (libcudart.so.12 in a
+    CUDA 13 image: the wheel was built for another CUDA) or a torch symbol this torch's libraries
+    do not define (`torch_symbols`: built against another torch's C++ ABI; None: not checked)."""
+    needed, undefined, _ = elf_dynamic(lib)
+    name, problems = Path(lib).name, []
+    for soname in needed:
+        found = _CUDA_SONAME.match(soname)
+        if found and found.group(2) != cuda_major:
+            problems.append(f"{name} needs {soname}, a CUDA {found.group(2)} library, and the image is CUDA "
+                            f"{cuda_major} (built for another CUDA major)")
+    if torch_symbols is not None:
+        missing = sorted(s for s in undefined if _TORCH_SYMBOL.match(s) and s not in torch_symbols)
+        if missing:
+            problems.append(f"{name} needs {len(missing)} torch symbol(s) this torch's libraries do not define, such "
+                            f"as {missing[0]} (built against another torch)")
+    return problems
+
+
+def torch_symbols(torch_lib: Path) -> set[str]:
+    """Every symbol torch's own shared libraries define (torch/lib/*.so)."""
+    return {s for lib in sorted(Path(torch_lib).glob("*.so*")) for s in elf_dynamic(lib)[2]}
 
 
 def main(argv: list[str]) -> int:

@@ -209,8 +209,22 @@ def check_extensions(manifest: dict, res: dict, record_path: str | None = None) 
                      else f"; GPU check FAILED {gpu['detail']}")
         elif got.get("gpu_skipped"):
             part += f"; GPU check not run ({got['gpu_skipped']})"
-        parts.append(part)
+        parts.append(part + _run_time_compile(ext))
     return ok, "; ".join(parts)
+
+
+def _run_time_compile(ext: dict) -> str:
+    """Where an extension that compiles its kernels at first call (FA4's CuTe DSL) keeps them in
+    this container: the per-job node-local directory env.sh set, or memory only (every process
+    compiles again) where its cache is off."""
+    jit = ext.get("run_time_compile")
+    if not jit:
+        return ""
+    enabled = not jit.get("enable_env") or os.environ.get(jit["enable_env"]) == "1"
+    where = os.environ.get(jit["cache_env"]) if enabled else None
+    return (f"; kernels compile at first call into {where} ({jit['cache_env']}, per job and node)" if where else
+            f"; kernels compile at first call and are kept in memory only ({jit.get('enable_env')} is not 1: "
+            f"each process compiles them again)")
 
 
 # ----------------------------------------------------------------------------- image contents

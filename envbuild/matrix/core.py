@@ -134,6 +134,9 @@ class Matrix:
         wanted = re.sub(r"[-_.]+", "-", name.strip()).lower()
         if wanted in self.extensions:
             return self.extensions[wanted]
+        aliased = next((e for e in self.extensions.values() if wanted in e.aliases), None)
+        if aliased is not None:
+            return aliased
         why = rules.extension_not_prebuilt(self, wanted)
         if why:
             raise EnvbuildError(f"--ext {shown(name)}: {why.message} (rule {why.rule}). Pre-built: "

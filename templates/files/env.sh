@@ -15,6 +15,9 @@
 #    VLLM_CACHE_ROOT            vLLM's torch.compile and kernel caches (~/.cache/vllm)
 #    FLASHINFER_WORKSPACE_BASE  FlashInfer's JIT-built kernels (under ~/.cache)
 #    HF_MODULES_CACHE           transformers' trust_remote_code modules (~/.cache/huggingface)
+#    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR  FlashAttention 4's CuTe DSL kernels (flash_attn/cute/
+#                               cache_utils.py; off unless FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1,
+#                               which is set here when unset: compiled once per job and node)
 # 0. The image's venv first on PATH: pyxis/enroot and Apptainer start a step with the job's PATH,
 #    where `python` is the host's or none (seen under pyxis 0.24: "exec: python: not found").
 case ":${PATH:-}:" in
@@ -30,7 +33,7 @@ _envbuild_dir=${ENVBUILD_LOCAL_DIR:-${TMPDIR:-/tmp}}
 for _envbuild_cache in TORCH_EXTENSIONS_DIR:torch_extensions TRITON_CACHE_DIR:triton \
         TORCHINDUCTOR_CACHE_DIR:torchinductor PYTORCH_KERNEL_CACHE_PATH:torch_kernels \
         CUDA_CACHE_PATH:cuda_cache VLLM_CACHE_ROOT:vllm FLASHINFER_WORKSPACE_BASE:flashinfer \
-        HF_MODULES_CACHE:hf_modules; do
+        HF_MODULES_CACHE:hf_modules FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:flash_attention_cute_dsl; do
     _envbuild_var=${_envbuild_cache%%:*}
     eval "_envbuild_have=\${${_envbuild_var}:-}"  # the names are the literals above
     if [ -z "$_envbuild_have" ]; then
@@ -38,6 +41,8 @@ for _envbuild_cache in TORCH_EXTENSIONS_DIR:torch_extensions TRITON_CACHE_DIR:tr
     fi
 done
 unset _envbuild_cache _envbuild_var _envbuild_have
+FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=${FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED:-1}
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED
 
 # 1b. The NCCL flight recorder's dump (written by each rank when a collective times out: the
 #    record of which rank and op stopped, field report 4) goes to a per-job directory on a path

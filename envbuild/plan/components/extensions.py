@@ -1,6 +1,7 @@
-"""The CUDA extensions (--ext: flash-attn, causal-conv1d): compiled from their hash-checked
-sdists for the GPU's arches only, after DeepSpeed (an image without extensions shares every
-layer before), cached by what determines each wheel (envbuild/buildsteps/extensions.py), and recorded in the
+"""The CUDA extensions (--ext: flash-attn, causal-conv1d, xformers, ...): PyPI's wheel by hash
+where one fits the stack, else compiled from their hash-checked sdists for the GPU's arches only,
+after DeepSpeed (an image without extensions shares every layer before), cached by what
+determines each wheel (envbuild/buildsteps/extensions.py), and recorded in the
 image (/opt/envbuild/built), which the final image copies from the builder."""
 
 from __future__ import annotations
@@ -23,35 +24,76 @@ EXTENSION_CACHE_ID = "envbuild-ext"  # the BuildKit cache mount shared by every 
 EXTENSION_BUILD_RECIPE = 2
 
 
+def _torch_build(resolution: Resolution) -> str:
+    """torch's exact build: the hash of its lock block, or its version, CUDA and index."""
+    stack, lock = resolution.stack, resolution.lock
+    return (hashlib.sha256(next(p.block for p in lock.sections["venv"] if p.key == "torch").encode()).hexdigest()
+            if lock else f"torch=={stack.torch}+cu{stack.cuda} from {resolution.torch_index or 'PyPI'}")
+
+
+def stable_abi(ext, stack) -> bool:
+    """Is `ext` built against torch's stable C ABI for this stack's torch (xformers: only the
+    aoti_torch_* shim, no C++ symbol of torch's)? Then the wheel depends on the CUDA major and the
+    arches, not on torch's exact build, nvcc's minor or the Python (an abi-none wheel)."""
+    return bool(ext.stable_abi) and rules.contains(ext.stable_abi, stack.torch)
+
+
+def _determines(ext, resolution: Resolution, build_env: dict, patches: list) -> dict:
+    """Everything that determines the compiled wheel (its cache key): with the stable ABI, the
+    CUDA major and the arches (GPU and CPU) only, so one compile serves every stack it fits."""
+    stack = resolution.stack
+    common = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
+              "sdist_sha256": ext.sdist.sha256, "cpu_arch": resolution.arch, "arch_list": resolution.arch_list,
+              "build_env": build_env, **({"patches": patches} if patches else {})}
+    if stable_abi(ext, stack):
+        return {**common, "torch": f"stable ABI {ext.stable_abi}", "cuda_major": stack.cuda.split(".")[0]}
+    return {**common, "torch": _torch_build(resolution), "cuda": stack.cuda, "python": stack.python,
+            "nvcc": stack.cuda_toolkit or resolution.base_images["builder"]}
+
+
+def _ordered(extensions) -> list:
+    """The request's extensions, each after those it needs (mamba-ssm after causal-conv1d): its
+    import check imports them."""
+    names = {e.name for e in extensions}
+    needed = {n for e in extensions for need in e.needs for n in rules.extension_needs(need) if n in names}
+    return sorted(extensions, key=lambda e: e.name not in needed)
+
+
+def _entry(ext, resolution: Resolution) -> dict:
+    """One extension of extensions.json: the PyPI wheel that fits the stack (rules.extension_wheel,
+    installed by hash and audited like a compiled one), else its sdist to compile."""
+    stack, arches = resolution.stack, [a for a in resolution.arch_list.split(";") if a]
+    wheel = rules.extension_wheel(ext, stack, resolution.arch)[0] if ext.wheels else None
+    common = {"name": ext.name, "version": ext.version, "packages": ext.packages, "modules": ext.modules,
+              "requires": ext.requires, "build_only": ext.build_only, "device_code": ext.device_code,
+              "cuda_major": stack.cuda.split(".")[0]}
+    if wheel is not None or ext.sdist is None:
+        determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
+                      "wheel_sha256": wheel.sha256 if wheel else None}
+        return {**common, "wheel": wheel.model_dump() if wheel else None, "sdist": None, "build_requires": [],
+                "build_env": {}, "patches": [], "stable_abi": False, "determines": determines,
+                "cache_key": hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]}
+    arch_value = ";".join(a.replace(".", "").replace("+PTX", "") for a in arches) if ext.arch_env else ""
+    build_env = {**ext.build_env, **({ext.arch_env: arch_value} if ext.arch_env else {})}
+    patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source}
+               for p in rules.extension_patches(ext, stack)]
+    determines = _determines(ext, resolution, build_env, patches)
+    return {**common, "wheel": None, "sdist": ext.sdist.model_dump(), "subdirectory": ext.subdirectory,
+            "build_requires": ext.build_requires, "build_env": build_env,
+            "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads, "patches": patches,
+            "stable_abi": stable_abi(ext, stack), "determines": determines,
+            "cache_key": hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]}
+
+
 def spec(resolution: Resolution, cuda_home: Optional[str]) -> dict:
     """What extensions.py builds, and the cache key of each wheel: everything that determines the
     compiled file (the sdist by hash, torch's exact build, nvcc, Python, CPU architecture, the
     arch list, the build variables, the recipe), so a second GPU with the same arch list, a
-    rebuild or another stack with the same torch build reuses it, and any change rebuilds it."""
-    stack, lock = resolution.stack, resolution.lock
-    torch_build = (hashlib.sha256(next(p.block for p in lock.sections["venv"] if p.key == "torch").encode()).hexdigest()
-                   if lock else f"torch=={stack.torch}+cu{stack.cuda} from {resolution.torch_index or 'PyPI'}")
-    arches = [a for a in resolution.arch_list.split(";") if a]
-    out = []
-    for ext in resolution.extensions:
-        arch_value = ";".join(a.replace(".", "").replace("+PTX", "") for a in arches) if ext.arch_env else ""
-        build_env = {**ext.build_env, **({ext.arch_env: arch_value} if ext.arch_env else {})}
-        patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source}
-                   for p in rules.extension_patches(ext, stack)]
-        determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
-                      "sdist_sha256": ext.sdist.sha256, "torch": torch_build, "cuda": stack.cuda,
-                      "nvcc": stack.cuda_toolkit or resolution.base_images["builder"], "python": stack.python, "cpu_arch": resolution.arch,
-                      "arch_list": resolution.arch_list, "build_env": build_env,
-                      **({"patches": patches} if patches else {})}
-        key = hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]
-        out.append({"name": ext.name, "version": ext.version, "sdist": ext.sdist.model_dump(),
-                    "packages": ext.packages, "modules": ext.modules, "requires": ext.requires,
-                    "build_only": ext.build_only, "build_requires": ext.build_requires, "build_env": build_env,
-                    "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads,
-                    "patches": patches, "cache_key": key, "determines": determines})
+    rebuild or another stack with the same torch build reuses it, and any change rebuilds it; an
+    extension on torch's stable ABI is keyed by CUDA major and arches only (_determines)."""
     return {"arch_list": resolution.arch_list, "cuda_home": cuda_home or "", "cache": paths.EXTENSION_CACHE,
-            "record": paths.EXTENSIONS_RECORD, "lock": paths.EXTENSIONS_LOCK, "locked": lock is not None,
-            "extensions": out}
+            "record": paths.EXTENSIONS_RECORD, "lock": paths.EXTENSIONS_LOCK, "locked": resolution.lock is not None,
+            "extensions": [_entry(ext, resolution) for ext in _ordered(resolution.extensions)]}
 
 
 def part(ctx: Context) -> Part:
@@ -64,8 +106,9 @@ def part(ctx: Context) -> Part:
                 + (FileCopy(f"envbuild/{EXTENSION_SPEC}", target),),
                 secrets=(*PIP_SECRETS, compilecache.SECRET), caches=((EXTENSION_CACHE_ID, paths.EXTENSION_CACHE),),
                 env=compilecache.env(ctx),
-                comment=f"CUDA extensions {', '.join(e.name for e in resolution.extensions)} compiled "
-                        f"from their sdists for {resolution.arch_list} only, cached by what determines "
-                        f"the wheel; the build fails unless each imports and carries SASS for it")
+                comment=f"CUDA extensions {', '.join(e.name for e in resolution.extensions)}: PyPI's wheel by "
+                        f"hash where one fits, else compiled from the sdist for {resolution.arch_list} only, cached by "
+                        f"what determines the wheel; the build fails unless each imports, carries SASS for it and "
+                        f"links this CUDA major and torch")
     text = json.dumps(spec(resolution, ctx.toolchain_home), indent=2, sort_keys=True) + "\n"
     return Part(builder_steps=(step,), from_builder=(paths.BUILT,), generated=((f"envbuild/{EXTENSION_SPEC}", text),))

@@ -1,19 +1,23 @@
-"""The publish job's layer cache (envbuild/build.py LayerCache), measured in one run on this
-machine: the CI stack's h20 image (DeepSpeed's cpu_adam and fused_adam compiled for sm_90) built
-on an **empty engine** three ways, each a Docker engine of its own started for it (its own data
-root and containerd: what a fresh CI runner has), against a registry of the bench's own:
+"""What a republish costs with the caches of issue "cost at matrix scale", measured in one run on
+this machine: the CI stack's h20 image (DeepSpeed's cpu_adam and fused_adam compiled for sm_90)
+built on an **empty engine** each time (a dockerd of its own, its own data root and containerd:
+what a fresh CI runner has, BuildKit's cache mounts empty too), against a registry and a Redis of
+the bench's own:
 
-1. **cold, no cache** (the baseline: what every publish run did before);
-2. **cold, exporting the cache** (the first run of a job: it also pushes the builder stage and the
-   image with its inline cache);
-3. **warm** (a republish of the unchanged job: imports both references and builds nothing).
+1. **baseline**: cold, no cache (what every publish run did before);
+2. **cold**: the first run of a job: exports the layer cache (the builder stage and the image with
+   its inline cache) and fills the compile cache (sccache on Redis, `--compile-cache`);
+3. **warm**: a republish of the unchanged job: imports both layer references and builds nothing;
+4. **one more op**: the same job with fused_lamb added: the layers up to DeepSpeed's step are
+   pulled, DeepSpeed's wheel has a new key, and the compile cache serves every unit but
+   fused_lamb's.
 
-For each: wall time, the BuildKit steps that ran (a `RUN` that ran is work; `CACHED` is not), and
-of those the compiling ones (DeepSpeed's op build, the CUDA extensions: every nvcc and g++ of the
-image runs inside them, so a build in which neither ran invoked no compiler). The ratio is warm /
-baseline.
+For each: wall time, the BuildKit `RUN` steps that ran, the compiling steps among them
+(DeepSpeed's op build, the CUDA extensions), and the units the compilers compiled: the compile
+cache's misses by category (`c++ [gcc]`, `cuda [nvcc]`, `ptx [cicc]`, `cubin [ptxas]`) from each
+step's `envbuild: compiles` line, and its hits. The ratio is each run's wall time / baseline's.
 
-    python bench/layer_cache.py          # about 40 minutes on 2 cores, 25 GB of disk
+    python bench/layer_cache.py          # about an hour on 2 cores, 30 GB of disk; redis-server
 
 The engines start with only the debootstrap base loaded (`docker save | docker load`): no registry
 serves local/debian, and the same image ID keeps the cache keys equal across engines.
@@ -21,10 +25,13 @@ serves local/debian, and the same image ID keeps the cache keys equal across eng
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -69,19 +76,46 @@ def empty_engine(work: Path, name: str):
         shutil.rmtree(exec_root, ignore_errors=True)
 
 
-def build(build_dir: Path, cache) -> dict:
+def build(build_dir: Path, cache, compile_cache: str | None) -> dict:
     """One build of `build_dir` on the current engine; wall time, steps that ran, compiles."""
     from envbuild.build import build_image
     from envbuild.engine import BuildSecrets
     from envbuild.engine.docker import DockerEngine
+    from envbuild.validate import compile_cache_secret
 
+    secrets = BuildSecrets(ca_cert=Path(CA), compile_cache=compile_cache_secret(compile_cache, {}) if compile_cache else None)
     start = time.monotonic()
-    result = build_image(build_dir, "bench", "envbuild-bench-cache", BuildSecrets(ca_cert=Path(CA)),
+    result = build_image(build_dir, "bench", "envbuild-bench-cache", secrets,
                          engine=DockerEngine(), cache=cache, say=lambda t: print(f"  {t}", flush=True))
     seconds = time.monotonic() - start
     ran = [name for name, _ in result.steps if " RUN " in f" {name} "]
     compiling = [name for name in ran if any(step in name for step in COMPILING)]
-    return {"seconds": seconds, "ran": len(ran), "compiles": len(compiling), "image": result.image_id}
+    units = {"hits": collections.Counter(), "misses": collections.Counter(), "runs": collections.Counter()}
+    for line in re.findall(r"envbuild: compiles (\{.*\})$", result.log.read_text(errors="replace"), re.M):
+        for what, counts in json.loads(line).items():
+            units.setdefault(what, collections.Counter()).update(counts)
+    return {"seconds": seconds, "ran": len(ran), "compiles": len(compiling), "image": result.image_id,
+            "units": {k: dict(v) for k, v in units.items()}}
+
+
+@contextlib.contextmanager
+def own_redis(work: Path):
+    """Debian's redis-server on a free port of 127.0.0.1: the compile cache's store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly",
+                             "no", "--dir", str(work)], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def _by_category(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "0"
 
 
 def main() -> None:
@@ -90,23 +124,30 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-cache-", dir="/var/tmp"))
     registry, host = own_registry(work)
     try:
-        out = work / "h20"
-        envbuild("render", "--gpu", "h20", "--stack", STACK, "--ds-ops", "cpu_adam,fused_adam", "--base-image", BASE,
-                 "-o", str(out))
-        cache = LayerCache(builder=f"{host}/envbuild-cache:h20-amd64-builder", final=f"{host}/envbuild:h20-amd64")
-        runs = {}
-        for name, with_cache in (("baseline", None), ("cold", cache), ("warm", cache)):
-            print(f"{name}: building on an empty engine", flush=True)
-            with empty_engine(work, name):
-                runs[name] = build(out, with_cache)
-                if name == "cold":  # what publish pushes: the image, with its inline cache
-                    subprocess.run([DOCKER, "tag", runs[name]["image"], cache.final], check=True)
-                    subprocess.run([DOCKER, "push", "-q", cache.final], check=True, capture_output=True)
+        with own_redis(work) as redis:
+            dirs = {}
+            for name, ops in (("h20", "cpu_adam,fused_adam"), ("h20-lamb", "cpu_adam,fused_adam,fused_lamb")):
+                dirs[name] = work / name
+                envbuild("render", "--gpu", "h20", "--stack", STACK, "--ds-ops", ops, "--base-image", BASE,
+                         "-o", str(dirs[name]))
+            cache = LayerCache(builder=f"{host}/envbuild-cache:h20-amd64-builder", final=f"{host}/envbuild:h20-amd64")
+            runs = {}
+            for name, directory, with_cache, compile_cache in (
+                    ("baseline", dirs["h20"], None, None), ("cold", dirs["h20"], cache, redis),
+                    ("warm", dirs["h20"], cache, redis), ("one more op", dirs["h20-lamb"], cache, redis)):
+                print(f"{name}: building on an empty engine", flush=True)
+                with empty_engine(work, name.replace(" ", "-")):
+                    runs[name] = build(directory, with_cache, compile_cache)
+                    if name == "cold":  # what publish pushes: the image, with its inline cache
+                        subprocess.run([DOCKER, "tag", runs[name]["image"], cache.final], check=True)
+                        subprocess.run([DOCKER, "push", "-q", cache.final], check=True, capture_output=True)
         base = runs["baseline"]["seconds"]
-        table(f"The layer cache on an empty engine ({machine()}; {time.strftime('%Y-%m-%d')})",
-              ["build", "wall s", "RUN steps that ran", "compiling steps that ran", "vs baseline"],
-              [[name, f"{r['seconds']:.0f}", r["ran"], r["compiles"], f"{r['seconds'] / base:.2f}x"]
-               for name, r in runs.items()])
+        table(f"Republishing with the layer and compile caches, each build on an empty engine ({machine()}; "
+              f"{time.strftime('%Y-%m-%d')})",
+              ["build", "wall s", "RUN steps that ran", "compiling steps that ran", "units compiled (cache misses)",
+               "units served (cache hits)", "vs baseline"],
+              [[name, f"{r['seconds']:.0f}", r["ran"], r["compiles"], _by_category(r["units"]["misses"]),
+                _by_category(r["units"]["hits"]), f"{r['seconds'] / base:.2f}x"] for name, r in runs.items()])
         same = runs["cold"]["image"] == runs["warm"]["image"]
         print(f"warm image ID {'equals' if same else 'DIFFERS FROM'} the cold one ({runs['warm']['image'][:19]})")
         (work / "result.json").write_text(json.dumps(runs, indent=2))

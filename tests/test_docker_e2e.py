@@ -414,11 +414,13 @@ def empty_engine(tmp_path):
                            "12 minutes after the image, and 40 GB of disk: the engine and the pushed builder stage); "
                            "set ENVBUILD_LAYER_CACHE=1")
 def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h20, test_ca, credential, work,
-                                                                             empty_engine, monkeypatch):
-    """What `publish --job` does with its layer cache (envbuild/build.py LayerCache): the first
-    engine builds with it and pushes the builder stage and the image; an empty engine then builds
-    the same directory with no RUN step executed (no compiler, no download) and the same content,
-    and the pushed builder stage holds no secret."""
+                                                                             empty_engine, monkeypatch, compile_cache):
+    """What `publish --job` does with its layer cache (envbuild/build.py LayerCache) and the
+    compile cache (Redis): the first engine builds with them and pushes the builder stage and the
+    image; an empty engine then builds the same directory with no RUN step executed (no compiler,
+    no download) and the same content, and the pushed builder stage holds no secret."""
+    from envbuild.validate import compile_cache_secret
+
     from envbuild.build import LayerCache, build_image
     from envbuild.engine import BuildSecrets
     from envbuild.engine.docker import DockerEngine
@@ -427,7 +429,8 @@ def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h2
     cache = LayerCache(builder=f"{cache_repo}:h20-amd64-builder", final=f"{cache_repo}:h20-amd64")
     idx = credential["indexes"]
     secrets_ = BuildSecrets(ca_cert=test_ca["bundle"], pip_index_url=idx["--pip-index-url"],
-                            torch_index_url=idx["--torch-index-url"], apt_mirror=idx["--apt-mirror"])
+                            torch_index_url=idx["--torch-index-url"], apt_mirror=idx["--apt-mirror"],
+                            compile_cache=compile_cache_secret(compile_cache["url"], {}))
     said: list[str] = []
     try:
         cold = build_image(h20["out"], "layer-cache-cold", REPO, secrets_, cache=cache, say=said.append)
@@ -450,7 +453,8 @@ def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h2
         r = run_cli("diff", cache.final, f"{cache_repo}:warm", timeout=1800)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         docker("pull", cache.builder, timeout=1800)
-        needles = [m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
+        needles = ([m.encode() for m in test_ca["markers"]] + [t.encode() for t in credential["tokens"]]
+                   + [compile_cache["password"].encode()])
         assert _secret_hits(cache.builder, needles) == []
     finally:
         monkeypatch.delenv("DOCKER_HOST", raising=False)

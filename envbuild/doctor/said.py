@@ -174,3 +174,43 @@ def load_said(directory: Optional[Path] = None) -> Optional[Said]:
         except yaml.YAMLError:
             pass  # parse_yaml says where it is broken
     return Said(parse_yaml(text, f"message catalogue {path}"))
+
+
+def released_in(spans: str, order: list[str]) -> set[str]:
+    """The releases of `order` a catalogue entry's `releases` ('2.20.5..2.26.5, 2.28.3') names."""
+    held: set[str] = set()
+    for run in spans.split(", "):
+        first, _, last = run.partition("..")
+        if first in order and (last or first) in order:
+            held.update(order[order.index(first):order.index(last or first) + 1])
+    return held
+
+
+def drift(issues: list[KnownIssue], data: dict) -> list[str]:
+    """What keeps a signature's quotes of NCCL from holding on every catalogued release: a quoted
+    wording no release prints, a quoted line the wording cannot print, a wording the pattern does
+    not match in the releases that print it, a release that prints none of the signature's wordings."""
+    order = [str(r["release"]) for r in data.get("releases") or []]
+    printed: dict[str, set[str]] = {}
+    for entry in data.get("messages") or []:
+        printed.setdefault(str(entry["text"]), set()).update(released_in(str(entry["releases"]), order))
+    problems = []
+    for issue in issues:
+        if not issue.quotes:
+            continue
+        pattern, covered = re.compile(issue.pattern), set()
+        for quote in issue.quotes:
+            releases = printed.get(quote.nccl)
+            if not releases:
+                problems.append(f"{issue.id}: quotes {quote.nccl!r}, which no catalogued NCCL release prints")
+            elif not re.search(to_regex(quote.nccl), quote.line):
+                problems.append(f"{issue.id}: {quote.line!r} is not a line {quote.nccl!r} prints")
+            elif not pattern.search(quote.line):
+                problems.append(f"{issue.id}: NCCL {', '.join(r for r in order if r in releases)} print {quote.nccl!r} "
+                                f"({quote.line!r}) and its pattern does not match it")
+            else:
+                covered |= releases
+        missing = [r for r in order if r not in covered]
+        if missing:
+            problems.append(f"{issue.id}: NCCL {', '.join(missing)} print none of the wordings it quotes and matches")
+    return problems

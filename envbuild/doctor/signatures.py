@@ -88,6 +88,14 @@ class Case(BaseModel):
     certainty: Optional[Literal["certain", "likely"]] = None
 
 
+class Quote(BaseModel):
+    """A component's message a signature stands for: its format string exactly as the component's
+    catalogue (matrices/catalogues/) has it, and a line the component prints with it."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    nccl: str
+    line: str
+
+
 class Family(BaseModel):
     """A family of causes, and what an envbuild image already does about it."""
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -117,6 +125,7 @@ class KnownIssue(BaseModel):
     cases: list[Case] = []
     detail: Optional[str] = None
     image: Optional[Literal["nccl"]] = None
+    quotes: list[Quote] = []
     cause: str
     fix: str
     source: str

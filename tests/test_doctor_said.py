@@ -1,0 +1,67 @@
+"""What NCCL said, known only to its catalogue: doctor names the message, the releases that print
+that wording, the source line and the rank, and guesses no cause; it is a lead, not a verdict.
+
+Two real logs of the fixture set (tests/fixtures/logs/INDEX.yaml gives their threads) hold NCCL
+WARN lines no curated signature explains; the short logs written here add what pasting does
+(rank prefixes, timestamps, ANSI colours) to real NCCL wordings from the catalogue.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT
+from envbuild.doctor import diagnose_log, diagnose_text, load_issues
+
+ISSUES = load_issues(ROOT / "matrices")
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+
+
+def said(findings):
+    return {f.title: f for f in findings if not f.explained}
+
+
+def test_real_ib_warnings_are_named_with_their_source_line():
+    """NVIDIA/nccl#451: a container that cannot open two HCAs; the fallback is the verdict, the
+    WARN lines NCCL printed before it are what it said, with where NCCL prints them."""
+    findings = diagnose_log(str(LOGS / "nccl-451-ib-container-socket.log"), ISSUES)
+    assert [f.issue.id for f in findings if f.explained] == ["nccl-socket-fallback"]
+    leads = said(findings)
+    device = leads["NCCL said: NET/IB : Unable to open device %s"]
+    assert device.detail == "NCCL 2.20.5..2.30.7, src/transport/net_ib/init.cc:334"
+    assert device.text("cause").startswith("not yet explained:") and device.certainty == "certain"
+    assert device.issue.source.endswith("/blob/v2.30.7-1/src/transport/net_ib/init.cc#L334")
+    assert "NCCL said: Call to %s failed" in leads
+
+
+def test_a_clean_log_with_nccl_warnings_gets_leads_and_exit_0(cli):
+    """A healthy run's `Call to ibv_open_device failed` (a HCA the pod cannot open) is no verdict."""
+    result = cli("doctor", "--json", LOGS / "imagereward-65-ib-partial-clean.log")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)["findings"]
+    assert found and {f["family"] for f in found} == {"unexplained"}
+    assert all(f["id"] == "nccl-said" and "src/" in f["detail"] for f in found)
+
+
+def test_pasting_does_not_hide_what_nccl_said():
+    """Rank prefixes, timestamps, hostnames and ANSI colours around a real NCCL 2.23-2.28 wording."""
+    log = ("[rank3]:[2026-01-02 10:00:00] \x1b[31mnode7:1234:1299 [3] transport/net_ib.cc:212 NCCL WARN "
+           "NET/IB : mlx5_0:1 Got async error event: port error\x1b[0m\n"
+           "[rank0]: step 10 loss 1.0\n")
+    (lead,) = said(diagnose_text(log, ISSUES)).values()
+    assert lead.ranks == ["rank 3"] and lead.other_ranks == ["rank 0"]
+    assert lead.title == "NCCL said: NET/IB : %s:%d Got async error event: %s"
+    assert lead.detail == "NCCL 2.23.4..2.28.3, src/transport/net_ib.cc:212" and lead.parts["s3"] == ["port error"]
+
+
+def test_a_curated_signature_takes_its_line_before_the_catalogue():
+    log = "node1:4242:4300 [0] net.cc:349 NCCL WARN Failed to initialize any NET plugin\n"
+    assert [f.issue.id for f in diagnose_text(log, ISSUES)] == ["nccl-net-not-found"]
+
+
+def test_nccl_info_lines_and_unknown_warnings_are_not_leads():
+    """NCCL_DEBUG=INFO prints hundreds of INFO lines in a healthy job; a WARN wording no shipped
+    release prints is not attributed to NCCL."""
+    log = ("node1:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.1<0>\n"
+           "node1:1:2 [0] NCCL WARN this wording is in no NCCL release at all\n")
+    assert said(diagnose_text(log, ISSUES)) == {}

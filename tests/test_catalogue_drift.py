@@ -79,11 +79,11 @@ def test_a_format_string_becomes_a_matcher_with_typed_captures(text, line, parts
 
 def test_the_most_specific_catalogued_message_wins():
     """`%s` alone says nothing and is not matched; of two wordings a line fits, the longer fixed text is chosen."""
-    said = Said({"component": "nccl", "source": "https://github.com/NVIDIA/nccl",
+    said = Said.of({"component": "nccl", "source": "https://github.com/NVIDIA/nccl",
                  "releases": [{"release": "2.30.7", "tag": "v2.30.7-1", "commit": "0" * 40}],
                  "messages": [{"level": "WARN", "text": "%s", "file": "a.cc", "line": 1, "releases": "2.30.7"},
                               {"level": "WARN", "text": "Call to %s failed", "file": "b.cc", "line": 2, "releases": "2.30.7"},
                               {"level": "WARN", "text": "Call to %s failed with %d", "file": "c.cc", "line": 3, "releases": "2.30.7"}]})
     index, _ = said.match("\x1b[0mhost:1:2 [0] NCCL WARN Call to ibv_open failed with 5")
-    assert said.matchers[index].file == "c.cc"
+    assert said.matchers[index].detail == "NCCL 2.30.7, c.cc:3"
     assert said.match("host:1:2 [0] NCCL INFO Call to x failed with 5") is None

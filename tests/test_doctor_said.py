@@ -65,3 +65,23 @@ def test_nccl_info_lines_and_unknown_warnings_are_not_leads():
     log = ("node1:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.1<0>\n"
            "node1:1:2 [0] NCCL WARN this wording is in no NCCL release at all\n")
     assert said(diagnose_text(log, ISSUES)) == {}
+
+
+def test_a_cuda_error_name_is_named_with_its_header_documentation():
+    """cupy prints the runtime's name (`cudaErrorNoDevice: no CUDA-capable device is detected`);
+    the catalogue gives its value, the header line and what the header says it means."""
+    log = "cupy_backends.cuda.api.runtime.CUDARuntimeError: cudaErrorNoDevice: no CUDA-capable device is detected\n"
+    (lead,) = said(diagnose_text(log, ISSUES)).values()
+    assert lead.title == "CUDA said: cudaErrorNoDevice (100)" and lead.issue.id == "cuda-said"
+    assert lead.detail.startswith("CUDA 12.1.105..13.2.86, include/driver_types.h:")
+    assert "no CUDA-capable devices were detected" in lead.text("cause")
+    assert lead.text("cause").startswith("not yet explained:")
+
+
+def test_a_cuda_error_a_curated_signature_knows_is_its_verdict():
+    log = "jax: CUDA_ERROR_SYSTEM_NOT_READY: system not yet initialized\n"
+    assert [f.issue.id for f in diagnose_text(log, ISSUES)] == ["fabric-manager"]
+
+
+def test_a_name_that_is_no_cuda_error_is_not_a_lead():
+    assert said(diagnose_text("cudaErrorMadeUpForThisTest happened\nCUDA_ERROR_\n", ISSUES)) == {}

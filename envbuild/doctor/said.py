@@ -28,6 +28,7 @@ import ahocorasick_rs
 
 import yaml
 
+from ..errors import EnvbuildError
 from ..files import parse_yaml, read_text
 from ..resources import matrices_dir
 from .signatures import KnownIssue
@@ -86,61 +87,98 @@ def key_of(text: str) -> str:
 
 @dataclass
 class Matcher:
-    level: str
-    text: str
-    file: str
-    line: int
-    releases: str
-    tag: str
+    """One catalogued message: how to find it, and the finding it makes (no cause guessed)."""
+    component: str
+    text: str  # the wording (a format string) or the error's name
     pattern: str
+    title: str
+    detail: str
+    cause: str
+    fix: str
+    source: str
 
     @functools.cached_property
     def regex(self) -> re.Pattern:
         return re.compile(self.pattern)
 
-    def issue(self, component: str, url: str) -> KnownIssue:
-        """The finding's signature: what was said, where in the source, and no cause guessed."""
-        where = f"{self.file}:{self.line}"
-        link = f"{url}/blob/{self.tag}/{self.file}#L{self.line}"
-        said = "an ncclResult_t message" if self.level == "RESULT" else f"a {self.level} message"
-        return KnownIssue(
-            id=f"{component}-said", family=UNEXPLAINED, title=f"{component.upper()} said: {self.text.strip()}",
-            pattern=self.pattern, detail=f"{component.upper()} {self.releases}, {where}",
-            cause=f"not yet explained: {said} of {component.upper()} (printed at {where} in the releases "
-                  f"{self.releases}); no curated signature says what it means for the job, and doctor does not guess.",
-            fix=f"Read the source line ({link}) for the check that failed and what its values mean; search "
-                f"{url}/issues for the wording; rerun with NCCL_DEBUG=INFO for the lines before it.",
-            source=link)
+    def issue(self) -> KnownIssue:
+        return KnownIssue(id=f"{self.component}-said", family=UNEXPLAINED, title=self.title, pattern=self.pattern,
+                          detail=self.detail, cause=self.cause, fix=self.fix, source=self.source)
+
+
+def _newest(releases: str) -> str:
+    return releases.split(", ")[-1].split("..")[-1]
+
+
+def nccl_matchers(data: dict) -> list[Matcher]:
+    """A matcher per WARN wording and ncclResult_t message that says enough to match alone."""
+    url = str(data.get("source") or "https://github.com/NVIDIA/nccl")
+    tags = {str(r["release"]): str(r["tag"]) for r in data.get("releases") or []}
+    found = []
+    for entry in data.get("messages") or []:
+        level, text, releases = entry["level"], str(entry["text"]), str(entry["releases"])
+        if level not in REPORTED or len(fixed_text(text)) < MIN_FIXED:
+            continue
+        where = f"{entry['file']}:{int(entry['line'])}"
+        link = f"{url}/blob/{tags.get(_newest(releases), 'master')}/{entry['file']}#L{int(entry['line'])}"
+        body = to_regex(text)
+        said = "an ncclResult_t message" if level == "RESULT" else f"a {level} message"
+        found.append(Matcher(
+            "nccl", text, rf"{WARN_WORD}\s+{body}" if level == "WARN" else body, f"NCCL said: {text.strip()}",
+            f"NCCL {releases}, {where}",
+            f"not yet explained: {said} of NCCL (printed at {where} in the releases {releases}); no curated "
+            f"signature says what it means for the job, and doctor does not guess.",
+            f"Read the source line ({link}) for the check that failed and what its values mean; search "
+            f"{url}/issues for the wording; rerun with NCCL_DEBUG=INFO for the lines before it.", link))
+    return found
+
+
+def cuda_matchers(data: dict) -> list[Matcher]:
+    """A matcher per cudaError_t and CUresult name (success left out), documented as its newest header says."""
+    pages = {str(r["release"]): str(r["url"]) for r in data.get("releases") or []}
+    names: dict[tuple[str, str], list[dict]] = {}
+    for entry in data.get("errors") or []:
+        if int(entry["value"]) != 0:
+            names.setdefault((str(entry["api"]), str(entry["name"])), []).append(entry)
+    found = []
+    for (api, name), entries in sorted(names.items()):
+        newest = max(entries, key=lambda e: [int(p) for p in _newest(str(e["releases"])).split(".")])
+        releases = ", ".join(str(e["releases"]) for e in entries)
+        what = "a cudaError_t (runtime API)" if api == "runtime" else "a CUresult (driver API)"
+        where = f"{newest['header']}:{int(newest['line'])}"
+        found.append(Matcher(
+            "cuda", name, rf"\b{re.escape(name)}\b", f"CUDA said: {name} ({int(newest['value'])})",
+            f"CUDA {releases}, {where}",
+            f"not yet explained: {what} CUDA returned; its header ({where}) documents it as: "
+            f"\"{newest['doc']}\" No curated signature says what it means for this job, and doctor does not guess.",
+            "Find the call that returned it in the lines before (CUDA_LAUNCH_BLOCKING=1 makes kernel errors "
+            "surface at the launch that caused them); compare the driver (`nvidia-smi`) with the CUDA the image pins.",
+            pages.get(_newest(str(newest["releases"])), "https://pypi.org/project/nvidia-cuda-runtime-cu12/")))
+    return found
 
 
 class Said:
-    """One component's catalogue as matchers: `words` for the engine's screen, `match` for a line."""
+    """The catalogues as matchers: `words` for the engine's screen, `match` for a line."""
 
-    def __init__(self, data: dict):
-        self.component = str(data.get("component") or "nccl")
-        self.url = str(data.get("source") or "")
-        tags = {str(r["release"]): str(r["tag"]) for r in data.get("releases") or []}
-        self.matchers: list[Matcher] = []
+    def __init__(self, matchers: list[Matcher], words: list[str]):
+        self.matchers = matchers
         keys: dict[str, list[int]] = {}
-        self.results: list[str] = []
-        for entry in data.get("messages") or []:
-            level, text = entry.get("level"), str(entry.get("text", ""))
-            if level not in REPORTED or len(fixed_text(text)) < MIN_FIXED:
-                continue
-            newest = str(entry.get("releases", "")).split(", ")[-1].split("..")[-1]
-            body = to_regex(text)
-            pattern = rf"{WARN_WORD}\s+{body}" if level == "WARN" else body
-            matcher = Matcher(level, text, str(entry["file"]), int(entry["line"]), str(entry["releases"]),
-                              tags.get(newest, "master"), pattern)
-            keys.setdefault(key_of(text), []).append(len(self.matchers))
-            self.matchers.append(matcher)
-            if level == "RESULT":
-                self.results.append(text.strip())
+        for index, matcher in enumerate(matchers):
+            keys.setdefault(key_of(matcher.text), []).append(index)
         self.keys = list(keys)
         self.owners = [keys[k] for k in self.keys]
         self.automaton = ahocorasick_rs.AhoCorasick(self.keys) if self.keys else None
-        self.words = [WARN_WORD, *sorted(set(self.results))]
+        self.words = sorted(set(words))
         self._issues: dict[int, KnownIssue] = {}
+
+    @classmethod
+    def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None) -> "Said":
+        """The matchers of an NCCL catalogue and a CUDA one (either may be absent)."""
+        matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {})
+        words = [WARN_WORD] if nccl else []
+        words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
+        words += ["cudaError", "CUDA_ERROR_"] if cuda else []
+        return cls(matchers, words)
 
     def match(self, line: str) -> Optional[tuple[int, re.Match]]:
         """The most specific catalogued message the line holds (the longest fixed text), or None."""
@@ -157,23 +195,35 @@ class Said:
 
     def issue(self, index: int) -> KnownIssue:
         if index not in self._issues:
-            self._issues[index] = self.matchers[index].issue(self.component, self.url)
+            self._issues[index] = self.matchers[index].issue()
         return self._issues[index]
+
+
+def _read(path: Path):
+    """A catalogue file envbuild wrote (None when absent), parsed with libyaml where there is one."""
+    if not path.is_file():
+        return None
+    text = read_text(path, "message catalogue", "matrix")
+    if getattr(yaml, "CSafeLoader", None):  # libyaml: the NCCL catalogue in 0.1 s, not 0.5 s
+        try:
+            return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506  (a safe loader)
+        except yaml.YAMLError:
+            pass  # parse_yaml says where it is broken
+    return parse_yaml(text, f"message catalogue {path}")
 
 
 @functools.lru_cache(maxsize=4)
 def load_said(directory: Optional[Path] = None) -> Optional[Said]:
-    """The NCCL catalogue envbuild ships (or the one in `directory`) as matchers; None without one."""
-    path = (directory or matrices_dir()) / "catalogues" / "nccl.yaml"
-    if not path.is_file():
+    """The catalogues envbuild ships (or those in `directory`) as matchers; None without any."""
+    folder = (directory or matrices_dir()) / "catalogues"
+    nccl, cuda = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml")
+    if nccl is None and cuda is None:
         return None
-    text = read_text(path, "message catalogue", "matrix")
-    if getattr(yaml, "CSafeLoader", None):  # libyaml: the shipped catalogue in 0.1 s, not 0.5 s
-        try:
-            return Said(yaml.load(text, Loader=yaml.CSafeLoader))  # noqa: S506  (a safe loader)
-        except yaml.YAMLError:
-            pass  # parse_yaml says where it is broken
-    return Said(parse_yaml(text, f"message catalogue {path}"))
+    try:
+        return Said.of(nccl if isinstance(nccl, dict) else None, cuda if isinstance(cuda, dict) else None)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise EnvbuildError(f"a message catalogue in {folder} is malformed ({type(e).__name__}: {e}); "
+                            f"regenerate it with `envbuild matrix catalogue --write`.") from None
 
 
 def released_in(spans: str, order: list[str]) -> set[str]:

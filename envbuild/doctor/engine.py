@@ -561,7 +561,7 @@ class Scan:
             if len(self.said_trackers) >= MAX_SAID:
                 return
             tracker = self.said_trackers[found[0]] = MatchTracker(self.screen.said.issue(found[0]))
-        tracker.feed(line_no, body, rank, may_wrap=False)
+        tracker._hit(line_no, body, found[1], rank)  # matched already; a catalogue entry has no context or unless
 
     def _lines_before(self, block: bytes, start: int, line_no: int) -> list[tuple[int, bytes]]:
         """Up to WRAP_SPAN lines before line `line_no` (starting at `start`) that end where a terminal

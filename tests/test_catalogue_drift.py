@@ -85,5 +85,5 @@ def test_the_most_specific_catalogued_message_wins():
                               {"level": "WARN", "text": "Call to %s failed", "file": "b.cc", "line": 2, "releases": "2.30.7"},
                               {"level": "WARN", "text": "Call to %s failed with %d", "file": "c.cc", "line": 3, "releases": "2.30.7"}]})
     index, _ = said.match("\x1b[0mhost:1:2 [0] NCCL WARN Call to ibv_open failed with 5")
-    assert said.matchers[index].detail == "NCCL 2.30.7, c.cc:3"
+    assert said.matchers[index].detail.startswith("NCCL 2.30.7, c.cc:3;")
     assert said.match("host:1:2 [0] NCCL INFO Call to x failed with 5") is None

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import yaml
+
 from conftest import ROOT
 from envbuild.doctor import diagnose_log, diagnose_text, load_issues
 
@@ -28,7 +31,7 @@ def test_real_ib_warnings_are_named_with_their_source_line():
     assert [f.issue.id for f in findings if f.explained] == ["nccl-socket-fallback"]
     leads = said(findings)
     device = leads["NCCL said: NET/IB : Unable to open device %s"]
-    assert device.detail == "NCCL 2.20.5..2.30.7, src/transport/net_ib/init.cc:334"
+    assert device.detail == "NCCL 2.20.5..2.30.7, src/transport/net_ib/init.cc:334; s1: mlx5_bond_0"
     assert device.text("cause").startswith("not yet explained:") and device.certainty == "certain"
     assert device.issue.source.endswith("/blob/v2.30.7-1/src/transport/net_ib/init.cc#L334")
     assert "NCCL said: Call to %s failed" in leads
@@ -51,7 +54,7 @@ def test_pasting_does_not_hide_what_nccl_said():
     (lead,) = said(diagnose_text(log, ISSUES)).values()
     assert lead.ranks == ["rank 3"] and lead.other_ranks == ["rank 0"]
     assert lead.title == "NCCL said: NET/IB : %s:%d Got async error event: %s"
-    assert lead.detail == "NCCL 2.23.4..2.28.3, src/transport/net_ib.cc:212" and lead.parts["s3"] == ["port error"]
+    assert lead.detail == "NCCL 2.23.4..2.28.3, src/transport/net_ib.cc:212; s1: mlx5_0; d2: 1; s3: port error"
 
 
 def test_a_curated_signature_takes_its_line_before_the_catalogue():
@@ -85,3 +88,30 @@ def test_a_cuda_error_a_curated_signature_knows_is_its_verdict():
 
 def test_a_name_that_is_no_cuda_error_is_not_a_lead():
     assert said(diagnose_text("cudaErrorMadeUpForThisTest happened\nCUDA_ERROR_\n", ISSUES)) == {}
+
+
+REAL = ROOT / "tests" / "fixtures" / "said"
+INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["logs"]
+
+
+@pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
+def test_real_nccl_failures_get_their_verdict_and_what_nccl_said(entry):
+    """Real logs of public threads: the curated verdicts, and every other NCCL WARN named with its source file."""
+    findings = diagnose_log(str(REAL / entry["file"]), ISSUES)
+    assert sorted({f.issue.id for f in findings if f.explained}) == sorted(entry["verdicts"]), entry["cause"]
+    leads = sorted(f"{f.title.removeprefix('NCCL said: ')} {f.detail.split(', ')[1].split(':')[0]}"
+                   for f in findings if not f.explained)
+    assert leads == sorted(entry["said"]), entry["cause"]
+    assert entry["source"].startswith("https://github.com/")
+
+
+@pytest.mark.parametrize("file, status, peer, words", [
+    ("nccl-1405-ib-completion.log", "12", "10.216.210.236<54862>", "ran out of retries"),
+    ("nccl-1664-ibp-completion.log", "12", "7.6.13.83<36315>", "ran out of retries"),
+    ("nccl-1814-ib-completion-then-flush.log", "5", "172.36.143.59<44206>", "already broken"),
+    ("nccl-928-ib-completion-old-wording.log", "4", "fe80::966d:ae03:8b:df78%ib0<53249>", "refused access"),
+])
+def test_an_ib_completion_error_names_its_status_and_peer(file, status, peer, words):
+    findings = [f for f in diagnose_log(str(REAL / file), ISSUES) if f.issue.id == "ib-completion-error"]
+    (finding,) = [f for f in findings if f.parts["status"] == [status]]
+    assert words in finding.title and peer in finding.title and finding.certainty == "likely"

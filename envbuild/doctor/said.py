@@ -74,6 +74,12 @@ def _literal(piece: str) -> str:
         (r"\s*" if piece else "")
 
 
+def capture_names(text: str) -> list[str]:
+    """The names to_regex gives the captures of a format, in order (`d1`, `x2`, `s3`)."""
+    kinds = [c.group("kind") for c in CONVERSION.finditer(text.strip()) if c.group("kind") not in "%n"]
+    return [f"{KIND.get(kind, kind)}{number}" for number, kind in enumerate(kinds, 1)]
+
+
 def fixed_text(text: str) -> str:
     """The message without its conversions: what decides whether it says enough to match alone."""
     return CONVERSION.sub(" ", text).strip()
@@ -125,7 +131,7 @@ def nccl_matchers(data: dict) -> list[Matcher]:
         said = "an ncclResult_t message" if level == "RESULT" else f"a {level} message"
         found.append(Matcher(
             "nccl", text, rf"{WARN_WORD}\s+{body}" if level == "WARN" else body, f"NCCL said: {text.strip()}",
-            f"NCCL {releases}, {where}",
+            f"NCCL {releases}, {where}" + "".join(f"; {name}: {{{name}}}" for name in capture_names(text)),
             f"not yet explained: {said} of NCCL (printed at {where} in the releases {releases}); no curated "
             f"signature says what it means for the job, and doctor does not guess.",
             f"Read the source line ({link}) for the check that failed and what its values mean; search "

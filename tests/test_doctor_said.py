@@ -115,3 +115,60 @@ def test_an_ib_completion_error_names_its_status_and_peer(file, status, peer, wo
     findings = [f for f in diagnose_log(str(REAL / file), ISSUES) if f.issue.id == "ib-completion-error"]
     (finding,) = [f for f in findings if f.parts["status"] == [status]]
     assert words in finding.title and peer in finding.title and finding.certainty == "likely"
+
+
+MEASURE_START, MEASURE_END = "<!-- catalogue-measure: tests/test_doctor_said.py -->", "<!-- /catalogue-measure -->"
+SAMPLE = {"s": "x", "d": "0", "i": "0", "u": "0", "x": "1a", "X": "1A", "p": "0x1", "f": "1.0", "g": "1.0", "c": "c", "%": "%"}
+
+
+def family_accuracy() -> list[tuple[str, int, int]]:
+    """Per family, over the project's real logs (tests/fixtures/logs and tests/fixtures/said): the
+    logs whose thread names a cause of that family (or nothing, for the clean ones), and how many of
+    them doctor gives exactly the verdicts the thread names."""
+    from envbuild.doctor import load_catalogue
+    issues, _ = load_catalogue(ROOT / "matrices")
+    family = {i.id: i.family for i in issues}
+    counts: dict[str, list[int]] = {}
+    for folder, key in ((LOGS, "expected"), (REAL, "verdicts")):
+        for entry in yaml.safe_load((folder / "INDEX.yaml").read_text())["logs"]:
+            got = sorted({f.issue.id for f in diagnose_log(str(folder / entry["file"]), issues) if f.explained})
+            for name in {family[i] for i in entry[key]} or {"(clean: nothing to find)"}:
+                count = counts.setdefault(name, [0, 0])
+                count[0] += 1
+                count[1] += got == sorted(entry[key])
+    return [(name, n, right) for name, (n, right) in sorted(counts.items())]
+
+
+def catalogue_share() -> list[tuple[str, int, int]]:
+    """Per component and level, the catalogued messages a curated signature matches (a rendering of
+    each wording with sample values, or the error's name), of all catalogued."""
+    import re
+
+    from envbuild.doctor.said import CONVERSION
+    patterns = [re.compile(i.pattern) for i in ISSUES]
+    nccl = yaml.safe_load((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
+    cuda = yaml.safe_load((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
+    lines: dict[str, list[str]] = {}
+    for m in nccl["messages"]:
+        text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), m["text"])
+        label = {"RESULT": "NCCL ncclResult_t messages"}.get(m["level"], f"NCCL {m['level']} format strings")
+        lines.setdefault(label, []).append(text if m["level"] == "RESULT" else f"host:1:2 [0] NCCL {m['level']} {text}")
+    for e in cuda["errors"]:
+        lines.setdefault(f"CUDA {'cudaError_t' if e['api'] == 'runtime' else 'CUresult'} names", []).append(e["name"])
+    return [(label, len(set(texts)), sum(any(p.search(t) for p in patterns) for t in set(texts)))
+            for label, texts in sorted(lines.items())]
+
+
+def render_measurement() -> str:
+    rows = ["| family | real logs | doctor right |", "|---|---|---|"]
+    rows += [f"| `{name}` | {n} | {right} ({100 * right // n}%) |" for name, n, right in family_accuracy()]
+    rows += ["", "| catalogue | distinct messages | with a curated signature |", "|---|---|---|"]
+    rows += [f"| {label} | {n} | {curated} ({100 * curated / n:.1f}%) |" for label, n, curated in catalogue_share()]
+    return "\n".join(rows)
+
+
+def test_docs_state_accuracy_by_family_and_the_curated_share_of_each_catalogue():
+    text = (ROOT / "docs" / "doctor.md").read_text()
+    table = text[text.index(MEASURE_START) + len(MEASURE_START):text.index(MEASURE_END)].strip()
+    assert table == render_measurement(), "regenerate: python3 -c 'import sys; sys.path[:0]=[\"tests\", \".\"]; " \
+                                          "import test_doctor_said as t; print(t.render_measurement())'"

@@ -172,3 +172,17 @@ def test_docs_state_accuracy_by_family_and_the_curated_share_of_each_catalogue()
     table = text[text.index(MEASURE_START) + len(MEASURE_START):text.index(MEASURE_END)].strip()
     assert table == render_measurement(), "regenerate: python3 -c 'import sys; sys.path[:0]=[\"tests\", \".\"]; " \
                                           "import test_doctor_said as t; print(t.render_measurement())'"
+
+
+@pytest.mark.parametrize("text", [
+    "messages: [{level: WARN, text: 'Call to %s failed'}]\n",  # no file, line or releases
+    "messages: [{level: WARN, text: 'Call to %s failed', file: a.cc, line: seven, releases: '2.30.7'}]\n",
+    "messages: [unclosed\n",
+])
+def test_a_malformed_catalogue_is_a_one_paragraph_error_naming_it(tmp_path, text):
+    from envbuild.doctor.said import load_said
+    from envbuild.errors import EnvbuildError
+    (tmp_path / "catalogues").mkdir()
+    (tmp_path / "catalogues" / "nccl.yaml").write_text(text)
+    with pytest.raises(EnvbuildError, match="catalogue"):
+        load_said(tmp_path)

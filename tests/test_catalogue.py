@@ -143,3 +143,16 @@ def test_a_source_that_is_neither_git_nor_saved_files_is_exit_2(tmp_path, cli):
     with pytest.raises(EnvbuildError, match="line 1"):
         (tmp_path / "empty" / "tags.txt").write_text("v2.26.5-1 not-a-sha\n")
         catalogue.open_sources(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("line", ["../../etc 0123456789012345678901234567890123456789", "v2.27.3-1 main"])
+def test_a_saved_tag_list_names_tags_and_shas_only(tmp_path, line):
+    """A tag is a directory name under the saved sources: one like `../../etc` would read outside them."""
+    (tmp_path / "tags.txt").write_text(line + "\n")
+    with pytest.raises(EnvbuildError, match="tags.txt line 1"):
+        catalogue.open_sources(tmp_path)
+
+
+def test_an_empty_matrix_dir_is_refused_not_read_as_the_built_in_one(cli):
+    result = cli("matrix", "catalogue", "--source", FIXTURE, "--matrix-dir", "")
+    assert result.returncode == 2 and "--matrix-dir is empty" in result.stderr

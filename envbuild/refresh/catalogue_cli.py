@@ -14,6 +14,7 @@ import click
 from ..errors import EnvbuildError
 from ..resources import matrices_dir
 from . import cuda_catalogue, nccl_catalogue, writer
+from .cli import _not_empty
 
 
 def _old(path: Path) -> str:
@@ -64,6 +65,7 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
               help="A directory of the CUDA runtime wheels the locks pin (pip download --no-deps).")
 @click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+              callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
               help="Matrix directory whose nccl.yaml and locks name the releases (default: the built-in one).")
 def catalogue_command(source: Optional[str], wheels: Optional[str], write: bool, matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)

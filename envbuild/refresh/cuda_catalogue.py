@@ -60,9 +60,13 @@ def pins(locks: Path) -> dict[tuple[str, str], set[str]]:
 def _wheel(directory: Path, package: str, version: str, hashes: set[str]):
     """The downloaded wheel of package==version whose sha256 a lock pins, with its sha256, or (None, why)."""
     prefix = f"{package.replace('-', '_')}-{version}-"
-    candidates = sorted(p for p in Path(directory).glob(f"{prefix}*.whl") if p.is_file())
+    candidates = sorted(p for p in Path(directory).glob(f"{prefix}*.whl") if p.is_file() and not p.is_symlink())
     for path in candidates:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:  # in blocks: a file named like a wheel may be of any size
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digest = digest.hexdigest()
         if digest in hashes:
             return path, digest
     why = "no wheel of it in the directory" if not candidates else "no wheel whose sha256 a lock pins"

@@ -29,6 +29,7 @@ from ..errors import EnvbuildError
 
 URL = "https://github.com/NVIDIA/nccl"
 SUFFIXES = (".cc", ".h", ".cu", ".cuh", ".cpp", ".hpp", ".h.in")
+TAG = re.compile(r"v\d+\.\d+\.\d+-\d+")  # NCCL's release tags: v2.27.3-1
 CALL = re.compile(r"(?<![\w#])(WARN|INFO)\s*\(")
 HEADER = """\
 # Every message NCCL can print, for each NCCL release matrices/nccl.yaml ships: the format string
@@ -103,8 +104,9 @@ class DirSources:
         self._commits = {}
         for number, line in enumerate(listing.read_text().splitlines(), 1):
             fields = line.split()
-            if len(fields) != 2 or not re.fullmatch(r"[0-9a-f]{40}", fields[1]):
-                raise EnvbuildError(f"{listing} line {number}: expected `TAG COMMIT` (a 40-digit sha), got {line!r}.")
+            if len(fields) != 2 or not TAG.fullmatch(fields[0]) or not re.fullmatch(r"[0-9a-f]{40}", fields[1]):
+                raise EnvbuildError(f"{listing} line {number}: expected `TAG COMMIT` (a tag such as v2.27.3-1 and "
+                                    f"a 40-digit sha), got {line[:120]!r}.")
             self._commits[fields[0]] = fields[1]
 
     def tags(self) -> list[str]:
@@ -114,8 +116,8 @@ class DirSources:
         return self._commits[tag]
 
     def files(self, tag: str) -> list[str]:
-        base = self.root / tag
-        return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
+        base = self.root / tag  # a link is not followed: what is read lies under the directory given
+        return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file() and not p.is_symlink())
 
     def read(self, tag: str, path: str) -> bytes:
         return (self.root / tag / path).read_bytes()

@@ -186,3 +186,18 @@ def test_a_malformed_catalogue_is_a_one_paragraph_error_naming_it(tmp_path, text
     (tmp_path / "catalogues" / "nccl.yaml").write_text(text)
     with pytest.raises(EnvbuildError, match="catalogue"):
         load_said(tmp_path)
+
+
+def test_per_rank_logs_give_one_lead_per_wording_with_every_rank_and_no_rank_order(tmp_path, cli):
+    """Two ranks' logs print the same NCCL warning: one lead naming both ranks; it decides no
+    first rank to fail (a lead is not a verdict) and the run is exit 0."""
+    for rank in (0, 1):
+        (tmp_path / f"job-{rank}.out").write_text(
+            f"step 1\nnode{rank}:1:2 [0] include/alloc.h:178 NCCL WARN Cuda failure 'out of memory'\n")
+    (tmp_path / "job-2.out").write_text("step 1\nstep 2\n")
+    result = cli("doctor", "--json", tmp_path)
+    report = json.loads(result.stdout)
+    (lead,) = report["findings"]
+    assert result.returncode == 0 and lead["id"] == "nccl-said"
+    assert (lead["rank"], lead["other_ranks"], lead["count"]) == (["task 0", "task 1"], ["task 2"], 2)
+    assert report["order"] is None or not report["order"]["first_to_fail"]

@@ -19,11 +19,11 @@ from typing import Optional
 from ..errors import EnvbuildError
 from ..grammar import escaped
 from .engine import MAX_VALUES, Finding, Screen, diagnose_blocks, rank_order, sorted_ranks
-from .said import load_said
 from .flight import Recording, is_dump, read_recording
 from .ranks import file_rank, stream_of, time_text
 from .reading import Budget, LogReader, read_head, sniff_binary
 from .image import Image
+from .said import load_said
 from .signatures import Family, KnownIssue, bind_image
 
 MAX_FILES = 10_000

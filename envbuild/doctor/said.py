@@ -6,13 +6,15 @@ position (`d1`, `s2`), and its whitespace matches any run of blanks (a terminal'
 a pasted indent). NCCL's `WARN` messages are looked for after `NCCL WARN` anywhere in a line, so
 the prefixes pasting adds (`[rank3]:`, timestamps, `host:pid:tid [dev] file.cc:12`) do not
 matter, and its ncclResult_t messages anywhere (torch quotes them in its errors). INFO lines are
-catalogued but not reported: NCCL_DEBUG=INFO prints hundreds of them in a healthy job.
+catalogued but not reported: NCCL_DEBUG=INFO prints hundreds of them in a healthy job. The CUDA
+catalogue's cudaError_t and CUresult names (`cudaErrorNoDevice`, `CUDA_ERROR_SYSTEM_NOT_READY`)
+are looked for as words, and reported with their value and the header's documentation.
 
 A line that no curated signature explains but that a catalogued message matches is reported as
 what the component said: the message, the releases that print that wording, the source file and
 line, the rank; its cause says it is not yet explained, never a guessed one. Matching costs
-nothing on lines without `NCCL WARN` or a result message (the engine's Aho-Corasick screen holds
-those words); on a line with one, a second automaton over each message's longest fixed piece
+nothing on lines without `NCCL WARN`, a result message, `cudaError` or `CUDA_ERROR_` (the engine's
+Aho-Corasick screen holds those words); on a line with one, a second automaton over each message's longest fixed piece
 picks the few expressions worth running.
 """
 
@@ -25,7 +27,6 @@ from pathlib import Path
 from typing import Optional
 
 import ahocorasick_rs
-
 import yaml
 
 from ..errors import EnvbuildError

@@ -117,3 +117,26 @@ def test_any_printf_rendering_is_matched_by_its_format_s_matcher(case):
     fmt = "".join(p.replace("%", "%%") if p not in SPECIFIERS else p for p in parts)
     line = "".join(_c_render(p, v) if p in SPECIFIERS else p for p, v in zip(parts, values))
     assert re.search(to_regex(fmt), line), (fmt, line)
+
+
+def test_a_reworded_message_fails_until_its_new_wording_is_quoted():
+    """Each quoted message must be printed, in a quoted wording, by every release from its first to
+    the newest, or to its `until`: dropping the 2.29 wording of paths.cc's line, or its `until`, fails."""
+    issue = by_id("gpudirect-rdma-off")
+    without_2_29 = issue.model_copy(update={"quotes": [q for q in issue.quotes if q.nccl != "GPU Direct RDMA Disabled for %s"]})
+    (problem,) = drift([without_2_29], CATALOGUE)
+    assert "NCCL 2.29.2, 2.29.3, 2.29.7, 2.30.3, 2.30.4, 2.30.7 print none of its quoted wordings of 'paths.cc" in problem
+    no_until = issue.model_copy(update={"quotes": [q.model_copy(update={"until": None}) for q in issue.quotes]})
+    (problem,) = drift([no_until], CATALOGUE)
+    assert "NCCL 2.30.3, 2.30.4, 2.30.7 print none of its quoted wordings of 'paths.cc" in problem
+
+
+def test_nccl_system_error_s_old_pattern_misses_what_nccl_2_20_to_2_30_print():
+    """Before its quotes, the pattern knew 2.20-2.26's `Connect to` only and a `Socket creation
+    failed` no shipped release prints alone."""
+    old = by_id("nccl-system-error").model_copy(update={"pattern": (
+        r"unhandled system error|ncclSystemError|NCCL WARN socket(?:Start|Poll)Connect: Connect to|WARN Socket "
+        r"creation failed|WARN Net : Connection closed by remote peer|NCCL WARN socketProgress: Connection closed by remote peer")})
+    problems = "\n".join(drift([old], CATALOGUE))
+    assert "NCCL 2.27.3, 2.27.5" in problems and "'%s: connect to %s failed : %s'" in problems
+    assert "NCCL 2.20.5, 2.21.5, 2.22.3, 2.23.4 print 'ncclSocketInit: Socket creation failed : %s'" in problems

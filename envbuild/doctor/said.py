@@ -243,31 +243,48 @@ def released_in(spans: str, order: list[str]) -> set[str]:
     return held
 
 
+def _quote_problem(issue: KnownIssue, pattern: re.Pattern, quote, releases: set[str], order: list[str]) -> str:
+    """Why a quote does not hold ('' when it does)."""
+    if not releases:
+        return f"{issue.id}: quotes {quote.nccl!r}, which no catalogued NCCL release prints"
+    if not re.search(to_regex(quote.nccl), quote.line):
+        return f"{issue.id}: {quote.line!r} is not a line {quote.nccl!r} prints"
+    if not pattern.search(quote.line):
+        return (f"{issue.id}: NCCL {', '.join(r for r in order if r in releases)} print {quote.nccl!r} "
+                f"({quote.line!r}) and its pattern does not match it")
+    return ""
+
+
 def drift(issues: list[KnownIssue], data: dict) -> list[str]:
     """What keeps a signature's quotes of NCCL from holding on every catalogued release: a quoted
     wording no release prints, a quoted line the wording cannot print, a wording the pattern does
-    not match in the releases that print it, a release that prints none of the signature's wordings."""
+    not match in the releases that print it, a release that prints none of the signature's wordings;
+    and for each message the quotes name (`message`), a release from the first that prints it to
+    the newest (or to its `until`: the last release that prints it at all) that prints none of
+    its quoted wordings: NCCL reworded it and the signature does not know the new wording."""
     order = [str(r["release"]) for r in data.get("releases") or []]
     printed: dict[str, set[str]] = {}
     for entry in data.get("messages") or []:
         printed.setdefault(str(entry["text"]), set()).update(released_in(str(entry["releases"]), order))
     problems = []
-    for issue in issues:
-        if not issue.quotes:
-            continue
-        pattern, covered = re.compile(issue.pattern), set()
+    for issue in (i for i in issues if i.quotes):
+        pattern, covered, groups = re.compile(issue.pattern), set(), {}
         for quote in issue.quotes:
-            releases = printed.get(quote.nccl)
-            if not releases:
-                problems.append(f"{issue.id}: quotes {quote.nccl!r}, which no catalogued NCCL release prints")
-            elif not re.search(to_regex(quote.nccl), quote.line):
-                problems.append(f"{issue.id}: {quote.line!r} is not a line {quote.nccl!r} prints")
-            elif not pattern.search(quote.line):
-                problems.append(f"{issue.id}: NCCL {', '.join(r for r in order if r in releases)} print {quote.nccl!r} "
-                                f"({quote.line!r}) and its pattern does not match it")
-            else:
-                covered |= releases
+            releases = printed.get(quote.nccl, set())
+            problem = _quote_problem(issue, pattern, quote, releases, order)
+            problems += [problem] if problem else []
+            group = groups.setdefault(quote.message, [set(), None])
+            group[0] |= set() if problem else releases
+            group[1] = quote.until or group[1]
+            covered |= set() if problem else releases
         missing = [r for r in order if r not in covered]
         if missing:
             problems.append(f"{issue.id}: NCCL {', '.join(missing)} print none of the wordings it quotes and matches")
+        for message, (held, until) in groups.items():
+            start = min((order.index(r) for r in held), default=len(order))
+            end = order.index(until) + 1 if until in order else len(order)
+            gone = [r for r in order[start:end] if r not in held]
+            if message and gone:
+                problems.append(f"{issue.id}: NCCL {', '.join(gone)} print none of its quoted wordings of {message!r} "
+                                f"that it matches (reworded? or say `until` the release that last prints it)")
     return problems

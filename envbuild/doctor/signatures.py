@@ -94,6 +94,8 @@ class Quote(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     nccl: str
     line: str
+    message: str = ""  # the message this wording is of (its wordings over the releases share the name)
+    until: Optional[str] = None  # the last release that prints the message at all (it was removed after)
 
 
 class Family(BaseModel):

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import EnvbuildError
-from ..refresh import refresh_command
+from ..refresh import catalogue_command, refresh_command
 from .app import blocks, main, markers_note, notes, out, print_table, table
 from .options import matrix_dir_option
 
@@ -247,3 +247,4 @@ def readme_tables(readme, check):
 
 
 matrix_cmd.add_command(refresh_command)  # `envbuild matrix refresh`
+matrix_cmd.add_command(catalogue_command)  # `envbuild matrix catalogue`

@@ -24,16 +24,19 @@ import ahocorasick_rs
 
 from .ranks import SNIFF_LINES, RankStyle, split_flattened, timestamp
 from .reading import MAX_LINE, printable
+from .said import UNEXPLAINED, Said, load_said
 from .signatures import MIN_GUARD, REGEX_FIELDS, KnownIssue, applicable, literal_guard
 
 MAX_LABELS = 4096
 MAX_KEYS = 16  # findings one signature can make with different titles (libraries, hosts, ...)
 MAX_VALUES = 8  # values of one part a finding lists
+MAX_SAID = 64  # distinct catalogued messages one log reports
 MAX_RESOLVED = 256  # distinct sets of parts whose resolved texts a signature remembers
 EXCERPT = 240
 WRAP_MIN = 40  # a line shorter than this was not wrapped by a terminal
 WRAP_SPAN = 4  # lines before and after a line that a wrapped message may take
 WORDY = re.compile(r"[A-Za-z0-9]")
+SAID = -1  # the screen's owner index of the catalogue's words (what a component said)
 
 
 def rank_order(label: str):
@@ -79,6 +82,11 @@ class Finding:
     @property
     def title(self) -> str:
         return self.text("title")
+
+    @property
+    def explained(self) -> bool:
+        """False for what a component said that only its catalogue knows (family `unexplained`)."""
+        return self.issue.family != UNEXPLAINED
 
     @property
     def certainty(self) -> str:
@@ -362,10 +370,11 @@ class Screen:
     line is joined with the next one.
     """
 
-    def __init__(self, issues: list[KnownIssue]):
+    def __init__(self, issues: list[KnownIssue], said: Optional[Said] = None):
         issues = applicable(issues)
         always = [name for name in REGEX_FIELDS if name != "moved_on"]
         self.everything = False
+        self.said = said
         self.words, self.owners, self.pattern_owners, self.wraps = self._index(issues, always, wraps=True)
         self.wait_words, self.wait_owners, _, _ = self._index(issues, REGEX_FIELDS, wraps=False)
         self.automaton = ahocorasick_rs.BytesAhoCorasick(self.words) if self.words else None
@@ -396,6 +405,8 @@ class Screen:
                             cut.setdefault(data[:at] + b"\n", set()).add(index)
                         elif len(data) - at >= MIN_GUARD:
                             cut.setdefault(b"\n" + data[at:], set()).add(index)
+        for word in self.said.words if self.said else ():
+            owners.setdefault(word.encode(), set()).add(SAID)  # a line a catalogued message may be on
         words = sorted(set(owners) | set(cut))
         return (words, [frozenset(owners.get(w, ())) for w in words],
                 [frozenset(pattern_owners.get(w, ())) for w in words], [frozenset(cut.get(w, ())) for w in words])
@@ -426,6 +437,7 @@ class Scan:
         self.previous: Optional[tuple[int, bytes]] = None  # the last line seen: (line_no, bytes)
         self.forward: list = []  # windows of lines at a block's end, waiting for the next block's first lines
         self.joined: dict[int, int] = {}  # tracker -> the last line a joined match covered
+        self.said_trackers: dict[int, MatchTracker] = {}  # catalogued message -> its tracker
 
     def waiting(self) -> bool:
         return self.screen.everything or any(t.waiting() for _, t in self.waits)
@@ -487,7 +499,7 @@ class Scan:
                 index += 1
             line_no += 1
             if self.screen.everything:
-                owners = set(range(len(self.trackers)))
+                owners = set(range(len(self.trackers))) | {SAID}
             self._line(block, pos, end, line_no, owners, set(), set(), walking=True)
             pos = end + 1
         return pos, line_no
@@ -503,8 +515,11 @@ class Scan:
         segments = split_flattened(text) if "[rank" in text else [text]
         matched: set[int] = set()
         deferred: set[int] = set()
+        said = SAID in owners and self.screen.said is not None
+        owners = owners - {SAID}
         for segment in segments:
             rank, body = self._label(segment)
+            explained = False
             for index in sorted(owners):
                 tracker = self.trackers[index]
                 fed = tracker.feed(line_no, body, rank, len(segments) == 1) if isinstance(tracker, MatchTracker) \
@@ -513,6 +528,9 @@ class Scan:
                     matched.add(index)
                 elif fed is None:
                     deferred.add(index)
+                explained = explained or fed is not False and isinstance(tracker, MatchTracker)
+            if said and not explained:
+                self._said(line_no, body, rank)
             if walking:
                 for index, tracker in self.waits:  # a match tracker has nothing to do with a line that is not its
                     if index not in owners:
@@ -532,6 +550,18 @@ class Scan:
             self.forward.append((window, len(before), cut))  # the rest may be in the next block
             return
         self._join(window, len(before), cut)
+
+    def _said(self, line_no: int, body: str, rank: Optional[str]):
+        """A line no curated signature took: the catalogued message it holds, if any, is what was said."""
+        found = self.screen.said.match(body)
+        if found is None:
+            return
+        tracker = self.said_trackers.get(found[0])
+        if tracker is None:
+            if len(self.said_trackers) >= MAX_SAID:
+                return
+            tracker = self.said_trackers[found[0]] = MatchTracker(self.screen.said.issue(found[0]))
+        tracker._hit(line_no, body, found[1], rank)  # matched already; a catalogue entry has no context or unless
 
     def _lines_before(self, block: bytes, start: int, line_no: int) -> list[tuple[int, bytes]]:
         """Up to WRAP_SPAN lines before line `line_no` (starting at `start`) that end where a terminal
@@ -600,7 +630,7 @@ class Scan:
             self._join(window, current, trackers)
 
     def findings(self) -> list[Finding]:
-        findings = [f for t in self.trackers for f in t.findings(self.all_ranks)]
+        findings = [f for t in [*self.trackers, *self.said_trackers.values()] for f in t.findings(self.all_ranks)]
         found = {f.issue.id for f in findings}
         return [f for f in findings if not set(f.issue.superseded_by) & found]
 
@@ -616,7 +646,7 @@ def screen_of(issues: list[KnownIssue]) -> Screen:
     for held, screen in _SCREENS:
         if len(held) == len(key) and all(a is b for a, b in zip(held, key)):
             return screen
-    screen = Screen(issues)
+    screen = Screen(issues, load_said())
     _SCREENS[:] = [*_SCREENS[-3:], (key, screen)]
     return screen
 

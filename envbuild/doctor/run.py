@@ -23,6 +23,7 @@ from .flight import Recording, is_dump, read_recording
 from .ranks import file_rank, stream_of, time_text
 from .reading import Budget, LogReader, read_head, sniff_binary
 from .image import Image
+from .said import load_said
 from .signatures import Family, KnownIssue, bind_image
 
 MAX_FILES = 10_000
@@ -78,7 +79,8 @@ class Report:
     image: Optional[Image] = None  # the image the logs were compared with (--manifest)
 
     def found(self) -> bool:
-        return bool(self.findings) or bool(self.recording and self.recording.hangs)
+        """A curated finding or a hang: what a component only said (not yet explained) is a lead, not a verdict."""
+        return any(f.explained for f in self.findings) or bool(self.recording and self.recording.hangs)
 
 
 def _kind(path: str, named: bool) -> tuple[Optional[str], Optional[str]]:
@@ -239,7 +241,7 @@ def examine(paths: list[str], issues: list[KnownIssue], families: list[Family] =
     sources, skipped = expand(paths)
     report = Report(skipped=skipped, families={f.id: f for f in families}, image=image)
     issues = bind_image(issues, image.facts if image else None)
-    screen = Screen(issues)
+    screen = Screen(issues, load_said())
     findings: list[Finding] = []
     all_ranks: set[str] = set()
     logs = sorted((s for s in sources if s.kind == "log"), key=lambda s: (rank_order(s.rank or ""), s.path))
@@ -263,9 +265,11 @@ def examine(paths: list[str], issues: list[KnownIssue], families: list[Family] =
             f.firsts = {rank: (f.file, line_no, stamp) for rank, (line_no, stamp) in f.firsts.items()}
         findings += found
         all_ranks |= scan.all_ranks
-    report.findings = sorted(_merge(findings, all_ranks), key=lambda f: (f.issue.follows, f.file or "", f.line_no))
-    report.ranks = _rank_table(report.findings)
-    report.order = _order(report.findings, all_ranks)
+    report.findings = sorted(_merge(findings, all_ranks),
+                             key=lambda f: (not f.explained, f.issue.follows, f.file or "", f.line_no))
+    explained = [f for f in report.findings if f.explained]  # what a component only said decides no rank
+    report.ranks = _rank_table(explained)
+    report.order = _order(explained, all_ranks)
     dumps = [s for s in sources if s.kind == "dump"]
     if dumps:
         named = [s.path for s in dumps if s.named]

@@ -88,6 +88,16 @@ class Case(BaseModel):
     certainty: Optional[Literal["certain", "likely"]] = None
 
 
+class Quote(BaseModel):
+    """A component's message a signature stands for: its format string exactly as the component's
+    catalogue (matrices/catalogues/) has it, and a line the component prints with it."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    nccl: str
+    line: str
+    message: str = ""  # the message this wording is of (its wordings over the releases share the name)
+    until: Optional[str] = None  # the last release that prints the message at all (it was removed after)
+
+
 class Family(BaseModel):
     """A family of causes, and what an envbuild image already does about it."""
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -117,6 +127,7 @@ class KnownIssue(BaseModel):
     cases: list[Case] = []
     detail: Optional[str] = None
     image: Optional[Literal["nccl"]] = None
+    quotes: list[Quote] = []
     cause: str
     fix: str
     source: str

@@ -1,0 +1,290 @@
+"""What a component said: matchers built from a message catalogue (matrices/catalogues/).
+
+Each catalogued format string becomes a regular expression: its printf conversions are typed
+captures (`%d` an integer, `%lx` hex, `%p` a pointer, `%s` any text, ...), named by their kind and
+position (`d1`, `s2`), and its whitespace matches any run of blanks (a terminal's wrap joined back,
+a pasted indent). NCCL's `WARN` messages are looked for after `NCCL WARN` anywhere in a line, so
+the prefixes pasting adds (`[rank3]:`, timestamps, `host:pid:tid [dev] file.cc:12`) do not
+matter, and its ncclResult_t messages anywhere (torch quotes them in its errors). INFO lines are
+catalogued but not reported: NCCL_DEBUG=INFO prints hundreds of them in a healthy job. The CUDA
+catalogue's cudaError_t and CUresult names (`cudaErrorNoDevice`, `CUDA_ERROR_SYSTEM_NOT_READY`)
+are looked for as words, and reported with their value and the header's documentation.
+
+A line that no curated signature explains but that a catalogued message matches is reported as
+what the component said: the message, the releases that print that wording, the source file and
+line, the rank; its cause says it is not yet explained, never a guessed one. Matching costs
+nothing on lines without `NCCL WARN`, a result message, `cudaError` or `CUDA_ERROR_` (the engine's
+Aho-Corasick screen holds those words); on a line with one, a second automaton over each message's longest fixed piece
+picks the few expressions worth running.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import ahocorasick_rs
+import yaml
+
+from ..errors import EnvbuildError
+from ..files import parse_yaml, read_text
+from ..resources import matrices_dir
+from .signatures import KnownIssue
+
+CONVERSION = re.compile(r"%(?P<flags>[-+ #0']*)(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d+))?"
+                        r"(?P<length>hh|h|ll|l|L|q|j|z|t)?(?P<kind>[diouxXeEfFgGaAcspn%])")
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|inf|nan)"
+TYPED = {"d": r"\s*[-+]?\d+", "i": r"\s*[-+]?\d+", "u": r"\s*\d+", "o": r"\s*[0-7]+", "x": r"\s*(?:0x)?[0-9a-fA-F]+",
+         "X": r"\s*(?:0X)?[0-9a-fA-F]+", "p": r"(?:0x[0-9a-fA-F]+|\(nil\))", "c": r".", "e": NUMBER, "E": NUMBER,
+         "f": NUMBER, "F": NUMBER, "g": NUMBER, "G": NUMBER, "a": NUMBER, "A": NUMBER}
+KIND = {"i": "d", "X": "x", "E": "f", "F": "f", "e": "f", "g": "f", "G": "f", "a": "f", "A": "f"}
+MIN_FIXED = 10  # a message whose fixed text is shorter than this (`%s`, `%s: %s`) says too little to match alone
+WARN_WORD = "NCCL WARN"
+REPORTED = ("WARN", "RESULT")
+UNEXPLAINED = "unexplained"  # the family of what a component said that no curated signature explains
+
+
+def to_regex(text: str) -> str:
+    """The expression of a printf format: conversions as typed named captures (`%lx` becomes
+    `(?P<x2>...)` for the second conversion, a hex number), blanks as any run of blanks."""
+    out, pos, number = [], 0, 0
+    text = text.strip()
+    conversions = list(CONVERSION.finditer(text))
+    for index, conversion in enumerate(conversions):
+        out.append(_literal(text[pos:conversion.start()]))
+        pos = conversion.end()
+        kind = conversion.group("kind")
+        if kind == "%":
+            out.append("%")
+            continue
+        if kind == "n":
+            continue
+        number += 1
+        last = index == len(conversions) - 1 and not text[pos:].strip()
+        body = (r".*" if last else r".*?") if kind == "s" else TYPED[kind]
+        out.append(f"(?P<{KIND.get(kind, kind)}{number}>{body})")
+    out.append(_literal(text[pos:]))
+    return "".join(out)
+
+
+def _literal(piece: str) -> str:
+    return r"\s+".join(re.escape(word) for word in re.split(r"\s+", piece)) if piece.strip() else \
+        (r"\s*" if piece else "")
+
+
+def capture_names(text: str) -> list[str]:
+    """The names to_regex gives the captures of a format, in order (`d1`, `x2`, `s3`)."""
+    kinds = [c.group("kind") for c in CONVERSION.finditer(text.strip()) if c.group("kind") not in "%n"]
+    return [f"{KIND.get(kind, kind)}{number}" for number, kind in enumerate(kinds, 1)]
+
+
+def fixed_text(text: str) -> str:
+    """The message without its conversions: what decides whether it says enough to match alone."""
+    return CONVERSION.sub(" ", text).strip()
+
+
+def key_of(text: str) -> str:
+    """The longest run of fixed text between conversions and blanks-runs: every printing holds it."""
+    runs = [run for piece in CONVERSION.split(text) if piece for run in re.split(r"\s{2,}|\n", piece)]
+    return max((run.strip() for run in runs if run and run.strip()), key=len, default="")
+
+
+@dataclass
+class Matcher:
+    """One catalogued message: how to find it, and the finding it makes (no cause guessed)."""
+    component: str
+    text: str  # the wording (a format string) or the error's name
+    pattern: str
+    title: str
+    detail: str
+    cause: str
+    fix: str
+    source: str
+
+    @functools.cached_property
+    def regex(self) -> re.Pattern:
+        return re.compile(self.pattern)
+
+    def issue(self) -> KnownIssue:
+        return KnownIssue(id=f"{self.component}-said", family=UNEXPLAINED, title=self.title, pattern=self.pattern,
+                          detail=self.detail, cause=self.cause, fix=self.fix, source=self.source)
+
+
+def _newest(releases: str) -> str:
+    return releases.split(", ")[-1].split("..")[-1]
+
+
+def nccl_matchers(data: dict) -> list[Matcher]:
+    """A matcher per WARN wording and ncclResult_t message that says enough to match alone."""
+    url = str(data.get("source") or "https://github.com/NVIDIA/nccl")
+    tags = {str(r["release"]): str(r["tag"]) for r in data.get("releases") or []}
+    found = []
+    for entry in data.get("messages") or []:
+        level, text, releases = entry["level"], str(entry["text"]), str(entry["releases"])
+        if level not in REPORTED or len(fixed_text(text)) < MIN_FIXED:
+            continue
+        where = f"{entry['file']}:{int(entry['line'])}"
+        link = f"{url}/blob/{tags.get(_newest(releases), 'master')}/{entry['file']}#L{int(entry['line'])}"
+        body = to_regex(text)
+        said = "an ncclResult_t message" if level == "RESULT" else f"a {level} message"
+        found.append(Matcher(
+            "nccl", text, rf"{WARN_WORD}\s+{body}" if level == "WARN" else body, f"NCCL said: {text.strip()}",
+            f"NCCL {releases}, {where}" + "".join(f"; {name}: {{{name}}}" for name in capture_names(text)),
+            f"not yet explained: {said} of NCCL (printed at {where} in the releases {releases}); no curated "
+            f"signature says what it means for the job, and doctor does not guess.",
+            f"Read the source line ({link}) for the check that failed and what its values mean; search "
+            f"{url}/issues for the wording; rerun with NCCL_DEBUG=INFO for the lines before it.", link))
+    return found
+
+
+def cuda_matchers(data: dict) -> list[Matcher]:
+    """A matcher per cudaError_t and CUresult name (success left out), documented as its newest header says."""
+    pages = {str(r["release"]): str(r["url"]) for r in data.get("releases") or []}
+    names: dict[tuple[str, str], list[dict]] = {}
+    for entry in data.get("errors") or []:
+        if int(entry["value"]) != 0:
+            names.setdefault((str(entry["api"]), str(entry["name"])), []).append(entry)
+    found = []
+    for (api, name), entries in sorted(names.items()):
+        newest = max(entries, key=lambda e: [int(p) for p in _newest(str(e["releases"])).split(".")])
+        releases = ", ".join(str(e["releases"]) for e in entries)
+        what = "a cudaError_t (runtime API)" if api == "runtime" else "a CUresult (driver API)"
+        where = f"{newest['header']}:{int(newest['line'])}"
+        found.append(Matcher(
+            "cuda", name, rf"\b{re.escape(name)}\b", f"CUDA said: {name} ({int(newest['value'])})",
+            f"CUDA {releases}, {where}",
+            f"not yet explained: {what} CUDA returned; its header ({where}) documents it as: "
+            f"\"{newest['doc']}\" No curated signature says what it means for this job, and doctor does not guess.",
+            "Find the call that returned it in the lines before (CUDA_LAUNCH_BLOCKING=1 makes kernel errors "
+            "surface at the launch that caused them); compare the driver (`nvidia-smi`) with the CUDA the image pins.",
+            pages.get(_newest(str(newest["releases"])), "https://pypi.org/project/nvidia-cuda-runtime-cu12/")))
+    return found
+
+
+class Said:
+    """The catalogues as matchers: `words` for the engine's screen, `match` for a line."""
+
+    def __init__(self, matchers: list[Matcher], words: list[str]):
+        self.matchers = matchers
+        keys: dict[str, list[int]] = {}
+        for index, matcher in enumerate(matchers):
+            keys.setdefault(key_of(matcher.text), []).append(index)
+        self.keys = list(keys)
+        self.owners = [keys[k] for k in self.keys]
+        self.automaton = ahocorasick_rs.AhoCorasick(self.keys) if self.keys else None
+        self.words = sorted(set(words))
+        self._issues: dict[int, KnownIssue] = {}
+
+    @classmethod
+    def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None) -> "Said":
+        """The matchers of an NCCL catalogue and a CUDA one (either may be absent)."""
+        matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {})
+        words = [WARN_WORD] if nccl else []
+        words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
+        words += ["cudaError", "CUDA_ERROR_"] if cuda else []
+        return cls(matchers, words)
+
+    def match(self, line: str) -> Optional[tuple[int, re.Match]]:
+        """The most specific catalogued message the line holds (the longest fixed text), or None."""
+        if self.automaton is None:
+            return None
+        best = None
+        for key_index, _, _ in self.automaton.find_matches_as_indexes(line, overlapping=True):
+            for index in self.owners[key_index]:
+                found = self.matchers[index].regex.search(line)
+                if found and (best is None or len(fixed_text(self.matchers[index].text)) >
+                              len(fixed_text(self.matchers[best[0]].text))):
+                    best = (index, found)
+        return best
+
+    def issue(self, index: int) -> KnownIssue:
+        if index not in self._issues:
+            self._issues[index] = self.matchers[index].issue()
+        return self._issues[index]
+
+
+def _read(path: Path):
+    """A catalogue file envbuild wrote (None when absent), parsed with libyaml where there is one."""
+    if not path.is_file():
+        return None
+    text = read_text(path, "message catalogue", "matrix")
+    if getattr(yaml, "CSafeLoader", None):  # libyaml: the NCCL catalogue in 0.1 s, not 0.5 s
+        try:
+            return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506  (a safe loader)
+        except yaml.YAMLError:
+            pass  # parse_yaml says where it is broken
+    return parse_yaml(text, f"message catalogue {path}")
+
+
+@functools.lru_cache(maxsize=4)
+def load_said(directory: Optional[Path] = None) -> Optional[Said]:
+    """The catalogues envbuild ships (or those in `directory`) as matchers; None without any."""
+    folder = (directory or matrices_dir()) / "catalogues"
+    nccl, cuda = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml")
+    if nccl is None and cuda is None:
+        return None
+    try:
+        return Said.of(nccl if isinstance(nccl, dict) else None, cuda if isinstance(cuda, dict) else None)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise EnvbuildError(f"a message catalogue in {folder} is malformed ({type(e).__name__}: {e}); "
+                            f"regenerate it with `envbuild matrix catalogue --write`.") from None
+
+
+def released_in(spans: str, order: list[str]) -> set[str]:
+    """The releases of `order` a catalogue entry's `releases` ('2.20.5..2.26.5, 2.28.3') names."""
+    held: set[str] = set()
+    for run in spans.split(", "):
+        first, _, last = run.partition("..")
+        if first in order and (last or first) in order:
+            held.update(order[order.index(first):order.index(last or first) + 1])
+    return held
+
+
+def _quote_problem(issue: KnownIssue, pattern: re.Pattern, quote, releases: set[str], order: list[str]) -> str:
+    """Why a quote does not hold ('' when it does)."""
+    if not releases:
+        return f"{issue.id}: quotes {quote.nccl!r}, which no catalogued NCCL release prints"
+    if not re.search(to_regex(quote.nccl), quote.line):
+        return f"{issue.id}: {quote.line!r} is not a line {quote.nccl!r} prints"
+    if not pattern.search(quote.line):
+        return (f"{issue.id}: NCCL {', '.join(r for r in order if r in releases)} print {quote.nccl!r} "
+                f"({quote.line!r}) and its pattern does not match it")
+    return ""
+
+
+def drift(issues: list[KnownIssue], data: dict) -> list[str]:
+    """What keeps a signature's quotes of NCCL from holding on every catalogued release: a quoted
+    wording no release prints, a quoted line the wording cannot print, a wording the pattern does
+    not match in the releases that print it, a release that prints none of the signature's wordings;
+    and for each message the quotes name (`message`), a release from the first that prints it to
+    the newest (or to its `until`: the last release that prints it at all) that prints none of
+    its quoted wordings: NCCL reworded it and the signature does not know the new wording."""
+    order = [str(r["release"]) for r in data.get("releases") or []]
+    printed: dict[str, set[str]] = {}
+    for entry in data.get("messages") or []:
+        printed.setdefault(str(entry["text"]), set()).update(released_in(str(entry["releases"]), order))
+    problems = []
+    for issue in (i for i in issues if i.quotes):
+        pattern, covered, groups = re.compile(issue.pattern), set(), {}
+        for quote in issue.quotes:
+            releases = printed.get(quote.nccl, set())
+            problem = _quote_problem(issue, pattern, quote, releases, order)
+            problems += [problem] if problem else []
+            group = groups.setdefault(quote.message, [set(), None])
+            group[0] |= set() if problem else releases
+            group[1] = quote.until or group[1]
+            covered |= set() if problem else releases
+        missing = [r for r in order if r not in covered]
+        if missing:
+            problems.append(f"{issue.id}: NCCL {', '.join(missing)} print none of the wordings it quotes and matches")
+        for message, (held, until) in groups.items():
+            start = min((order.index(r) for r in held), default=len(order))
+            end = order.index(until) + 1 if until in order else len(order)
+            gone = [r for r in order[start:end] if r not in held]
+            if message and gone:
+                problems.append(f"{issue.id}: NCCL {', '.join(gone)} print none of its quoted wordings of {message!r} "
+                                f"that it matches (reworded? or say `until` the release that last prints it)")
+    return problems

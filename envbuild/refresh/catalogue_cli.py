@@ -1,0 +1,93 @@
+"""The `envbuild matrix catalogue` command: derive the message catalogues from fetched sources,
+diff them against matrices/catalogues/, and (with --write) write them, like `matrix refresh`."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from ..errors import EnvbuildError
+from ..resources import matrices_dir
+from . import cuda_catalogue, nccl_catalogue, writer
+from .cli import _not_empty
+
+
+def _old(path: Path) -> str:
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        raise EnvbuildError(f"{path} is not a regular file (a link or a device?); envbuild replaces only the "
+                            f"catalogue it wrote. Move it away and run again.")
+    return writer.read(path) if path.exists() else ""
+
+
+def refresh_catalogue(source: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
+    """The NCCL catalogue derived from `source` for the releases `directory`/nccl.yaml ships, nothing
+    written; and a line per release added or removed and per release whose wordings changed."""
+    nccl = nccl_catalogue.parse(writer.read(directory / "nccl.yaml"), directory / "nccl.yaml")
+    path = directory / "catalogues" / "nccl.yaml"
+    old_text = _old(path)
+    old = nccl_catalogue.parse(old_text, path)
+    new = nccl_catalogue.derive(nccl_catalogue.open_sources(source), nccl_catalogue.shipped_releases(nccl), progress)
+    return writer.FileChange(path, old_text, nccl_catalogue.render(new)), nccl_catalogue.summary(old, new)
+
+
+def refresh_cuda(wheels: Path, directory: Path) -> tuple[writer.FileChange, list[str]]:
+    """The CUDA catalogue from the downloaded runtime wheels the locks in `directory`/locks pin."""
+    path = directory / "catalogues" / "cuda.yaml"
+    old_text = _old(path)
+    new = cuda_catalogue.derive(wheels, directory / "locks")
+    if not new["releases"]:
+        raise EnvbuildError(f"--cuda-wheels {wheels} holds none of the CUDA runtime wheels the locks in "
+                            f"{directory / 'locks'} pin (with their sha256): `pip download --no-deps "
+                            f"nvidia-cuda-runtime-cu12==VERSION -d {wheels}` for each pinned version.")
+    return (writer.FileChange(path, old_text, cuda_catalogue.render(new)),
+            cuda_catalogue.summary(cuda_catalogue.parse(old_text, path), new))
+
+
+def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress) -> list:
+    if not source and not wheels:
+        raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), or both.")
+    if not (directory / "nccl.yaml").is_file():
+        raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
+    done = [refresh_catalogue(Path(source), directory, progress)] if source else []
+    return done + ([refresh_cuda(Path(wheels), directory)] if wheels else [])
+
+
+@click.command("catalogue")
+@click.option("--source", "source", type=click.Path(file_okay=False, exists=True),
+              help="NCCL's sources: a git clone (or mirror) of github.com/NVIDIA/nccl with its tags, or a "
+                   "directory of saved sources with a tags.txt (tests).")
+@click.option("--cuda-wheels", "wheels", type=click.Path(file_okay=False, exists=True),
+              help="A directory of the CUDA runtime wheels the locks pin (pip download --no-deps).")
+@click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
+@click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
+              callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
+              help="Matrix directory whose nccl.yaml and locks name the releases (default: the built-in one).")
+def catalogue_command(source: Optional[str], wheels: Optional[str], write: bool, matrix_dir: Optional[str]):
+    """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
+    per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
+    pinned CUDA runtime wheels; show the diff, or --write it.
+
+    Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
+    given; 2: a source cannot be read or an input is bad."""
+    directory = Path(matrix_dir) if matrix_dir else matrices_dir()
+    done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True))
+    for line in [line for _, facts in done for line in facts]:
+        click.echo(f"  {line}", err=True)
+    changed = [change for change, _ in done if change.changed]
+    for change in changed:
+        click.echo(change.diff(f"{directory.name}/catalogues/{change.path.name}"), nl=False)
+    if not changed:
+        click.echo("the catalogues are current with their sources", err=True)
+        return
+    if write:
+        changed[0].path.parent.mkdir(exist_ok=True)
+        writer.write_all(changed)
+        click.echo(f"wrote {', '.join(str(c.path) for c in changed)}", err=True)
+        return
+    click.echo("run `envbuild matrix catalogue ... --write` to apply", err=True)
+    sys.exit(1)

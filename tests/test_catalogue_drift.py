@@ -1,0 +1,142 @@
+"""Drift between known_issues.yaml and what NCCL prints, caught by a test rather than an audit.
+
+A signature that quotes NCCL lists the wordings it stands for (`quotes`: the format string as
+matrices/catalogues/nccl.yaml has it, and a line NCCL prints with it). For every NCCL release the
+catalogue holds, some quoted wording must be printed by that release and matched by the pattern.
+The three signatures an audit found stale (commit 8bc6d8d fixed them) are held here with their
+old patterns: the check must name the releases they missed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import given, settings, strategies as st
+
+from property_settings import EXAMPLES
+
+from conftest import ROOT
+from envbuild.doctor import load_issues
+from envbuild.doctor.said import Said, drift, to_regex
+from envbuild.doctor.signatures import Quote
+
+ISSUES = load_issues(ROOT / "matrices")
+CATALOGUE = yaml.safe_load((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
+# The patterns of 8bc6d8d^ (git show 8bc6d8d^:matrices/known_issues.yaml), before the audit's fix.
+OLD = {
+    "nccl-net-not-found": r"NCCL WARN Error: network (?P<net>[\w ./-]+?) not found",
+    "net-plugin-partial": r"NET/Plugin: Could not find: (?P<plugin>\S+?)\.? Using internal",
+    "gpudirect-rdma-off": r"GPU Direct RDMA Disabled for (?:GPU \S+ / )?HCA (?:\d+ )?.?(?P<hca>[\w.]+).?"
+                          r"(?: \((?P<why>[^)]+)\))?",
+}
+
+
+def by_id(issue_id):
+    return next(i for i in ISSUES if i.id == issue_id)
+
+
+def test_every_quoted_wording_holds_on_every_catalogued_release():
+    assert drift(ISSUES, CATALOGUE) == []
+
+
+def test_the_signatures_that_cite_nccl_s_source_quote_it():
+    """A signature citing a line of NCCL's source names the wordings, so the check above covers it.
+    nccl-system-error (many messages, from torch's side too) is not quoted yet."""
+    citing = {i.id for i in ISSUES if "https://github.com/NVIDIA/nccl" in i.source and " src/" in i.source}
+    assert citing and citing <= {i.id for i in ISSUES if i.quotes}
+
+
+@pytest.mark.parametrize("issue_id, missed", [
+    ("nccl-net-not-found", "NCCL 2.27.3, 2.27.5, 2.27.6, 2.27.7, 2.28.3"),
+    ("net-plugin-partial", "NCCL 2.20.5, 2.21.5, 2.28.3, 2.28.7"),
+    ("gpudirect-rdma-off", "NCCL 2.29.2, 2.29.3, 2.29.7 print 'GPU Direct RDMA Disabled for %s'"),
+])
+def test_the_old_patterns_the_audit_found_stale_fail_the_check(issue_id, missed):
+    """Run on the wording before the fix, the check names the releases that print only other wordings."""
+    old = by_id(issue_id).model_copy(update={"pattern": OLD[issue_id]})
+    problems = drift([old], CATALOGUE)
+    assert any(missed in problem for problem in problems), problems
+
+
+def test_a_quote_no_release_prints_or_a_line_it_cannot_print_is_named():
+    issue = by_id("nccl-net-not-found")
+    typo = issue.model_copy(update={"quotes": [Quote(nccl="Error: network %s not found", line="NCCL WARN Error: network IB not found")]})
+    assert "which no catalogued NCCL release prints" in drift([typo], CATALOGUE)[0]
+    wrong_line = issue.model_copy(update={"quotes": [Quote(nccl="Error: network %s not found.", line="NCCL WARN Error: net IB")]})
+    assert "is not a line" in drift([wrong_line], CATALOGUE)[0]
+
+
+@pytest.mark.parametrize("text, line, parts", [
+    ("GPU Direct RDMA Disabled for GPU %d / HCA %lx (distance %d > %d)",
+     "GPU Direct RDMA Disabled for GPU 0 / HCA 1a (distance 5 > 4)", {"d1": "0", "x2": "1a", "d3": "5", "d4": "4"}),
+    ("Cuda failure %d '%s'", "Cuda failure 2 'out of memory'", {"d1": "2", "s2": "out of memory"}),
+    ("Call to %s failed : %zu%%", "Call to  ibv_open_device\n  failed : 12%", {"s1": "ibv_open_device", "u2": "12"}),
+    ("ptr %p size %lu", "ptr 0x7f00aa size 4096", {"p1": "0x7f00aa", "u2": "4096"}),
+])
+def test_a_format_string_becomes_a_matcher_with_typed_captures(text, line, parts):
+    import re
+    match = re.search(to_regex(text), line)
+    assert match and {k: v for k, v in match.groupdict().items()} == parts
+    assert not re.fullmatch(to_regex("status=%d"), "status=abc")
+
+
+def test_the_most_specific_catalogued_message_wins():
+    """`%s` alone says nothing and is not matched; of two wordings a line fits, the longer fixed text is chosen."""
+    said = Said.of({"component": "nccl", "source": "https://github.com/NVIDIA/nccl",
+                 "releases": [{"release": "2.30.7", "tag": "v2.30.7-1", "commit": "0" * 40}],
+                 "messages": [{"level": "WARN", "text": "%s", "file": "a.cc", "line": 1, "releases": "2.30.7"},
+                              {"level": "WARN", "text": "Call to %s failed", "file": "b.cc", "line": 2, "releases": "2.30.7"},
+                              {"level": "WARN", "text": "Call to %s failed with %d", "file": "c.cc", "line": 3, "releases": "2.30.7"}]})
+    index, _ = said.match("\x1b[0mhost:1:2 [0] NCCL WARN Call to ibv_open failed with 5")
+    assert said.matchers[index].detail.startswith("NCCL 2.30.7, c.cc:3;")
+    assert said.match("host:1:2 [0] NCCL INFO Call to x failed with 5") is None
+
+
+SPECIFIERS = {"%d": st.integers(-2**31, 2**31 - 1), "%u": st.integers(0, 2**32), "%lu": st.integers(0, 2**64),
+              "%zu": st.integers(0, 2**64), "%x": st.integers(0, 2**32), "%lx": st.integers(0, 2**64),
+              "%s": st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12),
+              "%p": st.integers(1, 2**48), "%.2f": st.floats(0, 1e6, allow_nan=False)}
+
+
+def _c_render(spec: str, value) -> str:
+    """What glibc's printf writes for these conversions (Python's % has no length modifiers or %p)."""
+    if spec == "%p":
+        return hex(value)
+    return (spec.replace("l", "").replace("z", "")) % value
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.lists(st.one_of(st.text("abcXYZ :/=()[]<>-_.,'", min_size=1, max_size=8),
+                          st.sampled_from(sorted(SPECIFIERS))), min_size=1, max_size=6).flatmap(
+    lambda parts: st.tuples(st.just(parts), st.tuples(*[SPECIFIERS[p] if p in SPECIFIERS else st.just(p)
+                                                        for p in parts]))))
+def test_any_printf_rendering_is_matched_by_its_format_s_matcher(case):
+    """Whatever values NCCL fills in, the line it prints is matched by the expression of its format."""
+    import re
+    parts, values = case
+    fmt = "".join(p.replace("%", "%%") if p not in SPECIFIERS else p for p in parts)
+    line = "".join(_c_render(p, v) if p in SPECIFIERS else p for p, v in zip(parts, values))
+    assert re.search(to_regex(fmt), line), (fmt, line)
+
+
+def test_a_reworded_message_fails_until_its_new_wording_is_quoted():
+    """Each quoted message must be printed, in a quoted wording, by every release from its first to
+    the newest, or to its `until`: dropping the 2.29 wording of paths.cc's line, or its `until`, fails."""
+    issue = by_id("gpudirect-rdma-off")
+    without_2_29 = issue.model_copy(update={"quotes": [q for q in issue.quotes if q.nccl != "GPU Direct RDMA Disabled for %s"]})
+    (problem,) = drift([without_2_29], CATALOGUE)
+    assert "NCCL 2.29.2, 2.29.3, 2.29.7, 2.30.3, 2.30.4, 2.30.7 print none of its quoted wordings of 'paths.cc" in problem
+    no_until = issue.model_copy(update={"quotes": [q.model_copy(update={"until": None}) for q in issue.quotes]})
+    (problem,) = drift([no_until], CATALOGUE)
+    assert "NCCL 2.30.3, 2.30.4, 2.30.7 print none of its quoted wordings of 'paths.cc" in problem
+
+
+def test_nccl_system_error_s_old_pattern_misses_what_nccl_2_20_to_2_30_print():
+    """Before its quotes, the pattern knew 2.20-2.26's `Connect to` only and a `Socket creation
+    failed` no shipped release prints alone."""
+    old = by_id("nccl-system-error").model_copy(update={"pattern": (
+        r"unhandled system error|ncclSystemError|NCCL WARN socket(?:Start|Poll)Connect: Connect to|WARN Socket "
+        r"creation failed|WARN Net : Connection closed by remote peer|NCCL WARN socketProgress: Connection closed by remote peer")})
+    problems = "\n".join(drift([old], CATALOGUE))
+    assert "NCCL 2.27.3, 2.27.5" in problems and "'%s: connect to %s failed : %s'" in problems
+    assert "NCCL 2.20.5, 2.21.5, 2.22.3, 2.23.4 print 'ncclSocketInit: Socket creation failed : %s'" in problems

@@ -8,6 +8,8 @@ module names the tags and words the failure, the same for every engine.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import socket
 import ssl
 import time
@@ -24,8 +26,8 @@ from .registry import CONTENT_TAG_DIGITS, check_readable_tag
 
 LOG_NAME = "build.log"
 
-__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "LayerCache", "build_image", "check_compile_cache", "content_hash",
-           "content_tag"]
+__all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "LayerCache", "build_image", "check_compile_cache", "compiles",
+           "content_hash", "content_tag"]
 
 BUILDER_STAGE = "builder"  # the stage of a stack's Dockerfile that compiles (templates/docker/Dockerfile.j2)
 
@@ -186,3 +188,25 @@ def _resp(words: list[str]) -> bytes:
         b = w.encode()
         out += f"${len(b)}\r\n".encode() + b + b"\r\n"
     return out
+
+
+_COMPILES = re.compile(r"envbuild: compiles (\{[^\n]{0,4000}\})$", re.M)
+
+
+def compiles(log_text: str) -> dict:
+    """What a build's compiling steps compiled, summed from their `envbuild: compiles` lines
+    (lib.sh compile_cache_report): each compiler's runs and the compile cache's hits, misses and
+    errors by category; {} when no step compiled (a step the layer cache served prints none). A
+    line that is not one the steps write is skipped: the log also holds what builds printed."""
+    total: dict = {}
+    for line in _COMPILES.findall(log_text):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        for what in ("runs", "hits", "misses", "errors"):
+            counts = data.get(what, {}) if isinstance(data, dict) else {}
+            for name, n in (counts.items() if isinstance(counts, dict) else ()):
+                if isinstance(name, str) and len(name) <= 64 and isinstance(n, int) and 0 <= n < 10 ** 9:
+                    total.setdefault(what, {})[name] = total.get(what, {}).get(name, 0) + n
+    return total

@@ -45,7 +45,7 @@ from securesystemslib.signer import CryptoSigner
 from . import audit, extcache, grammar, provenance, sbom
 from .artifacts import Blob, Registry
 from .ci import digest_name, publish_plan
-from .build import LayerCache
+from .build import LOG_NAME, LayerCache, compiles
 from .engine import get_engine
 from .enroot import MKSQUASHFS_FROM, export_sqsh
 from .errors import EnvbuildError, nearest
@@ -99,6 +99,7 @@ class Outcome:
     bytes: dict = field(default_factory=dict)    # what each step added: sbom, sqsh, attestation sizes
     left_in_registry: list = field(default_factory=list)
     layer_cache: dict = field(default_factory=dict)  # the references the build imported and exported (LayerCache)
+    compiles: dict = field(default_factory=dict)  # what the build compiled and the compile cache served (build.compiles)
 
 
 def repository(image_repo: str) -> str:
@@ -462,7 +463,13 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
 
 def _build_and_smoke(ctx: JobContext, o: Outcome, variant: dict, build_dir: Path):
     """Steps 1-2: the image, and its smoke report, which must pass before anything leaves."""
-    image = _timed(o, "build", lambda: ctx.build(variant, build_dir), ctx)
+    try:
+        image = _timed(o, "build", lambda: ctx.build(variant, build_dir), ctx)
+    finally:
+        log = build_dir / LOG_NAME
+        if log.is_file():  # the build's own log; bounded all the same
+            with open(log, "rb") as f:
+                o.compiles = compiles(f.read(256 * 2 ** 20).decode("utf-8", "replace"))
     report = _timed(o, "smoke", lambda: run_smoke(image), ctx)
     if not report.ok:
         failed = [c.get("name") for c in report.checks if not c.get("ok") and c.get("status") != "skip"]

@@ -304,3 +304,19 @@ def test_one_deepspeed_wheel_serves_every_gpu_with_its_arches_and_no_other(matri
               _ds_key(matrix, gpu="h20", stack=stack, ds_ops="cpu_adam"),
               _ds_key(matrix, gpu="h20", stack=stack, ds_ops="cpu_adam,fused_adam", cpu_target="x86-64-v2")}
     assert h20 not in others and len(others) == 3
+
+
+def test_a_builds_compiles_are_summed_from_its_log_and_nothing_else_counts():
+    """publish records what each variant compiled (report.json `compiles`) from the steps' lines;
+    a line a package printed that is not one of them, or is malformed, adds nothing."""
+    from envbuild.build import compiles
+
+    log = "\n".join([
+        '#26 205.5 envbuild: compiles {"errors": {}, "hits": {"c [gcc]": 4}, "misses": {"cuda [nvcc]": 1}, "runs": {"nvcc": 1}}',
+        '#28 6.8 envbuild: compiles {"errors": {}, "hits": {"cuda [nvcc]": 2}, "misses": {}, "runs": {"nvcc": 2}}',
+        '#29 1.0 envbuild: compiles {"runs": {"nvcc": -5, "g++": "many"}, "hits": [1]}',
+        '#29 1.1 envbuild: compiles {not json}',
+        '#30 0.1 somebody said envbuild: compiles {"runs": {"nvcc": 1000}} mid-line and more',
+    ])
+    assert compiles(log) == {"hits": {"c [gcc]": 4, "cuda [nvcc]": 2}, "misses": {"cuda [nvcc]": 1}, "runs": {"nvcc": 3}}
+    assert compiles("no compiling step ran") == {}

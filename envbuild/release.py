@@ -140,14 +140,14 @@ def layer_cache(cache_repo: Optional[str], image_repo: str, variant: dict) -> Op
 
 
 def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: str, cache_repo: Optional[str],
-         ext_cache: Optional[Path], out: Path) -> list[str]:
+         ext_cache: Optional[Path], out: Path, ds_key: Callable[[dict], Optional[str]] = lambda _: None) -> list[str]:
     """What `publish --job` would do, per variant, without building anything: which layer-cache
     images the registry already holds (pulled, not built) and which stages will be built, the
     compiled extensions an --ext-cache file holds, and how long the last run's build took."""
     held = _held_refs(registry, [c for v in variants for c in dataclasses.astuple(
         layer_cache(cache_repo, image_repo, v) or LayerCache("", ""))])
     last = _last_build_seconds(out)
-    wheels = _cache_wheels(ext_cache) if job["extensions"] and ext_cache else None
+    wheels = _cache_wheels(ext_cache) if ext_cache else None
     lines = [f"job {job['id']}: {len(variants)} variant(s), {job['platform']}, layer cache "
              f"{cache_repo or 'off'}"]
     for v in variants:
@@ -161,7 +161,13 @@ def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: 
                 lines.append(f"  {what:<14} {verdict}  ({ref})")
         else:
             lines.append("  every stage    built (--layer-cache off)")
-        if wheels is not None:
+        key = ds_key(v)
+        if key:
+            in_file = wheels is not None and any(w.startswith(f"{key}/") for w in wheels)
+            lines.append(f"  deepspeed      wheel {key}: " + (f"in {ext_cache}, not compiled" if in_file else
+                         "compiled unless this machine's wheel cache holds it (the compile cache, if given, serves "
+                         "the units it holds)"))
+        if wheels is not None and job["extensions"]:
             names = [w for w in wheels if w.split("/")[0] in v["extensions"].split(",")]
             lines.append(f"  extensions     {len(names)} compiled wheel(s) in {ext_cache}: "
                          f"{', '.join(n.rsplit('/', 1)[1] for n in names) or 'none (compiled in the build)'}")
@@ -171,11 +177,12 @@ def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: 
 
 
 def job_plan(m: Matrix, job_id: str, wanted: tuple[str, ...], registry: str, image_repo: str,
-             cache_repo: Optional[str], ext_cache: Optional[str], out: Path) -> list[str]:
+             cache_repo: Optional[str], ext_cache: Optional[str], out: Path,
+             ds_key: Callable[[dict], Optional[str]] = lambda _: None) -> list[str]:
     """`publish --job ID --plan [--variant ...]`: :func:`plan` of the variants chosen."""
     job, variants, _ = find_job(m, job_id)
     return plan(m, job, select_variants(m, job, variants, wanted), registry, image_repo, cache_repo,
-                Path(ext_cache) if ext_cache else None, out)
+                Path(ext_cache) if ext_cache else None, out, ds_key)
 
 
 def _held_refs(registry: str, refs: list[str]) -> dict[str, object]:

@@ -165,3 +165,29 @@ def test_a_report_the_plan_cannot_read_gives_no_figure(tmp_path, report):
     r = run_here("publish", "--job", JOB, "--registry", "127.0.0.1:9/acme", "--plan", "--variant", "h20",
                  "--layer-cache", "off", "--out", str(out), cwd=tmp_path, env=SHIPPED)
     assert r.returncode == 0 and "last run" not in r.stdout and "every stage    built (--layer-cache off)" in r.stdout
+
+
+def test_the_plan_names_each_variants_deepspeed_wheel_and_whether_the_ext_cache_holds_it(tmp_path):
+    """DeepSpeed's wheel is keyed by what decides its bytes: the H20 and the H100 (both sm_90)
+    share it, and a --ext-cache file that holds the key means it is not compiled."""
+    import io
+    import re
+    import tarfile
+
+    args = ("publish", "--job", JOB, "--registry", "127.0.0.1:9/acme", "--plan", "--variant", "h20", "--variant",
+            "h100:ib", "--layer-cache", "off", "--out", str(tmp_path / "o"))
+    r = run_here(*args, cwd=tmp_path, env=SHIPPED)
+    assert r.returncode == 0, r.stderr
+    keys = re.findall(r"deepspeed      wheel (deepspeed/[0-9a-f]{16}): compiled unless", r.stdout)
+    assert len(keys) == 2 and keys[0] == keys[1], r.stdout
+    cache = tmp_path / "ext-cache.tar"
+    with tarfile.open(cache, "w") as tar:
+        for name, data in ((".envbuild-ext-cache", b"envbuild-ext-cache\n"),
+                           (f"{keys[0]}/deepspeed-0.16.5-cp310-cp310-linux_x86_64.whl", b"wheel"),
+                           (f"{keys[0]}/deepspeed-0.16.5-cp310-cp310-linux_x86_64.sha256", b"0" * 64 + b"\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    r = run_here(*args, "--ext-cache", str(cache), cwd=tmp_path, env=SHIPPED)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(f"deepspeed      wheel {keys[0]}: in {cache}, not compiled") == 2, r.stdout

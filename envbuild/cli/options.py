@@ -153,3 +153,25 @@ def pin_named_bases(r):
                   f"this machine", markup=False, soft_wrap=True)
     return dataclasses.replace(r, base_images={stage: pinned[named[stage]][0] if named.get(stage) else ref
                                                for stage, ref in r.base_images.items()})
+
+
+def variant_kw(m, variant: dict, image_repo: str, build_flags: dict) -> dict:
+    """The request options one variant of a job builds with (as `envbuild build` would get them)."""
+    return request_kw(gpu=variant["gpu"], stack=variant["stack"], fabric=variant["fabric"],
+                      extensions=variant.get("extensions") or None, image_repo=image_repo,
+                      matrix_dir=str(m.directory), **build_flags)
+
+
+def deepspeed_key(m, image_repo: str, build_flags: dict):
+    """variant -> the key of its DeepSpeed wheel in the wheel cache (None: a stack without a lock),
+    from the plan the build would render: what `--plan` looks for in the --ext-cache file."""
+    def key(variant: dict):
+        import json
+
+        from ..plan.stack import stack_plan
+        from ..resolve import resolve
+
+        record = stack_plan(resolve(*request_from(variant_kw(m, variant, image_repo, build_flags)))).generated_files
+        text = record.get("envbuild/deepspeed.json")
+        return json.loads(text)["cache_key"] if text else None
+    return key

@@ -14,7 +14,7 @@ from ..grammar import escaped
 from .app import err, main, out
 from ..request import flags
 from ..grammar import redact
-from .options import matrix_dir_option, request_kw, secret_options, trust_options
+from .options import deepspeed_key, matrix_dir_option, secret_options, trust_options, variant_kw
 
 SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
                        help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
@@ -97,34 +97,11 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     cache = cache_repo_from(cache_repo, registry)
     if show_plan:
         for line in job_plan(m, job_id, variant_ids, registry, image_repo, cache, ext_cache, Path(out_dir),
-                             _deepspeed_key(m, image_repo, build_flags)):
+                             deepspeed_key(m, image_repo, build_flags)):
             out.print(line, markup=False, soft_wrap=True)
         return
     _run_job(m, job_id, variant_ids, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
              keep_images, cache, build_flags)
-
-
-def _variant_kw(m, variant: dict, image_repo: str, build_flags: dict) -> dict:
-    """The request options one variant of a job builds with (as `envbuild build` would get them)."""
-    return request_kw(gpu=variant["gpu"], stack=variant["stack"], fabric=variant["fabric"],
-                      extensions=variant.get("extensions") or None, image_repo=image_repo,
-                      matrix_dir=str(m.directory), **build_flags)
-
-
-def _deepspeed_key(m, image_repo: str, build_flags: dict):
-    """variant -> the key of its DeepSpeed wheel in the wheel cache (None: a stack without a lock),
-    from the plan the build would render: what `--plan` looks for in the --ext-cache file."""
-    def key(variant: dict):
-        import json
-
-        from ..plan.stack import stack_plan
-        from ..resolve import resolve
-        from .options import request_from
-
-        record = stack_plan(resolve(*request_from(_variant_kw(m, variant, image_repo, build_flags)))).generated_files
-        text = record.get("envbuild/deepspeed.json")
-        return json.loads(text)["cache_key"] if text else None
-    return key
 
 
 def _one_mode(job_id, manifest_tag, list_jobs, about_a_job) -> None:
@@ -179,7 +156,7 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
     activity: dict = {}  # the BuildKit step now running, for the heartbeat
 
     def build(variant: dict, build_dir: Path) -> str:
-        kw = _variant_kw(m, variant, image_repo, build_flags)
+        kw = variant_kw(m, variant, image_repo, build_flags)
         r, secrets, path, _ = render_to(kw, str(build_dir), show=False, reach_archive=True)
         build_image(path, r.tag, r.request.image_repo, secrets,
                     **build_hooks(variant, activity, layer_cache(cache_repo, image_repo, variant), _say))

@@ -8,7 +8,7 @@ For each op: the sdist of the newest DeepSpeed release deepspeed.yaml lists, the
 the newest torch a CUDA 13 stack pins with it (stacks.yaml), and cuda-toolkit[nvcc,cudart,cccl,
 curand,cublas] of each release in envbuild.refresh.op_bounds.TOOLKITS, one release at a time.
 Prints one line per release (accepts / rejects with file:line: error / not tried and why), the
-derived bound and the data's; exits 1 when they differ. Downloads about 1 GB into DIR
+derived bound and the data's; exits 1 when they differ. Downloads about 4 GB into DIR
 (default /var/tmp/envbuild-op-bounds), deleted at the end unless --keep.
 """
 

@@ -2,7 +2,7 @@
 
 Offline: the parsing and deciding on real nvcc logs (tests/fixtures/op_bounds: PyPI's nvcc
 13.0.88, 13.1.115 and 13.2.86 compiling the deepspeed-0.19.8 sdist's fp_quantize_impl.cu,
-and a compile whose set-up lacked a header). Opt-in (ENVBUILD_LIVE=1, about 3 GB of downloads
+and a compile whose set-up lacked a header). Opt-in (ENVBUILD_LIVE=1, about 4 GB of downloads
 and a few minutes of nvcc): the bound derived again from PyPI equals the data."""
 
 from __future__ import annotations

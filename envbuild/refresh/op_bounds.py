@@ -10,7 +10,7 @@ releases' headers is refused by nvcc). Each release accepts, rejects (the front 
 bin/nvcc). The bound is "<X.Y", X.Y the oldest release that rejects, when every newer one tried
 rejects too; a missing header or a crash is a broken set-up, never a rejection.
 
-Downloads (about 1 GB: torch's wheel for its include/, the nvcc, nvvm and header wheels) go
+Downloads (about 4 GB unpacked: torch's wheel for its include/, the nvcc, nvvm and header wheels) go
 under a work directory the caller gives and deletes; scripts/derive_op_bounds.py runs it.
 """
 

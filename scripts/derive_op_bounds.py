@@ -8,8 +8,9 @@ For each op: the sdist of the newest DeepSpeed release deepspeed.yaml lists, the
 the newest torch a CUDA 13 stack pins with it (stacks.yaml), and cuda-toolkit[nvcc,cudart,cccl,
 curand,cublas] of each release in envbuild.refresh.op_bounds.TOOLKITS, one release at a time.
 Prints one line per release (accepts / rejects with file:line: error / not tried and why), the
-derived bound and the data's; exits 1 when they differ. Downloads about 4 GB into DIR
-(default /var/tmp/envbuild-op-bounds), deleted at the end unless --keep.
+derived bound and the data's; exits 1 when they differ, 2 when an op could not be derived.
+Downloads about 4 GB into DIR (default /var/tmp/envbuild-op-bounds), deleted at the end unless
+--keep.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from envbuild.errors import EnvbuildError  # noqa: E402
 from envbuild.refresh import op_bounds  # noqa: E402
 from envbuild.refresh.pypi import PyPI  # noqa: E402
 
@@ -35,10 +37,15 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     deepspeed, torch, ops = op_bounds.pinned(MATRIX)
     work = Path(args.work)
-    differ = 0
+    differ = underived = 0
     try:
         for op in args.ops:
-            bound, results = op_bounds.derive(PyPI(work / "pypi-cache"), work, deepspeed, torch, op)
+            try:
+                bound, results = op_bounds.derive(PyPI(work / "pypi-cache"), work, deepspeed, torch, op)
+            except EnvbuildError as e:  # this op cannot be derived (say why); the others still can
+                print(f"{op}: not derived: {e}")
+                underived += 1
+                continue
             print(f"{op} (deepspeed {deepspeed}, torch {torch} headers, sm_{op_bounds.ARCH}):")
             for line in op_bounds.describe(results):
                 print(f"  {line}")
@@ -48,7 +55,7 @@ def main(argv: list[str]) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    return 1 if differ else 0
+    return 1 if differ else 2 if underived else 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ and a few minutes of nvcc): the bound derived again from PyPI equals the data.""
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
@@ -97,6 +98,15 @@ def test_the_op_s_translation_units_and_includes_come_from_its_builder():
                                    ["csrc/fp_quantizer/includes", "csrc/includes"])
     with pytest.raises(EnvbuildError, match="no op 'fp_quantiser'.*fp_quantizer"):
         op_bounds.op_sources(index.sdist_files(dist), "fp_quantiser")
+    # random_ltd's include_paths() returns a name it assigned a list literal
+    assert op_bounds.op_sources(index.sdist_files(dist), "random_ltd")[1] == ["csrc/includes"]
+
+
+def test_a_builder_whose_sources_are_computed_is_not_derived_but_named():
+    """A computed list (sources() + more) would need DeepSpeed run: the op is named, not guessed."""
+    tree = ast.parse("class XBuilder(CUDAOpBuilder):\n    def sources(self):\n        return self.base() + ['a.cu']\n")
+    with pytest.raises(EnvbuildError, match=r"op_builder/x.py: sources\(\) does not return a literal list"):
+        op_bounds._literal_return(tree, "sources", "op_builder/x.py")
 
 
 def test_the_nvcc_line_is_deepspeed_s_for_the_release():

@@ -128,17 +128,30 @@ def decide_bound(results: list[ReleaseResult], where: str) -> str:
 # ---------------------------------------------------------------- the op's source
 
 
+def _literal_list(node: ast.expr, names: dict[str, ast.expr]) -> Optional[list[str]]:
+    """A list of str literals, directly or through a name assigned one earlier in the body."""
+    if isinstance(node, ast.Name) and node.id in names:
+        node = names[node.id]
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return None
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
 def _literal_return(tree: ast.Module, method: str, where: str) -> list[str]:
+    """What `method` returns when its body is assignments of literal lists and a return of one."""
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == method:
+            names: dict[str, ast.expr] = {}
             for stmt in node.body:
-                if isinstance(stmt, ast.Return) and stmt.value is not None:
-                    try:
-                        value = ast.literal_eval(stmt.value)
-                    except ValueError:
-                        break
-                    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                    names[stmt.targets[0].id] = stmt.value
+                elif isinstance(stmt, ast.Return) and stmt.value is not None:
+                    value = _literal_list(stmt.value, names)
+                    if value is not None:
                         return value
+                    break
             raise EnvbuildError(f"{where}: {method}() does not return a literal list of paths; "
                                 f"this op's compile cannot be derived statically.")
     return []

@@ -42,8 +42,8 @@ from .pypi import USER_AGENT, DistFile, Index, sdist_text_files
 # One cuda-toolkit version per CUDA release tried (13.0.2: the nvidia/cuda:13.0.2 bases of the
 # cu130 stacks; 13.2.2: the stacks' cuda_toolkit pin; 12.9.1: the newest CUDA 12).
 TOOLKITS = ("12.9.1", "13.0.2", "13.1.2.0", "13.2.2")
-EXTRAS = ("nvcc", "nvvm", "crt", "cudart", "cccl", "curand", "cublas", "cusparse", "cusolver")
-# nvcc (its crt, nvvm) plus the headers the ops and ATen/cuda/CUDAContext.h include
+EXTRAS = ("nvcc", "nvvm", "crt", "cudart", "cccl", "profiler", "curand", "cublas", "cusparse", "cusolver")
+# nvcc (its crt, nvvm) plus the headers the ops (cuda_profiler_api.h: profiler) and ATen/cuda/CUDAContext.h include
 WHOLE_WHEEL_LIMIT = 150 << 20  # larger wheels (cuBLAS: 400 MB of libraries): only include/ members are read
 ARCH = "90"  # sm_90 (Hopper): an arch every CUDA 12 and 13 nvcc has
 
@@ -165,8 +165,11 @@ def op_sources(files: dict[str, bytes], op: str) -> tuple[list[str], list[str]]:
         raise EnvbuildError(f"the deepspeed sdist has no op {op!r}; its ops: {', '.join(sorted(found))}.")
     where = found[op].path
     tree = ast.parse(files[where])
-    sources = _literal_return(tree, "sources", where)
-    return [s for s in sources if s.endswith(".cu")], _literal_return(tree, "include_paths", where)
+    cuda_sources = [s for s in _literal_return(tree, "sources", where) if s.endswith(".cu")]
+    if not cuda_sources:  # a cpu op, or .cpp only: a compile says nothing of a CUDA bound
+        raise EnvbuildError(f"{where}: sources() lists no .cu file, so nvcc compiles nothing of op {op} "
+                            f"and no CUDA bound follows from a compile.")
+    return cuda_sources, _literal_return(tree, "include_paths", where)
 
 
 def nvcc_command(nvcc: Path, cuda_home: Path, torch_include: Path, sdist: Path, source: str,

@@ -100,6 +100,8 @@ def test_the_op_s_translation_units_and_includes_come_from_its_builder():
         op_bounds.op_sources(index.sdist_files(dist), "fp_quantiser")
     with pytest.raises(EnvbuildError, match="no .cu file, so nvcc compiles nothing of op utils"):
         op_bounds.op_sources(index.sdist_files(dist), "utils")  # a cpu op: a compile shows no CUDA bound
+    with pytest.raises(EnvbuildError, match="stochastic_transformer.py does not define sources"):
+        op_bounds.op_sources(index.sdist_files(dist), "stochastic_transformer")  # TransformerBuilder's
     # random_ltd's include_paths() returns a name it assigned a list literal
     assert op_bounds.op_sources(index.sdist_files(dist), "random_ltd")[1] == ["csrc/includes"]
 

@@ -154,6 +154,9 @@ def _literal_return(tree: ast.Module, method: str, where: str) -> list[str]:
                     break
             raise EnvbuildError(f"{where}: {method}() does not return a literal list of paths; "
                                 f"this op's compile cannot be derived statically.")
+    if method == "sources":  # inherited (stochastic_transformer from transformer): its own file does not say
+        raise EnvbuildError(f"{where} does not define sources() itself (its base class does); this op's "
+                            f"compile cannot be derived statically.")
     return []
 
 

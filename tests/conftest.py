@@ -16,8 +16,10 @@ import signal
 import shutil
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -341,3 +343,30 @@ def docker_engine():
     left = [" ".join(row) for row in image_rows() if RUN_ID in row[0]]
     assert not left, f"images this run made are still in the engine (remove_images misses them): {left}"
 
+
+@contextlib.contextmanager
+def redis_server(where: Path, password: Optional[str] = None):
+    """Debian's redis-server (a compile cache's store) on a free port of 127.0.0.1, without
+    persistence; yields its port once it accepts connections, stops it after."""
+    import socket
+
+    server = need_tool("redis-server", "redis-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--dir", str(where), *(["--requirepass", password] if password else [])],
+                            stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -13,7 +13,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from envbuild.build import BuildSecrets, check_compile_cache
 from envbuild.errors import EnvbuildError
 from envbuild.validate import compile_cache_secret
 
-from conftest import ROOT, need_tool, run_cli
+from conftest import ROOT, need_tool, redis_server, run_cli
 from property_settings import EXAMPLES
 
 STEPS = ROOT / "templates" / "files" / "steps"
@@ -114,28 +113,10 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory):
-    """Debian's redis-server on a free port of 127.0.0.1, one with a password."""
-    server = need_tool("redis-server", "redis-server")
+    """Two redis-server on free ports of 127.0.0.1, one with a password."""
     where = tmp_path_factory.mktemp("redis")
-    ports, procs = {}, []
-    for name, extra in (("open", []), ("locked", ["--requirepass", "s3cret-pw"])):
-        port = _free_port()
-        procs.append(subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly",
-                                       "no", "--dir", str(where), *extra], stdout=subprocess.DEVNULL))
-        ports[name] = port
-    deadline = time.monotonic() + 20
-    for port in ports.values():
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.1)
-    yield ports
-    for p in procs:
-        p.terminate()
-        p.wait(timeout=10)
+    with redis_server(where) as open_port, redis_server(where, "s3cret-pw") as locked_port:
+        yield {"open": open_port, "locked": locked_port}
 
 
 def _secrets(url: str) -> BuildSecrets:

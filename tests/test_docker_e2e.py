@@ -106,24 +106,9 @@ def _tags(out: Path) -> tuple[str, str]:
 def compile_cache(work):
     """A real compile cache: Debian's redis-server on a free port of 127.0.0.1, with a password
     (a secret the no-secret scan looks for in every layer)."""
-    server = conftest.need_tool("redis-server", "redis-server")
     password = "pw" + secrets.token_hex(12)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--requirepass", password, "--dir", str(work)], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.1)
-    yield {"url": f"redis://:{password}@127.0.0.1:{port}", "password": password}
-    proc.terminate()
-    proc.wait(timeout=10)
+    with conftest.redis_server(work, password) as port:
+        yield {"url": f"redis://:{password}@127.0.0.1:{port}", "password": password}
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@
 set -euo pipefail
 
 SECRETS=${ENVBUILD_SECRETS_DIR:-/run/secrets}
+ENVBUILD_SCCACHE_PID=  # the compile cache's server, when compile_cache_start started one
 # shellcheck disable=SC2034  # read by the steps that source this file
 STEPS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -29,7 +30,11 @@ if [[ $STEPS_DIR == /opt/envbuild-setup ]]; then
     STEP_STARTED=$(mktemp /dev/shm/envbuild-step.XXXXXX 2> /dev/null || true)
 fi
 finish_step() {
-    if [[ -n ${ENVBUILD_SCCACHE:-} ]]; then "$ENVBUILD_SCCACHE" --stop-server > /dev/null 2>&1 || true; fi
+    if [[ -n ${ENVBUILD_SCCACHE_PID:-} ]]; then  # its writes finished first (--stop-server), then it is gone
+        if [[ -n ${ENVBUILD_SCCACHE:-} ]]; then timeout 120 "$ENVBUILD_SCCACHE" --stop-server > /dev/null 2>&1 || true; fi
+        kill "$ENVBUILD_SCCACHE_PID" 2> /dev/null || true
+        wait "$ENVBUILD_SCCACHE_PID" 2> /dev/null || true
+    fi
     rm -rf "$TMP"
     if [[ -n $STEP_STARTED ]]; then
         find / -xdev -newer "$STEP_STARTED" -print0 2> /dev/null | xargs -0r touch -h -d "@$SOURCE_DATE_EPOCH" 2> /dev/null || true
@@ -179,11 +184,26 @@ compile_cache_start() {
     export SCCACHE_SERVER_UDS="$TMP/sccache.sock" SCCACHE_IDLE_TIMEOUT=0 SCCACHE_DIR="$TMP/sccache" \
         SCCACHE_ERROR_LOG="$TMP/sccache.log" SCCACHE_LOG=warn SCCACHE_CONF=/dev/null
     printf 'int envbuild_probe(void) { return %s; }\n' "$RANDOM" > "$TMP/probe.c"
-    if ! "$bin" --start-server > "$TMP/probe.out" 2>&1 \
+    # The server in the foreground of a child of this step (not sccache's own daemon), so the step
+    # can stop it whatever happens: one whose storage does not answer never opens its socket.
+    SCCACHE_START_SERVER=1 SCCACHE_NO_DAEMON=1 "$bin" > "$TMP/probe.out" 2>&1 &
+    ENVBUILD_SCCACHE_PID=$!
+    local waited=0
+    while [[ ! -S $SCCACHE_SERVER_UDS ]] && kill -0 "$ENVBUILD_SCCACHE_PID" 2> /dev/null && ((waited < 300)); do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    if [[ ! -S $SCCACHE_SERVER_UDS ]] \
         || ! (cd "$TMP" && "$bin" /usr/bin/gcc -c probe.c -o probe.o) >> "$TMP/probe.out" 2>&1; then
-        log "compile cache: a probe compile through sccache failed; the cache it was handed does not answer" \
-            "(sccache: $(tail -n 3 "$TMP/probe.out" "$SCCACHE_ERROR_LOG" 2> /dev/null | tr '\n' ' '))." \
-            "Check it from this machine (redis-cli -u URL ping), or build without --compile-cache"
+        local said value
+        said=$(tail -n 3 "$TMP/probe.out" "$SCCACHE_ERROR_LOG" 2> /dev/null | tr '\n' ' ')
+        for value in "${SCCACHE_REDIS_PASSWORD:-}" "${AWS_SECRET_ACCESS_KEY:-}" "${AWS_SESSION_TOKEN:-}" "${ACTIONS_RUNTIME_TOKEN:-}"; do
+            if [[ -n $value ]]; then said=${said//"$value"/***}; fi
+        done
+        kill "$ENVBUILD_SCCACHE_PID" 2> /dev/null || true
+        wait "$ENVBUILD_SCCACHE_PID" 2> /dev/null || true
+        log "compile cache: sccache did not start or a probe compile through it failed within 30 s; the cache it was handed does not answer" \
+            "(sccache: $said). Check it from this machine (redis-cli -u URL ping), or build without --compile-cache"
         return 1
     fi
     "$bin" --zero-stats > /dev/null 2>&1

@@ -164,6 +164,37 @@ def cuda_matchers(data: dict) -> list[Matcher]:
     return found
 
 
+TORCH_REPORTED = ("RAISE", "ERROR")  # warnings (torchrun's OMP_NUM_THREADS notice) are in healthy jobs too
+MIN_KEY = 16  # a torch message's screen word: its longest fixed piece, at least this long
+MIN_TORCH_FIXED = 24  # torch words its errors plainly ("%s not supported"): fewer than this says too little
+
+
+def _torch_line(text: str) -> str:
+    """The line of a (possibly multi-line) message with the most fixed text: what one log line holds."""
+    return max((line for line in text.split("\n") if line.strip()), key=lambda line: len(fixed_text(line)), default="")
+
+
+def torch_matchers(data: dict) -> list[Matcher]:
+    """A matcher per raised or logged-as-error torch.distributed wording that says enough to match alone."""
+    url = str(data.get("source") or "https://github.com/pytorch/pytorch")
+    found = []
+    for entry in data.get("messages") or []:
+        level, text, releases = entry["level"], _torch_line(str(entry["text"])), str(entry["releases"])
+        if level not in TORCH_REPORTED or len(fixed_text(text)) < MIN_TORCH_FIXED or len(key_of(text)) < MIN_KEY:
+            continue
+        where = f"{entry['file']}:{int(entry['line'])}"
+        link = f"{url}/blob/v{_newest(releases)}/{entry['file']}#L{int(entry['line'])}"
+        said = f"raised as {entry['error']}" if level == "RAISE" and entry.get("error") else "logged as an error"
+        found.append(Matcher(
+            "torch", text, to_regex(text), f"torch.distributed said: {text.strip()}",
+            f"torch {releases}, {where}" + "".join(f"; {name}: {{{name}}}" for name in capture_names(text)),
+            f"not yet explained: a message torch.distributed {said} (at {where} in the releases {releases}); no "
+            f"curated signature says what it means for the job, and doctor does not guess.",
+            f"Read the source line ({link}) for the check that failed and what its values mean; search "
+            f"{url}/issues for the wording; the first rank to print an error is where to look first.", link))
+    return found
+
+
 class Said:
     """The catalogues as matchers: `words` for the engine's screen, `match` for a line."""
 
@@ -179,12 +210,13 @@ class Said:
         self._issues: dict[int, KnownIssue] = {}
 
     @classmethod
-    def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None) -> "Said":
-        """The matchers of an NCCL catalogue and a CUDA one (either may be absent)."""
-        matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {})
+    def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None, torch: Optional[dict] = None) -> "Said":
+        """The matchers of the NCCL, CUDA and torch.distributed catalogues (any may be absent)."""
+        matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {}) + torch_matchers(torch or {})
         words = [WARN_WORD] if nccl else []
         words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
         words += ["cudaError", "CUDA_ERROR_"] if cuda else []
+        words += [key_of(m.text) for m in matchers if m.component == "torch"]  # no common prefix: each one's own
         return cls(matchers, words)
 
     def match(self, line: str) -> Optional[tuple[int, re.Match]]:
@@ -223,11 +255,11 @@ def _read(path: Path):
 def load_said(directory: Optional[Path] = None) -> Optional[Said]:
     """The catalogues envbuild ships (or those in `directory`) as matchers; None without any."""
     folder = (directory or matrices_dir()) / "catalogues"
-    nccl, cuda = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml")
-    if nccl is None and cuda is None:
+    nccl, cuda, torch = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml"), _read(folder / "torch.yaml")
+    if nccl is None and cuda is None and torch is None:
         return None
     try:
-        return Said.of(nccl if isinstance(nccl, dict) else None, cuda if isinstance(cuda, dict) else None)
+        return Said.of(*(data if isinstance(data, dict) else None for data in (nccl, cuda, torch)))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise EnvbuildError(f"a message catalogue in {folder} is malformed ({type(e).__name__}: {e}); "
                             f"regenerate it with `envbuild matrix catalogue --write`.") from None

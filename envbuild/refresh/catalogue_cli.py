@@ -13,7 +13,7 @@ import click
 
 from ..errors import EnvbuildError
 from ..resources import matrices_dir
-from . import cuda_catalogue, nccl_catalogue, writer
+from . import cuda_catalogue, nccl_catalogue, torch_catalogue, writer
 from .cli import _not_empty
 
 
@@ -48,13 +48,32 @@ def refresh_cuda(wheels: Path, directory: Path) -> tuple[writer.FileChange, list
             cuda_catalogue.summary(cuda_catalogue.parse(old_text, path), new))
 
 
-def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress) -> list:
-    if not source and not wheels:
-        raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), or both.")
-    if not (directory / "nccl.yaml").is_file():
+def refresh_torch(wheels: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
+    """The torch.distributed catalogue from the torch wheels in `wheels`, for the releases `directory`/torch.yaml ships."""
+    if not (directory / "torch.yaml").is_file():
+        raise EnvbuildError(f"--matrix-dir {directory} has no torch.yaml; point it at a matrix directory such as matrices/.")
+    torch = torch_catalogue.parse(writer.read(directory / "torch.yaml"), directory / "torch.yaml")
+    path = directory / "catalogues" / "torch.yaml"
+    old_text = _old(path)
+    new = torch_catalogue.derive(wheels, torch_catalogue.shipped_releases(torch), progress)
+    if not new["releases"]:
+        raise EnvbuildError(f"--torch-wheels {wheels} holds no torch wheel of a release {directory / 'torch.yaml'} "
+                            f"ships: `pip download --no-deps --only-binary=:all: --platform macosx_11_0_arm64 "
+                            f"torch==VERSION -d {wheels}` (the smallest wheel; the Python is the same in all).")
+    return (writer.FileChange(path, old_text, torch_catalogue.render(new)),
+            torch_catalogue.summary(torch_catalogue.parse(old_text, path), new))
+
+
+def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress,
+                torch_wheels: Optional[str] = None) -> list:
+    if not source and not wheels and not torch_wheels:
+        raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), --torch-wheels "
+                            "(torch wheels), or several.")
+    if (source or wheels) and not (directory / "nccl.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
     done = [refresh_catalogue(Path(source), directory, progress)] if source else []
-    return done + ([refresh_cuda(Path(wheels), directory)] if wheels else [])
+    done += [refresh_cuda(Path(wheels), directory)] if wheels else []
+    return done + ([refresh_torch(Path(torch_wheels), directory, progress)] if torch_wheels else [])
 
 
 @click.command("catalogue")
@@ -63,19 +82,24 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
                    "directory of saved sources with a tags.txt (tests).")
 @click.option("--cuda-wheels", "wheels", type=click.Path(file_okay=False, exists=True),
               help="A directory of the CUDA runtime wheels the locks pin (pip download --no-deps).")
+@click.option("--torch-wheels", "torch_wheels", type=click.Path(file_okay=False, exists=True),
+              help="A directory of torch wheels, one per release the matrix ships (pip download --no-deps): the "
+                   "Python of their torch/distributed.")
 @click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
               callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
               help="Matrix directory whose nccl.yaml and locks name the releases (default: the built-in one).")
-def catalogue_command(source: Optional[str], wheels: Optional[str], write: bool, matrix_dir: Optional[str]):
+def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels: Optional[str], write: bool,
+                      matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
     per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
-    pinned CUDA runtime wheels; show the diff, or --write it.
+    pinned CUDA runtime wheels, and what torch.distributed's Python raises or logs as an error
+    from torch wheels; show the diff, or --write it.
 
     Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
     given; 2: a source cannot be read or an input is bad."""
     directory = Path(matrix_dir) if matrix_dir else matrices_dir()
-    done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True))
+    done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels)
     for line in [line for _, facts in done for line in facts]:
         click.echo(f"  {line}", err=True)
     changed = [change for change, _ in done if change.changed]

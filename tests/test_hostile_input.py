@@ -123,7 +123,7 @@ CASES = [
     (["render", "--gpu", "h20", "--ca-cert", "fake.pem"], ["--ca-cert fake.pem is not a PEM certificate bundle"]),
     # variables whose value cannot work
     (["render", "--gpu", "h20", "--env", "PYTHONHOME=/x"], ["--env PYTHONHOME=/x", "cannot start", "Leave it out"]),
-    (["render", "--gpu", "h20", "--env", "NCCL_P2P_DISABLE=banana"], ["NCCL_P2P_DISABLE takes 0 or 1, not 'banana'"]),
+    (["render", "--gpu", "h20", "--env", "NCCL_P2P_DISABLE=banana"], ["NCCL_P2P_DISABLE takes 1 (P2P off) or 0 (P2P on, NCCL's default), not 'banana'"]),
     (["render", "--gpu", "h20", "--env", "NCCL_DEBUG=verbose"], ["NCCL_DEBUG takes VERSION, WARN, INFO, ABORT or TRACE"]),
     (["render", "--gpu", "h20", "--env", "TORCH_NCCL_BLOCKING_WAIT=maybe"], ["TORCH_NCCL_BLOCKING_WAIT takes"]),
     (["render", "--gpu", "h20", "--env", "X=a\nRUN id"], ["--env X='a\\nRUN id'", "control character"]),

@@ -76,6 +76,158 @@ def test_a_level_in_another_case_is_refused(level, data):
     assert (grammar.problem("NCCL_P2P_LEVEL", other) is None) == (other == level)
 
 
+NCCL_SOURCE = ROOT / "tests" / "fixtures" / "nccl-source"
+C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale: what strtoll and NCCL's trim skip
+
+
+def nccl_fixture(name: str) -> dict[str, list[str]]:
+    """Per release tag of an nccl-source fixture: its verbatim lines, each checked to come from
+    NVIDIA/nccl at the commit its block names."""
+    releases: dict[str, list[str]] = {}
+    for block in (NCCL_SOURCE / name).read_text().split("\n== ")[1:]:
+        lines = block.splitlines()
+        tag, commit = lines[0].split()
+        assert all(h.startswith(f"-- https://github.com/NVIDIA/nccl/blob/{commit}/src/") for h in lines[1::2]), tag
+        releases[tag] = lines[2::2]
+    return releases
+
+
+def test_the_nccl_fixtures_cover_the_same_releases_as_the_level_names():
+    """Every NCCL tag the level test reads (the versions torch pins) is in each new fixture."""
+    assert set(nccl_fixture("debug.txt")) == set(nccl_fixture("params.txt")) == set(nccl_level_parsers())
+
+
+def nccl_debug_parsers() -> dict[str, dict]:
+    """Per release: NCCL_DEBUG's level names, whether they compare in any (ASCII) case, and
+    whether blanks around the value are trimmed first (v2.30's ncclParamOneOf) or not (strcasecmp)."""
+    releases = {}
+    for tag, lines in nccl_fixture("debug.txt").items():
+        text = "\n".join(lines)
+        old = re.findall(r'strcasecmp\(nccl_debug, "([A-Z]+)"\) == 0', text)
+        new = re.findall(r'makeOption\("([A-Z]+)", NCCL_LOG_', text) if "ncclParamOneOf<ncclDebugLogLevel>" in text else []
+        one_of = "utils::iequals(opt.name, token)" in text and "utils::trim(std::string(input))" in text
+        assert bool(old) != bool(new) and (not new or one_of), tag
+        releases[tag] = {"names": set(old or new), "trims": bool(new)}
+    return releases
+
+
+def nccl_debug_level(release: dict, value: str):
+    """The level a release sets for `value` (None: no level, logging stays off)."""
+    token = value.strip(C_SPACE) if release["trims"] else value
+    if not token.isascii():
+        return None  # strcasecmp and iequals fold ASCII letters only
+    return token.upper() if token.upper() in release["names"] else None
+
+
+DEBUG_SPELLINGS = ["INFO", "info", "Warn", "tRaCe", "version", "abort", " INFO", "INFO\n", "", "NONE", "DEBUG",
+                   "INFO,WARN", "VERſION", "ınfo", "İNFO", "WARNING", "1", "0"]
+
+
+def nccl_debug_pattern_agrees(value: str) -> None:
+    grammar = load_matrix(ROOT / "matrices").gpus_file.variables["NCCL_DEBUG"]
+    levels = {nccl_debug_level(r, value) for r in nccl_debug_parsers().values()}
+    assert (re.fullmatch(grammar.pattern, value) is not None) == (None not in levels), value
+
+
+@pytest.mark.parametrize("value", DEBUG_SPELLINGS)
+def test_nccl_debug_pattern_is_what_every_release_reads_as_a_level(value):
+    """gpus.yaml's NCCL_DEBUG pattern accepts a value exactly when every release torch pins reads
+    it as a level (any ASCII case; blanks only v2.30 trims are refused, as are look-alike letters
+    such as the long s or the dotless i, which Python's (?i) would fold and strcasecmp does not)."""
+    nccl_debug_pattern_agrees(value)
+    assert all(r["names"] == {"VERSION", "WARN", "INFO", "ABORT", "TRACE"} for r in nccl_debug_parsers().values())
+
+
+@given(st.sampled_from(["VERSION", "WARN", "INFO", "ABORT", "TRACE"]), st.lists(st.booleans(), min_size=7, max_size=7))
+@settings(max_examples=EXAMPLES, deadline=None)
+def test_nccl_debug_level_in_any_case_is_accepted(name, flips):
+    """strcasecmp (and v2.30's iequals) take a level in any mix of cases; so does the pattern."""
+    nccl_debug_pattern_agrees("".join(c.lower() if f else c for c, f in zip(name, flips)))
+
+
+def c_strtoll(text: str) -> tuple[int, bool]:
+    """C's strtoll(text, NULL, 0) on glibc: (value, errno set). Leading blanks and a sign, then
+    0x hex, 0 octal or decimal digits, as many as there are; no digits reads as 0, errno unset."""
+    rest = text.lstrip(C_SPACE)
+    sign = -1 if rest[:1] == "-" else 1
+    rest = rest[1:] if rest[:1] in "+-" else rest
+    base, digits = 10, "0123456789"
+    if rest[:2].lower() == "0x" and rest[2:3].lower() in tuple("0123456789abcdef"):
+        base, digits, rest = 16, "0123456789abcdefABCDEF", rest[2:]
+    elif rest[:1] == "0":
+        base, digits = 8, "01234567"
+    run = len(rest) - len(rest.lstrip(digits))
+    value = sign * int(rest[:run] or "0", base)
+    return max(min(value, 2**63 - 1), -2**63), not -2**63 <= value < 2**63
+
+
+def nccl_int_readers() -> dict[str, dict]:
+    """Per release: what each of the four variables does with a value, as the fixture's lines read
+    it (strtol/strtoll base 0, then the comparison that switches the transport)."""
+    releases = {}
+    for tag, lines in nccl_fixture("params.txt").items():
+        text = "\n".join(lines)
+        assert "int disable = strtol(str, NULL, 0);" in text and re.search(r"if \(disable == 1\) l = (0|PATH_LOC);", text), tag
+        assert "value = strtoll(str, nullptr, 0);" in text and "if (errno) {" in text, tag
+        for param, default in (("IbDisable", 0), ("ShmDisable", 0), ("NvlsEnable", 2)):
+            assert f'NCCL_PARAM({param}, "{param_env(param)}", {default});' in text, (tag, param)
+        assert "if (ncclParamIbDisable()) return" in text and "if (ncclParamShmDisable() == 1) return" in text, tag
+        assert "if (!ncclParamNvlsEnable() ||" in text and "if (ncclParamNvlsEnable() == 2) {" in text, tag
+        releases[tag] = {"NCCL_P2P_DISABLE": lambda v: "off" if c_int(c_strtoll(v)[0]) == 1 else "on",
+                         "NCCL_SHM_DISABLE": lambda v: "off" if param_value(v, 0) == 1 else "on",
+                         "NCCL_IB_DISABLE": lambda v: "off" if param_value(v, 0) else "on",
+                         "NCCL_NVLS_ENABLE": lambda v: {0: "off", 2: "auto"}.get(param_value(v, 2), "on")}
+    return releases
+
+
+def param_env(param: str) -> str:
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", param).upper()
+
+
+def c_int(value: int) -> int:
+    """A long stored into an int (ncclGetLevel's `int disable`): its low 32 bits, signed."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
+def param_value(text: str, default: int) -> int:
+    """ncclLoadParam: the default for an empty value or one out of range, else strtoll's."""
+    value, errno = c_strtoll(text)
+    return default if not text or errno else value
+
+
+# What each value gpus.yaml accepts switches, in the words its `means` uses for it.
+SWITCHED = {"NCCL_P2P_DISABLE": "P2P", "NCCL_SHM_DISABLE": "shared memory", "NCCL_IB_DISABLE": "InfiniBand/RoCE",
+            "NCCL_NVLS_ENABLE": "NVLS"}
+
+
+@pytest.mark.parametrize("name", sorted(SWITCHED))
+@given(value=st.sampled_from(["0", "1", "2", "-1", "01", "0x1", " 1", "1 ", "1abc", "true", "yes", "on", "", "00"])
+       | st.text(alphabet="012x+- abt", max_size=4))
+@settings(max_examples=EXAMPLES, deadline=None)
+def test_switch_patterns_accept_only_values_that_mean_what_means_says(name, value):
+    """NCCL reads any leading integer (strtol/strtoll, base 0) and text as 0, so `[01]` is the
+    documented values by choice: each value the pattern accepts is read the same way by every
+    release, and `means` names what it does ("1 (P2P off)"); the source text says it is a choice."""
+    grammar = load_matrix(ROOT / "matrices").gpus_file.variables[name]
+    assert "strtol" in grammar.source and "documented" in grammar.source
+    if re.fullmatch(grammar.pattern, value):
+        effects = {r[name](value) for r in nccl_int_readers().values()}
+        assert len(effects) == 1 and effects != {"auto"}, effects
+        said = re.search(rf"(?<![0-9]){re.escape(value)} \(([^)]*)\)", grammar.means)
+        assert said and said.group(1).startswith(f"{SWITCHED[name]} {effects.pop()}"), grammar.means
+
+
+@pytest.mark.parametrize(("value", "read"), [("true", "on"), ("yes", "on"), ("0x1", "off"), (" 1", "off"),
+                                             ("1abc", "off"), ("2", "on"), ("4294967297", "off")])
+def test_nccl_reads_text_as_0_and_any_leading_integer(value, read):
+    """What the pattern refuses and NCCL would read: NCCL_P2P_DISABLE=true leaves P2P on, 0x1
+    turns it off; 2 turns InfiniBand off but not shared memory (so no value beyond 0 and 1)."""
+    for release in nccl_int_readers().values():
+        assert release["NCCL_P2P_DISABLE"](value) == read
+        assert release["NCCL_IB_DISABLE"]("2") == "off" and release["NCCL_SHM_DISABLE"]("2") == "on"
+        assert release["NCCL_NVLS_ENABLE"]("2") == "auto" and release["NCCL_NVLS_ENABLE"]("3") == "on"
+
+
 def test_env_with_a_lower_case_level_is_exit_2_naming_the_spellings(tmp_path: Path):
     ran = run_here("render", "--gpu", "h100", "--env", "NCCL_P2P_LEVEL=nvl", "-o", str(tmp_path / "out"))
     message = " ".join(ran.stderr.split())

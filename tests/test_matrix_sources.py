@@ -285,3 +285,49 @@ def test_fp_quantizer_is_refused_on_every_cuda_13_stack():
     for s in cuda13:
         why = rules.op_rejection(m, s, "fp_quantizer", "9.0")
         assert why and "13.0.88 and 13.1.115" in why.message and "pull/7976" in why.message, s.id
+
+
+# ---------------------------------------------------------------- torch's getCvarBool and getCvarInt
+
+def torch_cvar_parser() -> dict:
+    """getCvarBool's words and getCvarInt's parser, read from torch 2.15.0's Utils.hpp (the wheel
+    a lock pins; tests/fixtures/torch-source/getcvar.txt)."""
+    text = (ROOT / "tests" / "fixtures" / "torch-source" / "getcvar.txt").read_text()
+    body = text[text.index("inline bool getCvarBool"):]
+    true_part, false_part = body.split("ret = true;")[0], body.split("ret = true;")[1].split("ret = false;")[0]
+    assert "x = std::tolower(x);" in body and "ret = std::stoi(val.value());" in text
+    return {"true": set(re.findall(r'val == "([^"]+)"', true_part)), "false": set(re.findall(r'val == "([^"]+)"', false_part))}
+
+
+def torch_reads_bool(words: dict, value: str):
+    """True/False as getCvarBool reads `value`, None where it stops ProcessGroupNCCL: std::tolower
+    on each byte changes ASCII letters only, and nothing is trimmed."""
+    lowered = "".join(c.lower() if c.isascii() else c for c in value)
+    return True if lowered in words["true"] else False if lowered in words["false"] else None
+
+
+BOOL_SPELLINGS = ["1", "0", "y", "Yes", "TRUE", "f", "No", "false", " 1", "1 ", "on", "off", "2", "", "yeſ", "İ",
+                  "truE", "nO", "t", "T"]
+
+
+@pytest.mark.parametrize("name", ["TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_ENABLE_MONITORING"])
+@pytest.mark.parametrize("value", BOOL_SPELLINGS)
+def test_torch_bool_patterns_are_what_getcvarbool_reads(name, value):
+    """The pattern accepts a value exactly when torch reads it as a yes or a no (any ASCII case;
+    look-alike letters such as the long s, which Python's (?i) alone would fold, are refused)."""
+    words = torch_cvar_parser()
+    assert words == {"true": {"y", "yes", "1", "t", "true"}, "false": {"n", "no", "0", "f", "false"}}
+    grammar = load_matrix(ROOT / "matrices").gpus_file.variables[name]
+    assert (re.fullmatch(grammar.pattern, value) is not None) == (torch_reads_bool(words, value) is not None), value
+
+
+@pytest.mark.parametrize("name", ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"])
+def test_torch_int_patterns_accept_only_what_stoi_reads_as_that_number(name):
+    """getCvarInt is std::stoi, which would also take blanks, a sign and trailing text: the
+    patterns are narrower on purpose (plain digits that fit an int), and each value they accept
+    is read by stoi as the number it reads as."""
+    torch_cvar_parser()
+    pattern = load_matrix(ROOT / "matrices").gpus_file.variables[name].pattern
+    for value in ("0", "1", "3", "2000", "999999999", "-1", " 5", "5x", "0x10", "99999999999"):
+        if re.fullmatch(pattern, value):
+            assert value.isdigit() and int(value) <= 2 ** 31 - 1, value

@@ -88,14 +88,28 @@ def build(build_dir: Path, cache, compile_cache: str | None) -> dict:
     result = build_image(build_dir, "bench", "envbuild-bench-cache", secrets,
                          engine=DockerEngine(), cache=cache, say=lambda t: print(f"  {t}", flush=True))
     seconds = time.monotonic() - start
-    ran = [name for name, _ in result.steps if " RUN " in f" {name} "]
-    compiling = [name for name in ran if any(step in name for step in COMPILING)]
+    # both builds of a run with the layer cache: the builder stage alone (builder-stage.log), then the image
+    logs = [p.read_text(errors="replace") for p in (result.log.with_name("builder-stage.log"), result.log) if p.is_file()]
+    if cache is not None:
+        result.log.with_name("builder-stage.log").unlink(missing_ok=True)  # the next run's must not be this one's
+    ran = [step for text in logs for step in ran_steps(text)]
+    compiling = [step for step in ran if any(name in step for name in COMPILING)]
     units = {"hits": collections.Counter(), "misses": collections.Counter(), "runs": collections.Counter()}
-    for line in re.findall(r"envbuild: compiles (\{.*\})$", result.log.read_text(errors="replace"), re.M):
-        for what, counts in json.loads(line).items():
-            units.setdefault(what, collections.Counter()).update(counts)
+    for text in logs:
+        for line in re.findall(r"envbuild: compiles (\{.*\})$", text, re.M):
+            for what, counts in json.loads(line).items():
+                units.setdefault(what, collections.Counter()).update(counts)
+    layers = subprocess.run([DOCKER, "image", "inspect", "--format", "{{json .RootFS.Layers}}", result.image_id],
+                            capture_output=True, text=True, check=True).stdout.strip()
     return {"seconds": seconds, "ran": len(ran), "compiles": len(compiling), "image": result.image_id,
-            "units": {k: dict(v) for k, v in units.items()}}
+            "layers": json.loads(layers), "units": {k: dict(v) for k, v in units.items()}}
+
+
+def ran_steps(log: str) -> list[str]:
+    """The RUN steps of a BuildKit plain log that ran (not `CACHED`)."""
+    runs = dict(re.findall(r"^#(\d+) \[(?:builder|runtime)[^\]]*\] (RUN .*)$", log, re.M))
+    cached = set(re.findall(r"^#(\d+) CACHED$", log, re.M))
+    return [step for number, step in runs.items() if number not in cached]
 
 
 @contextlib.contextmanager
@@ -148,8 +162,9 @@ def main() -> None:
                "units served (cache hits)", "vs baseline"],
               [[name, f"{r['seconds']:.0f}", r["ran"], r["compiles"], _by_category(r["units"]["misses"]),
                 _by_category(r["units"]["hits"]), f"{r['seconds'] / base:.2f}x"] for name, r in runs.items()])
-        same = runs["cold"]["image"] == runs["warm"]["image"]
-        print(f"warm image ID {'equals' if same else 'DIFFERS FROM'} the cold one ({runs['warm']['image'][:19]})")
+        # the content, not the image ID: Docker 20.10 stamps each build's config with its own time
+        same = runs["cold"]["layers"] == runs["warm"]["layers"]
+        print(f"warm image's layers {'equal' if same else 'DIFFER FROM'} the cold one's ({len(runs['warm']['layers'])} layers)")
         (work / "result.json").write_text(json.dumps(runs, indent=2))
         shutil.rmtree(work, ignore_errors=True)  # kept when a build failed: its logs are there
     finally:

@@ -134,3 +134,27 @@ def test_live_the_fp_quantizer_bound_derives_again_from_pypi(tmp_path):
     bound, results = op_bounds.derive(PyPI(work / "pypi-cache"), work, deepspeed, torch, "fp_quantizer")
     assert bound == ops["fp_quantizer"]["cuda"], op_bounds.describe(results)
     assert all(e.line in (234, 413) for r in results for e in r.errors), op_bounds.describe(results)
+
+
+def test_sparse_attn_torch_bound_is_what_its_builder_checks():
+    """deepspeed.yaml's `sparse_attn.torch: "<2.0"` is derived from the op builder's own check
+    (DeepSpeed 0.19.6, the last release with the op: `torch_compatible = (TORCH_MAJOR == 1 and
+    TORCH_MINOR >= 5)`), evaluated for every torch the matrix ships and for torch 1.x: the
+    bound refuses exactly the releases the builder refuses above 1.5."""
+    from packaging.specifiers import SpecifierSet
+
+    from envbuild.matrix import load_matrix
+
+    lines = (FIXTURES / "sparse_attn-0.19.6.txt").read_text().splitlines()
+    check = next(line.strip() for line in lines if line.strip().startswith("torch_compatible ="))
+    expression = ast.parse(check).body[0].value
+    m = load_matrix(ROOT / "matrices")
+    bound = SpecifierSet(m.ops["sparse_attn"].torch)
+    shipped = sorted({s.torch for s in m.stacks})
+    assert shipped and all(v.startswith("2.") for v in shipped)
+    for version in [*shipped, "1.5.0", "1.13.1", "1.4.0"]:
+        major, minor = (int(x) for x in version.split(".")[:2])
+        compatible = eval(compile(ast.Expression(expression), "sparse_attn.py", "eval"),  # noqa: S307  (a comparison of two ints)
+                          {"__builtins__": {}}, {"TORCH_MAJOR": major, "TORCH_MINOR": minor})
+        if major >= 1 and minor >= 5 or major >= 2:  # the builder's floor (1.5) is below every stack the matrix could ship
+            assert compatible == (version in bound), version

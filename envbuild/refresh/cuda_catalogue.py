@@ -20,7 +20,7 @@ import yaml
 from packaging.version import Version
 
 from ..errors import EnvbuildError
-from .nccl_catalogue import _s, spans
+from .nccl_catalogue import _s, by_release, spans
 
 PIN = re.compile(r"^(nvidia-cuda-runtime(?:-cu\d+)?)==([0-9][0-9.]*)\b")
 HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -141,17 +141,9 @@ def render(data: dict) -> str:
 
 def summary(old: dict, new: dict) -> list[str]:
     """A line per CUDA release added or removed, and per release the errors it brings or drops."""
-    def held(data):
-        order = [r["release"] for r in (data or {}).get("releases") or []]
-        out: dict[str, set] = {r: set() for r in order}
-        for e in (data or {}).get("errors") or []:
-            for run in str(e.get("releases", "")).split(", "):
-                first, _, last = run.partition("..")
-                if first in order and (last or first) in order:
-                    for r in order[order.index(first):order.index(last or first) + 1]:
-                        out[r].add((e["api"], e["name"], e["value"]))
-        return out
-    before, after = held(old), held(new)
+    def error(e):
+        return e["api"], e["name"], e["value"]
+    before, after = by_release(old, "errors", error), by_release(new, "errors", error)
     lines = [f"cuda catalogue: release {r} {'added' if r in after else 'removed'}"
              for r in sorted(before.keys() ^ after.keys(), key=Version)]
     for r in sorted(before.keys() & after.keys(), key=Version):

@@ -313,19 +313,26 @@ def render(data: dict) -> str:
     return text
 
 
+def by_release(data: dict, entries: str, identity) -> dict[str, set]:
+    """release -> the identities (identity(entry)) of the catalogue's `entries` it holds, from each
+    entry's release runs ("2.20.5..2.21.5, 2.27.3"), in the catalogue's release order; a run naming
+    a release the catalogue does not list adds nothing (an old catalogue is read, not trusted)."""
+    order = [r["release"] for r in (data or {}).get("releases") or []]
+    held: dict[str, set] = {r: set() for r in order}
+    for entry in (data or {}).get(entries) or []:
+        for run in str(entry.get("releases", "")).split(", "):
+            first, _, last = run.partition("..")
+            if first in order and (last or first) in order:
+                for release in order[order.index(first):order.index(last or first) + 1]:
+                    held[release].add(identity(entry))
+    return held
+
+
 def summary(old: dict, new: dict) -> list[str]:
     """A line per release that came or went, and per release the wordings new in it and gone from it."""
-    def by_release(data):
-        order = [r["release"] for r in (data or {}).get("releases") or []]
-        held: dict[str, set] = {r: set() for r in order}
-        for m in (data or {}).get("messages") or []:
-            for run in str(m.get("releases", "")).split(", "):
-                first, _, last = run.partition("..")
-                if first in order:
-                    for release in order[order.index(first):order.index(last or first) + 1]:
-                        held[release].add((m["level"], m["text"]))
-        return held
-    before, after = by_release(old), by_release(new)
+    def message(m):
+        return m["level"], m["text"]
+    before, after = by_release(old, "messages", message), by_release(new, "messages", message)
     out = [f"nccl catalogue: release {r} removed" for r in sorted(before.keys() - after.keys(), key=Version)]
     order = list(after)
     for release in sorted(after.keys() - before.keys(), key=Version):

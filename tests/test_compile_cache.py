@@ -22,7 +22,7 @@ from envbuild.build import BuildSecrets, check_compile_cache
 from envbuild.errors import EnvbuildError
 from envbuild.validate import compile_cache_secret
 
-from conftest import ROOT, need_tool, redis_server, run_cli
+from conftest import ROOT, need_tool, redis_server, run_build
 from property_settings import EXAMPLES
 
 STEPS = ROOT / "templates" / "files" / "steps"
@@ -138,7 +138,12 @@ def test_a_redis_that_answers_passes_and_one_that_does_not_is_refused_first(redi
 
 def test_build_refuses_an_unanswering_cache_before_it_writes_anything(tmp_path):
     out = tmp_path / "out"
-    r = run_cli("build", "--gpu", "h20", "-o", str(out), "--compile-cache", f"redis://127.0.0.1:{_free_port()}")
+    from envbuild.ci import real_build_stack
+    from envbuild.matrix import load_matrix
+
+    stack = real_build_stack(load_matrix(ROOT / "matrices")).id  # the one a debootstrap base builds
+    r = run_build("--gpu", "h20", "--stack", stack, "-o", str(out), "--compile-cache",
+                  f"redis://127.0.0.1:{_free_port()}", timeout=120)
     assert r.returncode == 2, r.stderr
     assert "--compile-cache redis://127.0.0.1" in r.stderr and "nothing answers there" in r.stderr
     assert "Traceback" not in r.stderr and not out.exists()

@@ -83,7 +83,8 @@ def check_mirror_options(options: dict) -> None:
 
 # ---------------------------------------------------------------- --compile-cache
 
-COMPILE_CACHE_EXAMPLES = "redis://127.0.0.1:6379, rediss://:PASSWORD@cache.example.com:6380/0, s3://BUCKET/PREFIX or gha"
+COMPILE_CACHE_EXAMPLES = ("redis://127.0.0.1:6379, rediss://cache.example.com:6380/0 (a password in the URL's user part), "
+                          "s3://BUCKET/PREFIX or gha")
 # What each storage needs from envbuild's own environment (where CI keeps its credentials);
 # the compile_cache secret hands them to sccache inside the build step (lib.sh).
 _FROM_ENV = {"s3": (("AWS_REGION", "SCCACHE_REGION", False), ("AWS_ENDPOINT_URL", "SCCACHE_ENDPOINT", False),

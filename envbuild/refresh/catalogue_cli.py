@@ -45,7 +45,7 @@ def refresh_cuda(wheels: Path, directory: Path) -> tuple[writer.FileChange, list
                             f"{directory / 'locks'} pin (with their sha256): `pip download --no-deps "
                             f"nvidia-cuda-runtime-cu12==VERSION -d {wheels}` for each pinned version.")
     return (writer.FileChange(path, old_text, cuda_catalogue.render(new)),
-            cuda_catalogue.summary(cuda_catalogue.parse(old_text, path), new))
+            cuda_catalogue.summary(nccl_catalogue.parse(old_text, path), new))
 
 
 def refresh_torch(wheels: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:

@@ -16,11 +16,10 @@ import re
 import zipfile
 from pathlib import Path
 
-import yaml
 from packaging.version import Version
 
 from ..errors import EnvbuildError
-from .nccl_catalogue import _s, by_release, spans
+from .nccl_catalogue import by_release, layout, spans
 
 PIN = re.compile(r"^(nvidia-cuda-runtime(?:-cu\d+)?)==([0-9][0-9.]*)\b")
 HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -129,14 +128,7 @@ def derive(wheels: Path, locks: Path) -> dict:
 
 
 def render(data: dict) -> str:
-    lines = [HEADER.rstrip("\n"), "", f"component: {data['component']}"]
-    for key in ("releases", "not_catalogued", "errors"):
-        lines.append(f"{key}:" if data[key] else f"{key}: []")
-        lines += ["  - {" + ", ".join(f"{k}: {_s(v)}" for k, v in row.items()) + "}" for row in data[key]]
-    text = "\n".join(lines) + "\n"
-    if yaml.safe_load(text) != data:
-        raise AssertionError("the CUDA catalogue's layout does not read back as the data it was given")
-    return text
+    return layout(HEADER, data, (), ("releases", "not_catalogued", "errors"))
 
 
 def summary(old: dict, new: dict) -> list[str]:
@@ -152,10 +144,3 @@ def summary(old: dict, new: dict) -> list[str]:
     return lines
 
 
-def parse(text: str, path) -> dict:
-    """The old catalogue's data, for the summary ({} when there is none yet)."""
-    try:
-        data = yaml.safe_load(text) if text else {}
-    except yaml.YAMLError as e:
-        raise EnvbuildError(f"catalogue {path} is not valid YAML ({e}); delete it and run again to rebuild it.") from None
-    return data if isinstance(data, dict) else {}

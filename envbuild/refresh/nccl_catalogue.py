@@ -300,16 +300,19 @@ def _s(value) -> str:
 
 def render(data: dict) -> str:
     """One message a line, so a refresh's diff shows the wordings that came or went."""
-    lines = [HEADER.rstrip("\n"), "", f"component: {data['component']}", f"source: {_s(data['source'])}",
-             "releases:" if data["releases"] else "releases: []"]
-    lines += ["  - {" + ", ".join(f"{k}: {_s(v)}" for k, v in r.items()) + "}" for r in data["releases"]]
-    lines += ["not_catalogued:" if data["not_catalogued"] else "not_catalogued: []"]
-    lines += ["  - {" + ", ".join(f"{k}: {_s(v)}" for k, v in r.items()) + "}" for r in data["not_catalogued"]]
-    lines += ["messages:" if data["messages"] else "messages: []"]
-    lines += ["  - {" + ", ".join(f"{k}: {_s(v)}" for k, v in m.items()) + "}" for m in data["messages"]]
+    return layout(HEADER, data, ("source",), ("releases", "not_catalogued", "messages"))
+
+
+def layout(header: str, data: dict, scalars: tuple[str, ...], lists: tuple[str, ...]) -> str:
+    """A catalogue's YAML, one entry a line under each of `lists` (a refresh's diff shows the
+    entries that came or went), checked to read back as `data`: every catalogue is written so."""
+    lines = [header.rstrip("\n"), "", f"component: {data['component']}", *(f"{k}: {_s(data[k])}" for k in scalars)]
+    for key in lists:
+        lines.append(f"{key}:" if data[key] else f"{key}: []")
+        lines += ["  - {" + ", ".join(f"{k}: {_s(v)}" for k, v in row.items()) + "}" for row in data[key]]
     text = "\n".join(lines) + "\n"
     if yaml.safe_load(text) != data:
-        raise AssertionError("the catalogue's layout does not read back as the data it was given")
+        raise AssertionError(f"the {data['component']} catalogue's layout does not read back as the data it was given")
     return text
 
 

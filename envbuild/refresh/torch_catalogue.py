@@ -26,11 +26,10 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-import yaml
 from packaging.version import InvalidVersion, Version
 
 from ..errors import EnvbuildError
-from .nccl_catalogue import _s, parse, spans
+from .nccl_catalogue import layout, parse, spans
 from .nccl_catalogue import summary as nccl_summary
 
 URL = "https://github.com/pytorch/pytorch"
@@ -225,14 +224,7 @@ def derive(directory: Path, releases: list[str], progress=lambda _: None) -> dic
 
 def render(data: dict) -> str:
     """One message a line, so a refresh's diff shows the wordings that came or went."""
-    lines = [HEADER.rstrip("\n"), "", f"component: {data['component']}", f"source: {_s(data['source'])}"]
-    for key in ("releases", "not_catalogued", "messages"):
-        lines.append(f"{key}:" if data[key] else f"{key}: []")
-        lines += ["  - {" + ", ".join(f"{k}: {_s(v)}" for k, v in entry.items()) + "}" for entry in data[key]]
-    text = "\n".join(lines) + "\n"
-    if yaml.safe_load(text) != data:
-        raise AssertionError("the catalogue's layout does not read back as the data it was given")
-    return text
+    return layout(HEADER, data, ("source",), ("releases", "not_catalogued", "messages"))
 
 
 def summary(old: dict, new: dict) -> list[str]:

@@ -14,7 +14,7 @@ from ...image import paths
 from ..blocks import PY_CACHE, Step, step_files
 from . import compilecache
 from .base import Context, Part
-from .extensions import EXTENSION_CACHE_ID
+from .extensions import EXTENSION_CACHE_ID, cache_key
 from .python import PIP_SECRETS, lock_part
 
 RECORD = "deepspeed.json"  # under envbuild/ in the build directory: the wheel's cache key and what decides it
@@ -34,8 +34,7 @@ def wheel_key(ctx: Context, env: list[tuple[str, str]]) -> dict:
                   "nvcc": r.stack.cuda_toolkit or r.base_images["builder"], "builder": r.base_images["builder"],
                   "os_lock": r.os_lock.sha256 if r.os_lock else None, "python": r.stack.python, "cpu_arch": r.arch,
                   "build_env": dict(env)}
-    key = hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]
-    return {"cache_key": f"{CACHE_NAME}/{key}", "determines": determines}
+    return {"cache_key": f"{CACHE_NAME}/{cache_key(determines)}", "determines": determines}
 
 
 def part(ctx: Context) -> Part:

@@ -72,7 +72,7 @@ def _entry(ext, resolution: Resolution) -> dict:
                       "wheel_sha256": wheel.sha256 if wheel else None}
         return {**common, "wheel": wheel.model_dump() if wheel else None, "sdist": None, "build_requires": [],
                 "build_env": {}, "patches": [], "stable_abi": False, "determines": determines,
-                "cache_key": hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]}
+                "cache_key": cache_key(determines)}
     arch_value = ";".join(a.replace(".", "").replace("+PTX", "") for a in arches) if ext.arch_env else ""
     build_env = {**ext.build_env, **({ext.arch_env: arch_value} if ext.arch_env else {})}
     patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source}
@@ -82,7 +82,13 @@ def _entry(ext, resolution: Resolution) -> dict:
             "build_requires": ext.build_requires, "build_env": build_env,
             "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads, "patches": patches,
             "stable_abi": stable_abi(ext, stack), "determines": determines,
-            "cache_key": hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]}
+            "cache_key": cache_key(determines)}
+
+
+def cache_key(determines: dict) -> str:
+    """A wheel's key in the wheel cache: 16 hex digits of everything that decides its bytes (the
+    extensions' wheels and DeepSpeed's alike; extcache.py reads NAME/KEY)."""
+    return hashlib.sha256(json.dumps(determines, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def spec(resolution: Resolution, cuda_home: Optional[str]) -> dict:

@@ -98,7 +98,8 @@ def build(build_dir: Path, cache, compile_cache: str | None) -> dict:
     for text in logs:
         for line in re.findall(r"envbuild: compiles (\{.*\})$", text, re.M):
             for what, counts in json.loads(line).items():
-                units.setdefault(what, collections.Counter()).update(counts)
+                if isinstance(counts, dict):  # not "step": the step's name
+                    units.setdefault(what, collections.Counter()).update(counts)
     layers = subprocess.run([DOCKER, "image", "inspect", "--format", "{{json .RootFS.Layers}}", result.image_id],
                             capture_output=True, text=True, check=True).stdout.strip()
     return {"seconds": seconds, "ran": len(ran), "compiles": len(compiling), "image": result.image_id,

@@ -194,7 +194,7 @@ def _env(tmp: Path, sccache: Path, cache: str | None) -> dict:
 
 
 CXX = "#include <vector>\nint f(int n) { std::vector<int> v(n, 3); int s = 0; for (int x : v) s += x; return s; }\n"
-COMPILE = 'compile_cache_start\ng++ -O2 -march=native -c unit.cc -o "$OUT"\ncompile_cache_report\n'
+COMPILE = 'compile_cache_start\ng++ -O2 -march=native -c unit.cc -o "$OUT"\ncompile_cache_report unit\n'
 
 
 def _stats(stderr: str) -> dict:
@@ -215,7 +215,7 @@ def test_a_second_compile_is_served_by_redis_with_the_same_bytes(sccache, redis,
     assert _stats(first.stderr)["misses"] == {"c++ [gcc]": 1} and not _stats(first.stderr)["hits"]
     assert _stats(second.stderr)["hits"] == {"c++ [gcc]": 1} and not _stats(second.stderr)["misses"]
     plain = _step(COMPILE, {**_env(tmp_path, sccache, None), "OUT": "c.o"}, tmp_path)
-    assert "compile cache: none" in plain.stderr and _stats(plain.stderr) == {"runs": {"g++": 1}}
+    assert "compile cache: none" in plain.stderr and _stats(plain.stderr) == {"runs": {"g++": 1}, "step": "unit"}
     assert (tmp_path / "a.o").read_bytes() == (tmp_path / "b.o").read_bytes() == (tmp_path / "c.o").read_bytes()
 
 
@@ -247,7 +247,7 @@ def test_nvcc_through_the_cache_gives_the_bytes_of_a_plain_compile(sccache, redi
     url = compile_cache_secret(f"redis://127.0.0.1:{redis['open']}/4", {})
     subprocess.run(["redis-cli", "-p", str(redis["open"]), "-n", "4", "flushdb"], capture_output=True)
     script = ('nvcc_reproducible\ncompile_cache_start\n'
-              f'{STEPS}/nvcc-arch.sh -gencode arch=compute_90,code=sm_90 -c k.cu -o "$OUT"\ncompile_cache_report\n')
+              f'{STEPS}/nvcc-arch.sh -gencode arch=compute_90,code=sm_90 -c k.cu -o "$OUT"\ncompile_cache_report unit\n')
     env = {"CUDA_HOME": str(NVCC.parent.parent), "ENVBUILD_CUDA_ARCHS": "90"}
     runs = [_step(script, {**_env(tmp_path, sccache, cache), **env, "OUT": out}, tmp_path)
             for cache, out in ((url, "a.o"), (url, "b.o"), (None, "c.o"))]
@@ -298,7 +298,7 @@ def test_a_builds_compiles_are_summed_from_its_log_and_nothing_else_counts():
     from envbuild.build import compiles
 
     log = "\n".join([
-        '#26 205.5 envbuild: compiles {"errors": {}, "hits": {"c [gcc]": 4}, "misses": {"cuda [nvcc]": 1}, "runs": {"nvcc": 1}}',
+        '#26 205.5 envbuild: compiles {"errors": {}, "hits": {"c [gcc]": 4}, "misses": {"cuda [nvcc]": 1}, "runs": {"nvcc": 1}, "step": "deepspeed"}',
         '#28 6.8 envbuild: compiles {"errors": {}, "hits": {"cuda [nvcc]": 2}, "misses": {}, "runs": {"nvcc": 2}}',
         '#29 1.0 envbuild: compiles {"runs": {"nvcc": -5, "g++": "many"}, "hits": [1]}',
         '#29 1.1 envbuild: compiles {not json}',

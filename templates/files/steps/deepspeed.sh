@@ -85,7 +85,7 @@ else
     "$venv/bin/pip" install ${ENVBUILD_DS_BUILD_REQUIRES:?without a lock the deepspeed step needs its build requirements}
     DS_ENABLE_NINJA=1 "$venv/bin/pip" install --no-build-isolation "$spec"
 fi
-compile_cache_report
+compile_cache_report deepspeed
 "$venv/bin/python" "$STEPS_DIR/verify_ops.py" "$@"
 # Every op library carries SASS for the GPU's arches (NVIDIA's cuobjdump, no GPU needed): an op
 # compiled for another arch would fail at run time with "no kernel image is available".

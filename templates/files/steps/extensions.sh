@@ -16,4 +16,4 @@ export PYTORCH_NVCC="$STEPS_DIR/nvcc-arch.sh"
 # nvcc (its phases, host compiles included) through the compile cache when the build has one
 compile_cache_start
 "$(venv_dir)/bin/python" "$STEPS_DIR/extensions.py" "$1"
-compile_cache_report
+compile_cache_report extensions

@@ -216,16 +216,18 @@ compile_cache_start() {
         "($("$bin" --show-stats | sed -n 's/^Cache location *\([A-Za-z0-9]*\).*/\1/p'))"
 }
 
-# compile_cache_report: one line of what this step compiled: the compilers' runs and, with a
-# compile cache, its hits and misses by category the way they are true for CUDA (host C/C++,
+# compile_cache_report STEP: one line of what STEP (deepspeed, extensions) compiled: the
+# compilers' runs and, with a compile cache, its hits and misses by category the way they are true for CUDA (host C/C++,
 # nvcc's phases: cudafe++, cicc's PTX, ptxas's CUBIN), not the request count alone.
 compile_cache_report() {
     local stats=""
     if [[ -n ${ENVBUILD_SCCACHE:-} ]]; then stats=$("$ENVBUILD_SCCACHE" --show-stats --stats-format=json); fi
-    ENVBUILD_STATS=$stats "$(venv_dir)/bin/python" - "$ENVBUILD_COMPILES" << 'PY'
+    ENVBUILD_STATS=$stats "$(venv_dir)/bin/python" - "$ENVBUILD_COMPILES" "${1:?compile_cache_report names its step}" << 'PY'
 import collections, json, os, sys
 runs = collections.Counter(line.strip() for line in open(sys.argv[1]) if line.strip())
-out = {"runs": dict(sorted(runs.items()))}
+# the step by name: BuildKit runs the DeepSpeed and the extensions steps side by side, so the
+# order of their lines in the log says nothing
+out = {"step": sys.argv[2], "runs": dict(sorted(runs.items()))}
 if os.environ.get("ENVBUILD_STATS"):
     stats = json.loads(os.environ["ENVBUILD_STATS"])["stats"]
     for name in ("cache_hits", "cache_misses", "cache_errors"):

@@ -42,7 +42,7 @@ from typing import Callable, Optional
 import requests
 from securesystemslib.signer import CryptoSigner
 
-from . import audit, extcache, grammar, provenance, sbom
+from . import audit, extcache, grammar, provenance, published, sbom
 from .artifacts import Blob, Registry
 from .ci import digest_name, publish_plan
 from .build import LOG_NAME, LayerCache, compiles
@@ -58,7 +58,8 @@ from .resources import matrices_dir
 from .grammar import redact
 from .untrusted import loads_json
 from .verdict import record_path, run_smoke
-from .verify import PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust, attached_byproduct, signed_statement, targets
+from .verify import (PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust, attached_byproduct, signed_statement, targets,
+                     trust_from)
 
 STEPS = ("build", "smoke", "sbom", "audit", "sqsh", "push", "attach", "provenance", "sign")
 
@@ -100,6 +101,16 @@ class Outcome:
     left_in_registry: list = field(default_factory=list)
     layer_cache: dict = field(default_factory=dict)  # the references the build imported and exported (LayerCache)
     compiles: dict = field(default_factory=dict)  # what the build compiled and the compile cache served (build.compiles)
+    published_before: str = ""  # handed on as published before from the same rendered files: why it was trusted
+
+
+def publish_trust(signing: "Signing") -> Optional[Trust]:
+    """Whose signature makes an earlier publish count as this job's: the public half of its key,
+    or keyless in GitHub Actions this workflow's identity; None where neither can be named."""
+    try:
+        return trust_from(None, None, None, signing.signer.public_key if signing.signer else None, signing.keyless)
+    except EnvbuildError:
+        return None
 
 
 def repository(image_repo: str) -> str:
@@ -144,8 +155,9 @@ def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: 
     """What `publish --job` would do, per variant, without building anything: which layer-cache
     images the registry already holds (pulled, not built) and which stages will be built, the
     compiled extensions an --ext-cache file holds, and how long the last run's build took."""
-    held = _held_refs(registry, [c for v in variants for c in dataclasses.astuple(
-        layer_cache(cache_repo, image_repo, v) or LayerCache("", ""))])
+    images = {v["variant"]: f"{image_repo}:{per_platform_tag(v['tag'], v['platform'])}" for v in variants}
+    held = _held_refs(registry, [*images.values(), *(c for v in variants for c in dataclasses.astuple(
+        layer_cache(cache_repo, image_repo, v) or LayerCache("", "")))])
     last = _last_build_seconds(out)
     wheels = _cache_wheels(ext_cache) if ext_cache else None
     lines = [f"job {job['id']}: {len(variants)} variant(s), {job['platform']}, layer cache "
@@ -153,6 +165,11 @@ def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: 
     for v in variants:
         cache = layer_cache(cache_repo, image_repo, v)
         lines.append(f"{v['variant']}  {v['tag']}")
+        state = held.get(images[v["variant"]])
+        lines.append("  published      " + (
+            "yes: handed on as it is, not built, if its signed provenance records the files rendered now "
+            "(--republish builds it anyway)" if state is True else
+            f"cannot tell ({state})" if isinstance(state, str) else "no: built") + f"  ({images[v['variant']]})")
         if cache:
             for what, ref in (("builder stage", cache.builder), ("image", cache.final)):
                 state = held.get(ref)
@@ -268,7 +285,9 @@ def outcome_lines(outcomes: list["Outcome"], image_repo: str) -> list[str]:
     lines = []
     for o in outcomes:
         if o.ok:
-            lines.append(f"published {o.variant}  {image_repo}@{o.digest}  {o.platform}")
+            word = "unchanged" if o.published_before else "published"
+            lines.append(f"{word} {o.variant}  {image_repo}@{o.digest}  {o.platform}"
+                         + ("  (published before from the same rendered files: not built)" if o.published_before else ""))
             continue
         lines.append(f"FAILED    {o.variant}  at {o.failed_step}: {redact(o.reason)}")
         lines += [f"          left in the registry: {left}" for left in o.left_in_registry]
@@ -420,6 +439,9 @@ class JobContext:
     say: Callable[[str], None] = lambda _: None
     activity: dict = field(default_factory=dict)  # 'build': the BuildKit step now running (the heartbeat names it)
     cache_repo: Optional[str] = None  # where the builder stages' cache images go (--layer-cache); None: off
+    render: Optional[Callable[[dict, Path], Path]] = None  # variant, build dir -> the rendered dir, not built
+    trust: Optional[Trust] = None  # whose signature makes an earlier publish of the same files count (published.py)
+    republish: bool = False  # build every variant, even one published before from the same rendered files
 
 
 def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
@@ -435,6 +457,10 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
     client: Optional[Registry] = None
     attached: list[str] = []
     try:
+        earlier = _published_before(ctx, o, variant, build_dir)
+        if earlier is not None:
+            _hand_on(ctx, o, variant, earlier)
+            return o
         image, report = _build_and_smoke(ctx, o, variant, build_dir)
         work.mkdir(parents=True, exist_ok=True)
         inv, sbom_bytes = _sbom_and_audit(ctx, o, variant, image, engine, work)
@@ -468,6 +494,37 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
     return o
 
 
+def _published_before(ctx: JobContext, o: Outcome, variant: dict, build_dir: Path) -> Optional[published.Earlier]:
+    """Step 0: the variant rendered, and the registry asked whether it already serves the image
+    of exactly these files (published.find); None: it is built."""
+    if ctx.republish or ctx.render is None:
+        return None
+
+    def look() -> tuple[Optional[published.Earlier], str]:
+        rendered = ctx.render(variant, build_dir)
+        manifest = read_bytes(rendered / "manifest.json", "rendered manifest", "record")
+        return published.find(ctx.image_repo, per_platform_tag(variant["tag"], variant["platform"]),
+                              variant["platform"], manifest, ctx.trust)
+    earlier, why = _timed(o, "published before", look, ctx)
+    ctx.say(f"{variant['variant']}: {why}" + ("" if earlier else "; building it"))
+    return earlier
+
+
+def _hand_on(ctx: JobContext, o: Outcome, variant: dict, earlier: published.Earlier) -> None:
+    """The image published before is this run's: its pins audited again, its digest handed on."""
+    found = _timed(o, "audit", lambda: audit.audit_pins(
+        earlier.pins, f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)), ctx)
+    ctx.say(f"{variant['variant']}: audit: {found.summary()}")
+    if not found.ok:
+        o.failed_step = "audit"
+        raise EnvbuildError(found.refusal(f"image {variant['tag']} (published before)"), exit_code=1)
+    (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
+    write_atomic(ctx.out / "digests" / digest_name(variant), f"{earlier.digest}\n".encode())
+    o.ok, o.digest, o.published_before = True, earlier.digest, earlier.ref
+    ctx.say(f"{variant['variant']}: unchanged: {ctx.image_repo}@{earlier.digest} ({variant['platform']}) is handed on "
+            f"as published before; not built (--republish builds it again)")
+
+
 def _build_and_smoke(ctx: JobContext, o: Outcome, variant: dict, build_dir: Path):
     """Steps 1-2: the image, and its smoke report, which must pass before anything leaves."""
     try:
@@ -498,6 +555,7 @@ def _sbom_and_audit(ctx: JobContext, o: Outcome, variant: dict, image: str, engi
         sbom.python_pins(inv), f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)), ctx)
     ctx.say(f"{variant['variant']}: audit: {found.summary()}")
     if not found.ok:
+        o.failed_step = "audit"
         raise EnvbuildError(found.refusal(f"image {variant['tag']}"), exit_code=1)
     return inv, sbom_bytes
 

@@ -297,6 +297,13 @@ def attached_byproduct(client: Registry, target: Target, doc: dict, artifact_typ
 def verify_target(client: Registry, target: Target, trust: Trust, content: bool = True,
                   engine: Optional[Engine] = None) -> list[Check]:
     """Every check of one platform image."""
+    return vouched(client, target, trust, content, engine)[0]
+
+
+def vouched(client: Registry, target: Target, trust: Trust, content: bool = True,
+            engine: Optional[Engine] = None) -> tuple[list[Check], Optional[dict]]:
+    """Every check of one platform image, and the signed statement they were made against
+    (None: no provenance `trust` signed)."""
     p = target.platform
     checks = []
     docs, why = signed_statements(client, target, trust)
@@ -305,7 +312,7 @@ def verify_target(client: Registry, target: Target, trust: Trust, content: bool 
     if doc is None:
         for name in ("provenance", "sbom", "smoke", "sqsh"):
             checks.append(Check(name, p, None, "not checked: no verified provenance"))
-        return checks
+        return checks, None
     others = tuple(docs[1:])
     check, inv = _provenance_check(target, doc, content, engine)
     checks.append(check)
@@ -314,7 +321,14 @@ def verify_target(client: Registry, target: Target, trust: Trust, content: bool 
     layer, why = attached_byproduct(client, target, doc, SQSH_TYPE, others)
     checks.append(Check("sqsh", p, layer is not None, why if layer is None else
                         f"{layer.size / 2**20:.0f} MiB, sha256 {layer.digest[7:19]}... (envbuild stage checks its bytes)"))
-    return checks
+    return checks, doc
+
+
+def recorded_manifest(doc: dict) -> str:
+    """The sha256 of the image's /opt/envbuild/manifest.json a signed statement records ('' if none):
+    the manifest holds the digest of every rendered file, so this names the build's inputs."""
+    return next((d["digest"].get("sha256", "") for d in doc["predicate"]["buildDefinition"].get(
+        "resolvedDependencies", []) if d.get("name") == "image:/opt/envbuild/manifest.json"), "")
 
 
 def signed_tags(tag: Optional[str], platform: Optional[str]) -> list[str]:
@@ -354,8 +368,7 @@ def _provenance_check(target: Target, doc: dict, content: bool,
     image_id = engine.pull(f"{target.registry}/{target.name}@{target.manifest.digest}")
     inv = sbom_mod.read_inventory(image_id, engine)
     real = hashlib.sha256((inv.get("records") or {}).get("manifest", "").encode()).hexdigest()
-    recorded = next((d["digest"].get("sha256", "") for d in doc["predicate"]["buildDefinition"].get(
-        "resolvedDependencies", []) if d.get("name") == "image:/opt/envbuild/manifest.json"), "")
+    recorded = recorded_manifest(doc)
     if real != recorded:
         problems.append(f"the image's manifest.json (sha256 {real[:12]}) is not the one it records "
                         f"({recorded[:12]})")

@@ -235,6 +235,29 @@ def test_verify_passes_on_the_freshly_published_tag(published, env, keys):
                                                                           "sqsh"}
 
 
+def test_a_republish_of_the_unchanged_job_builds_nothing_and_hands_on_the_same_digest(published, registry, env, keys,
+                                                                                        work):
+    """The scheduled run of an unchanged job: the registry serves the variant's image from the same
+    rendered files with provenance this key signed, so the job audits its SBOM's pins again and
+    hands the same digest on, without building, smoke-testing, exporting or pushing anything."""
+    out = work / "republish-out"
+    plan = run_cli("publish", "--job", JOB, "--registry", registry["host"], "--matrix-dir", str(published["matrix"]),
+                   "--plan", "--out", str(out), env=env, timeout=300)
+    assert plan.returncode == 0 and "published      yes: handed on as it is" in plan.stdout, plan.stdout + plan.stderr
+    r = run_cli("publish", "--job", JOB, "--registry", registry["host"], "--signing-key", str(keys["ours"][0]),
+                "--matrix-dir", str(published["matrix"]), "--out", str(out), *BUILD_ARGS, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    said = " ".join(r.stdout.split())
+    assert f"unchanged h20:ib: {registry['host']}/envbuild@{published['digest']} linux/amd64" in said, r.stdout
+    assert "was published from the same rendered files" in " ".join(r.stderr.split()), r.stderr[-2000:]
+    assert f"publish --manifest {published['tag']}" in said  # the next command, as after a build
+    assert (out / "digests" / f"{published['tag']}-amd64").read_text().strip() == published["digest"]
+    (outcome,) = json.loads((out / "report.json").read_text())["outcomes"]
+    assert outcome["ok"] and outcome["published_before"] and not outcome["compiles"]
+    assert set(outcome["seconds"]) == {"published before", "audit"}  # no build, smoke, sqsh, push or sign
+    assert not (out / "attestations").exists() and not (out / "build" / "h20-ib" / "build.log").exists()
+
+
 def test_verify_fails_with_another_key(published, env, keys):
     r = _verify(published, env, keys["theirs"][1])
     assert r.returncode == 1

@@ -151,6 +151,7 @@ def test_the_plan_says_per_variant_what_is_cached_and_builds_nothing(tmp_path):
     assert lines[0] == f"job {JOB}: 1 variant(s), linux/amd64, layer cache 127.0.0.1:9/acme/envbuild-cache"
     assert lines[1].startswith("h20:ib:  torch2.5.1-cu124-py3.10-")
     assert "builder stage  cannot tell (registry unreachable" in r.stdout and "-h20-amd64-builder)" in r.stdout
+    assert lines[2].startswith("  published      cannot tell (registry unreachable") and lines[2].endswith("-h20-amd64)")
     assert f"last run       build 1712 s ({out / 'report.json'})" in r.stdout
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]  # nothing built, nothing written
 

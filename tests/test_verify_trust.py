@@ -67,7 +67,8 @@ class MemoryRegistry(Registry):
                           if blob.title else {})
 
 
-def push_signed(client: Registry, tag: str, key, inv: dict, sqsh: bytes = b"hsqs signed bytes") -> dict:
+def push_signed(client: Registry, tag: str, key, inv: dict, sqsh: bytes = b"hsqs signed bytes",
+                smoke_ok: bool = True) -> dict:
     """An image (manifest and config, no layers) under `tag`, its SBOM, smoke record and .sqsh
     attached and a provenance signed with `key` listing them: what `envbuild publish` leaves."""
     config = client.upload(REPO, Blob("application/vnd.oci.image.config.v1+json", "",
@@ -78,7 +79,7 @@ def push_signed(client: Registry, tag: str, key, inv: dict, sqsh: bytes = b"hsqs
     subject = Descriptor(OCI_MANIFEST, "sha256:" + hashlib.sha256(body).hexdigest(), len(body))
     inv = {**inv, "image_id": config.digest}
     files = {sbom.MEDIA_TYPE: (sbom.FILE_NAME, sbom.to_json(sbom.make_bom(inv, f"{client.host}/{REPO}:{tag}"))),
-             SMOKE_TYPE: ("smoke.json", json.dumps({"ok": True, "image_id": config.digest, "platform": "linux/amd64",
+             SMOKE_TYPE: ("smoke.json", json.dumps({"ok": smoke_ok, "image_id": config.digest, "platform": "linux/amd64",
                                                    "mode": "cpu", "checked_at": "2026-11-26T00:00:00Z"}).encode()),
              SQSH_TYPE: ("image.sqsh", sqsh)}
     for kind, (title, data) in files.items():

@@ -1,7 +1,9 @@
-"""`envbuild lock`: the stacks' locks, Python (uv) and, with --os, OS packages (apt in the base)."""
+"""`envbuild lock`: the stacks' locks, Python (uv) and, with --os, OS packages (apt in the base);
+`envbuild audit`: the vulnerability gate on them."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -9,8 +11,7 @@ import click
 
 from ..errors import EnvbuildError
 from .app import err, main, out
-from .options import matrix_dir_option
-from .supply import SERVICE, print_audit
+from .options import SERVICE, matrix_dir_option
 
 
 @main.command()
@@ -102,3 +103,43 @@ def _record_bases(m, stack_ids) -> None:
     for ref in sorted(set(refs)):
         state = "unreachable (kept what was recorded)" if ref in unreachable else recorded.get(ref, "")
         out.print(f"base      {ref}  {state}", markup=False, soft_wrap=True)
+
+
+@main.command()
+@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Audit this stack's locks (repeatable); "
+                                                                       "default: every lock.")
+@SERVICE
+@click.option("--json", "as_json", is_flag=True, help="Print every finding as JSON.")
+@matrix_dir_option
+def audit(stack_ids, service, as_json, matrix_dir):
+    """Look up every pin of the matrix's locks (matrices/locks/*.txt) in PyPI's vulnerability
+    data with pip-audit; a finding fails (exit 1) unless matrices/vulnerabilities.yaml allows
+    it, with a reason, until a date. `envbuild lock --check` runs this too."""
+    from ..matrix import load_matrix
+
+    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
+    results = print_audit(m, stack_ids, service, show=not as_json)
+    if as_json:
+        click.echo(json.dumps([{"lock": where, "ok": r.ok, "summary": r.summary(),
+                                "blocked": [f.id for f, _ in r.blocked], "allowed": [f.id for f, _ in r.allowed],
+                                "unaudited": [f"{u.package}=={u.version}" for u in r.unaudited]}
+                               for where, r in results], indent=2))
+    if not all(r.ok for _, r in results):
+        sys.exit(1)
+
+
+def print_audit(m, stack_ids, service, show=True) -> list:
+    """Audit the locks (of `stack_ids`, or all), print one line per lock and the allowed findings."""
+    from ..audit import audit_locks
+
+    results = audit_locks(m.directory, tuple(stack_ids), {s.id for s in m.stacks}, service)
+    for name, r in results:
+        if show:
+            out.print(f"{'audited' if r.ok else 'VULNERABLE' if r.blocked else 'unaudited'} {name}: {r.summary()}",
+                      markup=False, soft_wrap=True)
+            for f, a in r.allowed:
+                out.print(f"  allowed {f.id} in {f.package} {f.version} until {a.expires}: {a.reason}", markup=False,
+                          soft_wrap=True)
+        if not r.ok:
+            err.print(f"envbuild: {r.refusal(name)}", markup=False, soft_wrap=True)
+    return results

@@ -14,6 +14,11 @@ from ..errors import EnvbuildError
 from ..request import Flag, defaults, flags
 from .app import err
 
+SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
+                       help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
+                            "(api.osv.dev), or an OSV-compatible query URL (a mirror). Env: "
+                            "ENVBUILD_VULNERABILITY_SERVICE.")
+
 
 def not_empty(ctx, param, value):
     """An option given as '' is refused: click would hand the command an empty string, which the

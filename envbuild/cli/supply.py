@@ -1,5 +1,5 @@
-"""`publish`, `verify` and `audit`: the publish job as one command, a published tag checked by
-whoever pulls it, and the vulnerability gate on the locks."""
+"""`publish` and `verify`: the publish job as one command, and a published tag checked by
+whoever pulls it."""
 
 from __future__ import annotations
 
@@ -14,12 +14,8 @@ from ..grammar import escaped
 from .app import err, main, out
 from ..request import flags
 from ..grammar import redact
-from .options import deepspeed_key, matrix_dir_option, secret_options, trust_options, variant_kw
+from .options import SERVICE, deepspeed_key, matrix_dir_option, secret_options, trust_options, variant_kw
 
-SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
-                       help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
-                            "(api.osv.dev), or an OSV-compatible query URL (a mirror). Env: "
-                            "ENVBUILD_VULNERABILITY_SERVICE.")
 BASE_FLAGS = ("base_image", "builder_image")  # the request options a publish job takes, as `envbuild build` does
 
 
@@ -66,6 +62,9 @@ def _build_options(f):
                    "'off' builds without it.")
 @click.option("--plan", "show_plan", is_flag=True, help="--job: print what the job would build and what its caches "
                                                          "already hold, per variant; build nothing.")
+@click.option("--republish", is_flag=True, help="--job: build, test and push every variant, even one the registry "
+                                                 "already serves from the same rendered files with provenance this "
+                                                 "job's key or identity signed (default: that one is handed on).")
 @click.option("--variant", "variant_ids", multiple=True, metavar="GPU[:FABRIC][:EXT]",
               help="--job: publish only this variant of the job (repeatable; a part left out matches any, and "
                    "each value must name one variant). Default: every variant.")
@@ -73,7 +72,7 @@ def _build_options(f):
 @_build_options
 @matrix_dir_option
 def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key, identity, digests, out_dir,
-            ext_cache, keep_images, cache_repo, show_plan, variant_ids, service, matrix_dir, **build_flags):
+            ext_cache, keep_images, cache_repo, show_plan, republish, variant_ids, service, matrix_dir, **build_flags):
     """Publish the matrix the way its CI does: one job of the publish plan (--job), or one tag's
     manifest list (--manifest). The generated workflow runs exactly these commands.
 
@@ -101,7 +100,7 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
             out.print(line, markup=False, soft_wrap=True)
         return
     _run_job(m, job_id, variant_ids, registry, image_repo, (signing_key, keyless), service, Path(out_dir), ext_cache,
-             keep_images, cache, build_flags)
+             (keep_images, republish), cache, build_flags)
 
 
 def _one_mode(job_id, manifest_tag, list_jobs, about_a_job) -> None:
@@ -139,12 +138,13 @@ def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, 
         out.print(f"{i.platform} {i.digest}", markup=False)
 
 
-def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service, out_dir, ext_cache, keep_images,
+def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service, out_dir, ext_cache, switches,
              cache_repo, build_flags):
     from ..audit import service_from
     from ..build import build_image
     from ..release import (JobContext, build_hooks, check_tools, ext_cache_load, ext_cache_save, find_job,
-                           layer_cache, next_commands, outcome_lines, run_job, select_variants, signing_from)
+                           layer_cache, next_commands, outcome_lines, publish_trust, run_job, select_variants,
+                           signing_from)
     from .stack import render_to
 
     signing = signing_from(*signing_args)
@@ -154,10 +154,17 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
     cache = Path(ext_cache) if ext_cache else None
     check_tools(signing, cache)  # and a file of the user's at --ext-cache: refused before anything runs
     activity: dict = {}  # the BuildKit step now running, for the heartbeat
+    rendered: dict = {}  # variant -> what render_to gave, when it rendered before building
+
+    def render(variant: dict, build_dir: Path) -> Path:
+        kw = variant_kw(m, variant, image_repo, build_flags)
+        rendered[variant["variant"]] = render_to(kw, str(build_dir), show=False, reach_archive=True)
+        return rendered[variant["variant"]][2]
 
     def build(variant: dict, build_dir: Path) -> str:
-        kw = variant_kw(m, variant, image_repo, build_flags)
-        r, secrets, path, _ = render_to(kw, str(build_dir), show=False, reach_archive=True)
+        if variant["variant"] not in rendered:
+            render(variant, build_dir)
+        r, secrets, path, _ = rendered.pop(variant["variant"])
         build_image(path, r.tag, r.request.image_repo, secrets,
                     **build_hooks(variant, activity, layer_cache(cache_repo, image_repo, variant), _say))
         return f"{r.request.image_repo}:{r.tag}"
@@ -165,7 +172,8 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
     out_dir.mkdir(parents=True, exist_ok=True)
     if cache:
         ext_cache_load(m, job, cache, build_flags.get("base_image"), _say)
-    ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, keep_images, _say, activity, cache_repo)
+    ctx = JobContext(m, registry, image_repo, out_dir, signing, service, build, switches[0], _say, activity, cache_repo,
+                     render, publish_trust(signing), switches[1])
     outcomes = run_job(ctx, job, variants)
     if cache:
         ext_cache_save(m, job, cache, out_dir, build_flags.get("base_image"), _say)
@@ -202,43 +210,3 @@ def verify(image, key, identity, issuer, platform, no_pull, as_json):
         out.print(f"{'VERIFIED' if passed else 'NOT VERIFIED'}: {image} ({trust.describe()})", markup=False)
     if not passed:
         sys.exit(1)
-
-
-@main.command()
-@click.option("--stack", "stack_ids", multiple=True, metavar="ID", help="Audit this stack's locks (repeatable); "
-                                                                       "default: every lock.")
-@SERVICE
-@click.option("--json", "as_json", is_flag=True, help="Print every finding as JSON.")
-@matrix_dir_option
-def audit(stack_ids, service, as_json, matrix_dir):
-    """Look up every pin of the matrix's locks (matrices/locks/*.txt) in PyPI's vulnerability
-    data with pip-audit; a finding fails (exit 1) unless matrices/vulnerabilities.yaml allows
-    it, with a reason, until a date. `envbuild lock --check` runs this too."""
-    from ..matrix import load_matrix
-
-    m = load_matrix(Path(matrix_dir) if matrix_dir else None)
-    results = print_audit(m, stack_ids, service, show=not as_json)
-    if as_json:
-        click.echo(json.dumps([{"lock": where, "ok": r.ok, "summary": r.summary(),
-                                "blocked": [f.id for f, _ in r.blocked], "allowed": [f.id for f, _ in r.allowed],
-                                "unaudited": [f"{u.package}=={u.version}" for u in r.unaudited]}
-                               for where, r in results], indent=2))
-    if not all(r.ok for _, r in results):
-        sys.exit(1)
-
-
-def print_audit(m, stack_ids, service, show=True) -> list:
-    """Audit the locks (of `stack_ids`, or all), print one line per lock and the allowed findings."""
-    from ..audit import audit_locks
-
-    results = audit_locks(m.directory, tuple(stack_ids), {s.id for s in m.stacks}, service)
-    for name, r in results:
-        if show:
-            out.print(f"{'audited' if r.ok else 'VULNERABLE' if r.blocked else 'unaudited'} {name}: {r.summary()}",
-                      markup=False, soft_wrap=True)
-            for f, a in r.allowed:
-                out.print(f"  allowed {f.id} in {f.package} {f.version} until {a.expires}: {a.reason}", markup=False,
-                          soft_wrap=True)
-        if not r.ok:
-            err.print(f"envbuild: {r.refusal(name)}", markup=False, soft_wrap=True)
-    return results

@@ -1,0 +1,126 @@
+"""What a publish run costs cold and warm: `envbuild publish --job` of the CI stack's h20 variant
+(the job's whole work: build, smoke test, SBOM, audit, .sqsh, push, attach, sign), each run on an
+**empty engine** (a dockerd of its own, BuildKit's cache mounts empty: what a fresh CI runner
+has), against registries and a Redis of the bench's own, measured in one run:
+
+1. **baseline**: the job as every run did it before the caches: no layer cache, no compile cache;
+2. **cold**: the first run of the job with the caches: it exports the layer cache (the builder
+   stage, the image with its cache inline) and fills the compile cache (sccache on Redis);
+3. **warm**: the scheduled run of the unchanged job: the registry serves the variant from the
+   same rendered files with provenance this key signed, so its pins are audited again and its
+   digest handed on (envbuild/published.py): nothing is built;
+4. **warm, --republish**: the same, forced to build again: the layers come from the registry's
+   layer cache, every unit from the compile cache; smoke test, .sqsh and push run again.
+
+The ratio is each run's wall time / the cold run's. For each: the job's own per-step seconds
+(OUT/report.json) and what the compilers ran (report.json `compiles`: compiler runs and the
+compile cache's misses). One more DeepSpeed op, unit by unit, is bench/layer_cache.py's.
+
+    python bench/republish.py       # about 45 minutes on 2 cores, 30 GB of disk; redis-server
+
+Vulnerability data: the local OSV endpoint of tests/tools/osv_server.py. Signing: a throw-away
+ed25519 key (DSSE). Base: the debootstrap image, loaded into each empty engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import BASE, CA, ROOT, STACK, machine, table
+from layer_cache import empty_engine, own_redis
+from publish_steps import own_registry
+
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
+from osv_server import OsvServer  # noqa: E402
+
+REPO = "envbuild-bench-republish"
+OPS = "  training: [cpu_adam, cpu_adagrad, cpu_lion, utils, fused_adam, fused_lamb, fused_lion]\n"
+
+
+def matrix_for(work: Path, host: str) -> Path:
+    """The production matrix publishing the CI stack's h20 variant, its training preset the two
+    ops the layer-cache bench builds (cpu_adam on g++, fused_adam on nvcc)."""
+    d = work / "matrices"
+    shutil.copytree(ROOT / "matrices", d)
+    (d / "publish.yaml").write_text(f'registry: "{host}"\nimage_repo: {REPO}\ngpus: [h20]\n')
+    text = (d / "deepspeed.yaml").read_text()
+    if OPS not in text:
+        sys.exit("deepspeed.yaml's training preset changed: update bench/republish.py's copy")
+    (d / "deepspeed.yaml").write_text(text.replace(OPS, "  training: [cpu_adam, fused_adam]\n"))
+    return d
+
+
+def publish(host: str, matrix: Path, out: Path, key: Path, env: dict, *extra: str) -> dict:
+    """One `envbuild publish --job` on the current engine: wall time and the variant's outcome."""
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "envbuild", "publish", "--job", f"{STACK}-amd64", "--registry", host,
+                        "--signing-key", str(key), "--matrix-dir", str(matrix), "--out", str(out), "--base-image",
+                        BASE, "--ca-cert", CA, *extra], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, **env})
+    seconds = time.monotonic() - start
+    if r.returncode != 0:
+        sys.exit(f"publish {' '.join(extra)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+    (outcome,) = json.loads((out / "report.json").read_text())["outcomes"]
+    return {"seconds": seconds, "outcome": outcome}
+
+
+def _runs(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "0"
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="envbuild-bench-republish-", dir="/var/tmp"))
+    for name in ("plain", "cached"):
+        (work / name).mkdir()
+    plain, plain_host = own_registry(work / "plain")
+    cached, host = own_registry(work / "cached")
+    key = work / "bench.key"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True, capture_output=True)
+    try:
+        with own_redis(work) as redis, OsvServer() as osv:
+            env = {"ENVBUILD_STATE_DIR": str(work / "state"), "ENVBUILD_VULNERABILITY_SERVICE": osv.url}
+            runs = {}
+            for name, registry, extra in (
+                    ("baseline: no caches", plain_host, ("--layer-cache", "off")),
+                    ("cold: exports the layer cache, fills the compile cache", host, ("--compile-cache", redis)),
+                    ("warm: the unchanged job again", host, ("--compile-cache", redis)),
+                    ("warm, --republish: built again from the caches", host, ("--compile-cache", redis,
+                                                                              "--republish"))):
+                print(f"{name}: on an empty engine", flush=True)
+                with empty_engine(work, f"engine{len(runs)}"):
+                    runs[name] = publish(registry, matrix_for(work / f"m{len(runs)}", registry),
+                                         work / f"out{len(runs)}", key, env, *extra)
+                print(f"  {runs[name]['seconds']:.0f} s", flush=True)
+        cold = runs["cold: exports the layer cache, fills the compile cache"]["seconds"]
+        rows = []
+        for name, r in runs.items():
+            o = r["outcome"]
+            steps = o["seconds"]
+            rest = sum(v for k, v in steps.items() if k not in ("build", "published before") and ":" not in k)
+            rows.append([name, f"{r['seconds']:.0f}", f"{steps.get('build', 0):.0f}", f"{rest:.0f}",
+                         _runs(o["compiles"].get("runs", {})), _runs(o["compiles"].get("misses", {})),
+                         "handed on" if o["published_before"] else "built", f"{r['seconds'] / cold:.2f}x"])
+        table(f"publish --job of the CI stack's h20 variant, each run on an empty engine ({machine()}; "
+              f"{time.strftime('%Y-%m-%d')})",
+              ["run", "wall s", "build s", "other steps s", "compiler runs", "compile cache misses", "image",
+               "vs cold"], rows)
+        digests = {n: r["outcome"]["digest"] for n, r in runs.items()}
+        print(f"digests: {json.dumps(digests, indent=2)}")
+        (work / "result.json").write_text(json.dumps(runs, indent=2))
+        shutil.rmtree(work, ignore_errors=True)  # kept when a run failed: its logs are there
+    finally:
+        for proc in (plain, cached):
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()

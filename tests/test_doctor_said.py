@@ -118,6 +118,13 @@ def test_an_ib_completion_error_names_its_status_and_peer(file, status, peer, wo
 
 
 MEASURE_START, MEASURE_END = "<!-- catalogue-measure: tests/test_doctor_said.py -->", "<!-- /catalogue-measure -->"
+# How each launcher call's message reaches a log (srun's and slurmstepd's prefixes, enroot's).
+LAUNCHER_LINE = {"error": "srun: error: ", "fatal": "srun: fatal: ", "slurm_error": "slurmstepd: error: ",
+                 "PMIXP_ERROR": "slurmstepd: error:  mpi/pmix_v4: f: host [0]: x.c:1: ",
+                 "PMIXP_ERROR_STD": "slurmstepd: error:  mpi/pmix_v4: f: host [0]: x.c:1: ",
+                 "PMIXP_ERROR_NO": "slurmstepd: error:  mpi/pmix_v4: f: host [0]: x.c:1: ",
+                 "PMIXP_ABORT": "slurmstepd: error:  mpi/pmix_v4: f: host [0]: x.c:1: ",
+                 "common::err": "[ERROR] ", "common::log": "[ERROR] ", "err": "enroot-mount: ", "errx": "enroot-mount: "}
 SAMPLE = {"s": "x", "d": "0", "i": "0", "u": "0", "x": "1a", "X": "1A", "p": "0x1", "f": "1.0", "g": "1.0", "c": "c", "%": "%"}
 
 
@@ -144,7 +151,7 @@ def catalogue_share() -> list[tuple[str, int, int]]:
     each wording with sample values, or the error's name), of all catalogued."""
     import re
 
-    from envbuild.doctor.said import CONVERSION
+    from envbuild.doctor.said import CONVERSION, LAUNCHERS, printed
     patterns = [re.compile(i.pattern) for i in ISSUES]
     nccl = yaml.safe_load((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
     cuda = yaml.safe_load((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
@@ -155,6 +162,11 @@ def catalogue_share() -> list[tuple[str, int, int]]:
         lines.setdefault(label, []).append(text if m["level"] == "RESULT" else f"host:1:2 [0] NCCL {m['level']} {text}")
     for e in cuda["errors"]:
         lines.setdefault(f"CUDA {'cudaError_t' if e['api'] == 'runtime' else 'CUresult'} names", []).append(e["name"])
+    for name, (title, levels, _, _) in LAUNCHERS.items():
+        for m in yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
+            if m["level"] in levels:
+                text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), printed(m["text"]))
+                lines.setdefault(f"{title} {m['level']} format strings", []).append(LAUNCHER_LINE[m["call"]] + text)
     return [(label, len(set(texts)), sum(any(p.search(t) for p in patterns) for t in set(texts)))
             for label, texts in sorted(lines.items())]
 

@@ -44,9 +44,10 @@ COMPRESSED = {
 UNSUPPORTED = {b"\x28\xb5\x2f\xfd": "zstd (decompress it first: zstd -d LOG)",
                b"PK\x03\x04": "a zip archive (unzip it first)",
                b"\x7fELF": "an ELF binary or core file"}
-# CSI sequences (colours, cursor moves), OSC sequences (titles, hyperlinks), other 2-byte escapes;
-# none reaches past the end of its line.
-ANSI_TEXT = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]"
+# CSI sequences (colours, cursor moves), OSC sequences (titles, hyperlinks), character-set
+# designations (`ESC ( B`, which `tput sgr0` prints before its reset: enroot's coloured [ERROR]),
+# other 2-byte escapes; none reaches past the end of its line.
+ANSI_TEXT = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|\x1b[ -/]+[0-~]|\x1b[@-Z\\-_]"
 ANSI = re.compile(ANSI_TEXT)
 ANSI_BYTES = re.compile(ANSI_TEXT.encode())
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -8,7 +8,10 @@ the prefixes pasting adds (`[rank3]:`, timestamps, `host:pid:tid [dev] file.cc:1
 matter, and its ncclResult_t messages anywhere (torch quotes them in its errors). INFO lines are
 catalogued but not reported: NCCL_DEBUG=INFO prints hundreds of them in a healthy job. The CUDA
 catalogue's cudaError_t and CUresult names (`cudaErrorNoDevice`, `CUDA_ERROR_SYSTEM_NOT_READY`)
-are looked for as words, and reported with their value and the header's documentation.
+are looked for as words, and reported with their value and the header's documentation. The
+launchers' error wordings (Slurm's srun, slurmstepd and PMI plugins, enroot, pyxis) are looked for
+after what prints them (`srun: error:`, `[ERROR]`, `enroot-mount:`, ...; LAUNCHERS below), Slurm's
+own conversions (`%m`, `%pJ`) as text captures.
 
 A line that no curated signature explains but that a catalogued message matches is reported as
 what the component said: the message, the releases that print that wording, the source file and
@@ -195,6 +198,58 @@ def torch_matchers(data: dict) -> list[Matcher]:
     return found
 
 
+# What the launchers print (matrices/catalogues/slurm.yaml, enroot.yaml, pyxis.yaml), per component:
+# its name, the levels reported (info and warnings are in healthy jobs too), the screen words a line
+# must hold, and per call the expression before the message and the text printed after it.
+SLURM_PREFIX = r"(?:(?:srun|slurmstepd|slurmd|salloc|sbatch)[\w.-]*:|\])\s*"
+LAUNCHERS = {
+    "slurm": ("Slurm", ("ERROR", "FATAL"), ("error:", "fatal:"),
+              {"error": (SLURM_PREFIX + r"error:\s*", ""), "fatal": (SLURM_PREFIX + r"fatal:\s*", ""),
+               "PMIXP_ERROR": (SLURM_PREFIX + r"error:\s.*?", ""), "PMIXP_ABORT": (SLURM_PREFIX + r"error:\s.*?", ""),
+               "PMIXP_ERROR_STD": (SLURM_PREFIX + r"error:\s.*?", ": %s (%d)"),
+               "PMIXP_ERROR_NO": (SLURM_PREFIX + r"error:\s.*?", ": %s (%d)")}),
+    "pyxis": ("pyxis", ("ERROR",), ("error:",), {"slurm_error": (r"\berror:\s*", "")}),
+    "enroot": ("enroot", ("ERROR",), ("[ERROR]", "enroot-"),
+               {"common::err": (r"\[ERROR\]\s*", ""), "common::log": (r"\[ERROR\]\s*", ""),
+                "err": (r"\benroot-[\w-]+:\s*", ": %s"), "errx": (r"\benroot-[\w-]+:\s*", "")}),
+}
+# Slurm's own conversions (its log.c: %m strerror, %t/%T/%M times, %pA an address, %pJ a job,
+# %ps/%pS a step, %pd/%pD data), and glibc's %m in enroot's err(): each prints text, a %s here.
+LAUNCHER_CONVERSION = re.compile(r"%%|%(?:p[AdDJsS]|m|[tTM](?![diouxX]))")
+
+
+def printed(text: str) -> str:
+    """A launcher's format as printf would read it: its own conversions as %s."""
+    return LAUNCHER_CONVERSION.sub(lambda c: c.group(0) if c.group(0) == "%%" else "%s", text)
+
+
+def launcher_matchers(data: dict) -> list[Matcher]:
+    """A matcher per error wording of a launcher's catalogue (Slurm, enroot, pyxis) that says enough to match alone."""
+    name = str(data.get("component"))
+    title, levels, _, calls = LAUNCHERS[name]
+    url = str(data["source"])
+    tags = {str(r["release"]): str(r["tag"]) for r in data.get("releases") or []}
+    found = []
+    for entry in data.get("messages") or []:
+        releases, call = str(entry["releases"]), str(entry["call"])
+        if entry["level"] not in levels or call not in calls:
+            continue
+        prefix, suffix = calls[call]
+        text = printed(_torch_line(str(entry["text"]))).strip() + suffix
+        if len(fixed_text(text)) < MIN_FIXED or len(key_of(text)) < MIN_FIXED:
+            continue
+        where = f"{entry['file']}:{int(entry['line'])}"
+        link = f"{url}/blob/{tags.get(_newest(releases), 'master')}/{entry['file']}#L{int(entry['line'])}"
+        found.append(Matcher(
+            name, text, prefix + to_regex(text), f"{title} said: {str(entry['text']).strip()}",
+            f"{title} {releases}, {where}" + "".join(f"; {n}: {{{n}}}" for n in capture_names(text)),
+            f"not yet explained: a message {title} prints with {call}() (at {where} in the releases {releases}); "
+            f"no curated signature says what it means for the job, and doctor does not guess.",
+            f"Read the source line ({link}) for the check that failed and what its values mean; search "
+            f"{url}/issues for the wording; the lines before it say what {title} was doing.", link))
+    return found
+
+
 class Said:
     """The catalogues as matchers: `words` for the engine's screen, `match` for a line."""
 
@@ -210,10 +265,13 @@ class Said:
         self._issues: dict[int, KnownIssue] = {}
 
     @classmethod
-    def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None, torch: Optional[dict] = None) -> "Said":
-        """The matchers of the NCCL, CUDA and torch.distributed catalogues (any may be absent)."""
+    def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None, torch: Optional[dict] = None,
+           launchers: tuple[dict, ...] = ()) -> "Said":
+        """The matchers of the NCCL, CUDA, torch.distributed and launcher catalogues (any may be absent)."""
         matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {}) + torch_matchers(torch or {})
+        matchers += [m for data in launchers for m in launcher_matchers(data)]
         words = [WARN_WORD] if nccl else []
+        words += [w for data in launchers for w in LAUNCHERS[str(data.get("component"))][2]]
         words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
         words += ["cudaError", "CUDA_ERROR_"] if cuda else []
         words += [key_of(m.text) for m in matchers if m.component == "torch"]  # no common prefix: each one's own
@@ -256,10 +314,13 @@ def load_said(directory: Optional[Path] = None) -> Optional[Said]:
     """The catalogues envbuild ships (or those in `directory`) as matchers; None without any."""
     folder = (directory or matrices_dir()) / "catalogues"
     nccl, cuda, torch = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml"), _read(folder / "torch.yaml")
-    if nccl is None and cuda is None and torch is None:
+    launchers = [_read(folder / f"{name}.yaml") for name in LAUNCHERS]
+    if nccl is None and cuda is None and torch is None and not any(launchers):
         return None
     try:
-        return Said.of(*(data if isinstance(data, dict) else None for data in (nccl, cuda, torch)))
+        return Said.of(*(data if isinstance(data, dict) else None for data in (nccl, cuda, torch)),
+                       tuple({**data, "component": name} for name, data in zip(LAUNCHERS, launchers)
+                             if isinstance(data, dict)))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise EnvbuildError(f"a message catalogue in {folder} is malformed ({type(e).__name__}: {e}); "
                             f"regenerate it with `envbuild matrix catalogue --write`.") from None

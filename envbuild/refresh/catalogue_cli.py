@@ -13,7 +13,7 @@ import click
 
 from ..errors import EnvbuildError
 from ..resources import matrices_dir
-from . import cuda_catalogue, nccl_catalogue, torch_catalogue, writer
+from . import cuda_catalogue, launcher_catalogue, nccl_catalogue, torch_catalogue, writer
 from .cli import _not_empty
 
 
@@ -64,16 +64,32 @@ def refresh_torch(wheels: Path, directory: Path, progress=lambda _: None) -> tup
             torch_catalogue.summary(torch_catalogue.parse(old_text, path), new))
 
 
+def refresh_launcher(name: str, source: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
+    """A launcher's catalogue (Slurm, enroot or pyxis) from its fetched sources, for the release lines
+    launcher_catalogue names."""
+    component = launcher_catalogue.component(name)
+    path = directory / "catalogues" / f"{name}.yaml"
+    old_text = _old(path)
+    new = launcher_catalogue.derive(component, launcher_catalogue.open_sources(component, source), progress)
+    if not new["releases"]:
+        raise EnvbuildError(f"--{name}-source {source} holds no release tag of the {component.title} release lines "
+                            f"{', '.join(component.lines)}: give a clone of {component.url} with its tags.")
+    return (writer.FileChange(path, old_text, launcher_catalogue.render(component, new)),
+            launcher_catalogue.summary(component, nccl_catalogue.parse(old_text, path), new))
+
+
 def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress,
-                torch_wheels: Optional[str] = None) -> list:
-    if not source and not wheels and not torch_wheels:
+                torch_wheels: Optional[str] = None, launchers: Optional[dict] = None) -> list:
+    launchers = {name: path for name, path in (launchers or {}).items() if path}
+    if not source and not wheels and not torch_wheels and not launchers:
         raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), --torch-wheels "
-                            "(torch wheels), or several.")
+                            "(torch wheels), --slurm-source, --enroot-source, --pyxis-source, or several.")
     if (source or wheels) and not (directory / "nccl.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
     done = [refresh_catalogue(Path(source), directory, progress)] if source else []
     done += [refresh_cuda(Path(wheels), directory)] if wheels else []
-    return done + ([refresh_torch(Path(torch_wheels), directory, progress)] if torch_wheels else [])
+    done += [refresh_torch(Path(torch_wheels), directory, progress)] if torch_wheels else []
+    return done + [refresh_launcher(name, Path(path), directory, progress) for name, path in launchers.items()]
 
 
 @click.command("catalogue")
@@ -85,21 +101,34 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
 @click.option("--torch-wheels", "torch_wheels", type=click.Path(file_okay=False, exists=True),
               help="A directory of torch wheels, one per release the matrix ships (pip download --no-deps): the "
                    "Python of their torch/distributed.")
+@click.option("--slurm-source", type=click.Path(file_okay=False, exists=True),
+              help="Slurm's sources: a git clone (or mirror) of github.com/SchedMD/slurm with its tags, or saved "
+                   "sources with a tags.txt.")
+@click.option("--enroot-source", type=click.Path(file_okay=False, exists=True),
+              help="enroot's sources: a git clone (or mirror) of github.com/NVIDIA/enroot with its tags, or saved "
+                   "sources with a tags.txt.")
+@click.option("--pyxis-source", type=click.Path(file_okay=False, exists=True),
+              help="pyxis's sources: a git clone (or mirror) of github.com/NVIDIA/pyxis with its tags, or saved "
+                   "sources with a tags.txt.")
 @click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
               callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
               help="Matrix directory whose nccl.yaml and locks name the releases (default: the built-in one).")
-def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels: Optional[str], write: bool,
-                      matrix_dir: Optional[str]):
+def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels: Optional[str],
+                      slurm_source: Optional[str], enroot_source: Optional[str], pyxis_source: Optional[str],
+                      write: bool, matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
     per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
     pinned CUDA runtime wheels, and what torch.distributed's Python raises or logs as an error
-    from torch wheels; show the diff, or --write it.
+    from torch wheels, and what Slurm (srun, slurmstepd, PMI/PMIx), enroot and pyxis print from
+    their sources; show the diff, or --write it.
 
     Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
     given; 2: a source cannot be read or an input is bad."""
     directory = Path(matrix_dir) if matrix_dir else matrices_dir()
-    done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels)
+    launchers = {"slurm": slurm_source, "enroot": enroot_source, "pyxis": pyxis_source}
+    done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels,
+                       launchers)
     for line in [line for _, facts in done for line in facts]:
         click.echo(f"  {line}", err=True)
     changed = [change for change, _ in done if change.changed]

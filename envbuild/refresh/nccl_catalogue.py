@@ -15,6 +15,7 @@ https://github.com/NVIDIA/nccl), or a directory of saved files laid out as `<tag
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import subprocess
@@ -60,11 +61,12 @@ class Sources(Protocol):
 
 
 class GitSources:
-    """NCCL's tags in a git directory (a clone or a mirror), read with git itself."""
+    """A project's tags in a git directory (a clone or a mirror), read with git itself: NCCL's by
+    default; another catalogue names its tags (`glob`), its top directories (`roots`) and URL."""
 
-    def __init__(self, git_dir: Path):
-        self.git_dir = Path(git_dir)
-        self._tags = self._git("tag", "--list", "v*").split()
+    def __init__(self, git_dir: Path, glob: str = "v*", roots: tuple[str, ...] = ("src",), url: str = URL):
+        self.git_dir, self.roots, self.url = Path(git_dir), roots, url
+        self._tags = self._git("tag", "--list", glob).split()
 
     def _git(self, *args: str) -> str:
         try:
@@ -72,7 +74,7 @@ class GitSources:
         except (OSError, subprocess.CalledProcessError) as e:
             why = getattr(e, "stderr", b"") or str(e).encode()
             raise EnvbuildError(f"--source {self.git_dir}: git {' '.join(args[:2])} failed "
-                                f"({why.decode('utf-8', 'replace').strip()[:200]}); give a clone of {URL} "
+                                f"({why.decode('utf-8', 'replace').strip()[:200]}); give a clone of {self.url} "
                                 f"or a directory of saved sources with a tags.txt.") from None
         return done.stdout.decode("utf-8", "replace")
 
@@ -83,7 +85,7 @@ class GitSources:
         return self._git("rev-parse", f"{tag}^{{commit}}").strip()
 
     def files(self, tag: str) -> list[str]:
-        return sorted(self._git("ls-tree", "-r", "--name-only", tag, "--", "src").split("\n")[:-1])
+        return sorted(self._git("ls-tree", "-r", "--name-only", tag, "--", *self.roots).split("\n")[:-1])
 
     def read(self, tag: str, path: str) -> bytes:
         done = subprocess.run(["git", "--git-dir", str(self.git_dir), "show", f"{tag}:{path}"], capture_output=True)
@@ -95,7 +97,7 @@ class GitSources:
 class DirSources:
     """Saved source files laid out as `<tag>/<path>`, with `tags.txt` (`TAG COMMIT` a line)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, tag: re.Pattern = TAG):
         self.root = Path(root)
         listing = self.root / "tags.txt"
         if not listing.is_file():
@@ -104,8 +106,8 @@ class DirSources:
         self._commits = {}
         for number, line in enumerate(listing.read_text().splitlines(), 1):
             fields = line.split()
-            if len(fields) != 2 or not TAG.fullmatch(fields[0]) or not re.fullmatch(r"[0-9a-f]{40}", fields[1]):
-                raise EnvbuildError(f"{listing} line {number}: expected `TAG COMMIT` (a tag such as v2.27.3-1 and "
+            if len(fields) != 2 or not tag.fullmatch(fields[0]) or not re.fullmatch(r"[0-9a-f]{40}", fields[1]):
+                raise EnvbuildError(f"{listing} line {number}: expected `TAG COMMIT` (a release tag such as v2.27.3-1 and "
                                     f"a 40-digit sha), got {line[:120]!r}.")
             self._commits[fields[0]] = fields[1]
 
@@ -123,16 +125,18 @@ class DirSources:
         return (self.root / tag / path).read_bytes()
 
 
-def open_sources(path: Path) -> Sources:
-    """A git directory (bare or a work tree's .git) or a directory of saved sources."""
+def open_sources(path: Path, tag: re.Pattern = TAG, glob: str = "v*", roots: tuple[str, ...] = ("src",),
+                 url: str = URL) -> Sources:
+    """A git directory (bare or a work tree's .git) or a directory of saved sources: NCCL's, or
+    another project's whose release tags match `tag` (`glob` for git) under its `roots`."""
     path = Path(path)
     if (path / "tags.txt").is_file():
-        return DirSources(path)
+        return DirSources(path, tag)
     git_dir = path / ".git" if (path / ".git").exists() else path
     if not (git_dir / "HEAD").exists():
-        raise EnvbuildError(f"--source {path}: neither a git directory of {URL} nor a directory of saved sources "
+        raise EnvbuildError(f"--source {path}: neither a git directory of {url} nor a directory of saved sources "
                             f"with a tags.txt.")
-    return GitSources(git_dir)
+    return GitSources(git_dir, glob, roots, url)
 
 
 def tag_of(release: str, tags: Iterable[str]) -> Optional[str]:
@@ -200,31 +204,39 @@ def _skip_argument(source: str, pos: int) -> int:
     return pos
 
 
-def extract(source: str, path: str) -> list[Message]:
-    """Every WARN/INFO format string of one source file, and ncclGetErrorString's messages."""
-    found = []
+def line_finder(source: str):
+    """pos -> the 1-based line of `source` it is on."""
     line_starts = [0] + [m.end() for m in re.finditer("\n", source)]
+    return lambda pos: bisect.bisect_right(line_starts, pos)
 
-    def line_of(pos: int) -> int:
-        lo, hi = 0, len(line_starts)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if line_starts[mid] <= pos else (lo, mid)
-        return lo + 1
 
-    for call in CALL.finditer(source):
-        line_start = line_starts[line_of(call.start()) - 1]
-        if source[line_start:call.start()].lstrip().startswith(("#define", "//", "*")):
-            continue  # the macro's own definition, or a comment
-        pos = call.end()
-        if call.group(1) == "INFO":
+def format_calls(source: str, call: re.Pattern, skip: dict[str, int]) -> list[tuple[str, str, int]]:
+    """(name, format string, line) of each call `call` finds (group 1 the name) whose format
+    argument is a literal, after skip[name] arguments (INFO's flags, err()'s exit status): the C
+    rule every catalogue of C sources reads its printf-style calls with. A macro's own #define
+    and a commented-out call are not calls."""
+    found, line_of = [], line_finder(source)
+    for match in call.finditer(source):
+        line_start = source.rfind("\n", 0, match.start()) + 1
+        if source[line_start:match.start()].lstrip().startswith(("#define", "//", "*")):
+            continue
+        pos = match.end()
+        for _ in range(skip.get(match.group(1), 0)):
             pos = _skip_argument(source, pos)
             if pos >= len(source) or source[pos] != ",":
-                continue
+                break
             pos += 1
-        text = _format_argument(source, pos)
-        if text is not None and text.strip():
-            found.append(Message(call.group(1), text, path, line_of(call.start())))
+        else:
+            text = _format_argument(source, pos)
+            if text is not None and text.strip():
+                found.append((match.group(1), text, line_of(match.start())))
+    return found
+
+
+def extract(source: str, path: str) -> list[Message]:
+    """Every WARN/INFO format string of one source file, and ncclGetErrorString's messages."""
+    found = [Message(name, text, path, line) for name, text, line in format_calls(source, CALL, {"INFO": 1})]
+    line_of = line_finder(source)
     body = re.search(r"const char\s*\*\s*ncclGetErrorString\s*\([^)]*\)\s*\{(.*?)\n\}", source, re.S)
     if body:
         for case in re.finditer(r'return\s+"((?:[^"\\\n]|\\.)*)"', body.group(1)):
@@ -331,22 +343,24 @@ def by_release(data: dict, entries: str, identity) -> dict[str, set]:
     return held
 
 
-def summary(old: dict, new: dict) -> list[str]:
-    """A line per release that came or went, and per release the wordings new in it and gone from it."""
+def summary(old: dict, new: dict, name: str = "nccl", identity=None) -> list[str]:
+    """A line per release that came or went, and per release the wordings new in it and gone from it
+    (a wording is its (level, text), or what `identity` makes of an entry)."""
     def message(m):
         return m["level"], m["text"]
-    before, after = by_release(old, "messages", message), by_release(new, "messages", message)
-    out = [f"nccl catalogue: release {r} removed" for r in sorted(before.keys() - after.keys(), key=Version)]
+    identity = identity or message
+    before, after = by_release(old, "messages", identity), by_release(new, "messages", identity)
+    out = [f"{name} catalogue: release {r} removed" for r in sorted(before.keys() - after.keys(), key=Version)]
     order = list(after)
     for release in sorted(after.keys() - before.keys(), key=Version):
         previous = order[order.index(release) - 1] if order.index(release) else None
         held = after[previous] if previous else set()
-        out.append(f"nccl catalogue: release {release} added: {len(after[release] - held)} new and "
+        out.append(f"{name} catalogue: release {release} added: {len(after[release] - held)} new and "
                    f"{len(held - after[release])} removed messages" + (f" against {previous}" if previous else ""))
     for release in sorted(before.keys() & after.keys(), key=Version):
         came, went = after[release] - before[release], before[release] - after[release]
         if came or went:
-            out.append(f"nccl catalogue: {release}: {len(came)} new and {len(went)} removed messages")
+            out.append(f"{name} catalogue: {release}: {len(came)} new and {len(went)} removed messages")
     return out
 
 

@@ -10,13 +10,16 @@ has), against registries and a Redis of the bench's own, measured in one run:
    same rendered files with provenance this key signed, so its pins are audited again and its
    digest handed on (envbuild/published.py): nothing is built;
 4. **warm, --republish**: the same, forced to build again: the layers come from the registry's
-   layer cache, every unit from the compile cache; smoke test, .sqsh and push run again.
+   layer cache, every unit from the compile cache; smoke test, .sqsh and push run again;
+5. **one more op**: the job with fused_lamb added to its ops: a new image (the rendered files
+   changed), its layers up to DeepSpeed's step pulled, DeepSpeed's wheel under a new key, and the
+   compile cache serving every unit but fused_lamb's (misses and hits by category).
 
 The ratio is each run's wall time / the cold run's. For each: the job's own per-step seconds
 (OUT/report.json) and what the compilers ran (report.json `compiles`: compiler runs and the
-compile cache's misses). One more DeepSpeed op, unit by unit, is bench/layer_cache.py's.
+compile cache's misses and hits by category).
 
-    python bench/republish.py       # about 45 minutes on 2 cores, 30 GB of disk; redis-server
+    python bench/republish.py       # about 50 minutes on 2 cores, 30 GB of disk; redis-server
 
 Vulnerability data: the local OSV endpoint of tests/tools/osv_server.py. Signing: a throw-away
 ed25519 key (DSSE). Base: the debootstrap image, loaded into each empty engine.
@@ -44,16 +47,16 @@ REPO = "envbuild-bench-republish"
 OPS = "  training: [cpu_adam, cpu_adagrad, cpu_lion, utils, fused_adam, fused_lamb, fused_lion]\n"
 
 
-def matrix_for(work: Path, host: str) -> Path:
-    """The production matrix publishing the CI stack's h20 variant, its training preset the two
-    ops the layer-cache bench builds (cpu_adam on g++, fused_adam on nvcc)."""
+def matrix_for(work: Path, host: str, ops: str = "cpu_adam, fused_adam") -> Path:
+    """The production matrix publishing the CI stack's h20 variant, its training preset `ops`
+    (by default the two the layer-cache bench builds: cpu_adam on g++, fused_adam on nvcc)."""
     d = work / "matrices"
     shutil.copytree(ROOT / "matrices", d)
     (d / "publish.yaml").write_text(f'registry: "{host}"\nimage_repo: {REPO}\ngpus: [h20]\n')
     text = (d / "deepspeed.yaml").read_text()
     if OPS not in text:
         sys.exit("deepspeed.yaml's training preset changed: update bench/republish.py's copy")
-    (d / "deepspeed.yaml").write_text(text.replace(OPS, "  training: [cpu_adam, fused_adam]\n"))
+    (d / "deepspeed.yaml").write_text(text.replace(OPS, f"  training: [{ops}]\n"))
     return d
 
 
@@ -87,15 +90,17 @@ def main() -> None:
         with own_redis(work) as redis, OsvServer() as osv:
             env = {"ENVBUILD_STATE_DIR": str(work / "state"), "ENVBUILD_VULNERABILITY_SERVICE": osv.url}
             runs = {}
-            for name, registry, extra in (
-                    ("baseline: no caches", plain_host, ("--layer-cache", "off")),
-                    ("cold: exports the layer cache, fills the compile cache", host, ("--compile-cache", redis)),
-                    ("warm: the unchanged job again", host, ("--compile-cache", redis)),
-                    ("warm, --republish: built again from the caches", host, ("--compile-cache", redis,
-                                                                              "--republish"))):
+            two, three = "cpu_adam, fused_adam", "cpu_adam, fused_adam, fused_lamb"
+            for name, registry, ops, extra in (
+                    ("baseline: no caches", plain_host, two, ("--layer-cache", "off")),
+                    ("cold: exports the layer cache, fills the compile cache", host, two, ("--compile-cache", redis)),
+                    ("warm: the unchanged job again", host, two, ("--compile-cache", redis)),
+                    ("warm, --republish: built again from the caches", host, two, ("--compile-cache", redis,
+                                                                                   "--republish")),
+                    ("one more op (fused_lamb): the caches serve the rest", host, three, ("--compile-cache", redis))):
                 print(f"{name}: on an empty engine", flush=True)
                 with empty_engine(work, f"engine{len(runs)}"):
-                    runs[name] = publish(registry, matrix_for(work / f"m{len(runs)}", registry),
+                    runs[name] = publish(registry, matrix_for(work / f"m{len(runs)}", registry, ops),
                                          work / f"out{len(runs)}", key, env, *extra)
                 print(f"  {runs[name]['seconds']:.0f} s", flush=True)
         cold = runs["cold: exports the layer cache, fills the compile cache"]["seconds"]
@@ -106,11 +111,12 @@ def main() -> None:
             rest = sum(v for k, v in steps.items() if k not in ("build", "published before") and ":" not in k)
             rows.append([name, f"{r['seconds']:.0f}", f"{steps.get('build', 0):.0f}", f"{rest:.0f}",
                          _runs(o["compiles"].get("runs", {})), _runs(o["compiles"].get("misses", {})),
+                         _runs(o["compiles"].get("hits", {})),
                          "handed on" if o["published_before"] else "built", f"{r['seconds'] / cold:.2f}x"])
         table(f"publish --job of the CI stack's h20 variant, each run on an empty engine ({machine()}; "
               f"{time.strftime('%Y-%m-%d')})",
-              ["run", "wall s", "build s", "other steps s", "compiler runs", "compile cache misses", "image",
-               "vs cold"], rows)
+              ["run", "wall s", "build s", "other steps s", "compiler runs", "compile cache misses",
+               "compile cache hits", "image", "vs cold"], rows)
         digests = {n: r["outcome"]["digest"] for n, r in runs.items()}
         print(f"digests: {json.dumps(digests, indent=2)}")
         (work / "result.json").write_text(json.dumps(runs, indent=2))

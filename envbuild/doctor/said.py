@@ -11,7 +11,9 @@ catalogue's cudaError_t and CUresult names (`cudaErrorNoDevice`, `CUDA_ERROR_SYS
 are looked for as words, and reported with their value and the header's documentation. The
 launchers' error wordings (Slurm's srun, slurmstepd and PMI plugins, enroot, pyxis) are looked for
 after what prints them (`srun: error:`, `[ERROR]`, `enroot-mount:`, ...; LAUNCHERS below), Slurm's
-own conversions (`%m`, `%pJ`) as text captures.
+own conversions (`%m`, `%pJ`) as text captures. The Python packages' catalogues (torch.distributed,
+DeepSpeed's launcher and op loading, Triton's compiler and runtime; PYTHON below) have no common
+prefix: each wording's longest fixed piece is its screen word.
 
 A line that no curated signature explains but that a catalogued message matches is reported as
 what the component said: the message, the releases that print that wording, the source file and
@@ -170,6 +172,13 @@ def cuda_matchers(data: dict) -> list[Matcher]:
 TORCH_REPORTED = ("RAISE", "ERROR")  # warnings (torchrun's OMP_NUM_THREADS notice) are in healthy jobs too
 MIN_KEY = 16  # a torch message's screen word: its longest fixed piece, at least this long
 MIN_TORCH_FIXED = 24  # torch words its errors plainly ("%s not supported"): fewer than this says too little
+# The catalogues read from Python packages (torch_catalogue's rule): per component, what its
+# messages are said by (the title) and its name before the release range. Warnings and prints
+# are catalogued but not reported (DeepSpeed's op builders print theirs in every healthy start).
+PYTHON = {"torch": ("torch.distributed", "torch", "https://github.com/pytorch/pytorch"),
+          "deepspeed": ("DeepSpeed", "DeepSpeed", "https://github.com/deepspeedai/DeepSpeed"),
+          "triton": ("Triton", "Triton", "https://github.com/triton-lang/triton")}
+PACKAGES = ("deepspeed", "triton")  # the package catalogues besides torch's (matrices/catalogues/NAME.yaml)
 
 
 def _torch_line(text: str) -> str:
@@ -177,21 +186,29 @@ def _torch_line(text: str) -> str:
     return max((line for line in text.split("\n") if line.strip()), key=lambda line: len(fixed_text(line)), default="")
 
 
-def torch_matchers(data: dict) -> list[Matcher]:
-    """A matcher per raised or logged-as-error torch.distributed wording that says enough to match alone."""
-    url = str(data.get("source") or "https://github.com/pytorch/pytorch")
+def _in_repository(path: str, paths: dict) -> str:
+    """Where a packaged file is in its repository (Triton's wheel holds python/triton/ as triton/)."""
+    prefix = max((p for p in paths if path.startswith(p)), key=len, default="")
+    return str(paths[prefix]) + path[len(prefix):] if prefix else path
+
+
+def python_matchers(data: dict, component: str = "torch") -> list[Matcher]:
+    """A matcher per raised or logged-as-error wording of a Python package's catalogue (torch.distributed,
+    DeepSpeed, Triton) that says enough to match alone."""
+    title, short, default = PYTHON[component]
+    url, paths = str(data.get("source") or default), data.get("paths") or {}
     found = []
     for entry in data.get("messages") or []:
         level, text, releases = entry["level"], _torch_line(str(entry["text"])), str(entry["releases"])
         if level not in TORCH_REPORTED or len(fixed_text(text)) < MIN_TORCH_FIXED or len(key_of(text)) < MIN_KEY:
             continue
         where = f"{entry['file']}:{int(entry['line'])}"
-        link = f"{url}/blob/v{_newest(releases)}/{entry['file']}#L{int(entry['line'])}"
+        link = f"{url}/blob/v{_newest(releases)}/{_in_repository(str(entry['file']), paths)}#L{int(entry['line'])}"
         said = f"raised as {entry['error']}" if level == "RAISE" and entry.get("error") else "logged as an error"
         found.append(Matcher(
-            "torch", text, to_regex(text), f"torch.distributed said: {text.strip()}",
-            f"torch {releases}, {where}" + "".join(f"; {name}: {{{name}}}" for name in capture_names(text)),
-            f"not yet explained: a message torch.distributed {said} (at {where} in the releases {releases}); no "
+            component, text, to_regex(text), f"{title} said: {text.strip()}",
+            f"{short} {releases}, {where}" + "".join(f"; {name}: {{{name}}}" for name in capture_names(text)),
+            f"not yet explained: a message {title} {said} (at {where} in the releases {releases}); no "
             f"curated signature says what it means for the job, and doctor does not guess.",
             f"Read the source line ({link}) for the check that failed and what its values mean; search "
             f"{url}/issues for the wording; the first rank to print an error is where to look first.", link))
@@ -266,15 +283,17 @@ class Said:
 
     @classmethod
     def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None, torch: Optional[dict] = None,
-           launchers: tuple[dict, ...] = ()) -> "Said":
-        """The matchers of the NCCL, CUDA, torch.distributed and launcher catalogues (any may be absent)."""
-        matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {}) + torch_matchers(torch or {})
+           launchers: tuple[dict, ...] = (), packages: tuple[dict, ...] = ()) -> "Said":
+        """The matchers of the NCCL, CUDA, torch.distributed, launcher and package (DeepSpeed, Triton)
+        catalogues (any may be absent)."""
+        matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {}) + python_matchers(torch or {})
         matchers += [m for data in launchers for m in launcher_matchers(data)]
+        matchers += [m for data in packages for m in python_matchers(data, str(data.get("component")))]
         words = [WARN_WORD] if nccl else []
         words += [w for data in launchers for w in LAUNCHERS[str(data.get("component"))][2]]
         words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
         words += ["cudaError", "CUDA_ERROR_"] if cuda else []
-        words += [key_of(m.text) for m in matchers if m.component == "torch"]  # no common prefix: each one's own
+        words += [key_of(m.text) for m in matchers if m.component in PYTHON]  # no common prefix: each one's own
         return cls(matchers, words)
 
     def match(self, line: str) -> Optional[tuple[int, re.Match]]:
@@ -315,11 +334,14 @@ def load_said(directory: Optional[Path] = None) -> Optional[Said]:
     folder = (directory or matrices_dir()) / "catalogues"
     nccl, cuda, torch = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml"), _read(folder / "torch.yaml")
     launchers = [_read(folder / f"{name}.yaml") for name in LAUNCHERS]
-    if nccl is None and cuda is None and torch is None and not any(launchers):
+    packages = [_read(folder / f"{name}.yaml") for name in PACKAGES]
+    if nccl is None and cuda is None and torch is None and not any(launchers) and not any(packages):
         return None
     try:
         return Said.of(*(data if isinstance(data, dict) else None for data in (nccl, cuda, torch)),
                        tuple({**data, "component": name} for name, data in zip(LAUNCHERS, launchers)
+                             if isinstance(data, dict)),
+                       tuple({**data, "component": name} for name, data in zip(PACKAGES, packages)
                              if isinstance(data, dict)))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise EnvbuildError(f"a message catalogue in {folder} is malformed ({type(e).__name__}: {e}); "

@@ -13,7 +13,7 @@ import click
 
 from ..errors import EnvbuildError
 from ..resources import matrices_dir
-from . import cuda_catalogue, launcher_catalogue, nccl_catalogue, torch_catalogue, writer
+from . import cuda_catalogue, launcher_catalogue, nccl_catalogue, package_catalogue, torch_catalogue, writer
 from .cli import _not_empty
 
 
@@ -78,18 +78,37 @@ def refresh_launcher(name: str, source: Path, directory: Path, progress=lambda _
             launcher_catalogue.summary(component, nccl_catalogue.parse(old_text, path), new))
 
 
+def refresh_package(name: str, archives: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
+    """A package's catalogue (DeepSpeed from its sdists, Triton from its wheels) for the releases the matrix ships."""
+    pkg = package_catalogue.package(name)
+    if not (directory / "locks").is_dir():
+        raise EnvbuildError(f"--matrix-dir {directory} has no locks/; point it at a matrix directory such as matrices/.")
+    path = directory / "catalogues" / f"{name}.yaml"
+    old_text = _old(path)
+    new = package_catalogue.derive(pkg, archives, package_catalogue.shipped_releases(pkg, directory), progress)
+    if not new["releases"]:
+        raise EnvbuildError(f"--{name}-{pkg.kind}s {archives} holds no {pkg.title} {pkg.kind} of a release the matrix "
+                            f"in {directory} ships (with the sha256 its locks pin): `{pkg.fetch}` for each.")
+    return (writer.FileChange(path, old_text, package_catalogue.render(pkg, new)),
+            package_catalogue.summary(pkg, nccl_catalogue.parse(old_text, path), new))
+
+
 def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress,
-                torch_wheels: Optional[str] = None, launchers: Optional[dict] = None) -> list:
+                torch_wheels: Optional[str] = None, launchers: Optional[dict] = None,
+                packages: Optional[dict] = None) -> list:
     launchers = {name: path for name, path in (launchers or {}).items() if path}
-    if not source and not wheels and not torch_wheels and not launchers:
+    packages = {name: path for name, path in (packages or {}).items() if path}
+    if not source and not wheels and not torch_wheels and not launchers and not packages:
         raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), --torch-wheels "
-                            "(torch wheels), --slurm-source, --enroot-source, --pyxis-source, or several.")
+                            "(torch wheels), --slurm-source, --enroot-source, --pyxis-source, --deepspeed-sdists, "
+                            "--triton-wheels, or several.")
     if (source or wheels) and not (directory / "nccl.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
     done = [refresh_catalogue(Path(source), directory, progress)] if source else []
     done += [refresh_cuda(Path(wheels), directory)] if wheels else []
     done += [refresh_torch(Path(torch_wheels), directory, progress)] if torch_wheels else []
-    return done + [refresh_launcher(name, Path(path), directory, progress) for name, path in launchers.items()]
+    done += [refresh_launcher(name, Path(path), directory, progress) for name, path in launchers.items()]
+    return done + [refresh_package(name, Path(path), directory, progress) for name, path in packages.items()]
 
 
 @click.command("catalogue")
@@ -110,25 +129,33 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
 @click.option("--pyxis-source", type=click.Path(file_okay=False, exists=True),
               help="pyxis's sources: a git clone (or mirror) of github.com/NVIDIA/pyxis with its tags, or saved "
                    "sources with a tags.txt.")
+@click.option("--deepspeed-sdists", type=click.Path(file_okay=False, exists=True),
+              help="A directory of DeepSpeed's sdists, one per release matrices/deepspeed.yaml lists (pip download "
+                   "--no-deps --no-binary :all:): its launcher and op loading.")
+@click.option("--triton-wheels", type=click.Path(file_okay=False, exists=True),
+              help="A directory of Triton wheels, one per release the locks pin, with a sha256 they pin (pip download "
+                   "--no-deps): its compiler and runtime.")
 @click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
               callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
               help="Matrix directory whose nccl.yaml and locks name the releases (default: the built-in one).")
 def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels: Optional[str],
                       slurm_source: Optional[str], enroot_source: Optional[str], pyxis_source: Optional[str],
-                      write: bool, matrix_dir: Optional[str]):
+                      deepspeed_sdists: Optional[str], triton_wheels: Optional[str], write: bool,
+                      matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
     per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
     pinned CUDA runtime wheels, and what torch.distributed's Python raises or logs as an error
-    from torch wheels, and what Slurm (srun, slurmstepd, PMI/PMIx), enroot and pyxis print from
-    their sources; show the diff, or --write it.
+    from torch wheels, what Slurm (srun, slurmstepd, PMI/PMIx), enroot and pyxis print from
+    their sources, and what DeepSpeed's launcher and op loading and Triton's compiler and runtime
+    raise from their PyPI sdists and wheels; show the diff, or --write it.
 
     Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
     given; 2: a source cannot be read or an input is bad."""
     directory = Path(matrix_dir) if matrix_dir else matrices_dir()
     launchers = {"slurm": slurm_source, "enroot": enroot_source, "pyxis": pyxis_source}
     done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels,
-                       launchers)
+                       launchers, {"deepspeed": deepspeed_sdists, "triton": triton_wheels})
     for line in [line for _, facts in done for line in facts]:
         click.echo(f"  {line}", err=True)
     changed = [change for change, _ in done if change.changed]

@@ -37,13 +37,14 @@ HEADER = """\
 """
 
 
-def pins(locks: Path) -> dict[tuple[str, str], set[str]]:
-    """Each (package, version) of the CUDA runtime wheel the locks pin, with the sha256 they accept."""
+def pins(locks: Path, pin: re.Pattern = PIN) -> dict[tuple[str, str], set[str]]:
+    """Each (package, version) the locks pin (by default the CUDA runtime wheel; `pin` another
+    package: group 1 its name, group 2 its version), with the sha256 they accept."""
     found: dict[tuple[str, str], set[str]] = {}
     for lock in sorted(Path(locks).glob("*.txt")):
         current = None
         for line in lock.read_text(encoding="utf-8", errors="replace").splitlines():
-            match = PIN.match(line.strip())
+            match = pin.match(line.strip())
             if match:
                 current = found.setdefault((match.group(1), match.group(2)), set())
             elif current is not None and line.startswith((" ", "\t")):

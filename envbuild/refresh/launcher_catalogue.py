@@ -27,7 +27,7 @@ from typing import Callable, Optional
 
 from ..errors import EnvbuildError
 from . import nccl_catalogue
-from .nccl_catalogue import Sources, format_calls, layout, spans
+from .nccl_catalogue import Sources, collate, format_calls, layout
 
 SLURM_CALL = re.compile(r"(?<![\w#.>])(error|fatal|info|verbose|PMIXP_ERROR|PMIXP_ERROR_STD|PMIXP_ERROR_NO|"
                         r"PMIXP_ABORT)\s*\(")
@@ -202,13 +202,7 @@ def derive(component: Component, sources: Sources, progress=lambda _: None) -> d
         progress(f"{component.title} {tag}")
         read.append({"release": release, "tag": tag, "commit": sources.commit(tag)})
         per_release[release] = messages_of(component, sources, tag)
-    order = [r["release"] for r in read]
-    messages = []
-    for key in sorted({key for held in per_release.values() for key in held}):
-        present = [r for r in order if key in per_release[r]]
-        newest = per_release[present[-1]][key]
-        messages.append({"level": key[0], "call": key[1], "text": key[2], "file": newest["file"],
-                         "line": newest["line"], "releases": spans(present, order)})
+    messages = collate(per_release, [r["release"] for r in read], ("level", "call", "text"))
     return {"component": component.name, "source": component.url, "releases": read, "not_catalogued": missing,
             "messages": messages}
 

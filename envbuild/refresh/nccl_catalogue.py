@@ -306,6 +306,19 @@ def derive(sources: Sources, releases: list[str], progress=lambda _: None) -> di
     return {"component": "nccl", "source": URL, "releases": read, "not_catalogued": missing, "messages": messages}
 
 
+def collate(per_release: dict[str, dict[tuple, dict]], order: list[str], fields: tuple[str, ...]) -> list[dict]:
+    """One entry per wording any release holds (its key's `fields`), at its file and line in the
+    newest release that has it, with the releases (runs of `order`) in which it exists: how every
+    catalogue read per release is collated."""
+    entries = []
+    for key in sorted({key for held in per_release.values() for key in held}):
+        present = [r for r in order if key in per_release[r]]
+        newest = per_release[present[-1]][key]
+        entries.append({**dict(zip(fields, key)), "file": newest["file"], "line": newest["line"],
+                        "releases": spans(present, order)})
+    return entries
+
+
 def _s(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 

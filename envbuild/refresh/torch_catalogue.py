@@ -29,7 +29,7 @@ from typing import Optional
 from packaging.version import InvalidVersion, Version
 
 from ..errors import EnvbuildError
-from .nccl_catalogue import layout, parse, spans
+from .nccl_catalogue import collate, layout, parse
 from .nccl_catalogue import summary as nccl_summary
 
 URL = "https://github.com/pytorch/pytorch"
@@ -78,15 +78,24 @@ def _format_of(node: ast.AST) -> Optional[str]:
     return None
 
 
-def _logger_call(call: ast.Call) -> Optional[str]:
-    """The level of a logging or warnings call (`logger.error`, `log.warning`, `warnings.warn`), or None."""
+def _logger_call(call: ast.Call, owners: tuple[str, ...] = (), prints: bool = False) -> Optional[str]:
+    """The level of a logging or warnings call (`logger.error`, `log.warning`, `warnings.warn`), or None.
+    `owners` adds objects whose level-named methods print (DeepSpeed's `self.warning`); with `prints`, a
+    `print(...)` is a PRINT, or a WARNING when its f-string opens with `{WARNING}` (DeepSpeed's op builders)."""
     func = call.func
+    if prints and isinstance(func, ast.Name) and func.id == "print":
+        first = call.args[0] if call.args else None
+        opening = first.values[0] if isinstance(first, ast.JoinedStr) and first.values else None
+        named = isinstance(opening, ast.FormattedValue) and isinstance(opening.value, ast.Name)
+        return "WARNING" if named and opening.value.id == "WARNING" else "PRINT"
     if not isinstance(func, ast.Attribute) or func.attr not in LOGGERS:
         return None
     owner = func.value
     name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
     if name == "warnings" and func.attr == "warn":
         return "WARNING"
+    if name in owners:
+        return LOGGERS[func.attr]
     return LOGGERS[func.attr] if re.fullmatch(r"_*(logger|log|logging|LOG|LOGGER)\w*", name) else None
 
 
@@ -120,24 +129,42 @@ def _message(call: ast.Call, level: str, scope: Optional[ast.AST], assigned: dic
     return _format_of(first)
 
 
-def extract(source: str, path: str) -> list[dict]:
-    """Each message one Python file of torch/distributed can print: level, error, text, file, line."""
+def _str_methods(tree: ast.AST) -> dict[int, str]:
+    """id of each `__str__` defined in a class -> the class's name: what it returns is the message
+    a raised instance prints (Triton's OutOfResources)."""
+    return {id(item): node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__str__"}
+
+
+def _found(node: ast.AST, scope, assigned: dict, rule: dict, classes: dict) -> Optional[tuple[str, str, str]]:
+    """(level, error, format) of what one node prints, or None."""
+    level, error, call = None, "", None
+    if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+        level, error, call = "RAISE", _error_name(node.exc.func), node.exc
+    elif isinstance(node, ast.Call):
+        level, call = _logger_call(node, rule.get("owners", ()), rule.get("prints", False)), node
+    elif isinstance(node, ast.Return) and node.value is not None and id(scope) in classes:
+        return "RAISE", classes[id(scope)], _format_of(node.value)
+    text = _message(call, level, scope, assigned) if level and call.args else None
+    return (level, error, text) if text is not None else None
+
+
+def extract(source: str, path: str, **rule) -> list[dict]:
+    """Each message one Python file can print: level, error, text, file, line. The rule is torch.distributed's;
+    `rule` adds what another package prints with (owners=, prints=: see _logger_call; exception_str=True:
+    the format an exception class's `__str__` returns, as a RAISE of that class)."""
     try:
         tree = ast.parse(source, filename=path)
     except (SyntaxError, ValueError):
         return []  # a file this Python cannot parse; the catalogue says which releases it covers
     assigned, found = _assigned(tree), []
+    classes = _str_methods(tree) if rule.get("exception_str") else {}
     scopes = [(None, tree)] + [(s, s) for s in ast.walk(tree) if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope, root in scopes:
         for node in _own_nodes(root):
-            level, error, call = None, "", None
-            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                level, error, call = "RAISE", _error_name(node.exc.func), node.exc
-            elif isinstance(node, ast.Call):
-                level, call = _logger_call(node), node
-            text = _message(call, level, scope, assigned) if level and call.args else None
-            if text is not None and text.strip():
-                found.append({"level": level, "error": error, "text": text, "file": path, "line": node.lineno})
+            said = _found(node, scope, assigned, rule, classes)
+            if said is not None and said[2] is not None and said[2].strip():
+                found.append({"level": said[0], "error": said[1], "text": said[2], "file": path, "line": node.lineno})
     return sorted(found, key=lambda m: (m["line"], m["level"], m["text"]))
 
 
@@ -212,13 +239,7 @@ def derive(directory: Path, releases: list[str], progress=lambda _: None) -> dic
         read.append({"release": release, "file": wheel.name, "sha256": _sha256(wheel),
                      "url": f"https://pypi.org/project/torch/{release}/"})
         per_release[release] = messages_of(wheel)
-    order = [r["release"] for r in read]
-    messages = []
-    for key in sorted({key for found in per_release.values() for key in found}):
-        present = [r for r in order if key in per_release[r]]
-        newest = per_release[present[-1]][key]
-        messages.append({"level": key[0], "error": key[1], "text": key[2], "file": newest["file"],
-                         "line": newest["line"], "releases": spans(present, order)})
+    messages = collate(per_release, [r["release"] for r in read], ("level", "error", "text"))
     return {"component": "torch", "source": URL, "releases": read, "not_catalogued": missing, "messages": messages}
 
 

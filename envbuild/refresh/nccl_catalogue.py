@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+import textwrap
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,6 +327,11 @@ def _s(value) -> str:
 def render(data: dict) -> str:
     """One message a line, so a refresh's diff shows the wordings that came or went."""
     return layout(HEADER, data, ("source",), ("releases", "not_catalogued", "messages"))
+
+
+def comment(text: str) -> str:
+    """`text` as a catalogue's header: YAML comment lines of at most 98 characters."""
+    return "".join(f"# {line}\n" for line in textwrap.wrap(text, 96, break_on_hyphens=False, break_long_words=False))
 
 
 def layout(header: str, data: dict, scalars: tuple[str, ...], lists: tuple[str, ...]) -> str:

@@ -1,10 +1,13 @@
-"""Drift between known_issues.yaml and what NCCL prints, caught by a test rather than an audit.
+"""Drift between known_issues.yaml and what the components print, caught by a test rather than an audit.
 
-A signature that quotes NCCL lists the wordings it stands for (`quotes`: the format string as
-matrices/catalogues/nccl.yaml has it, and a line NCCL prints with it). For every NCCL release the
-catalogue holds, some quoted wording must be printed by that release and matched by the pattern.
-The three signatures an audit found stale (commit 8bc6d8d fixed them) are held here with their
-old patterns: the check must name the releases they missed.
+A signature that quotes a component (NCCL, Slurm, enroot, pyxis, torch.distributed, DeepSpeed,
+Triton) lists the wordings it stands for (`quotes`: the format string as
+matrices/catalogues/NAME.yaml has it, under the component's name, and a line it prints with it).
+For every release that component's catalogue holds, some quoted wording must be printed by that
+release and matched by the pattern; one rule, every catalogue. The three NCCL signatures an audit
+found stale (commit 8bc6d8d fixed them) and the pyxis one this check found (pyxis 0.24.0 dropped
+`couldn't start container`) are held here with their old patterns: the check must name the
+releases they missed.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from property_settings import EXAMPLES
 from conftest import ROOT
 from envbuild.doctor import load_issues
 from envbuild.doctor.said import Said, drift, to_regex
-from envbuild.doctor.signatures import Quote
+from envbuild.doctor.signatures import QUOTED, Quote
 
 ISSUES = load_issues(ROOT / "matrices")
-CATALOGUE = yaml.safe_load((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
+CATALOGUES = {name: yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text()) for name in QUOTED}
+CATALOGUE = CATALOGUES["nccl"]
 # The patterns of 8bc6d8d^ (git show 8bc6d8d^:matrices/known_issues.yaml), before the audit's fix.
 OLD = {
     "nccl-net-not-found": r"NCCL WARN Error: network (?P<net>[\w ./-]+?) not found",
@@ -36,7 +40,9 @@ def by_id(issue_id):
 
 
 def test_every_quoted_wording_holds_on_every_catalogued_release():
-    assert drift(ISSUES, CATALOGUE) == []
+    """One rule for every catalogue a signature can quote: NCCL, Slurm, enroot, pyxis,
+    torch.distributed, DeepSpeed and Triton, each against the releases its catalogue holds."""
+    assert drift(ISSUES, CATALOGUES) == []
 
 
 def test_the_signatures_that_cite_nccl_s_source_quote_it():
@@ -56,6 +62,28 @@ def test_the_old_patterns_the_audit_found_stale_fail_the_check(issue_id, missed)
     old = by_id(issue_id).model_copy(update={"pattern": OLD[issue_id]})
     problems = drift([old], CATALOGUE)
     assert any(missed in problem for problem in problems), problems
+
+
+def test_pyxis_container_failed_s_old_pattern_misses_what_pyxis_0_24_prints():
+    """pyxis 0.24.0 (commit dcdf11e) no longer prints `couldn't start container`: a failed start
+    says only `container start failed with error code: %d` (pyxis_slurmstepd.c:1149), which the
+    pattern before this check did not match."""
+    old = by_id("pyxis-container-failed").model_copy(update={"pattern": (
+        r"pyxis: failed to import docker image|pyxis: couldn.t start container|pyxis: failed to create container "
+        r"filesystem|pyxis: could not remove squashfs")})
+    problems = "\n".join(drift([old], CATALOGUES))
+    assert "pyxis 0.19.0, 0.20.1, 0.21.0, 0.22.0, 0.23.0, 0.24.0 print 'pyxis: container start failed with error code: %d'" \
+           in problems
+    assert "pyxis 0.24.0 print none of its quoted wordings of 'start failed'" in problems
+
+
+def test_a_quote_names_exactly_one_component():
+    with pytest.raises(ValueError, match="exactly one component"):
+        Quote(line="x", nccl="a", pyxis="b")
+    with pytest.raises(ValueError, match="exactly one component"):
+        Quote(line="x")
+    assert drift([by_id("cpu-only-torch")], {"nccl": CATALOGUE}) == [
+        "cpu-only-torch: quotes torch, which has no catalogue in matrices/catalogues/"]
 
 
 def test_a_quote_no_release_prints_or_a_line_it_cannot_print_is_named():
@@ -140,3 +168,31 @@ def test_nccl_system_error_s_old_pattern_misses_what_nccl_2_20_to_2_30_print():
     problems = "\n".join(drift([old], CATALOGUE))
     assert "NCCL 2.27.3, 2.27.5" in problems and "'%s: connect to %s failed : %s'" in problems
     assert "NCCL 2.20.5, 2.21.5, 2.22.3, 2.23.4 print 'ncclSocketInit: Socket creation failed : %s'" in problems
+
+
+def _renderings(component: str) -> dict[str, str]:
+    """Each wording of a component's catalogue as a line it prints (sample values filled in, after
+    what prints it), by the wording."""
+    from envbuild.doctor.said import CONVERSION, LAUNCHERS, PYTHON, _torch_line, printed
+    from test_doctor_said import LAUNCHER_LINE, SAMPLE
+    lines = {}
+    for m in CATALOGUES[component]["messages"]:
+        text = printed(m["text"]) if component in LAUNCHERS else m["text"]
+        text = _torch_line(text) if component in LAUNCHERS or component in PYTHON else text
+        sample = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), text)
+        lines[str(m["text"])] = LAUNCHER_LINE.get(m.get("call"), "") + sample
+    return lines
+
+
+@pytest.mark.parametrize("component", [c for c in QUOTED if c != "nccl"])
+def test_a_signature_whose_pattern_matches_a_catalogued_wording_quotes_it(component):
+    """A signature that matches what a component prints stands for that wording, so it must quote
+    it and the drift check above holds it on every release (NCCL: the rule above, by its source)."""
+    import re
+    unquoted = []
+    for issue in ISSUES:
+        pattern = re.compile(issue.pattern)
+        quoted = {q.text for q in issue.quotes if q.component == component}
+        unquoted += [f"{issue.id}: {text!r}" for text, line in _renderings(component).items()
+                     if text not in quoted and pattern.search(line)]
+    assert unquoted == []

@@ -176,10 +176,11 @@ def test_index_lists_every_fixture_once_with_a_source():
     # A signature comparing a log with its image runs only with a manifest: tests/test_doctor_image.py
     # measures it on its own real logs (tests/fixtures/nccl-version).
     with_image = {i.id for i in ISSUES if i.image}
-    # Signatures written from NCCL's catalogue are measured on real logs of their own threads
-    # (tests/fixtures/said/INDEX.yaml, tests/test_doctor_said.py).
-    said_index = yaml.safe_load((ROOT / "tests" / "fixtures" / "said" / "INDEX.yaml").read_text())["logs"]
-    from_catalogue = {i for e in said_index for i in e["verdicts"]}
+    # Signatures written from a catalogue are measured on real logs of their own threads
+    # (tests/fixtures/said, package-said and launcher-said: INDEX.yaml; tests/test_doctor_said*.py).
+    from_catalogue = {i for folder in ("said", "package-said", "launcher-said")
+                      for e in yaml.safe_load((ROOT / "tests" / "fixtures" / folder / "INDEX.yaml").read_text())["logs"]
+                      for i in e["verdicts"]}
     assert len(INDEX) >= 25 and known - with_image <= {i for e in INDEX for i in e["expected"]} | written_here | from_catalogue
 
 

@@ -106,3 +106,46 @@ def test_a_malformed_launcher_catalogue_is_a_one_paragraph_error_naming_it(tmp_p
         "messages: [{level: ERROR, call: error, text: 'a message long enough to be matched alone', line: 3}]\n")
     with pytest.raises(EnvbuildError, match="catalogue"):
         load_said(tmp_path)
+
+
+TIME_LIMIT = ROOT / "tests" / "fixtures" / "launcher-said"
+TIME_LIMIT_INDEX = yaml.safe_load((TIME_LIMIT / "INDEX.yaml").read_text())["logs"]
+
+
+@pytest.mark.parametrize("entry", TIME_LIMIT_INDEX, ids=[e["file"] for e in TIME_LIMIT_INDEX])
+def test_real_time_limit_cancellations_are_the_curated_verdict_naming_the_job(entry):
+    """Six threads of six projects: slurmstepd's `*** JOB|STEP N ON HOST CANCELLED AT T DUE TO TIME
+    LIMIT ***` (req.c) is `slurm-time-limit` (family resources), naming the job or step and the
+    node, and no longer only what Slurm said."""
+    findings = diagnose_log(str(TIME_LIMIT / entry["file"]), ISSUES)
+    assert sorted({f.issue.id for f in findings if f.explained}) == entry["verdicts"], entry["cause"]
+    assert sorted({f.title for f in findings if not f.explained}) == entry["said"], entry["cause"]
+    verdict = next(f for f in findings if f.explained)
+    for name, value in entry["parts"].items():
+        assert value in [v for f in findings if f.explained for v in f.parts.get(name, [])], (name, entry["cause"])
+    assert verdict.issue.family == "resources" and "--time" in verdict.text("fix")
+    assert entry["source"].startswith("https://github.com/")
+
+
+def test_without_the_curated_signature_a_time_limit_was_only_what_slurm_said():
+    without = [i for i in ISSUES if i.id != "slurm-time-limit"]
+    findings = diagnose_log(str(TIME_LIMIT / "canu-1052-time-limit.log"), without)
+    (lead,) = leads(findings).values()
+    assert lead.title == "Slurm said: *** %s ON %s CANCELLED AT %s DUE TO TIME LIMIT ***"
+    assert lead.detail.startswith("Slurm 22.05.11..24.11.7, src/slurmd/slurmstepd/req.c:")
+
+
+def test_a_sigkill_after_the_time_limit_is_slurm_s_not_the_oom_killer():
+    log = ("[rank0]: step 4000 loss 1.2\n"
+           "slurmstepd: error: *** STEP 77.0 ON gpu3 CANCELLED AT 2026-01-02T10:00:00 DUE TO TIME LIMIT ***\n"
+           "torch.distributed.elastic.multiprocessing.api: failed (exitcode: -9) local_rank: 0 (pid: 12) of binary: python\n")
+    assert {f.issue.id for f in diagnose_text(log, ISSUES) if f.explained} == {"slurm-time-limit"}
+
+
+def test_the_clean_real_logs_get_neither_new_signature():
+    """0 hits of the signatures added from the catalogues on the clean logs (scary words, healthy runs)."""
+    clean = [e["file"] for e in yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
+    assert len(clean) >= 12
+    hits = [(name, f.issue.id) for name in clean for f in diagnose_log(str(LOGS / name), ISSUES)
+            if f.issue.id in ("slurm-time-limit", "triton-shared-memory")]
+    assert hits == []

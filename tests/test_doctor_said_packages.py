@@ -1,6 +1,7 @@
 """What DeepSpeed and Triton said, known only to their catalogues: doctor names the wording, the
 releases that print it, the source file:line and the values it was filled with, and guesses no
-cause; a lead, not a verdict, exactly like what torch.distributed said.
+cause; a lead, not a verdict, exactly like what torch.distributed said. Triton's `out of resource:
+shared memory`, seen in six real threads, now has a curated signature (`triton-shared-memory`).
 
 tests/fixtures/package-said holds real logs of public threads (INDEX.yaml gives each one's URL);
 tests/fixtures/logs/deepspeed-4889-jit-failed.log is DeepSpeed's launcher on a real failed JIT
@@ -28,20 +29,39 @@ def leads(findings) -> dict:
     return {f.title: f for f in findings if f.issue.id in PACKAGES}
 
 
+WITHOUT = [i for i in ISSUES if i.id != "triton-shared-memory"]  # doctor before the curated signature
+
+
 @pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
-def test_real_triton_failures_name_what_triton_said(entry):
+def test_real_triton_shared_memory_failures_get_the_curated_verdict_naming_the_sizes(entry):
+    """Six real threads (five of Triton 3.x's wording, one older): the curated `triton-shared-memory`
+    (family resources) names what the kernel needs and what the GPU allows, says no image prevents
+    it, and takes the line from the catalogue, so no triton-said lead is left."""
     findings = diagnose_log(str(REAL / entry["file"]), ISSUES)
-    assert not [f for f in findings if f.explained], entry["cause"]
-    said = sorted(f"{f.title.removeprefix('Triton said: ')} {f.detail.split(', ')[1].split(':')[0]}" for f in findings)
-    assert said == sorted(entry["said"]), entry["cause"]
-    for name, value in entry["values"].items():
-        assert all(f"; {name}: {value}" in f.detail for f in findings), entry["cause"]
-    assert all(f.issue.id == "triton-said" and f.text("cause").startswith("not yet explained:") for f in findings)
+    assert sorted({f.issue.id for f in findings if f.explained}) == entry["verdicts"], entry["cause"]
+    assert [f.title for f in findings if not f.explained] == entry["said"], entry["cause"]
+    (verdict,) = [f for f in findings if f.explained]
+    assert {name: values for name, values in verdict.parts.items()} == {k: [v] for k, v in entry["parts"].items()}
+    assert verdict.issue.family == "resources" and "no image can prevent it" in verdict.text("cause")
+    assert f"needs {entry['parts']['required']} bytes" in verdict.detail and "num_stages" in verdict.text("fix")
     assert entry["source"].startswith("https://github.com/")
 
 
+@pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
+def test_without_the_curated_signature_they_are_what_triton_said(entry):
+    """The catalogue's lead stays what it was: the wording of the shipped releases with its values;
+    the older wording (painless-35) is attributed to none of them."""
+    findings = diagnose_log(str(REAL / entry["file"]), WITHOUT)
+    assert not [f for f in findings if f.explained], entry["cause"]
+    assert len(findings) == (1 if entry["values"] else 0), entry["cause"]
+    for name, value in entry["values"].items():
+        assert all(f"; {name}: {value}" in f.detail for f in findings), entry["cause"]
+    assert all(f.issue.id == "triton-said" and f.text("cause").startswith("not yet explained:") for f in findings)
+    assert all(f.title.startswith("Triton said: out of resource: %s, Required: %s") for f in findings)
+
+
 def test_a_triton_lead_names_the_releases_the_wheel_file_and_the_line_in_the_repository():
-    (lead,) = leads(diagnose_log(str(REAL / "monkeyocr-86-out-of-resource.log"), ISSUES)).values()
+    (lead,) = leads(diagnose_log(str(REAL / "monkeyocr-86-out-of-resource.log"), WITHOUT)).values()
     assert lead.detail.startswith("Triton 3.0.0..3.9.0, triton/runtime/errors.py:22; ")
     assert lead.issue.source == "https://github.com/triton-lang/triton/blob/v3.9.0/python/triton/runtime/errors.py#L22"
     assert "raised as OutOfResources" in lead.text("cause") and "does not guess" in lead.text("cause")

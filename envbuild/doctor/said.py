@@ -358,48 +358,77 @@ def released_in(spans: str, order: list[str]) -> set[str]:
     return held
 
 
+TITLES = {"nccl": "NCCL", **{name: spec[0] for name, spec in LAUNCHERS.items()},
+          **{name: spec[1] for name, spec in PYTHON.items()}}  # a component as drift names it
+
+
+def wording_regex(component: str, text: str) -> str:
+    """The expression of the line a catalogued wording prints, read as doctor's matchers read it
+    (a launcher's own conversions as %s; of a Python package's multi-line message, its fullest line)."""
+    if component in LAUNCHERS:
+        return to_regex(printed(_torch_line(text)))
+    return to_regex(_torch_line(text) if component in PYTHON else text)
+
+
 def _quote_problem(issue: KnownIssue, pattern: re.Pattern, quote, releases: set[str], order: list[str]) -> str:
     """Why a quote does not hold ('' when it does)."""
+    title = TITLES.get(quote.component, quote.component)
     if not releases:
-        return f"{issue.id}: quotes {quote.nccl!r}, which no catalogued NCCL release prints"
-    if not re.search(to_regex(quote.nccl), quote.line):
-        return f"{issue.id}: {quote.line!r} is not a line {quote.nccl!r} prints"
+        return f"{issue.id}: quotes {quote.text!r}, which no catalogued {title} release prints"
+    if not re.search(wording_regex(quote.component, quote.text), quote.line):
+        return f"{issue.id}: {quote.line!r} is not a line {quote.text!r} prints"
     if not pattern.search(quote.line):
-        return (f"{issue.id}: NCCL {', '.join(r for r in order if r in releases)} print {quote.nccl!r} "
+        return (f"{issue.id}: {title} {', '.join(r for r in order if r in releases)} print {quote.text!r} "
                 f"({quote.line!r}) and its pattern does not match it")
     return ""
 
 
-def drift(issues: list[KnownIssue], data: dict) -> list[str]:
-    """What keeps a signature's quotes of NCCL from holding on every catalogued release: a quoted
+def drift(issues: list[KnownIssue], catalogues: dict) -> list[str]:
+    """What keeps a signature's quotes of a component (NCCL, Slurm, enroot, pyxis, torch.distributed,
+    DeepSpeed, Triton) from holding on every release of that component's catalogue: a quoted
     wording no release prints, a quoted line the wording cannot print, a wording the pattern does
-    not match in the releases that print it, a release that prints none of the signature's wordings;
-    and for each message the quotes name (`message`), a release from the first that prints it to
-    the newest (or to its `until`: the last release that prints it at all) that prints none of
-    its quoted wordings: NCCL reworded it and the signature does not know the new wording."""
-    order = [str(r["release"]) for r in data.get("releases") or []]
-    printed: dict[str, set[str]] = {}
-    for entry in data.get("messages") or []:
-        printed.setdefault(str(entry["text"]), set()).update(released_in(str(entry["releases"]), order))
+    not match in the releases that print it, a release that prints none of the signature's wordings
+    of that component; and for each message the quotes name (`message`), a release from the first
+    that prints it to the newest (or to its `until`: the last release that prints it at all) that
+    prints none of its quoted wordings: the component reworded it and the signature does not know
+    the new wording. `catalogues`: each component's catalogue by its name (or one catalogue)."""
+    if "messages" in catalogues:
+        catalogues = {str(catalogues.get("component") or "nccl"): catalogues}
     problems = []
     for issue in (i for i in issues if i.quotes):
-        pattern, covered, groups = re.compile(issue.pattern), set(), {}
-        for quote in issue.quotes:
-            releases = printed.get(quote.nccl, set())
-            problem = _quote_problem(issue, pattern, quote, releases, order)
-            problems += [problem] if problem else []
-            group = groups.setdefault(quote.message, [set(), None])
-            group[0] |= set() if problem else releases
-            group[1] = quote.until or group[1]
-            covered |= set() if problem else releases
-        missing = [r for r in order if r not in covered]
-        if missing:
-            problems.append(f"{issue.id}: NCCL {', '.join(missing)} print none of the wordings it quotes and matches")
-        for message, (held, until) in groups.items():
-            start = min((order.index(r) for r in held), default=len(order))
-            end = order.index(until) + 1 if until in order else len(order)
-            gone = [r for r in order[start:end] if r not in held]
-            if message and gone:
-                problems.append(f"{issue.id}: NCCL {', '.join(gone)} print none of its quoted wordings of {message!r} "
-                                f"that it matches (reworded? or say `until` the release that last prints it)")
+        for component in sorted({q.component for q in issue.quotes}):
+            quotes = [q for q in issue.quotes if q.component == component]
+            if component not in catalogues:
+                problems.append(f"{issue.id}: quotes {component}, which has no catalogue in matrices/catalogues/")
+                continue
+            problems += _component_drift(issue, quotes, catalogues[component])
+    return problems
+
+
+def _component_drift(issue: KnownIssue, quotes: list, data: dict) -> list[str]:
+    """drift() for one signature's quotes of one component, against that component's catalogue."""
+    title = TITLES.get(quotes[0].component, quotes[0].component)
+    order = [str(r["release"]) for r in data.get("releases") or []]
+    printed_in: dict[str, set[str]] = {}
+    for entry in data.get("messages") or []:
+        printed_in.setdefault(str(entry["text"]), set()).update(released_in(str(entry["releases"]), order))
+    problems, pattern, covered, groups = [], re.compile(issue.pattern), set(), {}
+    for quote in quotes:
+        releases = printed_in.get(quote.text, set())
+        problem = _quote_problem(issue, pattern, quote, releases, order)
+        problems += [problem] if problem else []
+        group = groups.setdefault(quote.message, [set(), None])
+        group[0] |= set() if problem else releases
+        group[1] = quote.until or group[1]
+        covered |= set() if problem else releases
+    missing = [r for r in order if r not in covered]
+    if missing:
+        problems.append(f"{issue.id}: {title} {', '.join(missing)} print none of the wordings it quotes and matches")
+    for message, (held, until) in groups.items():
+        start = min((order.index(r) for r in held), default=len(order))
+        end = order.index(until) + 1 if until in order else len(order)
+        gone = [r for r in order[start:end] if r not in held]
+        if message and gone:
+            problems.append(f"{issue.id}: {title} {', '.join(gone)} print none of its quoted wordings of {message!r} "
+                            f"that it matches (reworded? or say `until` the release that last prints it)")
     return problems

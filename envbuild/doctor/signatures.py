@@ -88,14 +88,39 @@ class Case(BaseModel):
     certainty: Optional[Literal["certain", "likely"]] = None
 
 
+QUOTED = ("nccl", "slurm", "enroot", "pyxis", "torch", "deepspeed", "triton")  # catalogues a quote can name
+
+
 class Quote(BaseModel):
     """A component's message a signature stands for: its format string exactly as the component's
-    catalogue (matrices/catalogues/) has it, and a line the component prints with it."""
+    catalogue (matrices/catalogues/NAME.yaml) has it, under the component's name (`nccl:`,
+    `slurm:`, `pyxis:`, `triton:`, ...: exactly one), and a line the component prints with it."""
     model_config = ConfigDict(extra="forbid", frozen=True)
-    nccl: str
+    nccl: Optional[str] = None
+    slurm: Optional[str] = None
+    enroot: Optional[str] = None
+    pyxis: Optional[str] = None
+    torch: Optional[str] = None
+    deepspeed: Optional[str] = None
+    triton: Optional[str] = None
     line: str
     message: str = ""  # the message this wording is of (its wordings over the releases share the name)
     until: Optional[str] = None  # the last release that prints the message at all (it was removed after)
+
+    @model_validator(mode="after")
+    def _one_component(self):
+        named = [name for name in QUOTED if getattr(self, name) is not None]
+        if len(named) != 1:
+            raise ValueError(f"a quote names exactly one component's wording ({', '.join(QUOTED)}), not {named or 'none'}")
+        return self
+
+    @property
+    def component(self) -> str:
+        return next(name for name in QUOTED if getattr(self, name) is not None)
+
+    @property
+    def text(self) -> str:
+        return getattr(self, self.component)
 
 
 class Family(BaseModel):

@@ -47,11 +47,12 @@ REPO = "envbuild-bench-republish"
 OPS = "  training: [cpu_adam, cpu_adagrad, cpu_lion, utils, fused_adam, fused_lamb, fused_lion]\n"
 
 
-def matrix_for(work: Path, host: str, ops: str = "cpu_adam, fused_adam") -> Path:
+def matrix_for(work: Path, frozen: Path, host: str, ops: str = "cpu_adam, fused_adam") -> Path:
     """The production matrix publishing the CI stack's h20 variant, its training preset `ops`
-    (by default the two the layer-cache bench builds: cpu_adam on g++, fused_adam on nvcc)."""
+    (by default the two the layer-cache bench builds: cpu_adam on g++, fused_adam on nvcc), from
+    `frozen`: the checkout's matrix as the bench started (an edit meanwhile must not change it)."""
     d = work / "matrices"
-    shutil.copytree(ROOT / "matrices", d)
+    shutil.copytree(frozen, d)
     (d / "publish.yaml").write_text(f'registry: "{host}"\nimage_repo: {REPO}\ngpus: [h20]\n')
     text = (d / "deepspeed.yaml").read_text()
     if OPS not in text:
@@ -84,6 +85,8 @@ def main() -> None:
         (work / name).mkdir()
     plain, plain_host = own_registry(work / "plain")
     cached, host = own_registry(work / "cached")
+    frozen = work / "frozen-matrices"
+    shutil.copytree(ROOT / "matrices", frozen)
     key = work / "bench.key"
     subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True, capture_output=True)
     try:
@@ -100,8 +103,12 @@ def main() -> None:
                     ("one more op (fused_lamb): the caches serve the rest", host, three, ("--compile-cache", redis))):
                 print(f"{name}: on an empty engine", flush=True)
                 with empty_engine(work, f"engine{len(runs)}"):
-                    runs[name] = publish(registry, matrix_for(work / f"m{len(runs)}", registry, ops),
+                    runs[name] = publish(registry, matrix_for(work / f"m{len(runs)}", frozen, registry, ops),
                                          work / f"out{len(runs)}", key, env, *extra)
+                if registry == plain_host:  # the baseline's registry is not read again: its gigabytes go
+                    plain.terminate()
+                    plain.wait(timeout=60)
+                    shutil.rmtree(work / "plain", ignore_errors=True)
                 print(f"  {runs[name]['seconds']:.0f} s", flush=True)
         cold = runs["cold: exports the layer cache, fills the compile cache"]["seconds"]
         rows = []

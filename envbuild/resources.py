@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
+# doctor's knowledge in a matrix directory: the curated signatures and the catalogues of what each
+# component can print. Neither reaches an image (matrix/core.py NOT_IN_IMAGES).
+KNOWN_ISSUES = "known_issues.yaml"
+CATALOGUES = "catalogues"
 
 
 def _find(name: str) -> Path:

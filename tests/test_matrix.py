@@ -304,8 +304,8 @@ def test_a_matrix_directory_written_again_under_the_same_name_is_read_again(tmp_
 
 
 def test_what_ci_publishes_changes_no_matrix_digest_an_image_records(tmp_path):
-    """A lab choosing its variants (publish.yaml) or accepting an advisory for a while
-    (vulnerabilities.yaml) changes no image, so `rebuild` of an image made before must still find
+    """A lab choosing its variants (publish.yaml), accepting an advisory for a while
+    (vulnerabilities.yaml) or doctor learning a signature changes no image, so `rebuild` of an image made before must still find
     the matrix it was made from; a stack's file does change it."""
     import shutil
 
@@ -318,6 +318,14 @@ def test_what_ci_publishes_changes_no_matrix_digest_an_image_records(tmp_path):
     (d / "publish.yaml").write_text((d / "publish.yaml").read_text() + "# a lab's edit\n")
     (d / "vulnerabilities.yaml").write_text("allow: []\n")
     assert load_matrix(d).sha256 == before
+    # doctor's knowledge: a new signature or a refreshed catalogue re-renders no image
+    (d / "known_issues.yaml").write_text((d / "known_issues.yaml").read_text() + "# a new signature\n")
+    (d / "catalogues" / "nccl.yaml").write_text((d / "catalogues" / "nccl.yaml").read_text() + "# refreshed\n")
+    (d / "catalogues" / "new.yaml").write_text("component: new\n")
+    assert load_matrix(d).sha256 == before
+    (d / "locks" / "new.txt").write_text("# a lock\n")  # a folder not on the list still counts
+    assert load_matrix(d).sha256 != before
+    (d / "locks" / "new.txt").unlink()
     (d / "stacks.yaml").write_text((d / "stacks.yaml").read_text() + "# an edit\n")
     assert load_matrix(d).sha256 != before
 

@@ -36,7 +36,7 @@ import yaml
 
 from ..errors import EnvbuildError
 from ..files import parse_yaml, read_text
-from ..resources import matrices_dir
+from ..resources import CATALOGUES, matrices_dir
 from .signatures import KnownIssue
 
 CONVERSION = re.compile(r"%(?P<flags>[-+ #0']*)(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d+))?"
@@ -331,7 +331,7 @@ def _read(path: Path):
 @functools.lru_cache(maxsize=4)
 def load_said(directory: Optional[Path] = None) -> Optional[Said]:
     """The catalogues envbuild ships (or those in `directory`) as matchers; None without any."""
-    folder = (directory or matrices_dir()) / "catalogues"
+    folder = (directory or matrices_dir()) / CATALOGUES
     nccl, cuda, torch = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml"), _read(folder / "torch.yaml")
     launchers = [_read(folder / f"{name}.yaml") for name in LAUNCHERS]
     packages = [_read(folder / f"{name}.yaml") for name in PACKAGES]

@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import EnvbuildError
 from ..files import read_yaml
+from ..resources import KNOWN_ISSUES
 
 REGEX_FIELDS = ("pattern", "unless", "context", "excused_by", "resolved_by", "evidence", "moved_on")
 TEXT_FIELDS = ("title", "cause", "fix")
@@ -356,7 +357,7 @@ def _check(issues: list[KnownIssue], families: list[Family], path: Path):
 
 def load_catalogue(matrix_dir: Path) -> tuple[list[KnownIssue], list[Family]]:
     """Every signature and family in `matrix_dir/known_issues.yaml`, validated, regexes compiled once."""
-    path = matrix_dir / "known_issues.yaml"
+    path = matrix_dir / KNOWN_ISSUES
     if not os.path.lexists(path):
         raise EnvbuildError(f"known-issues file {path} is missing: the matrix directory {matrix_dir} has no "
                             f"known_issues.yaml; copy the shipped matrices/known_issues.yaml there, or leave out "

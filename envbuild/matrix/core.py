@@ -3,7 +3,6 @@ nvidia-smi prints, a fabric or extension by any alias) and the facts derived fro
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
@@ -18,6 +17,7 @@ from .. import rules
 from ..errors import EnvbuildError, nearest
 from ..grammar import shown
 from ..files import read_yaml
+from ..resources import CATALOGUES, KNOWN_ISSUES
 from ..validate import gpu_spellings, unknown_gpu
 from .files.torch_yaml import TorchFile, TorchRelease
 from .files.deepspeed_yaml import DeepspeedFile, DsRelease, Op
@@ -31,7 +31,10 @@ from .files.stacks_yaml import PUBLISH, Stack, StacksFile
 
 ALLOWLIST = "vulnerabilities.yaml"  # optional: the advisories the publish gate accepts, each until a date (audit.py)
 BASE_DIGESTS = "base-digests.yaml"  # optional: written by `envbuild lock --bases` (digests.py)
-NOT_IN_IMAGES = (PUBLISH, ALLOWLIST)  # which images CI publishes, and its gate: no file here changes an image
+# Which images CI publishes, its gate, and doctor's signatures and catalogues: no file (or folder)
+# here changes an image, so none is in the digest an image records (a new doctor signature or a
+# lab's choice of variants re-renders no image, so nothing is rebuilt and no rebuild breaks).
+NOT_IN_IMAGES = (PUBLISH, ALLOWLIST, KNOWN_ISSUES, CATALOGUES)
 
 
 class Matrix:
@@ -55,15 +58,17 @@ class Matrix:
         self.nccl_file = nccl or NcclFile()  # no nccl.yaml: no release can replace torch's NCCL
         self.base_digests = _base_digests(directory)  # ref -> the digest the publishing CI recorded
 
-    @functools.cached_property
+    @property
     def sha256(self) -> str:
         """One digest of every file of the matrix directory that can change an image (YAML files,
         locks, OS locks): what an image records, so `envbuild rebuild` knows whether this matrix is
         the one it was made from. What CI publishes and which advisories its gate allows
-        (NOT_IN_IMAGES) change no image: a lab choosing its variants breaks no rebuild."""
+        and what doctor knows (NOT_IN_IMAGES) change no image: a lab choosing its variants breaks no
+        rebuild, and a new doctor signature republishes nothing. Read each time: the Matrix is
+        cached by its YAML files' text, and a lock written since is not among them."""
         digest = hashlib.sha256()
         root = Path(self.directory)
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() not in
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] not in
                            NOT_IN_IMAGES and not any(part.startswith(".") or part == "__pycache__"
                                                      for part in p.relative_to(root).parts)):
             digest.update(f"{path.relative_to(root).as_posix()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"

@@ -12,7 +12,7 @@ from typing import Optional
 import click
 
 from ..errors import EnvbuildError
-from ..resources import matrices_dir
+from ..resources import CATALOGUES, matrices_dir
 from . import cuda_catalogue, launcher_catalogue, nccl_catalogue, package_catalogue, torch_catalogue, writer
 from .cli import _not_empty
 
@@ -28,7 +28,7 @@ def refresh_catalogue(source: Path, directory: Path, progress=lambda _: None) ->
     """The NCCL catalogue derived from `source` for the releases `directory`/nccl.yaml ships, nothing
     written; and a line per release added or removed and per release whose wordings changed."""
     nccl = nccl_catalogue.parse(writer.read(directory / "nccl.yaml"), directory / "nccl.yaml")
-    path = directory / "catalogues" / "nccl.yaml"
+    path = directory / CATALOGUES / "nccl.yaml"
     old_text = _old(path)
     old = nccl_catalogue.parse(old_text, path)
     new = nccl_catalogue.derive(nccl_catalogue.open_sources(source), nccl_catalogue.shipped_releases(nccl), progress)
@@ -37,7 +37,7 @@ def refresh_catalogue(source: Path, directory: Path, progress=lambda _: None) ->
 
 def refresh_cuda(wheels: Path, directory: Path) -> tuple[writer.FileChange, list[str]]:
     """The CUDA catalogue from the downloaded runtime wheels the locks in `directory`/locks pin."""
-    path = directory / "catalogues" / "cuda.yaml"
+    path = directory / CATALOGUES / "cuda.yaml"
     old_text = _old(path)
     new = cuda_catalogue.derive(wheels, directory / "locks")
     if not new["releases"]:
@@ -53,7 +53,7 @@ def refresh_torch(wheels: Path, directory: Path, progress=lambda _: None) -> tup
     if not (directory / "torch.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no torch.yaml; point it at a matrix directory such as matrices/.")
     torch = torch_catalogue.parse(writer.read(directory / "torch.yaml"), directory / "torch.yaml")
-    path = directory / "catalogues" / "torch.yaml"
+    path = directory / CATALOGUES / "torch.yaml"
     old_text = _old(path)
     new = torch_catalogue.derive(wheels, torch_catalogue.shipped_releases(torch), progress)
     if not new["releases"]:
@@ -68,7 +68,7 @@ def refresh_launcher(name: str, source: Path, directory: Path, progress=lambda _
     """A launcher's catalogue (Slurm, enroot or pyxis) from its fetched sources, for the release lines
     launcher_catalogue names."""
     component = launcher_catalogue.component(name)
-    path = directory / "catalogues" / f"{name}.yaml"
+    path = directory / CATALOGUES / f"{name}.yaml"
     old_text = _old(path)
     new = launcher_catalogue.derive(component, launcher_catalogue.open_sources(component, source), progress)
     if not new["releases"]:
@@ -83,7 +83,7 @@ def refresh_package(name: str, archives: Path, directory: Path, progress=lambda 
     pkg = package_catalogue.package(name)
     if not (directory / "locks").is_dir():
         raise EnvbuildError(f"--matrix-dir {directory} has no locks/; point it at a matrix directory such as matrices/.")
-    path = directory / "catalogues" / f"{name}.yaml"
+    path = directory / CATALOGUES / f"{name}.yaml"
     old_text = _old(path)
     new = package_catalogue.derive(pkg, archives, package_catalogue.shipped_releases(pkg, directory), progress)
     if not new["releases"]:

@@ -9,8 +9,18 @@ def _terminated(signum, frame):
     raise SystemExit(128 + signum)  # `kill` or a scheduler's SIGTERM: unwind, so cleanups run
 
 
+def _interrupted(signum, frame):
+    """Ctrl-C, as Python's own handler, and remembered: a library that catches the exception and
+    raises its own without a chain to it must not turn the Ctrl-C into an internal error."""
+    errors = sys.modules.get("envbuild.errors")  # not imported yet: nothing can have wrapped it
+    if errors is not None:
+        errors.INTERRUPTS.append(signum)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, _interrupted)
     try:
         from .cli import run  # noqa: PLC0415  (inside the try: importing the CLI takes a while)
 

@@ -29,15 +29,22 @@ def nearest(word: str, choices, n: int = 3) -> list[str]:
     return close
 
 
+# The Ctrl-Cs the entry point's handler turned into KeyboardInterrupt this run (console.py): a
+# wrapper that keeps no chain to it (pydantic-core's SchemaError, when the signal lands while a
+# model's validator is being built) still ends the run as interrupted, not as a bug.
+INTERRUPTS: list[int] = []
+
+
 def signal_in(error: BaseException):
     """The SystemExit (a SIGTERM's unwinding) or KeyboardInterrupt (a Ctrl-C) inside `error`'s
     chain, or None: a signal that lands while a class is being made surfaces wrapped (Python
     3.11: RuntimeError "Error calling __set_name__", from the signal's exception) and is a
-    signal still, not a bug of envbuild's."""
+    signal still, not a bug of envbuild's. After a Ctrl-C (INTERRUPTS) any error is its
+    consequence."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, (SystemExit, KeyboardInterrupt)):
             return error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
-    return None
+    return KeyboardInterrupt() if INTERRUPTS else None

@@ -327,3 +327,29 @@ def test_a_signal_that_lands_while_a_class_is_made_is_a_signal_not_an_internal_e
         app.run()
     assert exit_info.value.code == (143 if isinstance(wrapped, SystemExit) else 130)
     assert "internal error" not in capsys.readouterr().err
+
+
+def test_a_ctrl_c_a_library_rewraps_without_a_chain_is_still_an_interruption(tmp_path):
+    """pydantic-core, building a model's validator when the Ctrl-C lands, raises its own
+    SchemaError with no chain to the KeyboardInterrupt (seen once in the loop above: exit 70,
+    "internal error"). The entry point remembers the Ctrl-C, so whatever error follows it ends
+    the run as interrupted: 130, one line."""
+    script = tmp_path / "rewrap.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "import envbuild.cli.app as app\n"
+        "def rewrapped(**_):\n"
+        "    caught = False\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(5)\n"
+        "    except KeyboardInterrupt:\n"
+        "        caught = True\n"
+        "    if caught:  # raised anew, outside the handler: no __context__ leads back to the Ctrl-C\n"
+        "        raise RuntimeError('Error building \"model\" validator')\n"
+        "app.main.main = rewrapped\n"
+        "import envbuild.console\n"
+        "envbuild.console.main()\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 130 and r.stderr.strip() == "envbuild: interrupted", (r.returncode, r.stderr)

@@ -172,8 +172,17 @@ def _flush_stdout() -> None:
         if sys.stdout is not None:
             sys.stdout.flush()
     except BrokenPipeError:  # `envbuild ... | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _discard_stdout()
         sys.exit(141)
+
+
+def _discard_stdout() -> None:
+    """What is still buffered for standard output goes nowhere: Python flushes it once more at
+    exit, and a full disk or a closed pipe there would make the exit code 120."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, AttributeError, ValueError):  # no stdout to speak of
+        pass
 
 
 def run():
@@ -219,6 +228,7 @@ def run():
                       f"writes (the output directory, {tempfile.gettempdir()}, Docker's data root: `docker "
                       f"system df`), then run the command again; what this run left is cleaned by the next.",
                       markup=False)
+            _discard_stdout()
             sys.exit(2)
         err.print(f"envbuild: internal error: {type(e).__name__}: {redact(str(e))} (set ENVBUILD_DEBUG=1 for a traceback)",
                   markup=False)

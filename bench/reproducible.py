@@ -11,6 +11,8 @@
 
     python bench/reproducible.py --os-cost --rounds=3
     python bench/reproducible.py --clean        # about 20 minutes on 2 cores, 20 GB of disk
+    python bench/reproducible.py --clean --compile-cache   # both through sccache on a Redis of its own:
+                                                           # the second build's units served from it
 
 The OS lock is made at the start with `envbuild lock --os ... --apt-snapshot live` (the snapshot
 services cannot be reached from here), so both variants install from deb.debian.org.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -103,23 +106,32 @@ def os_cost(matrix: Path) -> None:
     print(f"locked / unlocked (median): {ratio:.2f}\n")
 
 
-def clean_builds(matrix: Path) -> None:
+def clean_builds(matrix: Path, compile_cache: str | None = None) -> None:
+    """Two --no-cache builds and their diff; with `compile_cache` (a Redis URL) both compile
+    through it: the first fills it, the second is served from it (its hits printed)."""
     refs, seconds = [], []
-    for n in (1, 2):
+    for n in (1, 2, 3) if compile_cache else (1, 2):
         out = OUT / f"repro-clean{n}"
         shutil.rmtree(out, ignore_errors=True)
         start = time.monotonic()
+        # the third: one more op (fused_lamb), to see the compile cache serve all but its units
+        ops = "cpu_adam,fused_adam" + (",fused_lamb" if n == 3 else "")
         r = subprocess.run([sys.executable, "-m", "envbuild", "build", "--gpu", "h20", "--stack", STACK, "--ds-ops",
-                            "cpu_adam,fused_adam", "--base-image", BASE, "--matrix-dir", str(matrix), "--image-repo",
-                            "envbuild-bench-clean", "--apt-snapshot", LIVE, "--ca-cert", CA, "-o", str(out)],
+                            ops, "--base-image", BASE, "--matrix-dir", str(matrix), "--image-repo",
+                            "envbuild-bench-clean", "--apt-snapshot", LIVE, "--ca-cert", CA, "-o", str(out),
+                            *(("--compile-cache", compile_cache) if compile_cache else ())],
                            cwd=ROOT, capture_output=True, text=True,
                            env={**os.environ, "ENVBUILD_DOCKER_BUILD_ARGS": "--no-cache"})
         if r.returncode != 0:
             sys.exit(r.stderr[-3000:])
         seconds.append(time.monotonic() - start)
+        for line in re.findall(r"envbuild: compiles (\{.*\})$", (out / "build.log").read_text(), re.M):
+            said = json.loads(line)
+            print(f"build {n}, {said.get('step')}: misses {said.get('misses', {})}, hits {said.get('hits', {})}")
         tag = json.loads((out / "manifest.json").read_text())["tag"]
         docker("tag", f"envbuild-bench-clean:{tag}", f"envbuild-bench-clean:build{n}")
         refs.append(f"envbuild-bench-clean:build{n}")
+    refs = refs[:2]  # the two builds of the same files
     start = time.monotonic()
     diff = json.loads(envbuild("diff", *refs, "--json", check=False).stdout)
     took = time.monotonic() - start
@@ -140,7 +152,12 @@ def main() -> None:
     matrix = locked_matrix()
     if "--os-cost" in sys.argv:
         os_cost(matrix)
-    if "--clean" in sys.argv:
+    if "--clean" in sys.argv and "--compile-cache" in sys.argv:
+        from layer_cache import own_redis
+
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as work, own_redis(Path(work)) as redis:
+            clean_builds(matrix, redis)
+    elif "--clean" in sys.argv:
         clean_builds(matrix)
 
 

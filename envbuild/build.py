@@ -25,6 +25,7 @@ from .output import RECORD, recorded_files
 from .registry import CONTENT_TAG_DIGITS, check_readable_tag
 
 LOG_NAME = "build.log"
+STAGE_LOG_NAME = "builder-stage.log"  # with a layer cache, the builder stage is built first, on its own
 
 __all__ = ["BuildResult", "BuildSecrets", "LOG_NAME", "LayerCache", "build_image", "check_compile_cache", "compiles",
            "content_hash", "content_tag"]
@@ -135,10 +136,10 @@ def _build_stage(engine: Engine, build_dir: Path, cache: LayerCache, secrets: Bu
     if f" AS {BUILDER_STAGE}\n" not in (build_dir / "Dockerfile").read_text():
         return
     try:
-        engine.build(build_dir, [cache.builder], secrets, log_path.with_name("builder-stage.log"), on_step=on_step,
+        engine.build(build_dir, [cache.builder], secrets, log_path.with_name(STAGE_LOG_NAME), on_step=on_step,
                      extra_args=("--target", BUILDER_STAGE, *extra_args))
     except BuildFailed as failed:
-        raise _failed(failed, log_path.with_name("builder-stage.log")) from None
+        raise _failed(failed, log_path.with_name(STAGE_LOG_NAME)) from None
     try:
         engine.push(cache.builder)
         say(f"layer cache: the builder stage is {cache.builder}")

@@ -45,7 +45,7 @@ from securesystemslib.signer import CryptoSigner
 from . import audit, extcache, grammar, provenance, published, sbom
 from .artifacts import Blob, Registry
 from .ci import digest_name, publish_plan
-from .build import LOG_NAME, LayerCache, compiles
+from .build import LOG_NAME, STAGE_LOG_NAME, LayerCache, compiles
 from .engine import get_engine
 from .enroot import MKSQUASHFS_FROM, export_sqsh
 from .errors import EnvbuildError, nearest
@@ -530,10 +530,15 @@ def _build_and_smoke(ctx: JobContext, o: Outcome, variant: dict, build_dir: Path
     try:
         image = _timed(o, "build", lambda: ctx.build(variant, build_dir), ctx)
     finally:
-        log = build_dir / LOG_NAME
-        if log.is_file():  # the build's own log; bounded all the same
-            with open(log, "rb") as f:
-                o.compiles = compiles(f.read(256 * 2 ** 20).decode("utf-8", "replace"))
+        # the build's own logs, bounded all the same: with a layer cache the builder stage is built
+        # first (its log, written anew, holds the compiling steps) and the image's build finds them
+        # cached; without one, a stage log in the directory is an earlier run's
+        text = ""
+        for log in ((build_dir / STAGE_LOG_NAME,) if o.layer_cache else ()) + (build_dir / LOG_NAME,):
+            if log.is_file():
+                with open(log, "rb") as f:
+                    text += f.read(256 * 2 ** 20).decode("utf-8", "replace") + "\n"
+        o.compiles = compiles(text)
     report = _timed(o, "smoke", lambda: run_smoke(image), ctx)
     if not report.ok:
         failed = [c.get("name") for c in report.checks if not c.get("ok") and c.get("status") != "skip"]

@@ -306,3 +306,34 @@ def test_a_builds_compiles_are_summed_from_its_log_and_nothing_else_counts():
     ])
     assert compiles(log) == {"hits": {"c [gcc]": 4, "cuda [nvcc]": 2}, "misses": {"cuda [nvcc]": 1}, "runs": {"nvcc": 3}}
     assert compiles("no compiling step ran") == {}
+
+
+@pytest.mark.parametrize("cache_repo", ["127.0.0.1:9/acme/envbuild-cache", None])
+def test_publish_counts_the_builder_stages_compiles_when_a_layer_cache_built_it_first(tmp_path, monkeypatch,
+                                                                                      cache_repo):
+    """With a layer cache, publish builds the builder stage on its own first (builder-stage.log
+    holds DeepSpeed's compiles) and the image's build finds those steps cached: report.json
+    `compiles` sums both logs. Without one, a stage log left in the directory is an earlier
+    run's and counts nothing. (Stand-in builds: the real job is tests/test_publish_job.py.)"""
+    from envbuild import release
+    from envbuild.errors import EnvbuildError
+    from envbuild.matrix import load_matrix
+
+    monkeypatch.setattr(release, "audit_stack", lambda *a, **k: None)
+    monkeypatch.setattr(release, "get_engine", lambda: None)
+    stage = '#12 9.1 envbuild: compiles {"misses": {"cuda [nvcc]": 2}, "runs": {"nvcc": 2}, "step": "deepspeed"}\n'
+    image = '#30 0.1 envbuild: compiles {"misses": {"cuda [nvcc]": 1}, "runs": {"nvcc": 1}, "step": "extensions"}\n'
+
+    def build(variant, build_dir):
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (build_dir / "builder-stage.log").write_text(stage)
+        (build_dir / "build.log").write_text(image)
+        raise EnvbuildError("stand-in build: stops after its logs", exit_code=1)
+
+    job = {"id": "j", "stack": "torch2.15-cu132-py3.11-pypi", "platform": "linux/amd64", "extensions": ""}
+    ctx = release.JobContext(load_matrix(), "127.0.0.1:9", "127.0.0.1:9/acme/envbuild", tmp_path, release.Signing(),
+                             "pypi", build, cache_repo=cache_repo)
+    (o,) = release.run_job(ctx, job, [{"variant": "h20:ib:", "tag": "t", "platform": "linux/amd64", "gpu": "h20",
+                                       "stack": job["stack"], "fabric": "ib"}])
+    assert o.failed_step == "build"
+    assert o.compiles["runs"] == ({"nvcc": 3} if cache_repo else {"nvcc": 1}), o.compiles

@@ -153,7 +153,7 @@ def catalogue_share() -> list[tuple[str, int, int]]:
     each wording with sample values, or the error's name), of all catalogued."""
     import re
 
-    from envbuild.doctor.said import CONVERSION, LAUNCHERS, printed
+    from envbuild.doctor.said import CONVERSION, LAUNCHERS, PYTHON, TORCH_REPORTED, _torch_line, printed
     patterns = [re.compile(i.pattern) for i in ISSUES]
     nccl = yaml.safe_load((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
     cuda = yaml.safe_load((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
@@ -169,6 +169,11 @@ def catalogue_share() -> list[tuple[str, int, int]]:
             if m["level"] in levels:
                 text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), printed(m["text"]))
                 lines.setdefault(f"{title} {m['level']} format strings", []).append(LAUNCHER_LINE[m["call"]] + text)
+    for name, (title, _, _) in PYTHON.items():  # what each package raises or logs as an error
+        for m in yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
+            if m["level"] in TORCH_REPORTED:
+                text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), _torch_line(m["text"]))
+                lines.setdefault(f"{title} {m['level']} messages", []).append(text)
     return [(label, len(set(texts)), sum(any(p.search(t) for p in patterns) for t in set(texts)))
             for label, texts in sorted(lines.items())]
 

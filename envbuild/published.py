@@ -31,9 +31,6 @@ from .registry import api_host
 from .verify import SBOM_TYPE, Trust, attached_byproduct, recorded_manifest, targets, vouched
 
 
-SBOM_LIMIT = 64 << 20  # a CUDA image's SBOM is about 1 MiB; a declared size beyond this is not read
-
-
 @dataclass(frozen=True)
 class Earlier:
     """An image published before from the same rendered files, every signed check passed."""
@@ -68,8 +65,8 @@ def find(image_repo: str, tag: str, platform: str, manifest: bytes,
             return None, (f"{ref} was published from other rendered files (manifest.json sha256 {then[:12]}, "
                           f"now {now[:12]})")
         layer, why = attached_byproduct(client, found[0], doc, SBOM_TYPE)
-        if layer is None or layer.size > SBOM_LIMIT:
-            return None, f"{ref}: {why or f'its SBOM declares {layer.size} bytes, over {SBOM_LIMIT >> 20} MiB'}"
+        if layer is None or layer.size > sbom.SBOM_LIMIT:
+            return None, f"{ref}: {why or f'its SBOM declares {layer.size} bytes, over {sbom.SBOM_LIMIT >> 20} MiB'}"
         pins = dict(sbom.describe(client.fetch(name, layer))["pypi"])
     except EnvbuildError as e:  # a registry that cannot say, or serves what no publish wrote: built
         return None, f"{ref} could not be checked ({e.message})"

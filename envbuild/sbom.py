@@ -42,6 +42,7 @@ from . import __version__
 from .contents import inventory, read_contents
 from .engine import Engine, get_engine
 from .errors import EnvbuildError
+from .untrusted import loads_json
 from .image import paths
 from .lock import parse_lock
 
@@ -211,10 +212,14 @@ def to_json(bom: Bom) -> bytes:
     return text.encode()
 
 
+SBOM_LIMIT = 64 << 20  # a CUDA image's SBOM is about 1 MiB; one declared or sent larger is not read
+
+
 def describe(sbom: bytes) -> dict:
     """What an SBOM says, read with the library: the image ID it names and its packages."""
+    doc = loads_json(sbom, "the SBOM", SBOM_LIMIT)  # bounded first: nesting, values, size
     try:
-        bom = Bom.from_json(json.loads(sbom))  # type: ignore[attr-defined]
+        bom = Bom.from_json(doc)  # type: ignore[attr-defined]
     except Exception as e:  # the library raises many kinds for a document that is not a BOM
         raise EnvbuildError(f"the SBOM is not a CycloneDX document the library can read ({type(e).__name__}: "
                             f"{str(e)[:200]}).", exit_code=1) from None

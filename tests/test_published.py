@@ -164,3 +164,12 @@ def test_publish_trust_is_the_jobs_own_signer(keys, monkeypatch):  # noqa: F811
     assert release.publish_trust(release.Signing(keyless=True)) is None  # outside Actions: no identity to name
     monkeypatch.setenv("GITHUB_WORKFLOW_REF", "acme/envbuild/.github/workflows/publish.yml@refs/heads/main")
     assert "publish\\.yml@refs/heads/main" in release.publish_trust(release.Signing(keyless=True)).identity
+
+
+@pytest.mark.parametrize("doc", [b"[" * 100_000 + b"]" * 100_000, b'{"n": ' + b"9" * 5000 + b"}", b"\xff\xfe"])
+def test_an_sbom_is_parsed_bounded(doc):
+    """The SBOM a registry serves is read within bounds (nesting, digits, text), exit 2 naming it,
+    never a RecursionError: verify and a republish read it."""
+    with pytest.raises(EnvbuildError, match="the SBOM") as e:
+        sbom.describe(doc)
+    assert e.value.exit_code == 2

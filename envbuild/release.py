@@ -475,9 +475,7 @@ def publish_variant(ctx: JobContext, variant: dict) -> Outcome:
                                                           _byproducts(sbom_bytes, smoke_bytes, sqsh)), ctx)
         write_atomic(work / "provenance.json", json.dumps(stmt, indent=2, sort_keys=True).encode())
         _timed(o, "sign", lambda: _sign(ctx, o, at, work, stmt, f"{ctx.image_repo}@{pushed.digest}"), ctx)
-        # The commit point: the manifest job merges only digests handed on here.
-        (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
-        write_atomic(ctx.out / "digests" / digest_name(variant), f"{pushed.digest}\n".encode())
+        _commit(ctx, variant, pushed.digest)
         o.ok = True
         ctx.say(f"{variant['variant']}: published {ctx.image_repo}@{pushed.digest} ({variant['platform']})")
     except BaseException as e:  # a failed step, or Ctrl-C / SIGTERM: what was pushed goes back either way
@@ -512,14 +510,8 @@ def _published_before(ctx: JobContext, o: Outcome, variant: dict, build_dir: Pat
 
 def _hand_on(ctx: JobContext, o: Outcome, variant: dict, earlier: published.Earlier) -> None:
     """The image published before is this run's: its pins audited again, its digest handed on."""
-    found = _timed(o, "audit", lambda: audit.audit_pins(
-        earlier.pins, f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)), ctx)
-    ctx.say(f"{variant['variant']}: audit: {found.summary()}")
-    if not found.ok:
-        o.failed_step = "audit"
-        raise EnvbuildError(found.refusal(f"image {variant['tag']} (published before)"), exit_code=1)
-    (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
-    write_atomic(ctx.out / "digests" / digest_name(variant), f"{earlier.digest}\n".encode())
+    _audit_image(ctx, o, variant, earlier.pins, " (published before)")
+    _commit(ctx, variant, earlier.digest)
     o.ok, o.digest, o.published_before = True, earlier.digest, earlier.ref
     ctx.say(f"{variant['variant']}: unchanged: {ctx.image_repo}@{earlier.digest} ({variant['platform']}) is handed on "
             f"as published before; not built (--republish builds it again)")
@@ -556,13 +548,25 @@ def _sbom_and_audit(ctx: JobContext, o: Outcome, variant: dict, image: str, engi
     write_atomic(work / sbom.FILE_NAME, sbom_bytes)
     o.bytes["sbom"] = len(sbom_bytes)
 
+    _audit_image(ctx, o, variant, sbom.python_pins(inv))
+    return inv, sbom_bytes
+
+
+def _audit_image(ctx: JobContext, o: Outcome, variant: dict, pins: dict, said: str = "") -> None:
+    """Step 4: the image's Python pins through the vulnerability gate (a built image's, or the
+    signed SBOM's of one published before); a finding the allowlist does not allow fails it."""
     found = _timed(o, "audit", lambda: audit.audit_pins(
-        sbom.python_pins(inv), f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)), ctx)
+        pins, f"image {variant['tag']}", ctx.service, audit.load_allowlist(ctx.m.directory)), ctx)
     ctx.say(f"{variant['variant']}: audit: {found.summary()}")
     if not found.ok:
         o.failed_step = "audit"
-        raise EnvbuildError(found.refusal(f"image {variant['tag']}"), exit_code=1)
-    return inv, sbom_bytes
+        raise EnvbuildError(found.refusal(f"image {variant['tag']}{said}"), exit_code=1)
+
+
+def _commit(ctx: JobContext, variant: dict, digest: str) -> None:
+    """The commit point: the manifest job merges only the digests handed on here."""
+    (ctx.out / "digests").mkdir(parents=True, exist_ok=True)
+    write_atomic(ctx.out / "digests" / digest_name(variant), f"{digest}\n".encode())
 
 
 def _export(ctx: JobContext, o: Outcome, image: str, report, work: Path):

@@ -111,6 +111,17 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
     return done + [refresh_package(name, Path(path), directory, progress) for name, path in packages.items()]
 
 
+def _launcher_sources(command):
+    """--slurm-source, --enroot-source, --pyxis-source: one per launcher_catalogue component, its
+    repository named as the component records it."""
+    for c in reversed(list(launcher_catalogue.COMPONENTS.values())):
+        command = click.option(
+            f"--{c.name}-source", type=click.Path(file_okay=False, exists=True),
+            help=f"{c.title}'s sources: a git clone (or mirror) of {c.url.removeprefix('https://')} with its tags, "
+                 f"or saved sources with a tags.txt.")(command)
+    return command
+
+
 @click.command("catalogue")
 @click.option("--source", "source", type=click.Path(file_okay=False, exists=True),
               help="NCCL's sources: a git clone (or mirror) of github.com/NVIDIA/nccl with its tags, or a "
@@ -120,15 +131,7 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
 @click.option("--torch-wheels", "torch_wheels", type=click.Path(file_okay=False, exists=True),
               help="A directory of torch wheels, one per release the matrix ships (pip download --no-deps): the "
                    "Python of their torch/distributed.")
-@click.option("--slurm-source", type=click.Path(file_okay=False, exists=True),
-              help="Slurm's sources: a git clone (or mirror) of github.com/SchedMD/slurm with its tags, or saved "
-                   "sources with a tags.txt.")
-@click.option("--enroot-source", type=click.Path(file_okay=False, exists=True),
-              help="enroot's sources: a git clone (or mirror) of github.com/NVIDIA/enroot with its tags, or saved "
-                   "sources with a tags.txt.")
-@click.option("--pyxis-source", type=click.Path(file_okay=False, exists=True),
-              help="pyxis's sources: a git clone (or mirror) of github.com/NVIDIA/pyxis with its tags, or saved "
-                   "sources with a tags.txt.")
+@_launcher_sources
 @click.option("--deepspeed-sdists", type=click.Path(file_okay=False, exists=True),
               help="A directory of DeepSpeed's sdists, one per release matrices/deepspeed.yaml lists (pip download "
                    "--no-deps --no-binary :all:): its launcher and op loading.")

@@ -122,6 +122,23 @@ def _newest(releases: str) -> str:
     return releases.split(", ")[-1].split("..")[-1]
 
 
+def _captures(text: str) -> str:
+    """A lead's detail: each capture of the wording by name, filled in when a line matches."""
+    return "".join(f"; {name}: {{{name}}}" for name in capture_names(text))
+
+
+def _unexplained(what: str) -> str:
+    """A lead's cause: what printed it, and that no curated signature says more."""
+    return (f"not yet explained: {what}; no curated signature says what it means for the job, and doctor "
+            f"does not guess.")
+
+
+def _read_source(link: str, url: str, then: str) -> str:
+    """A lead's next step: the source line, the project's issues, then `then`."""
+    return (f"Read the source line ({link}) for the check that failed and what its values mean; search "
+            f"{url}/issues for the wording; {then}.")
+
+
 def nccl_matchers(data: dict) -> list[Matcher]:
     """A matcher per WARN wording and ncclResult_t message that says enough to match alone."""
     url = str(data.get("source") or "https://github.com/NVIDIA/nccl")
@@ -137,11 +154,9 @@ def nccl_matchers(data: dict) -> list[Matcher]:
         said = "an ncclResult_t message" if level == "RESULT" else f"a {level} message"
         found.append(Matcher(
             "nccl", text, rf"{WARN_WORD}\s+{body}" if level == "WARN" else body, f"NCCL said: {text.strip()}",
-            f"NCCL {releases}, {where}" + "".join(f"; {name}: {{{name}}}" for name in capture_names(text)),
-            f"not yet explained: {said} of NCCL (printed at {where} in the releases {releases}); no curated "
-            f"signature says what it means for the job, and doctor does not guess.",
-            f"Read the source line ({link}) for the check that failed and what its values mean; search "
-            f"{url}/issues for the wording; rerun with NCCL_DEBUG=INFO for the lines before it.", link))
+            f"NCCL {releases}, {where}" + _captures(text),
+            _unexplained(f"{said} of NCCL (printed at {where} in the releases {releases})"),
+            _read_source(link, url, "rerun with NCCL_DEBUG=INFO for the lines before it"), link))
     return found
 
 
@@ -207,11 +222,9 @@ def python_matchers(data: dict, component: str = "torch") -> list[Matcher]:
         said = f"raised as {entry['error']}" if level == "RAISE" and entry.get("error") else "logged as an error"
         found.append(Matcher(
             component, text, to_regex(text), f"{title} said: {text.strip()}",
-            f"{short} {releases}, {where}" + "".join(f"; {name}: {{{name}}}" for name in capture_names(text)),
-            f"not yet explained: a message {title} {said} (at {where} in the releases {releases}); no "
-            f"curated signature says what it means for the job, and doctor does not guess.",
-            f"Read the source line ({link}) for the check that failed and what its values mean; search "
-            f"{url}/issues for the wording; the first rank to print an error is where to look first.", link))
+            f"{short} {releases}, {where}" + _captures(text),
+            _unexplained(f"a message {title} {said} (at {where} in the releases {releases})"),
+            _read_source(link, url, "the first rank to print an error is where to look first"), link))
     return found
 
 
@@ -259,11 +272,9 @@ def launcher_matchers(data: dict) -> list[Matcher]:
         link = f"{url}/blob/{tags.get(_newest(releases), 'master')}/{entry['file']}#L{int(entry['line'])}"
         found.append(Matcher(
             name, text, prefix + to_regex(text), f"{title} said: {str(entry['text']).strip()}",
-            f"{title} {releases}, {where}" + "".join(f"; {n}: {{{n}}}" for n in capture_names(text)),
-            f"not yet explained: a message {title} prints with {call}() (at {where} in the releases {releases}); "
-            f"no curated signature says what it means for the job, and doctor does not guess.",
-            f"Read the source line ({link}) for the check that failed and what its values mean; search "
-            f"{url}/issues for the wording; the lines before it say what {title} was doing.", link))
+            f"{title} {releases}, {where}" + _captures(text),
+            _unexplained(f"a message {title} prints with {call}() (at {where} in the releases {releases})"),
+            _read_source(link, url, f"the lines before it say what {title} was doing"), link))
     return found
 
 

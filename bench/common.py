@@ -12,8 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from envbuild.ci import real_build_stack  # noqa: E402  (this checkout's, not an installed one)
-from envbuild.matrix import load_matrix  # noqa: E402
+from envbuild.supply.ci import real_build_stack  # noqa: E402  (this checkout's, not an installed one)
+from envbuild.knowledge.matrix import load_matrix  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 DOCKER = "/usr/bin/docker"

@@ -78,10 +78,10 @@ def empty_engine(work: Path, name: str):
 
 def build(build_dir: Path, cache, compile_cache: str | None) -> dict:
     """One build of `build_dir` on the current engine; wall time, steps that ran, compiles."""
-    from envbuild.build import build_image
+    from envbuild.builds.build import build_image
     from envbuild.engine import BuildSecrets
     from envbuild.engine.docker import DockerEngine
-    from envbuild.validate import compile_cache_secret
+    from envbuild.knowledge.validate import compile_cache_secret
 
     secrets = BuildSecrets(ca_cert=Path(CA), compile_cache=compile_cache_secret(compile_cache, {}) if compile_cache else None)
     start = time.monotonic()
@@ -134,7 +134,7 @@ def _by_category(counts: dict) -> str:
 
 
 def main() -> None:
-    from envbuild.build import LayerCache
+    from envbuild.builds.build import LayerCache
 
     work = Path(tempfile.mkdtemp(prefix="envbuild-bench-cache-", dir="/var/tmp"))
     registry, host = own_registry(work)

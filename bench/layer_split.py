@@ -143,7 +143,7 @@ def layer_of(name: str) -> str:
 
 
 def shared_bytes() -> None:
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
     from envbuild.refresh.pypi import PyPI
 
     m = load_matrix()

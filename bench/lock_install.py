@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common import CA, ROOT, STACK, machine, table
 
-from envbuild.lock import load_lock, uv_binary  # noqa: E402  (common put this checkout first)
+from envbuild.knowledge.lock import load_lock, uv_binary  # noqa: E402  (common put this checkout first)
 
 
 def run(*args, env=None):

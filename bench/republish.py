@@ -8,7 +8,7 @@ has), against registries and a Redis of the bench's own, measured in one run:
    stage, the image with its cache inline) and fills the compile cache (sccache on Redis);
 3. **warm**: the scheduled run of the unchanged job: the registry serves the variant from the
    same rendered files with provenance this key signed, so its pins are audited again and its
-   digest handed on (envbuild/published.py): nothing is built;
+   digest handed on (envbuild/supply/published.py): nothing is built;
 4. **warm, --republish**: the same, forced to build again: the layers come from the registry's
    layer cache, every unit from the compile cache; smoke test, .sqsh and push run again;
 5. **one more op**: the job with fused_lamb added to its ops: a new image (the rendered files

@@ -1,3 +1,3 @@
-from .console import main
+from envbuild.console import main
 
 main()

@@ -12,7 +12,7 @@ def _terminated(signum, frame):
 def _interrupted(signum, frame):
     """Ctrl-C, as Python's own handler, and remembered: a library that catches the exception and
     raises its own without a chain to it must not turn the Ctrl-C into an internal error."""
-    errors = sys.modules.get("envbuild.errors")  # not imported yet: nothing can have wrapped it
+    errors = sys.modules.get("envbuild.base.errors")  # not imported yet: nothing can have wrapped it
     if errors is not None:
         errors.INTERRUPTS.append(signum)
     raise KeyboardInterrupt
@@ -22,14 +22,14 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
     signal.signal(signal.SIGINT, _interrupted)
     try:
-        from .cli import run  # noqa: PLC0415  (inside the try: importing the CLI takes a while)
+        from envbuild.cli import run  # noqa: PLC0415  (inside the try: importing the CLI takes a while)
 
         run()
     except KeyboardInterrupt:
         sys.stderr.write("envbuild: interrupted\n")
         sys.exit(130)
     except Exception as error:  # a signal while the CLI's classes were being made arrives wrapped
-        from .errors import signal_in  # noqa: PLC0415
+        from envbuild.base.errors import signal_in  # noqa: PLC0415
 
         caught = signal_in(error)
         if caught is None:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from . import cli
-from .plan import schema
+from envbuild import cli
+from envbuild.plan import schema
 
 COMMAND = "python -m envbuild.reference docs/cli.md"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envbuild.errors import EnvbuildError  # noqa: E402
+from envbuild.base.errors import EnvbuildError  # noqa: E402
 from envbuild.refresh import op_bounds  # noqa: E402
 from envbuild.refresh.pypi import PyPI  # noqa: E402
 

@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def matrix():
     """The frozen fixture matrix: what behaviour tests resolve against."""
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     return load_matrix(FIXTURE_MATRIX)
 
@@ -58,7 +58,7 @@ def matrix():
 @pytest.fixture(scope="session")
 def production_matrix():
     """The shipped matrix (matrices/): only for properties every matrix must have."""
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     return load_matrix()
 
@@ -79,7 +79,7 @@ def run_cli(*args, cwd=None, env=None, timeout=120, production=False):
     matrix unless `production`: for what only a process shows (signals, a child's file
     descriptors, a hard timeout) and for real builds; the rest use `run_here` (the `cli` fixture)."""
     full_env = _cli_env(args, env, production)
-    artifacts = sys.modules.get("envbuild.artifacts")
+    artifacts = sys.modules.get("envbuild.oci.artifacts")
     if artifacts:  # a child starts with no registry client: one probed for another test's registry on this port is not it
         artifacts.client.cache_clear()
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [full_env.get("PYTHONPATH")])])
@@ -183,7 +183,7 @@ def kill_processes_mentioning(text: str) -> list[int]:
 def cpu_target_env(name: str) -> dict[str, str]:
     """What the build plan hands cc-wrapper.sh for CPU target `name` (the production matrix's
     gpus.yaml cpu_targets): its compiler flag and its SIMD macro."""
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     target = load_matrix().gpus_file.cpu_targets[name]
     return {"ENVBUILD_CPU_TARGET": name, "ENVBUILD_CPU_FLAG": target.flag, "ENVBUILD_CPU_SIMD": target.simd}
@@ -323,8 +323,8 @@ def images_removed(request):
 
 def ci_stack_id() -> str:
     """The production matrix's stack that CI builds for real (ci.real_build_stack)."""
-    from envbuild.ci import real_build_stack
-    from envbuild.matrix import load_matrix
+    from envbuild.supply.ci import real_build_stack
+    from envbuild.knowledge.matrix import load_matrix
 
     return real_build_stack(load_matrix()).id
 

@@ -31,16 +31,31 @@ def test_rooms_are_layered_without_cycles():
     assert "0 broken" in r.stdout or "broken" not in r.stdout.split("Contracts:")[-1], r.stdout[-2000:]
 
 
-def test_the_layers_contract_can_fail(tmp_path):
-    """The checker is live: an upward import (the matrix loader reaching for the renderer) breaks it."""
+@pytest.mark.parametrize("module, line, said", [
+    # the tiers: the matrix loader reaching for the renderer
+    ("envbuild/knowledge/matrix/loader.py", "from envbuild.render import builddir",
+     "envbuild.knowledge.matrix.loader -> envbuild.render.builddir"),
+    # a plan component applying a rule itself instead of reading the resolver's decision
+    ("envbuild/plan/components/python.py", "from envbuild.knowledge import rules",
+     "envbuild.plan.components.python -> envbuild.knowledge.rules"),
+    # the wheel cache reading the plan's constants instead of base.buildcache's
+    ("envbuild/builds/extcache.py", "from envbuild.plan import blocks",
+     "envbuild.builds.extcache -> envbuild.plan.blocks"),
+    # the next commands folding a whole plan to read its manifest
+    ("envbuild/render/running.py", "from envbuild.plan.stack import stack_plan",
+     "envbuild.render.running -> envbuild.plan.stack"),
+], ids=["tiers", "components-rules", "extcache-plan", "running-stack"])
+def test_each_contract_fails_on_a_deliberate_violation(tmp_path, module, line, said):
+    """The checker is live: one deliberate violation of the tiers and of each forbidden contract breaks
+    it, and the report names the import."""
     copy = tmp_path / "src"
     shutil.copytree(ROOT / "envbuild", copy / "envbuild", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    matrix = copy / "envbuild" / "matrix" / "loader.py"
-    matrix.write_text(matrix.read_text() + "\nfrom .. import render  # noqa: E402,F401\n")
+    target = copy / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa: E402,F401\n")
     r = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=copy, capture_output=True, text=True,
                        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
-    assert r.returncode != 0 and "envbuild.matrix is not allowed to import envbuild.render" in r.stdout, r.stdout
+    assert r.returncode != 0 and said in r.stdout, r.stdout[-3000:]
 
 
 def test_ruff_finds_no_hidden_import_and_no_undefined_name():

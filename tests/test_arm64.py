@@ -17,11 +17,11 @@ import yaml
 from packaging.requirements import Requirement
 
 from conftest import ROOT, cpu_target_env
-from envbuild.errors import EnvbuildError
-from envbuild.matrix import load_matrix
+from envbuild.base.errors import EnvbuildError
+from envbuild.knowledge.matrix import load_matrix
 from envbuild.plan import stack_plan
-from envbuild.render import render_files
-from envbuild.resolve import Request, explain_rows, resolve
+from envbuild.render.builddir import render_files
+from envbuild.resolve.resolver import Request, explain_rows, resolve
 
 WHEELS = ROOT / "tests" / "fixtures" / "wheels"
 PYPI_STACK = "torch2.11-cu130-py3.11-pypi"  # the fixture matrix's Debian 12 PyPI-toolchain stack
@@ -240,7 +240,7 @@ def test_smoke_under_qemu_emulates_grace_s_128_bit_sve(tmp_path):
     """qemu's default CPU has 512-bit SVE, where torch reports SVE256 and Inductor's CPU code
     takes a path Grace never does (and GCC 12.2 rejects). QEMU_CPU, as `smoke --qemu` sets it,
     gives SVE2 with Grace's 128-bit vectors: a real aarch64 program asks the emulated kernel."""
-    from envbuild.emulation import QEMU_CPU
+    from envbuild.base.emulation import QEMU_CPU
 
     cross, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static")
     if cross is None or qemu is None:
@@ -315,7 +315,7 @@ def test_qemu_binds_the_stub_cpu_sysfs_into_the_deepspeed_step_only(matrix):
                 for files in (emulated, plain)]
     assert recorded[0] == recorded[1]
     assert emulated["envbuild/qemu/cpu/cpu0/regs/identification/midr_el1"].strip() == b"0x00000000410fd4f0"
-    from envbuild.errors import EnvbuildError
+    from envbuild.base.errors import EnvbuildError
 
     with pytest.raises(EnvbuildError, match=r"--qemu builds an arm64 image .* h100's image is x86_64.*rule qemu"):
         resolve(matrix, Request(gpu="h100", qemu=True))

@@ -115,7 +115,7 @@ def test_packages_the_service_cannot_answer_for_close_the_gate(vulnerable):
 
 
 def test_the_gate_sorts_findings_by_the_entries_in_force():
-    from envbuild.audit import Allowance, Finding, gate
+    from envbuild.supply.audit import Allowance, Finding, gate
 
     f = Finding("pycrypto", "2.6.1", ("PYSEC-2017-94", "CVE-2013-7459"), (), "", "x")
     today = dt.date(2026, 11, 26)
@@ -129,7 +129,7 @@ def test_the_gate_sorts_findings_by_the_entries_in_force():
 @settings(max_examples=60, deadline=None)
 @given(st.text(min_size=1, max_size=40))
 def test_an_advisory_id_is_either_refused_or_usable(text):
-    from envbuild.audit import ADVISORY_ID, AllowFile
+    from envbuild.supply.audit import ADVISORY_ID, AllowFile
     from pydantic import ValidationError
 
     try:
@@ -140,7 +140,7 @@ def test_an_advisory_id_is_either_refused_or_usable(text):
 
 
 def test_a_local_version_is_looked_up_as_its_public_one():
-    from envbuild.audit import public_pins
+    from envbuild.supply.audit import public_pins
 
     pins, notes = public_pins({"torch": "2.4.0+cu121", "Six": "1.17.0"})
     assert pins == {"torch": "2.4.0", "six": "1.17.0"} and notes == ["torch 2.4.0+cu121 looked up as 2.4.0"]
@@ -162,7 +162,7 @@ def test_pip_audit_against_pypi_itself():
     """Where PyPI's per-release JSON answers (GitHub's runners), pip-audit finds the advisory
     there; where it answers 404 (this machine's network), the packages are reported as not
     audited, never as clean."""
-    from envbuild.audit import audit_pins
+    from envbuild.supply.audit import audit_pins
 
     result = audit_pins({"pycrypto": "2.6.1"}, "a pin", "pypi", [])
     if result.unaudited:

@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from envbuild import build, buildsteps, publish
-from envbuild import verdict as smoke
+from envbuild import buildsteps
+from envbuild.builds import build
+from envbuild.supply import publish
+from envbuild.builds import verdict as smoke
 from envbuild.engine import docker as docker_engine
-from envbuild.errors import EnvbuildError
-from envbuild.render import render_files, write_build_dir
-from envbuild.registry import READABLE_TAG_MAX, TAG_RE
-from envbuild.resolve import Request, resolve
+from envbuild.base.errors import EnvbuildError
+from envbuild.render.builddir import render_files, write_build_dir
+from envbuild.oci.registry import READABLE_TAG_MAX, TAG_RE
+from envbuild.resolve.resolver import Request, resolve
 
 
 def test_content_tag_follows_rendered_inputs(matrix, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 from envbuild.refresh import nccl_catalogue as catalogue
 
 FIXTURE = ROOT / "tests" / "fixtures" / "catalogue" / "nccl"

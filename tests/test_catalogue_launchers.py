@@ -151,7 +151,7 @@ def test_a_source_without_a_tag_of_any_release_line_is_exit_2(tmp_path, cli):
 
 def test_a_saved_tag_list_is_checked_against_the_component_tags(tmp_path):
     """Slurm's tags are slurm-22-05-11-1: a `v2.27.3-1` (NCCL's) in its tags.txt is refused."""
-    from envbuild.errors import EnvbuildError
+    from envbuild.base.errors import EnvbuildError
     (tmp_path / "tags.txt").write_text("v2.27.3-1 " + "0" * 40 + "\n")
     with pytest.raises(EnvbuildError, match="tags.txt line 1"):
         launchers.open_sources(launchers.component("slurm"), tmp_path)

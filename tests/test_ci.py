@@ -17,7 +17,7 @@ def test_publish_workflow_is_current(cli):
 
 
 def test_publish_workflow_covers_only_allowed_pairs(matrix):
-    from envbuild.ci import publish_jobs
+    from envbuild.supply.ci import publish_jobs
 
     jobs = {(j["stack"], j["gpu"]): j for j in publish_jobs(matrix, ["h20", "v100", "b200", "gh200"])}
     assert ("torch2.11-cu130-py3.11-pypi", "h20") in jobs
@@ -30,8 +30,8 @@ def test_publish_workflow_covers_only_allowed_pairs(matrix):
 
 
 def test_multiarch_tags_merge_the_grace_sibling(matrix):
-    from envbuild.ci import merge_jobs, publish_jobs
-    from envbuild.errors import EnvbuildError
+    from envbuild.supply.ci import merge_jobs, publish_jobs
+    from envbuild.base.errors import EnvbuildError
 
     jobs = publish_jobs(matrix, ["h100", "gh200", "b200"])
     merges = {t["tag"]: t for t in merge_jobs(matrix, jobs, {"h100": "gh200"})}
@@ -58,7 +58,7 @@ def test_publish_workflow_builds_arm64_natively_and_merges_by_digest():
 
 
 def test_one_job_per_stack_and_architecture_builds_its_variants_in_sequence(matrix):
-    from envbuild.ci import publish_jobs, stack_jobs
+    from envbuild.supply.ci import publish_jobs, stack_jobs
 
     jobs = stack_jobs(publish_jobs(matrix, ["h100", "h20", "gh200", "gb200"]))
     by_key = {(j["stack"], j["platform"]): j for j in jobs}
@@ -73,7 +73,7 @@ def test_fabric_variants_are_published_beside_the_default_under_their_own_tag(ma
     """publish.yaml `fabrics`: aws-efa images for the GPUs AWS sells with EFA, built in the same
     job as the stack's default variants (the heavy layers are shared) and merged under their own
     tag; a Grace sibling joins only the tag of the same fabric."""
-    from envbuild.ci import merge_jobs, publish_jobs, stack_jobs
+    from envbuild.supply.ci import merge_jobs, publish_jobs, stack_jobs
 
     jobs = publish_jobs(matrix, ["h100", "gh200"], fabrics={"aws-efa": ["h100"]})
     stack = "torch2.11-cu130-py3.12"
@@ -93,7 +93,7 @@ def test_extension_variants_get_a_job_of_their_own_per_stack_under_their_own_tag
     rules allow, merged under its own tag, in a job of its own per stack (a compile of hours must
     not hold back or time out the stack's other images), on the runner `extension_runners` names;
     every job's artifacts have a name of their own."""
-    from envbuild.ci import merge_jobs, publish_jobs, stack_jobs
+    from envbuild.supply.ci import merge_jobs, publish_jobs, stack_jobs
 
     jobs = publish_jobs(matrix, ["h100"], extensions={"flash-attn": ["h100", "v100"]},
                         extension_runners={"flash-attn": "big-x86"})
@@ -122,7 +122,7 @@ def test_the_published_workflow_builds_aws_efa_from_the_real_urls(production_mat
     """No source mirror in CI: GitHub is reachable there, so fabric.sh fetches the URLs of
     fabrics.yaml (the pins) and checks each tar's sha256. The aws-efa variants are in the jobs
     `envbuild publish --job` runs."""
-    from envbuild.release import find_job
+    from envbuild.supply.release import find_job
 
     text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
     assert "source-mirror" not in text and "127.0.0.1" not in text
@@ -229,8 +229,8 @@ def test_the_workflow_parses_and_carries_publish_yaml_values_as_data_only(matrix
     row), never inside a `run:` script, and the workflow reads back with each value exact."""
     import yaml
 
-    from envbuild.ci import render_workflow
-    from envbuild.matrix import load_matrix
+    from envbuild.supply.ci import render_workflow
+    from envbuild.knowledge.matrix import load_matrix
 
     registry, x86, arm = "registry.example.com:5000/team-x/$OWNER", "self-hosted.big_1", "arm-runner.2"
     (matrix_copy / "publish.yaml").write_text(f'registry: "{registry}"\ngpus: [h100, gh200]\n'
@@ -249,8 +249,8 @@ def test_the_registry_step_fills_in_the_owner_and_lower_cases(matrix_copy, tmp_p
     """The `run:` line of the registry step, run by bash as the runner runs it, with the value in its env."""
     import yaml
 
-    from envbuild.ci import render_workflow
-    from envbuild.matrix import load_matrix
+    from envbuild.supply.ci import render_workflow
+    from envbuild.knowledge.matrix import load_matrix
 
     (matrix_copy / "publish.yaml").write_text(f'registry: "{registry}"\ngpus: [h100]\n')
     step = next(s for s in yaml.safe_load(render_workflow(load_matrix(matrix_copy)))["jobs"]["image"]["steps"]

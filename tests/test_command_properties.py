@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
-from envbuild.enroot import SQUASHFS_MAGIC, SUPERBLOCK
+from envbuild.builds.enroot import SQUASHFS_MAGIC, SUPERBLOCK
 from property_settings import EXAMPLES, examples
 from test_hostile_input import HOSTILE, Ran, assert_holds_as_data, envbuild, listing, refused
 
@@ -170,8 +170,10 @@ UV_SAYS = "accelerate==1.0.0 \\\n    --hash=sha256:" + "ab" * 32 + "\n    # via 
 def stop_network(monkeypatch) -> None:
     """uv and pip-audit are not run (PyPI is not asked): extend's resolution is UV_SAYS, lock's
     and publish's stop with an exit 2 the property knows."""
-    from envbuild import extend, lock, release
-    from envbuild.errors import EnvbuildError
+    from envbuild.resolve import extend
+    from envbuild.knowledge import lock
+    from envbuild.supply import release
+    from envbuild.base.errors import EnvbuildError
 
     def stop(*_, **__):
         raise EnvbuildError("NETWORK-STOP: uv or pip-audit would run here")
@@ -194,7 +196,7 @@ def case_values(draw, command):
 def check_outcome(r, case: Case, value: str, before: dict, work: Path) -> None:
     """Exit 2: one paragraph, nothing written, the value's control characters escaped, and the
     option (or, for an argument, the value itself) named unless the run stopped on this machine."""
-    from envbuild.grammar import control_characters, escaped
+    from envbuild.base.grammar import control_characters, escaped
 
     assert r.code in (0, 2) or (r.code == 1 and UNREACHABLE.search(r.out + r.err)), (case.args, value, r.code,
                                                                                      r.out[-800:], r.err[-3000:])
@@ -385,7 +387,7 @@ def test_a_sqsh_that_is_none_is_refused_and_nothing_is_staged(tmp_path_factory, 
     source.write_bytes(data)
     r = envbuild("stage", str(source), "--to", str(work / "shared"))
     refused(r, "nothing was staged")
-    from envbuild.grammar import escaped
+    from envbuild.base.grammar import escaped
 
     assert escaped(str(source)) in r.err
     assert not list((work / "shared").iterdir())

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from envbuild.build import BuildSecrets, check_compile_cache
-from envbuild.errors import EnvbuildError
-from envbuild.validate import compile_cache_secret
+from envbuild.builds.build import BuildSecrets, check_compile_cache
+from envbuild.base.errors import EnvbuildError
+from envbuild.knowledge.validate import compile_cache_secret
 
 from conftest import ROOT, need_tool, redis_server, run_build
 from property_settings import EXAMPLES
@@ -88,8 +88,8 @@ def test_any_value_is_refused_or_exactly_one_line_per_variable(tail, head):
 def test_the_cache_is_a_secret_of_the_steps_that_compile_and_nothing_rendered_names_it(matrix, tmp_path):
     """The DeepSpeed and extension steps mount the compile_cache secret; the rendered files are
     the same whatever cache a build is handed (it is never in them)."""
-    from envbuild.render import render_files
-    from envbuild.resolve import Request, resolve
+    from envbuild.render.builddir import render_files
+    from envbuild.resolve.resolver import Request, resolve
 
     files = render_files(resolve(matrix, Request(gpu="h20", extensions=("causal-conv1d",))))
     dockerfile = files["Dockerfile"].decode()
@@ -138,8 +138,8 @@ def test_a_redis_that_answers_passes_and_one_that_does_not_is_refused_first(redi
 
 def test_build_refuses_an_unanswering_cache_before_it_writes_anything(tmp_path):
     out = tmp_path / "out"
-    from envbuild.ci import real_build_stack
-    from envbuild.matrix import load_matrix
+    from envbuild.supply.ci import real_build_stack
+    from envbuild.knowledge.matrix import load_matrix
 
     stack = real_build_stack(load_matrix(ROOT / "matrices")).id  # the one a debootstrap base builds
     r = run_build("--gpu", "h20", "--stack", stack, "-o", str(out), "--compile-cache",
@@ -273,7 +273,7 @@ def test_the_build_log_never_shows_the_caches_password(sccache, redis, tmp_path)
 
 def _ds_key(matrix, **request) -> str:
     from envbuild.plan.stack import stack_plan
-    from envbuild.resolve import Request, resolve
+    from envbuild.resolve.resolver import Request, resolve
 
     plan = stack_plan(resolve(matrix, Request(**request)))
     return json.loads(plan.generated_files["envbuild/deepspeed.json"])["cache_key"]
@@ -295,7 +295,7 @@ def test_one_deepspeed_wheel_serves_every_gpu_with_its_arches_and_no_other(matri
 def test_a_builds_compiles_are_summed_from_its_log_and_nothing_else_counts():
     """publish records what each variant compiled (report.json `compiles`) from the steps' lines;
     a line a package printed that is not one of them, or is malformed, adds nothing."""
-    from envbuild.build import compiles
+    from envbuild.builds.build import compiles
 
     log = "\n".join([
         '#26 205.5 envbuild: compiles {"errors": {}, "hits": {"c [gcc]": 4}, "misses": {"cuda [nvcc]": 1}, "runs": {"nvcc": 1}, "step": "deepspeed"}',
@@ -315,9 +315,9 @@ def test_publish_counts_the_builder_stages_compiles_when_a_layer_cache_built_it_
     holds DeepSpeed's compiles) and the image's build finds those steps cached: report.json
     `compiles` sums both logs. Without one, a stage log left in the directory is an earlier
     run's and counts nothing. (Stand-in builds: the real job is tests/test_publish_job.py.)"""
-    from envbuild import release
-    from envbuild.errors import EnvbuildError
-    from envbuild.matrix import load_matrix
+    from envbuild.supply import release
+    from envbuild.base.errors import EnvbuildError
+    from envbuild.knowledge.matrix import load_matrix
 
     monkeypatch.setattr(release, "audit_stack", lambda *a, **k: None)
     monkeypatch.setattr(release, "get_engine", lambda: None)

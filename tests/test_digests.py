@@ -1,4 +1,4 @@
-"""Base images pinned by digest where one can be known (envbuild/digests.py), against the
+"""Base images pinned by digest where one can be known (envbuild/builds/digests.py), against the
 real local registry that scripts/host-setup.sh starts (Debian's docker-registry), under a
 repository name of this run's own (the registry and the engine are shared)."""
 

@@ -30,9 +30,9 @@ import pytest
 import conftest
 from conftest import (BASE_IMAGE, CA_BUNDLE, ROOT, alarm_deadline, docker_socket, run_build, run_cli,
                       run_extend_build, remove_images, unique)
-from envbuild.ci import real_build_stack
+from envbuild.supply.ci import real_build_stack
 from envbuild.engine.docker import OWNER_LABEL
-from envbuild.matrix import load_matrix
+from envbuild.knowledge.matrix import load_matrix
 
 pytestmark = pytest.mark.docker
 
@@ -159,7 +159,7 @@ def test_build_tags_labels_and_env(h20):
 def test_the_image_holds_exactly_its_lock_and_pip_check_passes(h20):
     """Every distribution in the venv is the lock's, at the lock's version, and nothing else
     (ninja, build-only, dropped with DeepSpeed's Requires-Dist of it); pip check agrees."""
-    from envbuild.lock import parse_lock
+    from envbuild.knowledge.lock import parse_lock
 
     r = docker("run", "--rm", h20["image"], "pip", "check", check=False, timeout=300)
     assert r.returncode == 0 and "No broken requirements found." in r.stdout, r.stdout[-2000:] + r.stderr[-500:]
@@ -401,13 +401,13 @@ def empty_engine(tmp_path):
                            "set ENVBUILD_LAYER_CACHE=1")
 def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h20, test_ca, credential, work,
                                                                              empty_engine, monkeypatch, compile_cache):
-    """What `publish --job` does with its layer cache (envbuild/build.py LayerCache) and the
+    """What `publish --job` does with its layer cache (envbuild/builds/build.py LayerCache) and the
     compile cache (Redis): the first engine builds with them and pushes the builder stage and the
     image; an empty engine then builds the same directory with no RUN step executed (no compiler,
     no download) and the same content, and the pushed builder stage holds no secret."""
-    from envbuild.validate import compile_cache_secret
+    from envbuild.knowledge.validate import compile_cache_secret
 
-    from envbuild.build import LayerCache, build_image
+    from envbuild.builds.build import LayerCache, build_image
     from envbuild.engine import BuildSecrets
     from envbuild.engine.docker import DockerEngine
 
@@ -423,7 +423,7 @@ def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h2
         assert said == [f"layer cache: the builder stage is {cache.builder}"], said
         docker("tag", cold.image_id, cache.final)
         docker("push", cache.final, timeout=1800)
-        from envbuild.release import _held_refs  # what `publish --plan` reports
+        from envbuild.supply.release import _held_refs  # what `publish --plan` reports
         assert _held_refs(REGISTRY, [cache.builder, cache.final, f"{cache_repo}:absent"]) == {
             cache.builder: True, cache.final: True, f"{cache_repo}:absent": False}
 
@@ -514,7 +514,7 @@ def test_a_tampered_hash_in_the_lock_fails_the_build_and_tags_nothing(h20, work,
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in log and "deepspeed" in log and good in log
     assert "the install from the stack's lock failed" in log
     assert "No tag was applied" in r.stderr and "Traceback" not in r.stderr
-    from envbuild.build import content_tag
+    from envbuild.builds.build import content_tag
 
     readable = json.loads((out / "manifest.json").read_text())["tag"]
     assert docker("image", "inspect", f"{REPO}:{content_tag(readable, out)}", check=False).returncode != 0

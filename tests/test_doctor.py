@@ -24,7 +24,7 @@ from envbuild.doctor import LogReader, diagnose_log, diagnose_text, load_issues
 from envbuild.doctor.ranks import RankStyle
 from envbuild.doctor.reading import MAX_LINE
 from envbuild.doctor.signatures import literal_guard
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 
 ISSUES = load_issues(ROOT / "matrices")
 LOGS = ROOT / "tests" / "fixtures" / "logs"

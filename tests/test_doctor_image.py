@@ -22,7 +22,7 @@ from conftest import ROOT
 from envbuild.cli import main
 from envbuild.doctor import diagnose_text, examine, find_image, load_catalogue, read_image
 from envbuild.doctor.signatures import bind_image
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 
 ISSUES, FAMILIES = load_catalogue(ROOT / "matrices")
 HERE = ROOT / "tests" / "fixtures" / "nccl-version"

@@ -23,7 +23,7 @@ from conftest import ROOT
 from property_settings import EXAMPLES
 from envbuild.doctor import Budget, LogReader, examine, load_catalogue, parse_size
 from envbuild.doctor.flight import load_dump, read_recording
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 
 ISSUES, FAMILIES = load_catalogue(ROOT / "matrices")
 RANKS = ROOT / "tests" / "fixtures" / "ranks" / "torchrun-gloo-libcudnn" / "logs"

@@ -200,7 +200,7 @@ def test_docs_state_accuracy_by_family_and_the_curated_share_of_each_catalogue()
 ])
 def test_a_malformed_catalogue_is_a_one_paragraph_error_naming_it(tmp_path, text):
     from envbuild.doctor.said import load_said
-    from envbuild.errors import EnvbuildError
+    from envbuild.base.errors import EnvbuildError
     (tmp_path / "catalogues").mkdir()
     (tmp_path / "catalogues" / "nccl.yaml").write_text(text)
     with pytest.raises(EnvbuildError, match="catalogue"):

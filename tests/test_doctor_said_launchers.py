@@ -100,7 +100,7 @@ def test_the_clean_real_logs_get_no_launcher_lead():
 
 def test_a_malformed_launcher_catalogue_is_a_one_paragraph_error_naming_it(tmp_path):
     from envbuild.doctor.said import load_said
-    from envbuild.errors import EnvbuildError
+    from envbuild.base.errors import EnvbuildError
     (tmp_path / "catalogues").mkdir()
     (tmp_path / "catalogues" / "slurm.yaml").write_text(
         "messages: [{level: ERROR, call: error, text: 'a message long enough to be matched alone', line: 3}]\n")

@@ -106,7 +106,7 @@ def test_the_clean_real_logs_get_no_deepspeed_or_triton_lead():
 
 def test_a_malformed_package_catalogue_is_a_one_paragraph_error_naming_it(tmp_path):
     from envbuild.doctor.said import load_said
-    from envbuild.errors import EnvbuildError
+    from envbuild.base.errors import EnvbuildError
     (tmp_path / "catalogues").mkdir()
     (tmp_path / "catalogues" / "triton.yaml").write_text(
         "messages: [{level: RAISE, error: X, text: 'a message long enough to be matched alone', line: 3}]\n")

@@ -81,7 +81,7 @@ def test_a_catalogue_only_lead_does_not_make_the_exit_status_a_verdict(cli):
 
 def test_a_malformed_torch_catalogue_is_a_one_paragraph_error_naming_it(tmp_path):
     from envbuild.doctor.said import load_said
-    from envbuild.errors import EnvbuildError
+    from envbuild.base.errors import EnvbuildError
     (tmp_path / "catalogues").mkdir()
     (tmp_path / "catalogues" / "torch.yaml").write_text(
         "messages: [{level: RAISE, error: X, text: 'a message long enough to be matched alone', line: 3}]\n")

@@ -23,13 +23,15 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from envbuild import build, publish
-from envbuild.output import write_build_dir
-from envbuild import verdict as smoke
+from envbuild.builds import build
+
+from envbuild.supply import publish
+from envbuild.render.output import write_build_dir
+from envbuild.builds import verdict as smoke
 from envbuild.engine import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageConfig, ImageInfo, RegistryError, RunResult,
                              get_engine, registry_of)
 from envbuild.engine.docker import DockerEngine
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 from envbuild.image import paths
 
 IMAGE_ID = "sha256:" + "1f" * 32
@@ -685,8 +687,7 @@ def test_rdma_runs_get_the_devices_memlock_and_ipc_lock_a_multinode_job_needs():
 
 
 def test_smoke_hands_rdma_devices_over_only_on_a_gpu_run_where_the_node_has_them(monkeypatch, tmp_path):
-    from envbuild import verdict
-
+    from envbuild.builds import verdict
     engine = FakeEngine(images={"img": ImageInfo(IMAGE_ID, ["img"])},
                         run_result=RunResult(0, '{"ok": true, "mode": "gpu", "checks": []}', ""))
     monkeypatch.setenv("ENVBUILD_STATE_DIR", str(tmp_path))

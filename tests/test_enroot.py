@@ -15,7 +15,7 @@ import pytest
 
 from conftest import BASE_IMAGE as BASE
 from conftest import DOCKER, ROOT, need_tool, run_cli, run_here
-from envbuild.enroot import enroot_files, sha256_file, stage
+from envbuild.builds.enroot import enroot_files, sha256_file, stage
 
 
 def _sqsh(path, size=3 * 2**20):
@@ -59,8 +59,8 @@ def test_a_truncated_staged_file_is_refused_with_its_checksum(tmp_path):
 
 
 def test_no_space_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    from envbuild import enroot
-    from envbuild.errors import EnvbuildError
+    from envbuild.builds import enroot
+    from envbuild.base.errors import EnvbuildError
 
     shared = tmp_path / "shared"
     shared.mkdir()

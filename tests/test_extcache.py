@@ -17,11 +17,11 @@ import pytest
 
 from conftest import BASE_IMAGE as BASE  # scripts/host-setup.sh's debootstrap image: sh, GNU cp, tar
 from conftest import DOCKER, ROOT, docker, run_cli
-from envbuild import extcache
-from envbuild.errors import EnvbuildError
+from envbuild.builds import extcache
+from envbuild.base.errors import EnvbuildError
 from envbuild.image import paths
-from envbuild.matrix import load_matrix
-from envbuild.plan import EXTENSION_CACHE_ID
+from envbuild.knowledge.matrix import load_matrix
+from envbuild.base.buildcache import EXTENSION_CACHE_ID
 
 
 def _tar(path, members, mode="w"):

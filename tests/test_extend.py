@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from conftest import run_here, tree
-from envbuild.errors import EnvbuildError
-from envbuild.extend import read_requirements
+from envbuild.base.errors import EnvbuildError
+from envbuild.resolve.extend import read_requirements
 
 CI_STACK = "torch2.11-cu130-py3.11-pypi"  # a locked stack of the fixture matrix
 AS_OF = "2026-11-22"

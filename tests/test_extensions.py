@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from conftest import ROOT, run_here
-from envbuild.errors import EnvbuildError
-from envbuild.extend import split_cuda_extensions
+from envbuild.base.errors import EnvbuildError
+from envbuild.resolve.extend import split_cuda_extensions
 from envbuild.image import checks
-from envbuild import validate
-from envbuild.matrix import load_matrix
+from envbuild.knowledge import validate
+from envbuild.knowledge.matrix import load_matrix
 from envbuild.plan import stack_plan
-from envbuild.resolve import Request, explain_rows, resolve
+from envbuild.resolve.resolver import Request, explain_rows, resolve
 
 STEPS = ROOT / "templates" / "files" / "steps"
 BUILD_PYTHON = ROOT / "envbuild" / "buildsteps"
@@ -136,7 +136,7 @@ def test_a_package_envbuild_does_not_prebuild_is_refused_by_ext_and_by_extend_be
 def test_extend_refuses_a_package_that_pulls_in_one_envbuild_does_not_prebuild(matrix, monkeypatch):
     """uv's output is stood in for (the real uv resolves in test_extend.py): a requirement whose
     dependency is natten is refused naming what pulled it in."""
-    from envbuild import extend
+    from envbuild.resolve import extend
     uv_output = ("some-model-zoo==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via -r inputs\n"
                  "natten==0.21.7 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via some-model-zoo\n")
     monkeypatch.setattr(extend, "_compile_layer", lambda *a: uv_output)

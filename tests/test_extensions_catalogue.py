@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_here
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 from envbuild.plan.components import extensions as ext_plan
-from envbuild.resolve import Request, resolve
+from envbuild.resolve.resolver import Request, resolve
 
 sys.path.insert(0, str(ROOT / "envbuild" / "buildsteps"))
 import sass_audit  # noqa: E402  (a build step script: stdlib only)
@@ -299,7 +299,7 @@ def test_env_sh_turns_fa4s_cache_on_in_the_per_job_directory_and_keeps_a_users_v
 def test_a_file_name_that_is_not_its_urls_last_part_is_refused_naming_the_field(tmp_path, filename):
     import shutil
     import yaml
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
     d = tmp_path / "m"
     shutil.copytree(ROOT / "matrices", d)
     data = yaml.safe_load((d / "extensions.yaml").read_text())

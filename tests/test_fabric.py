@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from conftest import run_here
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 from envbuild.image import fabric as image_fabric
-from envbuild.matrix import load_matrix
+from envbuild.knowledge.matrix import load_matrix
 from envbuild.plan import stack_plan
-from envbuild.resolve import Request, explain_rows, resolve
+from envbuild.resolve.resolver import Request, explain_rows, resolve
 
 LIBC = "libc.so.6"  # a library every Linux machine can dlopen, standing in for a fabric's
 
@@ -159,7 +159,7 @@ def test_fabric_sh_refuses_a_source_that_is_not_the_pinned_one(tmp_path, served)
     import subprocess
     import tarfile
 
-    from envbuild.resources import templates_dir
+    from envbuild.base.resources import templates_dir
 
     root, mirror = served
     commit = "f272237493ef309984036f7b85655e11104c61c8"
@@ -237,7 +237,7 @@ def test_every_vendored_fabric_file_is_the_pinned_copy_of_its_public_source(prod
     import hashlib
     import re
 
-    from envbuild.resources import templates_dir
+    from envbuild.base.resources import templates_dir
 
     files = [f for fab in production_matrix.fabrics for f in fab.files]
     assert files

@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
-from envbuild import enroot, extcache, release
-from envbuild.errors import EnvbuildError
-from envbuild.grammar import escaped
+from envbuild.builds import enroot
+from envbuild.builds import extcache
+from envbuild.supply import release
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.grammar import escaped
 from test_hostile_input import envbuild, refused
 
 JOB = "torch2.5-cu124-py3.10-amd64-flash-attn"  # a job of the shipped plan with a CUDA extension
@@ -181,7 +183,7 @@ def test_the_jobs_ext_cache_steps_refuse_and_keep_a_file_envbuild_did_not_write(
     """release.ext_cache_load / ext_cache_save called on their own (as a caller other than the
     CLI would): exit 2 naming the file, nothing removed (main's load unlinked a file it refused,
     its save unlinked whatever was there)."""
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     put(kind, work / "cache.tar")
     spec = work / "out" / "build" / "h100" / "envbuild" / "extensions.json"
@@ -203,7 +205,7 @@ def test_the_jobs_ext_cache_steps_refuse_and_keep_a_file_envbuild_did_not_write(
 def test_a_saved_file_load_refuses_is_kept_for_the_jobs_save_to_replace(work):
     """A file save wrote that load cannot take (a member out of its directory) is not removed
     by load; the job's save replaces it."""
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     _tar(work / "cache.tar", {extcache.MARKER: MARKED, "../x/y/z.whl": b"w"})
     before = snapshot(work)
@@ -219,7 +221,7 @@ def test_a_saved_file_load_refuses_is_kept_for_the_jobs_save_to_replace(work):
 def _produce(data: bytes):
     def produce(tmp: Path) -> str:
         tmp.write_bytes(data)
-        from envbuild.files import sha256_file
+        from envbuild.base.files import sha256_file
 
         return sha256_file(tmp)
     return produce
@@ -265,7 +267,7 @@ def test_write_atomic_replaces_no_link_device_or_fifo(tmp_path, kind):
     """The files a job writes into its --out (report.json, digests, attestations), stage's
     checksum and the smoke records all go through write_atomic: main renamed over whatever was
     at the name (a device node, a FIFO, the user's symlink)."""
-    from envbuild.files import write_atomic
+    from envbuild.base.files import write_atomic
 
     put(kind, tmp_path / "report.json")
     before = snapshot(tmp_path)

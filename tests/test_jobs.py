@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from envbuild import grammar
+from envbuild.base import grammar
 from envbuild.cli import main
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 from property_settings import EXAMPLES
 
 STUBS = {
@@ -198,7 +198,7 @@ def test_values_slurm_or_the_runtime_cannot_take_are_refused(args, words):
 
 
 def test_the_readme_job_scripts_pass_shellcheck(tmp_path):
-    from envbuild.jobs import Job, job_script
+    from envbuild.render.jobs import Job, job_script
 
     files = []
     for i, j in enumerate([Job("ghcr.io#acme/envbuild:t"), Job("/shared/t.sif", "apptainer"),

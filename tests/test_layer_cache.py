@@ -1,4 +1,4 @@
-"""A publish job's layer cache in its registry (envbuild/build.py LayerCache): the builder stage
+"""A publish job's layer cache in its registry (envbuild/builds/build.py LayerCache): the builder stage
 built on its own and pushed as a cache image, both references imported, and a failed cache push
 costing the next run its compiles, never this run its image. The real round trip on an empty
 engine is tests/test_layer_cache_docker.py."""
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_here
-from envbuild import release
-from envbuild.build import LayerCache, build_image
+from envbuild.supply import release
+from envbuild.builds.build import LayerCache, build_image
 from envbuild.engine import BuildOutcome, BuildSecrets, RegistryError
-from envbuild.matrix import load_matrix
+from envbuild.knowledge.matrix import load_matrix
 
 CACHE = LayerCache(builder="127.0.0.1:5000/envbuild-cache:t-amd64-builder", final="127.0.0.1:5000/envbuild:t-amd64")
 

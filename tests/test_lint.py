@@ -10,9 +10,9 @@ import pytest
 from spython.main.parse.parsers import SingularityParser
 
 from conftest import ROOT
-from envbuild.errors import EnvbuildError
-from envbuild.render import render_files, write_build_dir
-from envbuild.resolve import Request, resolve
+from envbuild.base.errors import EnvbuildError
+from envbuild.render.builddir import render_files, write_build_dir
+from envbuild.resolve.resolver import Request, resolve
 
 SHELL_SECTIONS = ("post", "environment", "runscript", "test")
 

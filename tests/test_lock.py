@@ -1,4 +1,4 @@
-"""Hash-locked stacks (envbuild/lock.py, `envbuild lock`): the locks in matrices/locks agree
+"""Hash-locked stacks (envbuild/knowledge/lock.py, `envbuild lock`): the locks in matrices/locks agree
 with their rows, the build installs their parts with hash checking, and uv makes them again
 byte for byte. The builds that install from a lock are in test_docker_e2e.py."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURE_MATRIX, ROOT, run_here, tree
-from envbuild.errors import EnvbuildError
-from envbuild.lock import (deepspeed_install_requires, disagreements, expected_fields, load_lock, lock_path,
+from envbuild.base.errors import EnvbuildError
+from envbuild.knowledge.lock import (deepspeed_install_requires, disagreements, expected_fields, load_lock, lock_path,
                            normalized, parse_lock, stack_lock)
 from envbuild.plan import stack_plan
-from envbuild.resolve import Request, resolve
+from envbuild.resolve.resolver import Request, resolve
 
 CI_STACK = "torch2.11-cu130-py3.11-pypi"  # the fixture matrix's PyPI-toolchain stack (locked)
 UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
@@ -69,10 +69,10 @@ def test_the_steps_parts_cover_the_lock_exactly_once(matrix):
     plan = stack_plan(resolve(matrix, Request(gpu="h20", stack=CI_STACK)))
     lock = plan.lock
     parts = {name: parse_lock("# [venv]\n" + text, name).pins() for name, text in plan.generated_files.items()
-             if name.startswith("envbuild/lock/") and "toolchain" not in name}
-    assert parts["envbuild/lock/deepspeed.txt"] == {"deepspeed": "0.19.8"}
-    assert {**parts["envbuild/lock/venv.txt"], **parts["envbuild/lock/deepspeed.txt"]} == lock.pins()
-    assert len(parts["envbuild/lock/venv.txt"]) + 1 == len(lock.pins())
+             if name.startswith("envbuild/knowledge/lock/") and "toolchain" not in name}
+    assert parts["envbuild/knowledge/lock/deepspeed.txt"] == {"deepspeed": "0.19.8"}
+    assert {**parts["envbuild/knowledge/lock/venv.txt"], **parts["envbuild/knowledge/lock/deepspeed.txt"]} == lock.pins()
+    assert len(parts["envbuild/knowledge/lock/venv.txt"]) + 1 == len(lock.pins())
 
 
 def test_a_lock_that_disagrees_with_its_row_stops_the_render_with_the_refresh_command(matrix_copy, tmp_path):
@@ -193,7 +193,7 @@ def test_a_lock_that_cannot_be_checked_from_here_is_not_called_stale(matrix_copy
 
 
 def test_unreachable_is_told_from_no_solution():
-    from envbuild.lock import LockOutcome, lock_summary, unreachable
+    from envbuild.knowledge.lock import LockOutcome, lock_summary, unreachable
 
     assert unreachable("error: Request failed after 3 retries\n  Caused by: error sending request for url "
                        "(https://download.pytorch.org/whl/cu126/torch/)\n  Caused by: tcp connect error")
@@ -222,7 +222,7 @@ def test_unreachable_is_told_from_no_solution():
      ["download.pytorch.org", "pypi.org"]),
 ])
 def test_an_unreachable_lock_names_the_index_host(message, hosts):
-    from envbuild.lock import PYPI_SIMPLE, unreachable, unreachable_hosts
+    from envbuild.knowledge.lock import PYPI_SIMPLE, unreachable, unreachable_hosts
 
     assert unreachable(message)
     assert unreachable_hosts(message, ("https://download.pytorch.org/whl/cu126", PYPI_SIMPLE)) == hosts
@@ -231,7 +231,7 @@ def test_an_unreachable_lock_names_the_index_host(message, hosts):
 def test_lock_check_names_the_host_of_the_index_it_could_not_reach(matrix, monkeypatch):
     """lock_stacks itself: the outcome of a stack whose index failed names that index's host
     (uv stands in for a refused index: it cannot be made to fail that way here without the network)."""
-    import envbuild.lock as lock
+    import envbuild.knowledge.lock as lock
 
     def refuse(inputs, date):
         raise EnvbuildError("error: Request failed after 3 retries\n  Caused by: error sending request for url "
@@ -275,8 +275,8 @@ def test_an_unlocked_default_offers_the_newest_locked_stack_the_rules_allow(tmp_
     chosen = json.loads(run_here("render", "--gpu", "v100", "--stack", alternative, "--json", "-o",
                                 str(tmp_path / "b"), production=True).stdout)
     assert chosen["lock"]["locked"] is True and "7.0" in chosen["torch_cuda_arch_list"]
-    from envbuild.matrix import load_matrix
-    from envbuild.resolve import explain_rows
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.resolve.resolver import explain_rows
 
     production = load_matrix()
     allowed = [sid for sid, verdict, _ in explain_rows(production, Request(gpu="v100")) if verdict != "rejected"]

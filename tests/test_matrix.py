@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from envbuild.errors import EnvbuildError
-from envbuild.matrix import load_matrix
+from envbuild.base.errors import EnvbuildError
+from envbuild.knowledge.matrix import load_matrix
 
 from conftest import FIXTURE_MATRIX
 
@@ -156,7 +156,7 @@ def test_every_torch_minor_on_record_has_a_stack(production_matrix):
 def test_the_newest_pypi_toolchain_stack_uses_the_newest_torch(production_matrix):
     """CI builds the PyPI-toolchain stack for real: it must be the newest torch, on plain Debian."""
     newest = max(production_matrix.torch_file.releases, key=lambda r: tuple(map(int, r.torch.split("."))))
-    from envbuild.ci import real_build_stack
+    from envbuild.supply.ci import real_build_stack
     ci = real_build_stack(production_matrix)
     assert ci.torch == newest.torch and ci.cuda_toolkit == newest.cuda_toolkit
     assert not ci.base_images.builder.startswith("nvidia/")
@@ -310,7 +310,7 @@ def test_what_ci_publishes_changes_no_matrix_digest_an_image_records(tmp_path):
     import shutil
 
     from conftest import ROOT
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     d = tmp_path / "m"
     shutil.copytree(ROOT / "matrices", d)

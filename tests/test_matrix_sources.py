@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.matrix import load_matrix
+from envbuild.knowledge.matrix import load_matrix
 
 from conftest import FIXTURE_MATRIX, ROOT, run_here
 from property_settings import EXAMPLES
@@ -277,8 +277,7 @@ def test_fp_quantizer_is_refused_on_every_cuda_13_stack():
     (the redeclared template parameter of DeepSpeed PR #7976): no CUDA 13 stack offers the op."""
     from packaging.version import Version
 
-    from envbuild import rules
-
+    from envbuild.knowledge import rules
     m = load_matrix(ROOT / "matrices")
     cuda13 = [s for s in m.stacks if s.cuda.startswith("13.")]
     assert cuda13 and all(Version(s.deepspeed) >= Version("0.19.0") for s in cuda13)

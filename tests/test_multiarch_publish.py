@@ -16,7 +16,7 @@ import pytest
 
 import conftest
 from conftest import DOCKER, remove_images, run_cli, unique
-from envbuild.publish import DOCKER_LIST, OCI_INDEX, served_images
+from envbuild.supply.publish import DOCKER_LIST, OCI_INDEX, served_images
 
 pytestmark = pytest.mark.docker
 

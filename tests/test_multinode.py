@@ -234,8 +234,8 @@ def test_older_images_without_a_fabric_section_compare_as_none(tmp_path):
 
 def test_image_fingerprint_hashes_the_manifest_and_the_lock_beside_it(matrix, tmp_path):
     """On a real rendered manifest (with its fabric section) and lock: one changed byte shows."""
-    from envbuild.render import render_files
-    from envbuild.resolve import Request, resolve
+    from envbuild.render.builddir import render_files
+    from envbuild.resolve.resolver import Request, resolve
 
     files = render_files(resolve(matrix, Request(gpu="h20")))
     (tmp_path / "manifest.json").write_bytes(files["manifest.json"].encode() if isinstance(files["manifest.json"], str)

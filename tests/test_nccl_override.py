@@ -20,17 +20,18 @@ from hypothesis import given, strategies as st
 from conftest import FIXTURE_MATRIX, ROOT, tree
 from test_hostile_input import envbuild, refused
 
-from envbuild.errors import EnvbuildError
-from envbuild import grammar, rules
+from envbuild.base.errors import EnvbuildError
+from envbuild.base import grammar
+from envbuild.knowledge import rules
 from envbuild.image import checks
-from envbuild.lock import parse_lock
-from envbuild.matrix import NcclRelease, NcclWheel, load_matrix
+from envbuild.knowledge.lock import parse_lock
+from envbuild.knowledge.matrix import NcclRelease, NcclWheel, load_matrix
 from envbuild.plan import stack_plan
 from envbuild.refresh import nccl_facts, torch_facts
 from envbuild.refresh.cli import refresh
 from envbuild.refresh.fixtures import FixtureIndex
-from envbuild.render import render_files
-from envbuild.resolve import Request, resolve
+from envbuild.render.builddir import render_files
+from envbuild.resolve.resolver import Request, resolve
 
 UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
 H20_STACK = "torch2.11-cu130-py3.12"  # the fixture matrix's default for h20: torch 2.11.0 pins nvidia-nccl-cu13 2.28.9
@@ -122,7 +123,7 @@ def test_a_newer_release_replaces_torch_s_pin_in_lock_tag_manifest_and_dockerfil
     assert (o.package, o.version, o.replaced) == ("nvidia-nccl-cu13", "2.31.2", "2.28.9")
     assert [f for f, _ in o.wheels] == ["nvidia_nccl_cu13-2.31.2-py3-none-manylinux_2_18_x86_64.whl"]  # x86_64 only
     files = render_files(r)
-    venv = files["envbuild/lock/venv.txt"].decode()
+    venv = files["envbuild/knowledge/lock/venv.txt"].decode()
     assert "nvidia-nccl-cu13==2.31.2 \\\n    --hash=sha256:" + o.wheels[0][1] in venv
     assert "\nnvidia-nccl-cu13==2.28.9" not in "\n" + venv  # torch's pinned wheel is not installed beside it
     image_lock = parse_lock(files["envbuild/lock.txt"].decode())
@@ -313,7 +314,7 @@ def test_the_project_file_takes_nccl_like_the_option(nccl_dir, tmp_path):
 
 
 def test_rebuild_re_renders_the_recorded_request(m):
-    from envbuild.rebuild import Record, check_record
+    from envbuild.builds.rebuild import Record, check_record
 
     manifest = json.loads(render_files(resolve(m, Request(gpu="h20", nccl="2.31.2")))["manifest.json"])
     request = check_record(Record(manifest, "manifest.json", None), m)

@@ -16,9 +16,9 @@ from packaging.version import Version
 import conftest
 from conftest import remove_images, run_build, run_cli, unique
 
-from envbuild import rules
-from envbuild.ci import real_build_stack
-from envbuild.matrix import load_matrix
+from envbuild.knowledge import rules
+from envbuild.supply.ci import real_build_stack
+from envbuild.knowledge.matrix import load_matrix
 
 pytestmark = pytest.mark.docker
 

@@ -784,7 +784,7 @@ def test_the_flight_recorder_dumps_into_the_documented_per_job_directory(tmp_pat
 
 
 def test_each_torch_gets_the_dump_variable_it_reads(matrix):
-    from envbuild.resolve import Request, resolve
+    from envbuild.resolve.resolver import Request, resolve
 
     def baked(torch):
         return {e.name: e.value for e in resolve(matrix, Request(gpu="h100", torch=torch)).env}

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from envbuild.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 from envbuild.refresh import op_bounds
 from envbuild.refresh.fixtures import FixtureIndex
 from envbuild.refresh.op_bounds import CompileError, ReleaseResult
@@ -143,7 +143,7 @@ def test_sparse_attn_torch_bound_is_what_its_builder_checks():
     bound refuses exactly the releases the builder refuses above 1.5."""
     from packaging.specifiers import SpecifierSet
 
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     lines = (FIXTURES / "sparse_attn-0.19.6.txt").read_text().splitlines()
     check = next(line.strip() for line in lines if line.strip().startswith("torch_compatible ="))

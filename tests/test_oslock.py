@@ -1,4 +1,4 @@
-"""The OS lock (envbuild/oslock.py) without an engine: its grammar, what a stage may install,
+"""The OS lock (envbuild/knowledge/oslock.py) without an engine: its grammar, what a stage may install,
 which stages a request gets locked, the parts os.sh reads, and the refusals. The builds that
 install from a lock (and fail on a missing or altered .deb, or another base) are in
 tests/test_oslock_docker.py."""
@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild import oslock
-from envbuild.errors import EnvbuildError
+from envbuild.knowledge import oslock
+from envbuild.base.errors import EnvbuildError
 from envbuild.plan import stack_plan
-from envbuild.resolve import Request, os_lock_stages, resolve
+from envbuild.resolve.resolver import Request, os_lock_stages, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -110,14 +110,14 @@ def test_every_accepted_line_is_words_the_shell_reads_as_data(name, version, arc
         lock = oslock.parse_os_lock(text, "x.txt")
     except EnvbuildError:
         return
-    part = oslock.stage_part(lock, "builder", "http://h/{archive}/20261126T000000Z", "/k.gpg", False)
+    part = lock.stage_part("builder", "http://h/{archive}/20261126T000000Z", "/k.gpg", False)
     for line in part.splitlines()[1:]:
         assert re.fullmatch(r"[A-Za-z0-9 ._+~:/{}=-]+", line), line
 
 
 def test_the_part_os_sh_reads_has_the_sources_the_base_and_the_debs():
     lock = fixture_lock()
-    part = oslock.stage_part(lock, "runtime", "http://snapshot.debian.org/archive/{archive}/" + lock.snapshot,
+    part = lock.stage_part("runtime", "http://snapshot.debian.org/archive/{archive}/" + lock.snapshot,
                              "/usr/share/keyrings/debian-archive-keyring.gpg", False)
     kinds = [line.split()[0] for line in part.splitlines()[1:]]
     assert kinds[:4] == ["snapshot", "moment", "keyring", "valid-until"]
@@ -249,7 +249,7 @@ def test_lock_os_of_a_family_without_an_archive_is_refused(tmp_path):
     shutil.copytree(FIXTURE_MATRIX, matrix_dir)
     bases = (matrix_dir / "bases.yaml").read_text()
     (matrix_dir / "bases.yaml").write_text(re.sub(r"(?m)^    apt:\n(?:      .*\n)+", "", bases))
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     with pytest.raises(EnvbuildError, match="no `apt` archive"):
         oslock.lock_os_stacks(None, load_matrix(matrix_dir), (LOCKED_STACK,))

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURE_MATRIX, ROOT, tree
-from envbuild import output
-from envbuild.errors import EnvbuildError
-from envbuild.output import RECORD, read_record, write_build_dir
-from envbuild.render import render_files
-from envbuild.resolve import Request, resolve
+from envbuild.render import output
+from envbuild.base.errors import EnvbuildError
+from envbuild.render.output import RECORD, read_record, write_build_dir
+from envbuild.render.builddir import render_files
+from envbuild.resolve.resolver import Request, resolve
 
 
 @pytest.fixture(scope="module")

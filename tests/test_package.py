@@ -44,7 +44,7 @@ def test_wheel_renders_from_a_fresh_venv(tmp_path):
                        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert (work / "out" / "Dockerfile").is_file() and (work / "out" / "envbuild" / "smoke.py").is_file()
-    where = subprocess.run([str(py), "-c", "import envbuild.resources as r; print(r.matrices_dir())"],
+    where = subprocess.run([str(py), "-c", "import envbuild.base.resources as r; print(r.matrices_dir())"],
                            cwd=work, capture_output=True, text=True).stdout
     assert str(env_dir) in where, where
 
@@ -54,8 +54,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 def test_generated_tables_are_current():
     """Every `<!-- generated:NAME -->` block in the README and docs/ is what the matrix says today."""
-    from envbuild.matrix import load_matrix
-    from envbuild.tables import update_generated
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.render.tables import update_generated
 
     m = load_matrix()
     for path in DOCS:
@@ -67,8 +67,8 @@ def test_generated_tables_are_current():
 def test_every_generated_block_is_in_the_docs_once():
     """Each table the matrix generates has one home (the matrix's in docs/matrix.md, the fabrics'
     in docs/running.md); a block dropped in a move would otherwise go stale unnoticed."""
-    from envbuild.matrix import load_matrix
-    from envbuild.tables import generated_blocks
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.render.tables import generated_blocks
 
     found = [(name, path.relative_to(ROOT).as_posix()) for path in DOCS
              for name in re.findall(r"^<!-- generated:(\w+) -->$", path.read_text(), re.M)]

@@ -171,7 +171,7 @@ def published(work, registry, env, keys):
 def client(registry):
     """The artifacts client as envbuild makes it, in this process: the test's own view of the
     registry (its credentials and CA only while this module runs)."""
-    from envbuild.artifacts import Registry
+    from envbuild.oci.artifacts import Registry
 
     saved = {k: os.environ.get(k) for k in registry["env"]}
     os.environ.update(registry["env"])
@@ -273,7 +273,7 @@ def _index(client, digest):
 def _drop_from_index(client, digest, dropped: set) -> None:
     """What someone replacing an attachment does: the referrers index no longer lists it (the
     artifact itself stays in the registry, so the saved index can be put back)."""
-    from envbuild.registry import OCI_INDEX
+    from envbuild.oci.registry import OCI_INDEX
 
     tag, body = _index(client, digest)
     index = json.loads(body)
@@ -283,8 +283,8 @@ def _drop_from_index(client, digest, dropped: set) -> None:
 
 def test_verify_fails_on_a_tampered_sbom(published, env, keys, registry, client):
     """Someone replaces the SBOM attached to the image by one that hides a package."""
-    from envbuild.artifacts import Blob
-    from envbuild.registry import OCI_INDEX
+    from envbuild.oci.artifacts import Blob
+    from envbuild.oci.registry import OCI_INDEX
 
     tag, saved = _index(client, published["digest"])
     sbom = json.loads((published["out"] / "attestations" / "h20-ib" / "sbom.cdx.json").read_text())
@@ -305,7 +305,7 @@ def test_verify_fails_on_a_tampered_sbom(published, env, keys, registry, client)
 
 
 def test_verify_fails_on_another_image_pushed_under_the_tag(published, env, keys, registry, client):
-    from envbuild.registry import OCI_INDEX
+    from envbuild.oci.registry import OCI_INDEX
 
     desc, saved = client.manifest("envbuild", published["tag"])
     try:
@@ -319,9 +319,9 @@ def test_verify_fails_on_another_image_pushed_under_the_tag(published, env, keys
 
 def test_verify_fails_on_a_foreign_signature(published, env, keys, registry, client):
     """The provenance attached is signed, but by someone else's key (ours removed)."""
-    from envbuild import provenance
-    from envbuild.artifacts import Blob
-    from envbuild.registry import OCI_INDEX
+    from envbuild.supply import provenance
+    from envbuild.oci.artifacts import Blob
+    from envbuild.oci.registry import OCI_INDEX
 
     tag, saved = _index(client, published["digest"])
     statement = json.loads((published["out"] / "attestations" / "h20-ib" / "provenance.json").read_text())
@@ -371,8 +371,8 @@ def test_stage_fetches_the_published_sqsh_by_digest(published, env, work, keys):
 
 
 def test_an_artifact_larger_than_its_declared_size_is_refused(published, registry, client):
-    from envbuild.artifacts import Descriptor
-    from envbuild.errors import EnvbuildError
+    from envbuild.oci.artifacts import Descriptor
+    from envbuild.base.errors import EnvbuildError
 
     art = client.referrers("envbuild", published["digest"], "application/vnd.envbuild.smoke-record.v1+json")[0]
     layer = client.layers("envbuild", art)[0]
@@ -422,8 +422,8 @@ def test_what_a_failed_variant_attached_is_taken_back(registry, client):
     """After the image was pushed, a later step failed: its attachments leave the referrers index
     and the image's manifest is deleted (this registry allows deletes), unless an earlier publish
     of the same bits is still attached to it."""
-    from envbuild.artifacts import Blob
-    from envbuild.release import _take_back
+    from envbuild.oci.artifacts import Blob
+    from envbuild.supply.release import _take_back
 
     _push_base(registry, f"{registry['host']}/envbuild-takeback:1")
     subject, _ = client.manifest("envbuild-takeback", "1")

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from conftest import ROOT, run_here
-from envbuild import release
-from envbuild.errors import EnvbuildError
-from envbuild.matrix import load_matrix
+from envbuild.supply import release
+from envbuild.base.errors import EnvbuildError
+from envbuild.knowledge.matrix import load_matrix
 
 SHIPPED = {"ENVBUILD_MATRIX_DIR": str(ROOT / "matrices")}
 JOB = "torch2.5-cu124-py3.10-amd64"

@@ -1,5 +1,5 @@
 """A republish hands on a variant the registry already serves from the same rendered files
-(envbuild/published.py, issue "cost at matrix scale"), and only then: the image's provenance
+(envbuild/supply/published.py, issue "cost at matrix scale"), and only then: the image's provenance
 signed by the job's own key, every byproduct it lists attached, its smoke record passed, the
 manifest.json it records equal to the one rendered now, and its SBOM's pins audited again.
 
@@ -16,10 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import provenance, published, release, sbom
-from envbuild.matrix import load_matrix
-from envbuild.errors import EnvbuildError
-from envbuild.verify import Trust
+from envbuild.supply import provenance
+
+from envbuild.supply import published
+
+from envbuild.supply import release
+
+from envbuild.supply import sbom
+from envbuild.knowledge.matrix import load_matrix
+from envbuild.base.errors import EnvbuildError
+from envbuild.supply.verify import Trust
 from test_supply_chain import inventory, keys  # noqa: F401  (the module's real keys and inventory)
 from test_verify_trust import REPO, TAG, MemoryRegistry, push_signed
 

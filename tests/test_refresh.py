@@ -21,8 +21,8 @@ from packaging.version import Version
 
 from conftest import ROOT
 
-from envbuild.errors import EnvbuildError
-from envbuild.matrix import load_matrix
+from envbuild.base.errors import EnvbuildError
+from envbuild.knowledge.matrix import load_matrix
 from envbuild.refresh import deepspeed_facts, ds_history, layout, torch_facts, writer
 from envbuild.refresh.cli import refresh
 from envbuild.refresh.metadata import PythonTags, linux_wheels, python_range, specifier_text
@@ -445,7 +445,7 @@ def test_command_bad_fixture_dir(cli, tmp_path):
 
 
 def test_refresh_workflow_is_current_and_opens_a_pull_request():
-    from envbuild.ci import REFRESH_WORKFLOW, render_refresh_workflow
+    from envbuild.supply.ci import REFRESH_WORKFLOW, render_refresh_workflow
 
     text = (ROOT / REFRESH_WORKFLOW).read_text()
     assert text == render_refresh_workflow(), "re-render .github/workflows/matrix-refresh.yml"

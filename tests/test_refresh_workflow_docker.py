@@ -35,8 +35,8 @@ import pytest
 import yaml
 
 from conftest import BASE_IMAGE, ROOT, ci_stack_id, docker, remove_images, unique
-from envbuild import oslock
-from envbuild.ci import render_refresh_workflow
+from envbuild.knowledge import oslock
+from envbuild.supply.ci import render_refresh_workflow
 
 pytestmark = pytest.mark.docker
 

@@ -155,8 +155,7 @@ def test_unknown_gpu_names_the_matrix_file_read(cli, matrix_copy, tmp_path):
 
 
 def test_lock_refuses_to_write_into_the_installed_copy_of_the_matrix(tmp_path, monkeypatch):
-    from envbuild import resources
-
+    from envbuild.base import resources
     assert not resources.is_installed_copy(FIXTURE_MATRIX)
     monkeypatch.setattr(resources, "_PKG", tmp_path / "site-packages" / "envbuild")
     (tmp_path / "site-packages" / "envbuild" / "matrices").mkdir(parents=True)
@@ -238,8 +237,8 @@ def test_output_directory_rules_hold_for_any_sequence(tmp_path_factory, actions)
     a user's file is never changed or removed; a render either succeeds (then the tree is
     exactly its files plus the user's, and the record verifies) or refuses with exit 2 and
     changes nothing."""
-    from envbuild.errors import EnvbuildError
-    from envbuild.output import recorded_files, write_build_dir
+    from envbuild.base.errors import EnvbuildError
+    from envbuild.render.output import recorded_files, write_build_dir
 
     out = tmp_path_factory.mktemp("prop") / "out"
     user: dict[str, bytes] = {}
@@ -288,9 +287,9 @@ def test_a_full_disk_under_a_write_with_no_path_is_exit_2_not_an_internal_error(
 def test_a_held_lock_makes_a_second_run_wait_then_refuses_it_clearly(tmp_path, lock_file):
     """Both kinds of lock (flock on the directory; a POSIX lock on a file in it, for NFS) are
     held by another process here: a POSIX lock never blocks its own process."""
-    from envbuild.errors import EnvbuildError
-    from envbuild.files import locked
-    hold = ("import sys, time; from pathlib import Path; from envbuild.files import locked\n"
+    from envbuild.base.errors import EnvbuildError
+    from envbuild.base.files import locked
+    hold = ("import sys, time; from pathlib import Path; from envbuild.base.files import locked\n"
             f"with locked(Path(sys.argv[1]), lock_file={lock_file!r}):\n"
             "    print('held', flush=True); time.sleep(60)\n")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True,

@@ -8,13 +8,13 @@ import pytest
 
 from conftest import ROOT, tree
 from envbuild import buildsteps
-from envbuild.errors import EnvbuildError
-from envbuild.extend import EXTEND_LOCK_SOURCE, Layer
-from envbuild.lock import parse_lock
+from envbuild.base.errors import EnvbuildError
+from envbuild.resolve.extend import EXTEND_LOCK_SOURCE, Layer
+from envbuild.knowledge.lock import parse_lock
 from envbuild.plan import layer_plan
-from envbuild.registry import READABLE_TAG_MAX
-from envbuild.render import render, render_files, write_build_dir
-from envbuild.resolve import Request, resolve
+from envbuild.oci.registry import READABLE_TAG_MAX
+from envbuild.render.builddir import render, render_files, write_build_dir
+from envbuild.resolve.resolver import Request, resolve
 
 GOLDEN = ROOT / "tests" / "golden"
 CASES = {

@@ -1,5 +1,5 @@
 """`envbuild diff` and `envbuild rebuild` without an engine: what an image's contents are read as
-(envbuild/contents.py), how two are compared (imagediff.py), and what a record must hold for a
+(envbuild/builds/contents.py), how two are compared (imagediff.py), and what a record must hold for a
 rebuild (rebuild.py). The real images are in tests/test_oslock_docker.py."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import pytest
 from click.testing import CliRunner
 
 from envbuild import __version__
-from envbuild.contents import read_contents
+from envbuild.builds.contents import read_contents
 from envbuild.engine import ImageConfig
-from envbuild.errors import EnvbuildError
-from envbuild.imagediff import ImageRecord, compare, summary
-from envbuild.rebuild import Record, check_record, read_record
-from envbuild.render import MANIFEST_NAME, render_digest, render_files
-from envbuild.resolve import Request, resolve
+from envbuild.base.errors import EnvbuildError
+from envbuild.builds.imagediff import ImageRecord, compare, summary
+from envbuild.builds.rebuild import Record, check_record, read_record
+from envbuild.render.builddir import MANIFEST_NAME, render_digest, render_files
+from envbuild.resolve.resolver import Request, resolve
 
 SITE = "opt/venv/lib/python3.11/site-packages"
 STATUS = (b"Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9\n\n"
@@ -189,7 +189,7 @@ HOSTILE_RECORDS = st.one_of(
 @functools.lru_cache(maxsize=None)
 def recorded_manifest() -> str:
     """A real record (the fixture matrix's), as `render` writes it."""
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     r = resolve(load_matrix(FIXTURE_MATRIX), Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi",
                                                     base_image="local/debian:bookworm", ds_ops="cpu_adam"))
@@ -212,7 +212,7 @@ def with_field(path: str, value) -> str:
 
 
 def _digest_with_bases(bases: dict) -> str:
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     m = load_matrix(FIXTURE_MATRIX)
     r = resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", base_image="local/debian:bookworm",
@@ -246,10 +246,10 @@ def no_engine_work():
         return called
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("envbuild.rebuild.get_engine", lambda: engine)
-        mp.setattr("envbuild.imagediff.get_engine", lambda: engine)
-        mp.setattr("envbuild.rebuild.build_image", stop("BUILD"))
-        mp.setattr("envbuild.rebuild.check_reachable", stop("NETWORK"))
+        mp.setattr("envbuild.builds.rebuild.get_engine", lambda: engine)
+        mp.setattr("envbuild.builds.imagediff.get_engine", lambda: engine)
+        mp.setattr("envbuild.builds.rebuild.build_image", stop("BUILD"))
+        mp.setattr("envbuild.builds.rebuild.check_reachable", stop("NETWORK"))
         yield engine, stops
 
 
@@ -338,7 +338,7 @@ class PullingEngine:
                                  "registry.example.com:443/a/b:c"])
 def test_a_host_port_reference_is_pulled(ref):
     """The port's colon was taken for the tag's, so a registry on a port was never pulled from."""
-    from envbuild.imagediff import read_image
+    from envbuild.builds.imagediff import read_image
 
     engine, pulled = PullingEngine(), []
     assert read_image(ref, engine, pulled).ref == ref
@@ -346,7 +346,7 @@ def test_a_host_port_reference_is_pulled(ref):
 
 
 def test_a_name_without_a_registry_is_not_pulled():
-    from envbuild.imagediff import read_image
+    from envbuild.builds.imagediff import read_image
 
     with pytest.raises(EnvbuildError, match="names no registry"):
         read_image("envbuild:tag", PullingEngine())
@@ -354,7 +354,7 @@ def test_a_name_without_a_registry_is_not_pulled():
 
 def _rebuild_with_fake_build(tmp_path, events: list[str], *flags: str):
     """`rebuild` of a record whose build the engine serves with `events` for its one RUN step."""
-    from envbuild.build import BuildResult
+    from envbuild.builds.build import BuildResult
 
     (tmp_path / "manifest.json").write_text(recorded_manifest())
     built = {}
@@ -368,10 +368,10 @@ def _rebuild_with_fake_build(tmp_path, events: list[str], *flags: str):
 
     same = record(image_tar(base_files()))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("envbuild.rebuild.get_engine", lambda: type("E", (), {"inspect": lambda self, ref: True})())
-        mp.setattr("envbuild.rebuild.build_image", build_image)
-        mp.setattr("envbuild.rebuild.check_reachable", lambda *a, **k: None)
-        mp.setattr("envbuild.rebuild.read_image", lambda ref, engine=None: same)
+        mp.setattr("envbuild.builds.rebuild.get_engine", lambda: type("E", (), {"inspect": lambda self, ref: True})())
+        mp.setattr("envbuild.builds.rebuild.build_image", build_image)
+        mp.setattr("envbuild.builds.rebuild.check_reachable", lambda *a, **k: None)
+        mp.setattr("envbuild.builds.rebuild.read_image", lambda ref, engine=None: same)
         r = envbuild("rebuild", str(tmp_path / "manifest.json"), "--matrix-dir", str(FIXTURE_MATRIX),
                      "-o", str(tmp_path / "out"), *flags)
     return r, built

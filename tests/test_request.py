@@ -1,4 +1,4 @@
-"""The request's fields are declared once (envbuild/request.py): the CLI's options, envbuild.yaml's
+"""The request's fields are declared once (envbuild/knowledge/request.py): the CLI's options, envbuild.yaml's
 keys, describe() and a publish job's options are read from them, and stay in step by
 construction; these tests hold what construction alone does not."""
 
@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from conftest import FIXTURE_MATRIX, ROOT, run_here
 from envbuild.cli import main
 from envbuild.cli.options import request_kw
-from envbuild.errors import EnvbuildError
-from envbuild.extend import Project
-from envbuild.matrix import load_matrix
-from envbuild.request import DERIVED, Request, flags
-from envbuild.resolve import resolve
+from envbuild.base.errors import EnvbuildError
+from envbuild.resolve.extend import Project
+from envbuild.knowledge.matrix import load_matrix
+from envbuild.knowledge.request import DERIVED, Request, flags
+from envbuild.resolve.resolver import resolve
 from property_settings import examples
 
 MATRIX = load_matrix(FIXTURE_MATRIX)
@@ -103,9 +103,9 @@ def test_describe_picks_the_same_stack_and_tag_again(req):
 
 
 def test_the_options_are_declared_without_loading_the_resolver():
-    """`envbuild --help` and every command's options come from envbuild/request.py, which is
+    """`envbuild --help` and every command's options come from envbuild/knowledge/request.py, which is
     stdlib and rules only: the CLI's import loads neither pydantic nor the resolver."""
-    code = "import sys, envbuild.cli; print(sorted(m for m in ('pydantic', 'envbuild.resolve', 'envbuild.matrix') " \
+    code = "import sys, envbuild.cli; print(sorted(m for m in ('pydantic', 'envbuild.resolve.resolver', 'envbuild.knowledge.matrix') " \
            "if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

@@ -3,7 +3,7 @@
 import pytest
 
 from envbuild.plan import stack_plan
-from envbuild.resolve import Request, explain_rows, resolve
+from envbuild.resolve.resolver import Request, explain_rows, resolve
 
 
 def test_h20_default_is_newest_valid_stack(matrix):
@@ -26,7 +26,7 @@ def test_resolution_does_not_depend_on_row_order(matrix, matrix_copy):
     """The choice is by version order, not by where a row sits in stacks.yaml."""
     import yaml
 
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
     p = matrix_copy / "stacks.yaml"
     data = yaml.safe_load(p.read_text())
     data["stacks"].reverse()

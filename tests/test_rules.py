@@ -3,9 +3,9 @@
 import pytest
 from packaging.version import Version
 
-from envbuild import rules
-from envbuild.errors import EnvbuildError
-from envbuild.resolve import Request, explain_rows, resolve
+from envbuild.knowledge import rules
+from envbuild.base.errors import EnvbuildError
+from envbuild.resolve.resolver import Request, explain_rows, resolve
 
 
 @pytest.mark.parametrize("cc, arches, ok", [
@@ -138,8 +138,7 @@ def test_the_documented_rules_are_the_rules_that_exist():
     import re
 
     from conftest import ROOT
-    from envbuild import rules
-
+    from envbuild.knowledge import rules
     documented = set(re.findall(r"``([a-z][a-z-]+)``", rules.__doc__))
     source = (ROOT / "envbuild" / "rules.py").read_text()
     made = set(re.findall(r'Rejection\(\s*"([a-z-]+)"', source)) | set(re.findall(r"\(rule ([a-z][a-z-]+)", source))
@@ -162,7 +161,7 @@ PYPI_LOCK = "locks/torch2.11-cu130-py3.11-pypi.x86_64.txt"
 def with_curand_section(matrix_dir):
     """The fixture's PyPI-toolchain lock as torch 2.15's is: no nvidia-curand in the venv (torch
     2.11's wheels bring it, 2.15's do not) and the toolchain extra's wheel in the [curand] section."""
-    from envbuild.lock import parse_lock
+    from envbuild.knowledge.lock import parse_lock
 
     path = matrix_dir / PYPI_LOCK
     text = path.read_text()
@@ -200,7 +199,7 @@ def test_ops_that_link_curand_need_the_lock_section_the_toolchain_adds_it_from(m
 
 
 def test_all_selects_the_curand_ops_where_the_lock_has_the_section(matrix_copy):
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     m = load_matrix(with_curand_section(matrix_copy))
     r = resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="all"))
@@ -211,7 +210,7 @@ def test_all_selects_the_curand_ops_where_the_lock_has_the_section(matrix_copy):
 
 
 def test_a_lock_without_the_section_leaves_the_curand_ops_out_and_names_the_command(matrix_copy):
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     m = load_matrix(without_curand_section(matrix_copy))
     r = resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="all"))
@@ -246,7 +245,7 @@ def test_async_io_links_the_drivers_stub_which_the_pypi_toolchain_makes(producti
     naming the newest stacks that can pre-build it."""
     import shutil
 
-    from envbuild.matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     m = production_matrix
     assert m.ops["async_io"].needs == ["libaio", "libcuda"] and "libcuda" in m.bases.toolchains["pypi"].provides

@@ -21,8 +21,8 @@ import time
 import pytest
 
 from conftest import remove_images, run_build, run_cli, unique
-from envbuild.ci import real_build_stack
-from envbuild.matrix import load_matrix
+from envbuild.supply.ci import real_build_stack
+from envbuild.knowledge.matrix import load_matrix
 
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(os.environ.get("ENVBUILD_SLURM") != "1",
                                                      reason="opt-in: set ENVBUILD_SLURM=1 after scripts/slurm-setup.sh")]

@@ -23,8 +23,8 @@ import pytest
 
 from conftest import ROOT, alarm_deadline, kill_processes_mentioning
 from envbuild.image import arch, checks, cli, collectives, manifest as manifest_mod, nccl, paths, report, sandbox, versions
-from envbuild.render import render_files, write_build_dir
-from envbuild.resolve import Request, resolve
+from envbuild.render.builddir import render_files, write_build_dir
+from envbuild.resolve.resolver import Request, resolve
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -220,8 +220,7 @@ def test_arch_runs_on(cc, arch_list, ok):
 
 def test_rules_use_the_in_image_arch_rule():
     """One definition: the resolver's gpu-arch rule is the smoke test's function."""
-    from envbuild import rules
-
+    from envbuild.knowledge import rules
     assert rules.arch_runs_on is arch.arch_runs_on
 
 

@@ -41,7 +41,7 @@ def inventory():
     import site
     import tarfile
 
-    from envbuild.contents import inventory as read_inventory, read_contents
+    from envbuild.builds.contents import inventory as read_inventory, read_contents
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -72,8 +72,7 @@ def test_the_inventory_reads_this_machines_dpkg_database_and_python(inventory):
 
 
 def test_the_sbom_is_valid_cyclonedx_and_lists_exactly_the_inventory(inventory):
-    from envbuild import sbom
-
+    from envbuild.supply import sbom
     data = sbom.to_json(sbom.make_bom(inventory, "127.0.0.1:5000/envbuild:t"))  # validated against CycloneDX 1.6
     doc = json.loads(data)
     assert doc["bomFormat"] == "CycloneDX" and doc["specVersion"] == "1.6"
@@ -91,8 +90,7 @@ def test_the_sbom_is_valid_cyclonedx_and_lists_exactly_the_inventory(inventory):
 
 
 def test_the_sbom_carries_the_lock_hashes_and_the_ops_built(inventory):
-    from envbuild import sbom
-
+    from envbuild.supply import sbom
     inv = json.loads(json.dumps(inventory))
     inv["python"].append({"name": "deepspeed", "version": "0.19.8", "location": "/opt/venv"})
     doc = json.loads(sbom.to_json(sbom.make_bom(inv, "r/envbuild:t")))
@@ -103,8 +101,7 @@ def test_the_sbom_carries_the_lock_hashes_and_the_ops_built(inventory):
 
 
 def test_an_sbom_that_differs_from_the_image_is_named(inventory):
-    from envbuild import sbom
-
+    from envbuild.supply import sbom
     data = sbom.to_json(sbom.make_bom(inventory, "r/envbuild:t"))
     inv = json.loads(json.dumps(inventory))
     inv["dpkg"] = inv["dpkg"][1:]
@@ -120,8 +117,8 @@ def test_an_sbom_that_differs_from_the_image_is_named(inventory):
 
 @pytest.mark.parametrize("kind", ["ed25519", "ecdsa", "rsa"])
 def test_provenance_signed_with_a_key_verifies_with_its_public_half_only(keys, kind, tmp_path):
-    from envbuild import provenance as p
-    from envbuild.errors import EnvbuildError
+    from envbuild.supply import provenance as p
+    from envbuild.base.errors import EnvbuildError
 
     doc = p.statement("127.0.0.1:5000/envbuild:t", "sha256:" + "a" * 64, {"gpu": "h20"}, GOLDEN.read_bytes(),
                       FIXTURE_MATRIX, [{"name": "sbom.cdx.json", "digest": {"sha256": "b" * 64}}], "2026-11-26T00:00:00Z",
@@ -144,8 +141,8 @@ def test_provenance_signed_with_a_key_verifies_with_its_public_half_only(keys, k
 
 
 def test_a_statement_of_the_wrong_shape_is_refused():
-    from envbuild import provenance as p
-    from envbuild.errors import EnvbuildError
+    from envbuild.supply import provenance as p
+    from envbuild.base.errors import EnvbuildError
 
     good = {"_type": p.STATEMENT_TYPE, "subject": [{"name": "x", "digest": {"sha256": "a" * 64}}],
             "predicateType": p.SLSA_PROVENANCE,
@@ -190,8 +187,8 @@ def test_verify_and_publish_refuse_what_they_cannot_use(keys):
 def test_keyless_signing_needs_cosign(keys, tmp_path, monkeypatch):
     """Keyless signing is cosign's (CI installs it); without it, a clear refusal naming the
     alternative, before anything is built."""
-    from envbuild.errors import EnvbuildError
-    from envbuild.release import cosign
+    from envbuild.base.errors import EnvbuildError
+    from envbuild.supply.release import cosign
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EnvbuildError, match="--signing-key where there is no Sigstore"):
@@ -202,9 +199,9 @@ def test_a_failing_variant_publishes_nothing_and_the_others_go_on(tmp_path, monk
     """run_job with stand-in builds (no engine needed): the first variant's build fails, the
     second is still attempted; each outcome names its step, no digest is handed on for either,
     and the job's report says so. The real job of the CI stack runs in tests/test_publish_job.py."""
-    from envbuild import release
-    from envbuild.errors import EnvbuildError
-    from envbuild.matrix import load_matrix
+    from envbuild.supply import release
+    from envbuild.base.errors import EnvbuildError
+    from envbuild.knowledge.matrix import load_matrix
 
     monkeypatch.setattr(release, "audit_stack", lambda *a, **k: None)  # the lock audit: tested in test_audit.py
     monkeypatch.setattr(release, "get_engine", lambda: None)
@@ -233,8 +230,8 @@ def test_keyless_verification_asks_cosign_for_the_workflow_identity(tmp_path, mo
     a stand-in cosign on PATH (a fake, said so) records its arguments and prints an envelope as
     `cosign verify-attestation` does; what is under test is what envbuild asks and how it reads
     the answer, and that the manifest job trusts exactly this workflow's identity."""
-    from envbuild.artifacts import Descriptor
-    from envbuild.verify import Target, signed_statement, trust_from
+    from envbuild.oci.artifacts import Descriptor
+    from envbuild.supply.verify import Target, signed_statement, trust_from
 
     digest = "sha256:" + "d" * 64
     statement = {"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https://slsa.dev/provenance/v1",

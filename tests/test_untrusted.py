@@ -1,4 +1,4 @@
-"""The one parser of documents another machine or person wrote (envbuild/untrusted.py): every
+"""The one parser of documents another machine or person wrote (envbuild/base/untrusted.py): every
 hostile shape is an EnvbuildError (exit 2) naming the document, never a traceback."""
 
 import json
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from envbuild.errors import EnvbuildError
-from envbuild.grammar import redact
-from envbuild.untrusted import loads_json, loads_yaml, validated
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.grammar import redact
+from envbuild.base.untrusted import loads_json, loads_yaml, validated
 from property_settings import EXAMPLES
 
 HOSTILE = {

@@ -56,8 +56,8 @@ def test_render_prints_the_exact_next_commands_for_this_tag(cli, tmp_path):
 
 def test_after_build_the_next_lines_start_at_the_smoke_test(matrix, tmp_path):
     """`envbuild build` needs an engine; its `next:` lines are the same function without the build line."""
-    from envbuild.resolve import Request, resolve
-    from envbuild.running import next_commands
+    from envbuild.resolve.resolver import Request, resolve
+    from envbuild.render.running import next_commands
 
     for repo, first in (("envbuild", "envbuild smoke envbuild:"), ("ghcr.io/acme/envbuild", "envbuild smoke ghcr.io/")):
         lines = next_commands(resolve(matrix, Request(gpu="h20", image_repo=repo)), tmp_path)
@@ -178,9 +178,9 @@ def test_bad_image_names_fail_clearly_and_write_nothing(cli, tmp_path, args, wor
 
 
 def test_the_template_and_the_cli_agree_on_what_is_local(matrix):
-    from envbuild.render import render_files
-    from envbuild.resolve import Request, resolve
-    from envbuild.running import local_only
+    from envbuild.render.builddir import render_files
+    from envbuild.resolve.resolver import Request, resolve
+    from envbuild.render.running import local_only
 
     for repo in ("envbuild", "acme/envbuild", "localhost/envbuild", "localhost:5000/envbuild",
                  "ghcr.io/acme/envbuild", "registry.example.com:5000/a/b", "docker.io/acme/envbuild"):
@@ -214,7 +214,7 @@ def test_matrix_fits_80_columns_with_copyable_ids_notes_and_driver(cli, producti
 
 
 def test_gpus_fits_80_columns_one_block_per_default(cli, production_matrix):
-    from envbuild.tables import env_rows, not_baked_rows
+    from envbuild.render.tables import env_rows, not_baked_rows
 
     text = _narrow(cli, "gpus")
     flat = " ".join(text.split())
@@ -258,7 +258,7 @@ def test_running_doc_has_docker_apptainer_and_both_slurm_ways():
     assert blocks[2].startswith("#!/bin/bash\n#SBATCH") and 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 apptainer exec --nv' in blocks[2]
     assert "image='ghcr.io#acme/envbuild:" in blocks[3] and ". /opt/envbuild/env.sh" in blocks[3]
     assert 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --container-image="$image" --container-name=envbuild' in blocks[3]
-    from envbuild.jobs import Job, job_script  # the Slurm examples are `envbuild job`'s output
+    from envbuild.render.jobs import Job, job_script  # the Slurm examples are `envbuild job`'s output
     assert blocks[3] == job_script(Job("ghcr.io#acme/envbuild:torch2.15.0-cu132-py3.12-ds0.19.8-h20"))
     for block in blocks[2:]:  # the multi-node smoke test is each job's first step, one rank per GPU
         first_step = re.sub(r"\\\n\s*", "", block).split("\nsrun ")[1]
@@ -297,7 +297,7 @@ def test_run_examples_are_valid_shell(tmp_path):
 
 
 def test_running_doc_docker_flags_match_the_cli(matrix):
-    from envbuild.running import DOCKER_RUN
+    from envbuild.render.running import DOCKER_RUN
 
     assert DOCKER_RUN.replace(" --rm -it", "") in _running_blocks()[0]
 

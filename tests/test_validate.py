@@ -8,12 +8,13 @@ import sys
 import pytest
 
 from conftest import FIXTURE_MATRIX
-from envbuild import rules, validate
+from envbuild.knowledge import rules
+from envbuild.knowledge import validate
 from envbuild.cli import run
-from envbuild.errors import EnvbuildError
-from envbuild.render import render_files
+from envbuild.base.errors import EnvbuildError
+from envbuild.render.builddir import render_files
 from envbuild.image.paths import RUNTIME_PATH
-from envbuild.resolve import Request, resolve
+from envbuild.resolve.resolver import Request, resolve
 
 SHA = "sha256:" + "f" * 64
 

@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURE_MATRIX, run_here
-from envbuild import provenance, sbom
-from envbuild.artifacts import Blob, Descriptor, Registry
-from envbuild.enroot import SQSH_TYPE
-from envbuild.errors import EnvbuildError
-from envbuild.registry import OCI_MANIFEST
-from envbuild.verify import SMOKE_TYPE, Trust, signed_sqsh, targets, verify_target
+from envbuild.supply import provenance
+from envbuild.supply import sbom
+from envbuild.oci.artifacts import Blob, Descriptor, Registry
+from envbuild.builds.enroot import SQSH_TYPE
+from envbuild.base.errors import EnvbuildError
+from envbuild.oci.registry import OCI_MANIFEST
+from envbuild.supply.verify import SMOKE_TYPE, Trust, signed_sqsh, targets, verify_target
 from property_settings import examples
 from test_supply_chain import inventory, keys  # noqa: F401  (the module's real keys and inventory)
 
@@ -96,8 +97,8 @@ def push_signed(client: Registry, tag: str, key, inv: dict, sqsh: bytes = b"hsqs
 
 def attach_unsigned_sqsh_first(client: Registry, subject: Descriptor) -> str:
     """What the issue's reproducer did: an unsigned .sqsh attached, listed ahead of the signed one."""
-    from envbuild.artifacts import fallback_tag
-    from envbuild.registry import OCI_INDEX
+    from envbuild.oci.artifacts import fallback_tag
+    from envbuild.oci.registry import OCI_INDEX
 
     extra = client.attach(REPO, subject, SQSH_TYPE, [Blob(SQSH_TYPE, "image.sqsh", data=b"hsqs UNSIGNED")])
     _, body = client.manifest(REPO, fallback_tag(subject.digest))
@@ -152,7 +153,7 @@ def test_an_unsigned_sqsh_beside_the_signed_one_fails_naming_both_and_stage_refu
     signed_digest = "sha256:" + hashlib.sha256(pushed["sqsh"]).hexdigest()
     check = _checks(client, TAG, trust)["sqsh"]
     assert check.ok is False and unsigned in check.detail and signed_digest in check.detail, check.line()
-    monkeypatch.setattr("envbuild.verify.registry_client", lambda host: client)
+    monkeypatch.setattr("envbuild.supply.verify.registry_client", lambda host: client)
     with pytest.raises(EnvbuildError) as e:
         signed_sqsh(f"{client.host}/{REPO}:{TAG}", trust)
     assert e.value.exit_code == 1 and unsigned in e.value.message and signed_digest in e.value.message
@@ -160,7 +161,7 @@ def test_an_unsigned_sqsh_beside_the_signed_one_fails_naming_both_and_stage_refu
 
 def test_stage_takes_the_sqsh_the_provenance_names(signed, monkeypatch):
     client, pushed, trust = signed
-    monkeypatch.setattr("envbuild.verify.registry_client", lambda host: client)
+    monkeypatch.setattr("envbuild.supply.verify.registry_client", lambda host: client)
     found = signed_sqsh(f"{client.host}/{REPO}:{TAG}", trust)
     assert found.layer.digest == "sha256:" + hashlib.sha256(pushed["sqsh"]).hexdigest()
     assert found.image_id == pushed["config"]
@@ -367,7 +368,7 @@ def test_the_local_registry_refuses_an_extra_unsigned_sqsh_and_a_sibling_tag(key
     leaves it verifies and stages; then (a) an unsigned .sqsh attached ahead of the signed one:
     verify fails naming both, stage refuses and stages nothing; (b) the signed image pushed under
     the sibling tag TAG-efa: verify refuses."""
-    from envbuild.artifacts import Registry
+    from envbuild.oci.artifacts import Registry
 
     client = Registry("127.0.0.1:5000")
     tag = f"trust-{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]}"  # a tag of this run only

@@ -5,8 +5,8 @@ image (image.py), the matrix (matrix.py), its locks (lock.py), reproducing and c
 (reproduce.py), the extension build cache (cache.py), publishing and verifying a published tag
 (supply.py)."""
 
-from . import cache, cluster, image, layer, lock, matrix, reproduce, stack, supply  # noqa: F401  (each registers its commands on `main`)
-from .app import main, refuse_repeated_options, run
+from envbuild.cli import cache, cluster, image, layer, lock, matrix, reproduce, stack, supply  # noqa: F401  (each registers its commands on `main`)
+from envbuild.cli.app import main, refuse_repeated_options, run
 
 refuse_repeated_options(main)
 

@@ -15,9 +15,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import __version__, grammar
-from ..errors import EnvbuildError, signal_in
-from ..grammar import redact
+from envbuild import __version__
+from envbuild.base import grammar
+from envbuild.base.errors import EnvbuildError, signal_in
+from envbuild.base.grammar import redact
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -144,7 +145,7 @@ def blocks(title, blocks):
 
 def markers_note(texts):
     """Explain [V]/[S]/[U] and "field report N" when any shown text holds one."""
-    from ..tables import MARKERS
+    from envbuild.render.tables import MARKERS
 
     if any(w in t for t in texts for w in ("[V", "[S", "[U", "field report")):
         out.print(f"\n{MARKERS}", markup=False, soft_wrap=False)

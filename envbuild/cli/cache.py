@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from .app import main, out
-from .options import matrix_dir_option, not_empty
+from envbuild.cli.app import main, out
+from envbuild.cli.options import matrix_dir_option, not_empty
 
 
 @main.group("ext-cache")
@@ -30,9 +30,9 @@ def _image_options(f):
 
 
 def _image(stack_id, base_image, matrix_dir) -> str:
-    from ..extcache import copy_image
-    from ..matrix import load_matrix
-    from ..registry import check_image_reference
+    from envbuild.builds.extcache import copy_image
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.oci.registry import check_image_reference
 
     if base_image:
         check_image_reference("--base-image", base_image)  # before Docker is asked anything
@@ -48,7 +48,7 @@ def _image(stack_id, base_image, matrix_dir) -> str:
 def save_cmd(file, build_dirs, stack_id, base_image, matrix_dir):
     """Write the finished extension wheels of this machine's build cache, each under its cache
     key with its sha256, into FILE (a tar). A FILE envbuild did not write is not replaced."""
-    from ..extcache import keys_of, save
+    from envbuild.builds.extcache import keys_of, save
 
     keys = keys_of(build_dirs) if build_dirs else None
     done = save(Path(file), _image(stack_id, base_image, matrix_dir), keys)
@@ -63,7 +63,7 @@ def load_cmd(file, stack_id, base_image, matrix_dir):
     """Put the wheels of FILE (written by `ext-cache save`) into this machine's build cache; a
     cache key that has a wheel here already keeps it. The next build takes them instead of
     compiling."""
-    from ..extcache import load, wheels_in
+    from envbuild.builds.extcache import load, wheels_in
 
     wheels_in(Path(file))  # the file first: a wrong one is refused before the matrix or Docker is read
     done = load(Path(file), _image(stack_id, base_image, matrix_dir))

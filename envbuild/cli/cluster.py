@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from .app import err, main, out
-from .options import trust_options
+from envbuild.cli.app import err, main, out
+from envbuild.cli.options import trust_options
 
 COMPRESSION = click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default="zstd",
                            show_default=True, help="squashfs compression (enroot and squashfuse read all three).")
@@ -22,7 +22,7 @@ COMPRESSION = click.option("--compression", type=click.Choice(["zstd", "gzip", "
 def export_cmd(image, as_enroot, output, compression):
     """Write IMAGE (a local Docker image) as an enroot squashfs: its environment, entrypoint and
     volumes wired as `enroot import` does; the same image gives the same bytes (sha256)."""
-    from ..enroot import export_sqsh, staged_name
+    from envbuild.builds.enroot import export_sqsh, staged_name
 
     target = Path(output) if output else Path(staged_name(_image_id(image)))
     sqsh = export_sqsh(image, target, compression, progress=lambda t: err.print(f"envbuild: {t}", markup=False))
@@ -48,9 +48,10 @@ def stage(source, directory, platform, key, identity, issuer, unverified, compre
     exported here), a local image (exported as by `export --enroot`) or a .sqsh file. Named by
     the image ID, locked so two jobs staging at once export once, checked for free space first
     and by sha256 after; a partial or corrupt file there is refused."""
-    from ..enroot import check_stage_directory, source_kind, stage as stage_file, staging_source
-    from ..errors import EnvbuildError
-    from ..verify import check_platform, signed_sqsh, trust_from
+    from envbuild.base.errors import EnvbuildError
+    from envbuild.builds.enroot import check_stage_directory, source_kind, staging_source
+    from envbuild.builds.enroot import stage as stage_file
+    from envbuild.supply.verify import check_platform, signed_sqsh, trust_from
 
     say = lambda t: err.print(f"envbuild: {t}", markup=False, soft_wrap=True)  # noqa: E731
     kind = source_kind(source)  # every input before any registry, engine or file is touched
@@ -76,7 +77,7 @@ def stage(source, directory, platform, key, identity, issuer, unverified, compre
 
 
 def _image_id(image: str) -> str:
-    from ..enroot import local_image
+    from envbuild.builds.enroot import local_image
 
     return local_image(image)["Id"]
 
@@ -100,6 +101,6 @@ def job(image, runtime, nodes, gpus_per_node, tasks_per_node, time_limit, train)
     """Print the Slurm job script for an image: the multi-node smoke test as the first step, then
     one torchrun per node (c10d rendezvous on the first node), the image's environment in every
     step, for pyxis/enroot or Apptainer. The README's Slurm sections are this command's output."""
-    from ..jobs import Job, job_script
+    from envbuild.render.jobs import Job, job_script
 
     click.echo(job_script(Job(image, runtime, nodes, gpus_per_node, tasks_per_node, time_limit, train)), nl=False)

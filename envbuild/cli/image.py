@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from ..errors import EnvbuildError
-from .app import err, main, out, table
+from envbuild.base.errors import EnvbuildError
+from envbuild.cli.app import err, main, out, table
 
 
 @main.command()
@@ -28,7 +28,7 @@ def smoke(image, gpus, as_json, timeout, qemu):
     if gpus is not None and not (gpus == "all" or gpus.isdigit()):
         raise EnvbuildError(f"--gpus '{gpus}' is not 'all' or a count; give --gpus all (every GPU), or --gpus 2. "
                             f"To pick devices, set CUDA_VISIBLE_DEVICES inside, or use docker run --gpus directly.")
-    from ..verdict import record_path, run_smoke, table_rows
+    from envbuild.builds.verdict import record_path, run_smoke, table_rows
 
     rep = run_smoke(image, gpus=gpus, timeout=timeout, qemu=qemu)
     if as_json:
@@ -59,7 +59,7 @@ def push(image, registry, by_platform, merge_digests, verify):
 
     Multi-arch: push each platform's image with --by-platform, then --merge their digests into
     the one tag x86 and Grace nodes pull (the manifest list)."""
-    from ..publish import push as do_push
+    from envbuild.supply.publish import push as do_push
 
     if sum(map(bool, (by_platform, merge_digests, verify))) > 1:
         raise EnvbuildError("--by-platform, --merge and --verify are different steps; give one of them.")
@@ -76,7 +76,7 @@ def push(image, registry, by_platform, merge_digests, verify):
 
 def _publish_list(image, registry, merge_digests, verify) -> None:
     """--merge (publish one manifest list of smoke-tested platform images) or --verify."""
-    from ..publish import merge, verify_published
+    from envbuild.supply.publish import merge, verify_published
 
     name, sep, tag = image.rpartition(":")
     if not sep or "/" in tag or not name:

@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from .. import grammar
-from ..errors import EnvbuildError
-from .app import main, out, print_next
-from .options import request_from, request_options, secrets_from
-from .stack import print_built
+from envbuild.base import grammar
+from envbuild.base.errors import EnvbuildError
+from envbuild.cli.app import main, out, print_next
+from envbuild.cli.options import request_from, request_options, secrets_from
+from envbuild.cli.stack import print_built
 
 
 @main.command()
@@ -32,10 +32,10 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
     Your requirements are resolved by uv with the stack's lock as constraints before anything
     is built: a conflict is exit 2 with the stacks where they would fit. The layer installs
     from the resulting lock with hash checking, then runs pip check and imports each package."""
-    from ..build import build_image
-    from ..extend import resolve_layer, with_cuda_extensions
-    from ..resolve import resolve
-    from ..rules import check_apt_mirror
+    from envbuild.builds.build import build_image
+    from envbuild.knowledge.rules import check_apt_mirror
+    from envbuild.resolve.extend import resolve_layer, with_cuda_extensions
+    from envbuild.resolve.resolver import resolve
 
     _check_as_of(as_of)
     requirements, source, name, from_image = _packages(requirements_file, project_file, name, from_image, kw)
@@ -60,10 +60,10 @@ def extend(requirements_file, project_file, name, from_image, as_of, do_build, o
 
 def _write_layer(r, layer, from_image, output):
     """The layer layer's build directory, FROM the stack image by digest where known."""
-    from ..digests import pin
-    from ..output import write_build_dir
-    from ..plan import layer_plan
-    from ..render import render
+    from envbuild.builds.digests import pin
+    from envbuild.plan import layer_plan
+    from envbuild.render.builddir import render
+    from envbuild.render.output import write_build_dir
 
     base, digest = pin(from_image or r.image_ref)
     plan = layer_plan(r, layer, base)
@@ -75,8 +75,8 @@ def _write_layer(r, layer, from_image, output):
 def _check_from(from_image, r):
     """The image named by --from, where this machine's engine has it, must be the stack's image;
     returns the resolution."""
-    from ..engine import get_engine
-    from ..extend import check_stack_image, check_stack_image_name
+    from envbuild.engine import get_engine
+    from envbuild.resolve.extend import check_stack_image, check_stack_image_name
 
     if from_image:
         try:
@@ -89,10 +89,10 @@ def _check_from(from_image, r):
 
 
 def _stack_image_only(r, source, output, do_build, secrets) -> None:
-    from ..build import build_image
-    from ..output import write_build_dir
-    from ..plan import stack_plan
-    from ..render import render
+    from envbuild.builds.build import build_image
+    from envbuild.plan import stack_plan
+    from envbuild.render.builddir import render
+    from envbuild.render.output import write_build_dir
 
     plan = stack_plan(r)
     compiled = [e.name for e in r.extensions]
@@ -110,9 +110,9 @@ def _stack_image_only(r, source, output, do_build, secrets) -> None:
 def _packages(requirements_file, project_file, name, from_image, kw):
     """(requirements, where they came from, name, image to start from); a project file fills in
     the request options the command line left out (the command line wins, a default included)."""
-    from ..extend import load_project, read_requirements_file
-    from ..request import flags
-    from ..registry import check_image_reference
+    from envbuild.knowledge.request import flags
+    from envbuild.oci.registry import check_image_reference
+    from envbuild.resolve.extend import load_project, read_requirements_file
 
     if bool(requirements_file) == bool(project_file):
         raise EnvbuildError("envbuild extend needs the packages to add: give -r requirements.txt, or -f envbuild.yaml "
@@ -129,7 +129,7 @@ def _packages(requirements_file, project_file, name, from_image, kw):
 
 
 def _check_inputs(output, from_image, kw) -> None:
-    from ..registry import check_image_reference
+    from envbuild.oci.registry import check_image_reference
 
     check_image_reference("--from", from_image)
     if not kw.get("gpu"):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import EnvbuildError
-from .app import err, main, out
-from .options import SERVICE, matrix_dir_option
+from envbuild.base.errors import EnvbuildError
+from envbuild.cli.app import err, main, out
+from envbuild.cli.options import SERVICE, matrix_dir_option
 
 
 @main.command()
@@ -39,9 +39,9 @@ def lock(stack_ids, check, upgrade, bases, os_packages, base_image, apt_snapshot
     A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
     this again gives the same file; --upgrade moves the date to today. An OS lock records the
     moment of the archive it was resolved from; --check resolves it again at that moment."""
-    from ..audit import service_from
-    from ..lock import lock_stacks, lock_summary
-    from ..matrix import load_matrix
+    from envbuild.knowledge.lock import lock_stacks, lock_summary
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.supply.audit import service_from
 
     service_from(service)  # before the resolve, which takes minutes: a typo is refused at once
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
@@ -69,11 +69,11 @@ def _print_outcomes(outcomes) -> None:
 
 def _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot) -> None:
     """lock --os: the OS locks of the chosen stacks (resolved by apt in their base images)."""
-    from ..engine import get_engine
-    from ..lock import lock_summary
-    from ..oslock import check_snapshot_template, lock_os_stacks
-    from ..rules import PLATFORMS
-    from ..registry import check_image_reference
+    from envbuild.engine import get_engine
+    from envbuild.knowledge.lock import lock_summary
+    from envbuild.knowledge.oslock import check_snapshot_template, lock_os_stacks
+    from envbuild.knowledge.rules import PLATFORMS
+    from envbuild.oci.registry import check_image_reference
 
     if not os_packages:
         raise EnvbuildError(f"{'--base-image' if base_image else '--apt-snapshot'} applies to OS locks only: add --os.")
@@ -94,8 +94,8 @@ def _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot) -> None
 
 def _record_bases(m, stack_ids) -> None:
     """lock --bases: the digest each chosen stack's base images have on their registries."""
-    from ..digests import record_base_digests
-    from ..lock import today
+    from envbuild.builds.digests import record_base_digests
+    from envbuild.knowledge.lock import today
 
     refs = [ref for s in m.stacks if not stack_ids or s.id in stack_ids
             for ref in (s.base_images.builder, s.base_images.runtime)]
@@ -115,7 +115,7 @@ def audit(stack_ids, service, as_json, matrix_dir):
     """Look up every pin of the matrix's locks (matrices/locks/*.txt) in PyPI's vulnerability
     data with pip-audit; a finding fails (exit 1) unless matrices/vulnerabilities.yaml allows
     it, with a reason, until a date. `envbuild lock --check` runs this too."""
-    from ..matrix import load_matrix
+    from envbuild.knowledge.matrix import load_matrix
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     results = print_audit(m, stack_ids, service, show=not as_json)
@@ -130,7 +130,7 @@ def audit(stack_ids, service, as_json, matrix_dir):
 
 def print_audit(m, stack_ids, service, show=True) -> list:
     """Audit the locks (of `stack_ids`, or all), print one line per lock and the allowed findings."""
-    from ..audit import audit_locks
+    from envbuild.supply.audit import audit_locks
 
     results = audit_locks(m.directory, tuple(stack_ids), {s.id for s in m.stacks}, service)
     for name, r in results:

@@ -13,10 +13,10 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import EnvbuildError
-from ..refresh import catalogue_command, refresh_command
-from .app import blocks, main, markers_note, notes, out, print_table, table
-from .options import matrix_dir_option
+from envbuild.base.errors import EnvbuildError
+from envbuild.cli.app import blocks, main, markers_note, notes, out, print_table, table
+from envbuild.cli.options import matrix_dir_option
+from envbuild.refresh import catalogue_command, refresh_command
 
 
 @main.group("matrix", invoke_without_command=True)
@@ -29,8 +29,8 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
     (`envbuild matrix refresh`: derive the release facts from PyPI)."""
     if ctx.invoked_subcommand:
         return
-    from ..matrix import load_matrix
-    from ..tables import STACK_HEADERS, STACK_NARROW, narrow, pinning, stack_notes, stack_rows
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.render.tables import STACK_HEADERS, STACK_NARROW, narrow, pinning, stack_notes, stack_rows
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
@@ -55,9 +55,21 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
 @matrix_dir_option
 def gpus(as_json, wide, matrix_dir):
     """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
-    from ..matrix import load_matrix
-    from ..tables import (ENV_HEADERS, GPU_HEADERS, GPU_NARROW, NOT_BAKED_HEADERS, env_blocks, env_rows, gpu_json,
-                         gpu_notes, gpu_rows, narrow, not_baked_blocks, not_baked_rows)
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.render.tables import (
+        ENV_HEADERS,
+        GPU_HEADERS,
+        GPU_NARROW,
+        NOT_BAKED_HEADERS,
+        env_blocks,
+        env_rows,
+        gpu_json,
+        gpu_notes,
+        gpu_rows,
+        narrow,
+        not_baked_blocks,
+        not_baked_rows,
+    )
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
@@ -83,8 +95,8 @@ def gpus(as_json, wide, matrix_dir):
 @matrix_dir_option
 def fabrics(as_json, matrix_dir):
     """List the fabric profiles (render --fabric): what each puts in the image and the NCCL net it pins."""
-    from ..matrix import load_matrix
-    from ..tables import FABRIC_HEADERS, fabric_env_rows, fabric_json, fabric_rows
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.render.tables import FABRIC_HEADERS, fabric_env_rows, fabric_json, fabric_rows
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:
@@ -109,8 +121,8 @@ def fabrics(as_json, matrix_dir):
 @matrix_dir_option
 def extensions(as_json, matrix_dir):
     """List the CUDA extensions `--ext` pre-builds: the GPUs and stacks each fits, and why not the others."""
-    from ..matrix import load_matrix
-    from ..tables import extension_fields, extension_json
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.render.tables import extension_fields, extension_json
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     data = extension_json(m)
@@ -133,8 +145,8 @@ def extensions(as_json, matrix_dir):
 def nccl(stack_ids, as_json, matrix_dir):
     """List the NCCL releases `--nccl` accepts for each stack: torch's own pin, and every newer 2.x
     of its wheel family with a wheel for the image (a fabric may narrow them further)."""
-    from ..matrix import load_matrix
-    from ..resolve import nccl_choices
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.resolve.resolver import nccl_choices
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     for stack_id in stack_ids:
@@ -172,9 +184,9 @@ def _fields(title: str, description: str, rows) -> None:
 def ci(output, check, matrix_dir):
     """Generate the GitHub Actions workflows: the one that builds, smoke-tests and publishes
     the matrix, and beside it the weekly one that refreshes the matrix from PyPI."""
-    from ..ci import is_generated_workflow, workflows_for, write_workflows
-    from ..files import read_bytes
-    from ..matrix import load_matrix
+    from envbuild.base.files import read_bytes
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.supply.ci import is_generated_workflow, workflows_for, write_workflows
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     workflows = workflows_for(m, output)
@@ -218,10 +230,10 @@ def doctor(paths, as_json, max_bytes, max_seconds, manifest, matrix_dir):
     Exit status: 0 nothing known found, 3 something found, 2 an input cannot be read, nothing was
     read at all, or nothing was found while a flight-recorder dump could not be read.
     """
-    from ..doctor import examine, find_image, load_catalogue, render_json, render_text
-    from ..doctor.reading import run_budget
-    from ..doctor.run import unread_dumps
-    from ..resources import matrices_dir
+    from envbuild.base.resources import matrices_dir
+    from envbuild.doctor import examine, find_image, load_catalogue, render_json, render_text
+    from envbuild.doctor.reading import run_budget
+    from envbuild.doctor.run import unread_dumps
 
     budget = run_budget(max_bytes, max_seconds)
     issues, families = load_catalogue(Path(matrix_dir) if matrix_dir else matrices_dir())
@@ -237,8 +249,8 @@ def doctor(paths, as_json, max_bytes, max_seconds, manifest, matrix_dir):
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if the tables differ from the matrix.")
 def readme_tables(readme, check):
     """Refresh (or --check) the generated matrix tables of a Markdown page (README.md, docs/*.md)."""
-    from ..matrix import load_matrix
-    from ..tables import refresh_readme
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.render.tables import refresh_readme
 
     if not refresh_readme(Path(readme), load_matrix(), check):
         if check:

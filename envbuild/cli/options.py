@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import EnvbuildError
-from ..request import Flag, defaults, flags
-from .app import err
+from envbuild.base.errors import EnvbuildError
+from envbuild.cli.app import err
+from envbuild.knowledge.request import Flag, defaults, flags
 
 SERVICE = click.option("--vulnerability-service", "service", metavar="pypi|osv|URL",
                        help="Where pip-audit looks up advisories: pypi (PyPI's vulnerability data, the default), osv "
@@ -80,7 +80,7 @@ def trust_options(prefix: str = ""):
 
 
 def _request_option(name: str, flag: Flag, gpu_required: bool):
-    """One request field's option, as envbuild/request.py declares it (the value arrives as `name`)."""
+    """One request field's option, as envbuild/knowledge/request.py declares it (the value arrives as `name`)."""
     if flag.switch:
         return click.option(flag.name, name, is_flag=True, help=flag.help)
     return click.option(flag.name, name, required=gpu_required and name == "gpu", multiple=flag.repeated,
@@ -89,7 +89,7 @@ def _request_option(name: str, flag: Flag, gpu_required: bool):
 
 def request_options(f=None, gpu_required=True):
     """The options shared by `render`, `build` and `extend`: the request's fields (declared once,
-    in envbuild/request.py), where the image is published, the mirrors and the matrix."""
+    in envbuild/knowledge/request.py), where the image is published, the mirrors and the matrix."""
     if f is None:
         return functools.partial(request_options, gpu_required=gpu_required)
     opts = [
@@ -116,11 +116,10 @@ def request_kw(**given) -> dict:
 
 def request_from(kw):
     """The matrix and the Request the options name; an option not given is the field's default."""
-    from ..matrix import load_matrix
-    from ..resolve import Request, parse_env_pairs
-
-    from ..running import image_repo
-    from ..validate import parse_extensions
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.knowledge.validate import parse_extensions
+    from envbuild.render.running import image_repo
+    from envbuild.resolve.resolver import Request, parse_env_pairs
 
     m = load_matrix(Path(kw["matrix_dir"]) if kw.get("matrix_dir") else None)
     values = {name: kw.get(name, default) for name, default in defaults().items()}
@@ -130,10 +129,10 @@ def request_from(kw):
 
 
 def secrets_from(kw):
-    from ..build import BuildSecrets
-    from ..oslock import check_snapshot_template
-    from ..resolve import apt_key_file, ca_file
-    from ..validate import check_mirror_options, compile_cache_secret
+    from envbuild.builds.build import BuildSecrets
+    from envbuild.knowledge.oslock import check_snapshot_template
+    from envbuild.knowledge.validate import check_mirror_options, compile_cache_secret
+    from envbuild.resolve.resolver import apt_key_file, ca_file
 
     check_mirror_options(kw)
     check_snapshot_template("--apt-snapshot", kw.get("apt_snapshot"))
@@ -148,7 +147,7 @@ def pin_named_bases(r):
     """A base image the user named is pinned by digest when this machine can learn it (its
     Docker pulled it from a registry, or its registry answers); the matrix's own bases stay
     tags (a render does not contact Docker Hub)."""
-    from ..digests import pin
+    from envbuild.builds.digests import pin
 
     named = {"runtime": r.request.base_image, "builder": r.request.builder_image or (
         r.request.base_image if r.base_images["builder"] == r.request.base_image else None)}
@@ -173,8 +172,8 @@ def deepspeed_key(m, image_repo: str, build_flags: dict):
     def key(variant: dict):
         import json
 
-        from ..plan.stack import stack_plan
-        from ..resolve import resolve
+        from envbuild.plan.stack import stack_plan
+        from envbuild.resolve.resolver import resolve
 
         record = stack_plan(resolve(*request_from(variant_kw(m, variant, image_repo, build_flags)))).generated_files
         text = record.get("envbuild/deepspeed.json")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .app import err, main, out, table
-from .options import matrix_dir_option, secret_options
+from envbuild.cli.app import err, main, out, table
+from envbuild.cli.options import matrix_dir_option, secret_options
 
 SHOWN = 20  # rows per section in the table (--all: every row)
 
@@ -25,7 +25,7 @@ def diff(image_a, image_b, as_json, show_all):
 
     A and B are local images or registry references (pulled when not here). Exit 0: the same
     content; 1: they differ; 2: an image cannot be read."""
-    from ..imagediff import SECTIONS, check_source, compare, read_image, summary
+    from envbuild.builds.imagediff import SECTIONS, check_source, compare, read_image, summary
 
     check_source(image_a, "A"), check_source(image_b, "B")  # both, before the engine or a registry is asked
     pulled: list[str] = []
@@ -57,9 +57,9 @@ def rebuild(source, output, as_json, use_cache, matrix_dir, **kw):
     as `envbuild diff` compares. Exit 0: the same content; 1: they differ, or (--cache) every step
     came from the cache, so nothing was rebuilt; 2: the record is malformed, or this envbuild or
     matrix cannot reproduce it (it says which)."""
-    from ..imagediff import SECTIONS, summary
-    from ..rebuild import rebuild as run_rebuild
-    from .options import secrets_from
+    from envbuild.builds.imagediff import SECTIONS, summary
+    from envbuild.builds.rebuild import rebuild as run_rebuild
+    from envbuild.cli.options import secrets_from
 
     secrets = secrets_from(kw)
     done = run_rebuild(source, Path(matrix_dir) if matrix_dir else None, secrets, Path(output) if output else None,

@@ -10,9 +10,9 @@ import click
 from rich import box
 from rich.markup import escape
 
-from ..errors import EnvbuildError
-from .app import command_line, err, main, markers_note, out, print_next, table
-from .options import pin_named_bases, request_from, request_options, secrets_from
+from envbuild.base.errors import EnvbuildError
+from envbuild.cli.app import command_line, err, main, markers_note, out, print_next, table
+from envbuild.cli.options import pin_named_bases, request_from, request_options, secrets_from
 
 
 @main.command()
@@ -26,13 +26,14 @@ from .options import pin_named_bases, request_from, request_options, secrets_fro
 @click.pass_context
 def render(ctx, output, explain, as_json, print_tag, **kw):
     """Render Dockerfile, Singularity definitions and manifest.json for one GPU."""
-    from ..running import next_commands, resolution_dict
+    from envbuild.plan import MANIFEST_NAME
+    from envbuild.render.running import next_commands, resolution_dict
 
     if print_tag and (explain or as_json):
         raise EnvbuildError("--print-tag prints only the tag; leave out --explain and --json "
                             "(`render --json` holds the tag too, as \"tag\").")
     if print_tag:
-        from ..resolve import resolve
+        from envbuild.resolve.resolver import resolve
 
         click.echo(resolve(*request_from(kw)).tag)
         return
@@ -43,7 +44,8 @@ def render(ctx, output, explain, as_json, print_tag, **kw):
     commands = next_commands(r, path, command_line(ctx, skip={"explain", "as_json", "print_tag"})
                              .replace("envbuild render", "envbuild build", 1))
     if as_json:
-        click.echo(json.dumps(resolution_dict(r) | {"output": str(path), "files": files, "next": commands},
+        manifest = json.loads((path / MANIFEST_NAME).read_bytes())  # the plan's, as just written
+        click.echo(json.dumps(resolution_dict(r, manifest) | {"output": str(path), "files": files, "next": commands},
                               indent=2))
         return
     print_next(commands)
@@ -57,9 +59,8 @@ def build(output, **kw):
     from rich.live import Live
     from rich.text import Text
 
-    from ..build import build_image
-
-    from ..running import next_commands
+    from envbuild.builds.build import build_image
+    from envbuild.render.running import next_commands
 
     r, secrets, path, _ = render_to(kw, output, reach_archive=True)
     start = time.monotonic()
@@ -87,14 +88,14 @@ def render_to(kw, output, show=True, reach_archive=False):
     prints the resolution; a local-only bootstrap is warned about on stderr either way. With
     `reach_archive` (a build), an OS lock's archive must answer before anything is written.
     """
-    from ..output import RECORD, write_build_dir
-    from ..render import render_files
-    from ..resolve import resolve
-    from ..build import check_compile_cache
-    from ..oslock import check_reachable
-    from ..rules import check_apt_mirror
-    from ..running import local_bootstrap_warning
-    from ..validate import env_warnings
+    from envbuild.builds.build import check_compile_cache
+    from envbuild.knowledge.oslock import check_reachable
+    from envbuild.knowledge.rules import check_apt_mirror
+    from envbuild.knowledge.validate import env_warnings
+    from envbuild.render.builddir import render_files
+    from envbuild.render.output import RECORD, write_build_dir
+    from envbuild.render.running import local_bootstrap_warning
+    from envbuild.resolve.resolver import resolve
 
     if output is not None and not output.strip():
         raise EnvbuildError("-o/--output is empty; give a directory, or leave it out for ./build/<tag>.")
@@ -122,8 +123,8 @@ def render_to(kw, output, show=True, reach_archive=False):
 
 
 def print_resolution(r, path=None):
-    from ..lock import unlocked_reason
-    from ..running import base_line, os_lock_line
+    from envbuild.knowledge.lock import unlocked_reason
+    from envbuild.render.running import base_line, os_lock_line
 
     s = r.stack
     rows = [("stack", s.id), ("python", s.python), ("cuda", s.cuda), ("torch", f"{s.torch} (torchvision {r.torchvision})"),
@@ -154,7 +155,7 @@ def print_resolution(r, path=None):
 
 def fabric_line(r) -> str:
     """`ib: NCCL net IB (libibverbs1, ...), pinned on nodes with RDMA devices` for the summary."""
-    from ..plan import fabric_packages
+    from envbuild.plan import fabric_packages
 
     f = r.fabric
     what = ", ".join(fabric_packages(r)) or ("from the host: " + ", ".join(f.host_paths) if f.host_paths else "nothing")
@@ -165,7 +166,7 @@ def fabric_line(r) -> str:
 
 def explain_candidates(m, req) -> list[dict]:
     """Every candidate stack with its verdict, driver floor and the rules that rejected it."""
-    from ..resolve import candidates, explain_rows
+    from envbuild.resolve.resolver import candidates, explain_rows
 
     rows = explain_rows(m, req)  # validates the request first
     rejections = {c.stack.id: c.rejections for c in candidates(m, req, m.gpu(req.gpu))}
@@ -177,8 +178,9 @@ def explain_candidates(m, req) -> list[dict]:
 
 def _explain(m, req, as_json=False):
     """--explain: every candidate, then the chosen stack (or the reason none fits)."""
-    from ..resolve import resolve
-    from ..running import resolution_dict
+    from envbuild.plan import stack_plan
+    from envbuild.render.running import resolution_dict
+    from envbuild.resolve.resolver import resolve
 
     cands = explain_candidates(m, req)
     if not as_json:
@@ -190,7 +192,8 @@ def _explain(m, req, as_json=False):
         return
     doc = {"request": req.describe(), "candidates": [{k: v for k, v in c.items() if k != "why"} for c in cands]}
     try:
-        doc["chosen"] = resolution_dict(resolve(m, req))
+        r = resolve(m, req)
+        doc["chosen"] = resolution_dict(r, stack_plan(r).manifest)
     except EnvbuildError:
         doc["chosen"] = None
         click.echo(json.dumps(doc, indent=2))

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import click
 
-from ..errors import EnvbuildError
-from ..grammar import escaped
-from .app import err, main, out
-from ..request import flags
-from ..grammar import redact
-from .options import SERVICE, deepspeed_key, matrix_dir_option, secret_options, trust_options, variant_kw
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.grammar import escaped, redact
+from envbuild.cli.app import err, main, out
+from envbuild.cli.options import SERVICE, deepspeed_key, matrix_dir_option, secret_options, trust_options, variant_kw
+from envbuild.knowledge.request import flags
 
 BASE_FLAGS = ("base_image", "builder_image")  # the request options a publish job takes, as `envbuild build` does
 
@@ -78,9 +77,9 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
 
     A variant that fails at any step publishes nothing of itself and the others go on; exit 1
     names each failed variant and its step."""
-    from ..ci import publish_plan
-    from ..matrix import load_matrix
-    from ..release import cache_repo_from, job_plan
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.supply.ci import publish_plan
+    from envbuild.supply.release import cache_repo_from, job_plan
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     _one_mode(job_id, manifest_tag, list_jobs, variant_ids or show_plan)
@@ -112,7 +111,7 @@ def _one_mode(job_id, manifest_tag, list_jobs, about_a_job) -> None:
 
 
 def _image_repo(registry, name) -> str:
-    from ..registry import check_image_repo
+    from envbuild.oci.registry import check_image_repo
 
     if not registry:
         raise EnvbuildError("--registry is needed: the registry to publish to, such as ghcr.io/acme (CI passes "
@@ -122,8 +121,8 @@ def _image_repo(registry, name) -> str:
 
 
 def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, identity) -> None:
-    from ..release import manifest_sources, publish_manifest, signing_from
-    from ..verify import trust_from
+    from envbuild.supply.release import manifest_sources, publish_manifest, signing_from
+    from envbuild.supply.verify import trust_from
 
     signing = signing_from(signing_key, keyless, required=False)
     trust = trust_from(key, identity, None, signing.signer.public_key if signing.signer else None, keyless)
@@ -140,12 +139,24 @@ def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, 
 
 def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service, out_dir, ext_cache, switches,
              cache_repo, build_flags):
-    from ..audit import service_from
-    from ..build import build_image
-    from ..release import (JobContext, build_hooks, check_tools, ext_cache_load, ext_cache_save, find_job,
-                           layer_cache, next_commands, outcome_lines, publish_trust, run_job, select_variants,
-                           signing_from)
-    from .stack import render_to
+    from envbuild.builds.build import build_image
+    from envbuild.cli.stack import render_to
+    from envbuild.supply.audit import service_from
+    from envbuild.supply.release import (
+        JobContext,
+        build_hooks,
+        check_tools,
+        ext_cache_load,
+        ext_cache_save,
+        find_job,
+        layer_cache,
+        next_commands,
+        outcome_lines,
+        publish_trust,
+        run_job,
+        select_variants,
+        signing_from,
+    )
 
     signing = signing_from(*signing_args)
     job, variants, _ = find_job(m, job_id)
@@ -196,7 +207,8 @@ def verify(image, key, identity, issuer, platform, no_pull, as_json):
     against the image's real content (pip and dpkg inside it), the provenance against the tag
     and the image's manifest, the smoke record, the .sqsh beside it. One line per check; exit
     0 when every check passed, 1 when one failed, 2 for unusable input."""
-    from ..verify import trust_from, verify as run_verify
+    from envbuild.supply.verify import trust_from
+    from envbuild.supply.verify import verify as run_verify
 
     trust = trust_from(key, identity, issuer)
     checks = run_verify(image, trust, platform=platform, content=not no_pull)

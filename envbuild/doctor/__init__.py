@@ -7,12 +7,12 @@ reads torch's flight-recorder dumps safely, run.py puts several logs, ranks and 
 report.py prints the result as text or JSON, image.py reads the manifest of the image a log came from.
 """
 
-from .engine import Finding, diagnose_blocks
-from .image import Image, find_image, read_image
-from .reading import Budget, LogReader, parse_size, text_blocks
-from .report import render_json, render_text
-from .run import Report, examine
-from .signatures import KnownIssue, load_catalogue, load_issues
+from envbuild.doctor.engine import Finding, diagnose_blocks
+from envbuild.doctor.image import Image, find_image, read_image
+from envbuild.doctor.reading import Budget, LogReader, parse_size, text_blocks
+from envbuild.doctor.report import render_json, render_text
+from envbuild.doctor.run import Report, examine
+from envbuild.doctor.signatures import KnownIssue, load_catalogue, load_issues
 
 __all__ = ["Budget", "Finding", "Image", "KnownIssue", "LogReader", "Report", "diagnose_log", "diagnose_text", "examine",
            "find_image", "load_catalogue", "load_issues", "parse_size", "read_image", "render_json", "render_text"]

@@ -22,10 +22,10 @@ from typing import Iterable, Optional
 
 import ahocorasick_rs
 
-from .ranks import SNIFF_LINES, RankStyle, split_flattened, timestamp
-from .reading import MAX_LINE, printable
-from .said import UNEXPLAINED, Said, load_said
-from .signatures import MIN_GUARD, REGEX_FIELDS, KnownIssue, applicable, literal_guard
+from envbuild.doctor.ranks import SNIFF_LINES, RankStyle, split_flattened, timestamp
+from envbuild.doctor.reading import MAX_LINE, printable
+from envbuild.doctor.said import UNEXPLAINED, Said, load_said
+from envbuild.doctor.signatures import MIN_GUARD, REGEX_FIELDS, KnownIssue, applicable, literal_guard
 
 MAX_LABELS = 4096
 MAX_KEYS = 16  # findings one signature can make with different titles (libraries, hosts, ...)

@@ -23,11 +23,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..errors import EnvbuildError
-from ..grammar import escaped
-from ..untrusted import loads_json
-from .ranks import file_rank
-from .reading import read_regular, size_text
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.grammar import escaped
+from envbuild.base.untrusted import loads_json
+from envbuild.doctor.ranks import file_rank
+from envbuild.doctor.reading import read_regular, size_text
 
 MAX_DUMP = 64 << 20  # a dump of 20,000 entries with stacks is about 20 MiB
 # Values one dump may hold, counted before it is parsed (JSON: from its bytes; a pickle: its
@@ -94,7 +94,7 @@ def _first_line(error: BaseException) -> str:
 
 def load_dump(path: str) -> dict:
     """The dump at PATH as plain data; EnvbuildError (exit 2) if it is not one. A JSON dump goes
-    through envbuild.untrusted (bytes, depth, integer digits and values bounded before a field
+    through envbuild.base.untrusted (bytes, depth, integer digits and values bounded before a field
     is read); a pickle through an unpickler that makes no object but plain data, after its
     opcodes are counted."""
     data = read_regular(path, "flight-recorder dump", MAX_DUMP)

@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import EnvbuildError
-from ..image import paths
-from .reading import read_regular
+from envbuild.base.errors import EnvbuildError
+from envbuild.image import paths
+from envbuild.doctor.reading import read_regular
 
 MANIFEST_LIMIT = 1 << 20  # an image's manifest is a few KiB
 VERSION = re.compile(r"\d+(?:\.\d+){1,3}")

@@ -25,9 +25,9 @@ import time
 import zlib
 from typing import BinaryIO, Callable, Iterator, Optional
 
-from ..errors import EnvbuildError
-from ..files import NotRegularFile, kind_of, open_checked
-from ..grammar import escaped, shown
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.files import NotRegularFile, kind_of, open_checked
+from envbuild.base.grammar import escaped, shown
 
 MAX_LINE = 64 * 1024
 CHUNK = 1 << 20

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from .engine import Finding
-from .flight import Recording
-from .reading import printable, size_text
-from .run import Report
+from envbuild.doctor.engine import Finding
+from envbuild.doctor.flight import Recording
+from envbuild.doctor.reading import printable, size_text
+from envbuild.doctor.run import Report
 
 NOTHING = "no known signature found (known: `matrices/known_issues.yaml`)."
 

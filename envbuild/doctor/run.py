@@ -16,15 +16,15 @@ import stat
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..errors import EnvbuildError
-from ..grammar import escaped
-from .engine import MAX_VALUES, Finding, Screen, diagnose_blocks, rank_order, sorted_ranks
-from .flight import Recording, is_dump, read_recording
-from .ranks import file_rank, stream_of, time_text
-from .reading import Budget, LogReader, read_head, sniff_binary
-from .image import Image
-from .said import load_said
-from .signatures import Family, KnownIssue, bind_image
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.grammar import escaped
+from envbuild.doctor.engine import MAX_VALUES, Finding, Screen, diagnose_blocks, rank_order, sorted_ranks
+from envbuild.doctor.flight import Recording, is_dump, read_recording
+from envbuild.doctor.ranks import file_rank, stream_of, time_text
+from envbuild.doctor.reading import Budget, LogReader, read_head, sniff_binary
+from envbuild.doctor.image import Image
+from envbuild.doctor.said import load_said
+from envbuild.doctor.signatures import Family, KnownIssue, bind_image
 
 MAX_FILES = 10_000
 MAX_DEPTH = 8

@@ -34,10 +34,10 @@ from typing import Optional
 import ahocorasick_rs
 import yaml
 
-from ..errors import EnvbuildError
-from ..files import parse_yaml, read_text
-from ..resources import CATALOGUES, matrices_dir
-from .signatures import KnownIssue
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.files import parse_yaml, read_text
+from envbuild.base.resources import CATALOGUES, matrices_dir
+from envbuild.doctor.signatures import KnownIssue
 
 CONVERSION = re.compile(r"%(?P<flags>[-+ #0']*)(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d+))?"
                         r"(?P<length>hh|h|ll|l|L|q|j|z|t)?(?P<kind>[diouxXeEfFgGaAcspn%])")

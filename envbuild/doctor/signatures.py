@@ -46,9 +46,9 @@ except ImportError:  # Python 3.10
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import EnvbuildError
-from ..files import read_yaml
-from ..resources import KNOWN_ISSUES
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.files import read_yaml
+from envbuild.base.resources import KNOWN_ISSUES
 
 REGEX_FIELDS = ("pattern", "unless", "context", "excused_by", "resolved_by", "evidence", "moved_on")
 TEXT_FIELDS = ("title", "cause", "fix")

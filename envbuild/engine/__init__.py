@@ -8,17 +8,26 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..errors import EnvbuildError, nearest
-from .base import (BuildFailed, BuildOutcome, BuildSecrets, Engine, ImageConfig, ImageInfo, RegistryError, RunResult,
-                   StepCallback)
-from ..registry import registry_of
+from envbuild.base.errors import EnvbuildError, nearest
+from envbuild.engine.base import (
+    BuildFailed,
+    BuildOutcome,
+    BuildSecrets,
+    Engine,
+    ImageConfig,
+    ImageInfo,
+    RegistryError,
+    RunResult,
+    StepCallback,
+)
+from envbuild.oci.registry import registry_of
 
 ENGINE_ENV = "ENVBUILD_ENGINE"
 
 
 def _docker():
     # The Docker SDK loads only when an engine is used: `render` and `--help` never need it.
-    from .docker import DockerEngine  # noqa: PLC0415
+    from envbuild.engine.docker import DockerEngine  # noqa: PLC0415
 
     return DockerEngine()
 

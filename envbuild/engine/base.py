@@ -3,7 +3,7 @@
 build.py, smoke.py and publish.py talk to an :class:`Engine` only; Docker is one
 implementation (:mod:`.docker`). Another engine (Apptainer, Enroot, Podman) is one new class
 with these methods, not edits in three modules. Errors a user can act on are
-:class:`~envbuild.errors.EnvbuildError`; a failed build is :class:`BuildFailed` (build.py words
+:class:`~envbuild.base.errors.EnvbuildError`; a failed build is :class:`BuildFailed` (build.py words
 the message, the same for every engine); a registry's refusal is :class:`RegistryError`
 (publish.py decides whether to retry).
 """

@@ -28,11 +28,19 @@ import docker
 from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, Ulimit
 
-from ..errors import EnvbuildError
-from ..image import paths
-from ..registry import registry_of
-from .base import (BuildFailed, BuildOutcome, BuildSecrets, ImageConfig, ImageInfo, RegistryError, RunResult,
-                   StepCallback)
+from envbuild.base.errors import EnvbuildError
+from envbuild.engine.base import (
+    BuildFailed,
+    BuildOutcome,
+    BuildSecrets,
+    ImageConfig,
+    ImageInfo,
+    RegistryError,
+    RunResult,
+    StepCallback,
+)
+from envbuild.image import paths
+from envbuild.oci.registry import registry_of
 
 DOCKER_CLI_CANDIDATES = ("/usr/bin/docker", "docker")
 CLI_ENV = "ENVBUILD_DOCKER_CLI"          # the docker client to build with

@@ -18,21 +18,43 @@ building blocks (blocks.py) render themselves to every format. docs/architecture
 flow.
 """
 
-from .blocks import (APPTAINER, APPTAINER_SECTIONS, DOCKER, FORMATS, IMAGE_OWNED, STEPS_SOURCE, SYSTEM_PATH, Copy,
-                     Environment, FileCopy, Label, Stage, Step, cache_mount, split_path, step_files)
-from .components.deepspeed import RECORD as DEEPSPEED_RECORD
-from .components.extensions import EXTENSION_BUILD_RECIPE, EXTENSION_CACHE_ID, EXTENSION_SPEC
-from .components.finish import GUARD_PACKAGES, guard_packages
-from .components.layers import CUDA_LAYER_PACKAGES, CUDA_LAYERS, LAYERS_DIR, cuda_layer_args
-from .components.ospackages import fabric_packages
-from .components.record import base_pinning, request_record
-from .extend import layer_plan
-from .model import DOCKERIGNORE, EXTENSION_LAYOUTS, MANIFEST_NAME, STACK_LAYOUTS, BuildPlan, LayerFacts, ImageFacts
-from .stack import stack_plan
+from envbuild.plan.blocks import (
+                     APPTAINER,
+                     APPTAINER_SECTIONS,
+                     DOCKER,
+                     FORMATS,
+                     IMAGE_OWNED,
+                     STEPS_SOURCE,
+                     SYSTEM_PATH,
+                     Copy,
+                     Environment,
+                     FileCopy,
+                     Label,
+                     Stage,
+                     Step,
+                     split_path,
+                     step_files,
+)
+from envbuild.plan.components.extensions import EXTENSION_BUILD_RECIPE
+from envbuild.plan.components.finish import GUARD_PACKAGES, guard_packages
+from envbuild.plan.components.layers import CUDA_LAYER_PACKAGES, CUDA_LAYERS, LAYERS_DIR, cuda_layer_args
+from envbuild.plan.components.ospackages import fabric_packages
+from envbuild.plan.components.record import base_pinning, request_record
+from envbuild.plan.extend import layer_plan
+from envbuild.plan.model import (
+                     DOCKERIGNORE,
+                     EXTENSION_LAYOUTS,
+                     MANIFEST_NAME,
+                     STACK_LAYOUTS,
+                     BuildPlan,
+                     ImageFacts,
+                     LayerFacts,
+)
+from envbuild.plan.stack import stack_plan
 
-__all__ = ["APPTAINER", "APPTAINER_SECTIONS", "CUDA_LAYERS", "CUDA_LAYER_PACKAGES", "DEEPSPEED_RECORD", "DOCKER", "DOCKERIGNORE",
-           "EXTENSION_BUILD_RECIPE", "EXTENSION_CACHE_ID", "EXTENSION_LAYOUTS", "EXTENSION_SPEC", "FORMATS",
+__all__ = ["APPTAINER", "APPTAINER_SECTIONS", "CUDA_LAYERS", "CUDA_LAYER_PACKAGES", "DOCKER", "DOCKERIGNORE",
+           "EXTENSION_BUILD_RECIPE", "EXTENSION_LAYOUTS", "FORMATS",
            "GUARD_PACKAGES", "IMAGE_OWNED", "LAYERS_DIR", "MANIFEST_NAME", "STACK_LAYOUTS", "STEPS_SOURCE",
            "SYSTEM_PATH", "BuildPlan", "Copy", "Environment", "LayerFacts", "FileCopy", "ImageFacts", "Label",
-           "Stage", "Step", "base_pinning", "cache_mount", "cuda_layer_args", "layer_plan", "fabric_packages",
+           "Stage", "Step", "base_pinning", "cuda_layer_args", "layer_plan", "fabric_packages",
            "guard_packages", "request_record", "split_path", "stack_plan", "step_files"]

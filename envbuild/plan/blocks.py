@@ -19,9 +19,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional
 
-from ..emulation import PLATFORM_MACHINES
-from ..image import paths
-from ..resolve import EnvVar
+from envbuild.base.buildcache import cache_mount
+from envbuild.base.emulation import PLATFORM_MACHINES
+from envbuild.image import paths
+from envbuild.resolve.resolver import EnvVar
 
 DOCKER = "docker"
 APPTAINER = "apptainer"
@@ -30,16 +31,6 @@ SYSTEM_PATH = paths.SYSTEM_PATH
 STEPS_SOURCE = "envbuild/steps"  # build-directory folder of the step scripts (templates/files/steps)
 # Apptainer sections in the order a definition file lists them.
 APPTAINER_SECTIONS = ("files", "post", "environment", "labels")
-
-
-def cache_mount(cache_id: str, target: str) -> str:
-    """A BuildKit cache mount as every envbuild build (and `ext-cache`) asks for it: `locked`, so
-    two builds never write one cache at once.
-
-    >>> cache_mount("envbuild-ext", "/var/cache/envbuild-ext")
-    '--mount=type=cache,id=envbuild-ext,target=/var/cache/envbuild-ext,sharing=locked'
-    """
-    return f"--mount=type=cache,id={cache_id},target={target},sharing=locked"
 
 
 # BuildKit cache mounts of the package downloads (Docker only; lib.sh names the same directories and

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import EnvbuildError
-from ..extend import Layer
-from ..image import paths
-from ..registry import CONTENT_TAG_DIGITS, READABLE_TAG_MAX, TAG_MAX, check_readable_tag
-from ..resolve import Resolution
-from .blocks import Copy, FileCopy, Label, Stage, Step, step_files
-from .components.python import PIP_SECRETS
-from .model import EXTENSION_LAYOUTS, MANIFEST_NAME, BuildPlan, LayerFacts, build_files
-from .stack import stack_plan
+from envbuild.base.errors import EnvbuildError
+from envbuild.image import paths
+from envbuild.oci.registry import CONTENT_TAG_DIGITS, READABLE_TAG_MAX, TAG_MAX, check_readable_tag
+from envbuild.plan.blocks import Copy, FileCopy, Label, Stage, Step, step_files
+from envbuild.plan.components.python import PIP_SECRETS
+from envbuild.plan.model import EXTENSION_LAYOUTS, MANIFEST_NAME, BuildPlan, LayerFacts, build_files
+from envbuild.plan.stack import stack_plan
+from envbuild.resolve.extend import Layer
+from envbuild.resolve.resolver import Resolution
 
 LAYER_STEP_FILES = ("lib.sh", "extend.sh", "import_check.py", "pip_check.py")
 EXTEND_LOCK_NAME = "envbuild/extend-lock.txt"  # the layer lock in the build directory

@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .. import buildsteps
-from .. import image as image_package
-from ..emulation import QEMU_CPU_SYSFS, qemu_cpu_stub
-from ..image import paths
-from ..lock import Lock
-from ..oslock import OsLock
-from ..resolve import EnvVar
-from ..resources import templates_dir
-from .blocks import STEPS_SOURCE, Copy, Label, Stage
+from envbuild import buildsteps
+from envbuild import image as image_package
+from envbuild.base.emulation import QEMU_CPU_SYSFS, qemu_cpu_stub
+from envbuild.base.resources import templates_dir
+from envbuild.image import paths
+from envbuild.knowledge.lock import Lock
+from envbuild.knowledge.oslock import OsLock
+from envbuild.plan.blocks import STEPS_SOURCE, Copy, Label, Stage
+from envbuild.resolve.resolver import EnvVar
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ EXTENSION_LAYOUTS = (("Dockerfile", "docker/Dockerfile.extend.j2"),
                      ("Singularity.def", "singularity/Singularity.extend.def.j2"))
 MANIFEST_NAME = "manifest.json"  # the build directory's copy of the plan's manifest
 # What a build writes beside the rendered files stays out of the context, and so do the temporary
-# files of a render killed half-way (envbuild/files.py names them; the next render removes them).
+# files of a render killed half-way (envbuild/base/files.py names them; the next render removes them).
 DOCKERIGNORE = "build.log\n*.sif\n**/.*.envbuild-tmp-*\n**/.*.envbuild-old-*\n"
 
 

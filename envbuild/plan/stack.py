@@ -4,12 +4,23 @@ what each part holds is decided in its component."""
 
 from __future__ import annotations
 
-from ..image import paths
-from ..resolve import EnvVar, Resolution
-from .blocks import STEPS_SOURCE, Copy, FileCopy, Label, Stage
-from .components import compilecache, deepspeed, extensions, fabric, finish, layers, ospackages, python, record, toolchain
-from .components.base import Context
-from .model import MANIFEST_NAME, BuildPlan, build_files
+from envbuild.image import paths
+from envbuild.plan.blocks import STEPS_SOURCE, Copy, FileCopy, Label, Stage
+from envbuild.plan.components import (
+    compilecache,
+    deepspeed,
+    extensions,
+    fabric,
+    finish,
+    layers,
+    ospackages,
+    python,
+    record,
+    toolchain,
+)
+from envbuild.plan.components.base import Context
+from envbuild.plan.model import MANIFEST_NAME, BuildPlan, build_files
+from envbuild.resolve.resolver import EnvVar, Resolution
 
 # The builder's steps in this order: the slowest-changing first, so a DeepSpeed or extension
 # change re-runs only the steps after it (each step is its own cache layer).

@@ -11,10 +11,17 @@ from typing import Optional
 
 import click
 
-from ..errors import EnvbuildError
-from ..resources import CATALOGUES, matrices_dir
-from . import cuda_catalogue, launcher_catalogue, nccl_catalogue, package_catalogue, torch_catalogue, writer
-from .cli import _not_empty
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.resources import CATALOGUES, matrices_dir
+from envbuild.refresh import (
+    cuda_catalogue,
+    launcher_catalogue,
+    nccl_catalogue,
+    package_catalogue,
+    torch_catalogue,
+    writer,
+)
+from envbuild.refresh.cli import _not_empty
 
 
 def _old(path: Path) -> str:

@@ -9,11 +9,11 @@ from typing import Callable, Optional
 import click
 from packaging.version import Version
 
-from ..errors import EnvbuildError
-from . import ds_history, nccl_facts, torch_facts, writer
-from .fixtures import FixtureIndex
-from ..resources import matrices_dir
-from .pypi import Index, PyPI, default_cache_dir
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.resources import matrices_dir
+from envbuild.refresh import ds_history, nccl_facts, torch_facts, writer
+from envbuild.refresh.fixtures import FixtureIndex
+from envbuild.refresh.pypi import Index, PyPI, default_cache_dir
 
 
 def refresh(index: Index, matrix_dir: Path, progress: Callable[[str], None] = lambda _: None

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ..errors import EnvbuildError
-from .nccl_catalogue import by_release, layout, spans
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh.nccl_catalogue import by_release, layout, spans
 
 PIN = re.compile(r"^(nvidia-cuda-runtime(?:-cu\d+)?)==([0-9][0-9.]*)\b")
 HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")

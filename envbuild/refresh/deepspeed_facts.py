@@ -24,9 +24,16 @@ from typing import Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from ..errors import EnvbuildError
-from .static import (accelerator_method, call_name, function_calls_unguarded, import_closure,
-                     import_time_nodes, parse, reachable_module_calls)
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh.static import (
+    accelerator_method,
+    call_name,
+    function_calls_unguarded,
+    import_closure,
+    import_time_nodes,
+    parse,
+    reachable_module_calls,
+)
 
 DEVICE_CALLS = {"get_device_capability", "get_device_properties", "get_device_name", "current_device"}
 CPU_BASES = {"TorchCPUOpBuilder", "CPUOpBuilder"}

@@ -9,9 +9,9 @@ from typing import Callable, Optional
 
 from packaging.version import Version
 
-from ..errors import EnvbuildError
-from .deepspeed_facts import OpFacts, SdistFacts, analyse
-from .pypi import DistFile, Index
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh.deepspeed_facts import OpFacts, SdistFacts, analyse
+from envbuild.refresh.pypi import DistFile, Index
 
 MIN_OPS = 20  # 0.19.8 has 23; fewer means the op_builder layout changed under us
 

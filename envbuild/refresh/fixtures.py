@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from ..errors import EnvbuildError
-from .pypi import DistFile, _parse_files
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh.pypi import DistFile, _parse_files
 
 
 class FixtureIndex:

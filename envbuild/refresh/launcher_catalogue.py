@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..errors import EnvbuildError
-from . import nccl_catalogue
-from .nccl_catalogue import Sources, collate, comment, format_calls, layout
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh import nccl_catalogue
+from envbuild.refresh.nccl_catalogue import Sources, collate, comment, format_calls, layout
 
 SLURM_CALL = re.compile(r"(?<![\w#.>])(error|fatal|info|verbose|PMIXP_ERROR|PMIXP_ERROR_STD|PMIXP_ERROR_NO|"
                         r"PMIXP_ABORT)\s*\(")

@@ -13,8 +13,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from ..errors import EnvbuildError
-from .pypi import DistFile, Index
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh.pypi import DistFile, Index
 
 MACHINES = ("x86_64", "aarch64")
 

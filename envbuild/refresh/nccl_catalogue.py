@@ -18,8 +18,8 @@ from __future__ import annotations
 import bisect
 import json
 import re
-import textwrap
 import subprocess
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Protocol
@@ -27,7 +27,7 @@ from typing import Iterable, Optional, Protocol
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from ..errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 
 URL = "https://github.com/NVIDIA/nccl"
 SUFFIXES = (".cc", ".h", ".cu", ".cuh", ".cpp", ".hpp", ".h.in")

@@ -33,11 +33,11 @@ from typing import Optional
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
-from ..errors import EnvbuildError
-from ..untrusted import loads_yaml
-from . import deepspeed_facts
-from .metadata import marker_env, read_metadata
-from .pypi import USER_AGENT, DistFile, Index, sdist_text_files
+from envbuild.base.errors import EnvbuildError
+from envbuild.base.untrusted import loads_yaml
+from envbuild.refresh import deepspeed_facts
+from envbuild.refresh.metadata import marker_env, read_metadata
+from envbuild.refresh.pypi import USER_AGENT, DistFile, Index, sdist_text_files
 
 # One cuda-toolkit version per CUDA release tried (13.0.2: the nvidia/cuda:13.0.2 bases of the
 # cu130 stacks; 13.2.2: the stacks' cuda_toolkit pin; 12.9.1: the newest CUDA 12).

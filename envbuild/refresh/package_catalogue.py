@@ -31,10 +31,10 @@ from typing import Callable, Iterator, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import EnvbuildError
-from . import nccl_catalogue, torch_catalogue
-from .cuda_catalogue import pins
-from .nccl_catalogue import collate, comment, format_calls, layout, line_finder
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh import nccl_catalogue, torch_catalogue
+from envbuild.refresh.cuda_catalogue import pins
+from envbuild.refresh.nccl_catalogue import collate, comment, format_calls, layout, line_finder
 
 MAX_MEMBER = 4 << 20  # the largest file read (DeepSpeed's builder.py, Triton's compiler.py) is ~100 KB
 C_RAISE = re.compile(r"(?<![\w#])PyErr_(?:SetString|Format)\s*\(\s*PyExc_(\w+)\s*,")

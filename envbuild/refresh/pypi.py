@@ -29,7 +29,7 @@ from typing import Optional, Protocol
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
-from ..errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError
 
 SIMPLE_URL = "https://pypi.org/simple/{project}/"
 USER_AGENT = "envbuild-matrix-refresh (+https://pypi.org/project/envbuild)"

@@ -28,9 +28,9 @@ from typing import Optional
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import EnvbuildError
-from .nccl_catalogue import collate, layout, parse
-from .nccl_catalogue import summary as nccl_summary
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh.nccl_catalogue import collate, layout, parse
+from envbuild.refresh.nccl_catalogue import summary as nccl_summary
 
 URL = "https://github.com/pytorch/pytorch"
 PREFIX = "torch/distributed/"

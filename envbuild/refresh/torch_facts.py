@@ -17,10 +17,17 @@ from typing import Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ..errors import EnvbuildError
-from .metadata import (PythonTags, linux_wheels, exact_pin, python_admits, python_range,
-                       read_metadata, requirement)
-from .pypi import DistFile, Index
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh.metadata import (
+    PythonTags,
+    exact_pin,
+    linux_wheels,
+    python_admits,
+    python_range,
+    read_metadata,
+    requirement,
+)
+from envbuild.refresh.pypi import DistFile, Index
 
 TRACK_FROM = Version("2.4")  # the oldest torch minor the matrix tracks
 ARCH_MEMBER = "torch/lib/libtorch_python.so"

@@ -14,10 +14,10 @@ from pathlib import Path
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from ..errors import EnvbuildError
-from . import layout
-from .ds_history import DeepSpeedHistory
-from .torch_facts import TRACK_FROM, TorchFacts
+from envbuild.base.errors import EnvbuildError
+from envbuild.refresh import layout
+from envbuild.refresh.ds_history import DeepSpeedHistory
+from envbuild.refresh.torch_facts import TRACK_FROM, TorchFacts
 
 TORCH_DERIVED = ("torch", "python", "torchvision", "triton", "nccl", "manylinux", "default_cuda", "cuda_toolkit",
                  "default_arches", "cuda_platforms", "aarch64_arches", "cpp_extension_arches", "extension_lock")
@@ -88,7 +88,7 @@ TORCH_COMMENTS = {
                   "means the PyPI wheel's own `default_arches`.",
 }
 DS_HEADER = """\
-# DeepSpeed releases and op build rules. The op-compatibility rules in envbuild/rules.py
+# DeepSpeed releases and op build rules. The op-compatibility rules in envbuild/knowledge/rules.py
 # read this file only. `envbuild matrix refresh` derives every release field and the ops'
 # env/kind/since/until/cuda_extension_until (and libaio/cufile needs) from the PyPI sdists
 # (see `sources`); the list of releases, build_requires, min_cc, triton rules, torch,

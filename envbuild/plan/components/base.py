@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ...emulation import QEMU_CPU_SYSFS
-from ...lock import Lock
-from ...resolve import Resolution
-from ..blocks import FileCopy, Step
+from envbuild.base.emulation import QEMU_CPU_SYSFS
+from envbuild.plan.blocks import FileCopy, Step
+from envbuild.resolve.resolver import Resolution
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,8 @@ class Context:
         return self.resolution.request.keep_toolchain
 
     @property
-    def lock(self) -> Optional[Lock]:
+    def lock(self):
+        """The stack's Python lock (None: not hash-locked), as the resolver found it."""
         return self.resolution.lock
 
     @property

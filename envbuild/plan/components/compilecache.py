@@ -10,10 +10,10 @@ from __future__ import annotations
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ...image import paths
-from ..blocks import PY_CACHE, FileCopy, Step, step_files
-from .base import Context, Part
-from .python import PIP_SECRETS
+from envbuild.image import paths
+from envbuild.plan.blocks import PY_CACHE, FileCopy, Step, step_files
+from envbuild.plan.components.base import Context, Part
+from envbuild.plan.components.python import PIP_SECRETS
 
 SECRET = "compile_cache"  # the BuildKit secret the steps that compile read (lib.sh compile_cache_start)
 PREFIX = "/opt/envbuild-sccache"  # outside the venv, in the builder only

@@ -10,14 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ...image import paths
-from ..blocks import PY_CACHE, Step, step_files
-from . import compilecache
-from .base import Context, Part
-from .extensions import EXTENSION_CACHE_ID, cache_key
-from .python import PIP_SECRETS, lock_part
+from envbuild.base.buildcache import DEEPSPEED_RECORD as RECORD
+from envbuild.base.buildcache import EXTENSION_CACHE_ID
+from envbuild.image import paths
+from envbuild.plan.blocks import PY_CACHE, Step, step_files
+from envbuild.plan.components import compilecache
+from envbuild.plan.components.base import Context, Part
+from envbuild.plan.components.extensions import cache_key
+from envbuild.plan.components.python import PIP_SECRETS, lock_part
 
-RECORD = "deepspeed.json"  # under envbuild/ in the build directory: the wheel's cache key and what decides it
 CACHE_NAME = "deepspeed"  # its folder in the extension cache, beside the extensions' names
 # Bumped when deepspeed.sh changes how the wheel is made: every cached DeepSpeed wheel is then rebuilt.
 BUILD_RECIPE = 1

@@ -10,16 +10,14 @@ import hashlib
 import json
 from typing import Optional
 
-from ... import rules
-from ...image import paths
-from ...resolve import Resolution
-from ..blocks import FileCopy, Step, step_files
-from . import compilecache
-from .base import Context, Part
-from .python import PIP_SECRETS
+from envbuild.base.buildcache import EXTENSION_CACHE_ID, EXTENSION_SPEC
+from envbuild.image import paths
+from envbuild.plan.blocks import FileCopy, Step, step_files
+from envbuild.plan.components import compilecache
+from envbuild.plan.components.base import Context, Part
+from envbuild.plan.components.python import PIP_SECRETS
+from envbuild.resolve.resolver import ExtensionBuild, Resolution
 
-EXTENSION_SPEC = "extensions.json"  # under envbuild/ in the build directory: what extensions.py builds
-EXTENSION_CACHE_ID = "envbuild-ext"  # the BuildKit cache mount shared by every build of this machine
 # Bumped when extensions.py changes how a wheel is made: every cached wheel is then rebuilt.
 EXTENSION_BUILD_RECIPE = 2
 
@@ -31,39 +29,24 @@ def _torch_build(resolution: Resolution) -> str:
             if lock else f"torch=={stack.torch}+cu{stack.cuda} from {resolution.torch_index or 'PyPI'}")
 
 
-def stable_abi(ext, stack) -> bool:
-    """Is `ext` built against torch's stable C ABI for this stack's torch (xformers: only the
-    aoti_torch_* shim, no C++ symbol of torch's)? Then the wheel depends on the CUDA major and the
-    arches, not on torch's exact build, nvcc's minor or the Python (an abi-none wheel)."""
-    return bool(ext.stable_abi) and rules.contains(ext.stable_abi, stack.torch)
-
-
-def _determines(ext, resolution: Resolution, build_env: dict, patches: list) -> dict:
+def _determines(build: ExtensionBuild, resolution: Resolution, build_env: dict, patches: list) -> dict:
     """Everything that determines the compiled wheel (its cache key): with the stable ABI, the
     CUDA major and the arches (GPU and CPU) only, so one compile serves every stack it fits."""
-    stack = resolution.stack
+    ext, stack = build.ext, resolution.stack
     common = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
               "sdist_sha256": ext.sdist.sha256, "cpu_arch": resolution.arch, "arch_list": resolution.arch_list,
               "build_env": build_env, **({"patches": patches} if patches else {})}
-    if stable_abi(ext, stack):
+    if build.stable_abi:
         return {**common, "torch": f"stable ABI {ext.stable_abi}", "cuda_major": stack.cuda.split(".")[0]}
     return {**common, "torch": _torch_build(resolution), "cuda": stack.cuda, "python": stack.python,
             "nvcc": stack.cuda_toolkit or resolution.base_images["builder"]}
 
 
-def _ordered(extensions) -> list:
-    """The request's extensions, each after those it needs (mamba-ssm after causal-conv1d): its
-    import check imports them."""
-    names = {e.name for e in extensions}
-    needed = {n for e in extensions for need in e.needs for n in rules.extension_needs(need) if n in names}
-    return sorted(extensions, key=lambda e: e.name not in needed)
-
-
-def _entry(ext, resolution: Resolution) -> dict:
-    """One extension of extensions.json: the PyPI wheel that fits the stack (rules.extension_wheel,
-    installed by hash and audited like a compiled one), else its sdist to compile."""
+def _entry(build: ExtensionBuild, resolution: Resolution) -> dict:
+    """One extension of extensions.json: the PyPI wheel the resolver chose (installed by hash and
+    audited like a compiled one), else its sdist to compile."""
+    ext, wheel = build.ext, build.wheel
     stack, arches = resolution.stack, [a for a in resolution.arch_list.split(";") if a]
-    wheel = rules.extension_wheel(ext, stack, resolution.arch)[0] if ext.wheels else None
     common = {"name": ext.name, "version": ext.version, "packages": ext.packages, "modules": ext.modules,
               "requires": ext.requires, "build_only": ext.build_only, "device_code": ext.device_code,
               "cuda_major": stack.cuda.split(".")[0]}
@@ -75,13 +58,12 @@ def _entry(ext, resolution: Resolution) -> dict:
                 "cache_key": cache_key(determines)}
     arch_value = ";".join(a.replace(".", "").replace("+PTX", "") for a in arches) if ext.arch_env else ""
     build_env = {**ext.build_env, **({ext.arch_env: arch_value} if ext.arch_env else {})}
-    patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source}
-               for p in rules.extension_patches(ext, stack)]
-    determines = _determines(ext, resolution, build_env, patches)
+    patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source} for p in build.patches]
+    determines = _determines(build, resolution, build_env, patches)
     return {**common, "wheel": None, "sdist": ext.sdist.model_dump(), "subdirectory": ext.subdirectory,
             "build_requires": ext.build_requires, "build_env": build_env,
             "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads, "patches": patches,
-            "stable_abi": stable_abi(ext, stack), "determines": determines,
+            "stable_abi": build.stable_abi, "determines": determines,
             "cache_key": cache_key(determines)}
 
 
@@ -99,7 +81,7 @@ def spec(resolution: Resolution, cuda_home: Optional[str]) -> dict:
     extension on torch's stable ABI is keyed by CUDA major and arches only (_determines)."""
     return {"arch_list": resolution.arch_list, "cuda_home": cuda_home or "", "cache": paths.EXTENSION_CACHE,
             "record": paths.EXTENSIONS_RECORD, "lock": paths.EXTENSIONS_LOCK, "locked": resolution.lock is not None,
-            "extensions": [_entry(ext, resolution) for ext in _ordered(resolution.extensions)]}
+            "extensions": [_entry(b, resolution) for b in resolution.extension_builds]}
 
 
 def part(ctx: Context) -> Part:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ...image import paths
-from ..blocks import FileCopy, Step, step_files
-from .base import Context, Part
-from .ospackages import apt_step, fabric_packages
+from envbuild.image import paths
+from envbuild.plan.blocks import FileCopy, Step, step_files
+from envbuild.plan.components.base import Context, Part
+from envbuild.plan.components.ospackages import apt_step, fabric_packages
 
 FABRIC_SECRETS = ("ca_cert", "pip_index_url", "source_mirror")
 FABRIC_HEADERS = "fabric/headers.txt"  # under envbuild/ in the build directory: the fabric's pip header lines

@@ -3,9 +3,9 @@ against), the build-only packages dropped (ninja: nothing can JIT at run time), 
 
 from __future__ import annotations
 
-from ...image import paths
-from ..blocks import Step, step_files
-from .base import Context, Part
+from envbuild.image import paths
+from envbuild.plan.blocks import Step, step_files
+from envbuild.plan.components.base import Context, Part
 
 # The guard (PIP_CONSTRAINT): the distributions pinned as built, an extended regular expression
 # over `pip freeze` lines (finish.sh): what the pre-built ops were compiled against.

@@ -3,9 +3,9 @@ downloads them in parallel, and stacks with the same CUDA wheels share them."""
 
 from __future__ import annotations
 
-from ...image import paths
-from ..blocks import Step, step_files
-from .base import Context, Part
+from envbuild.image import paths
+from envbuild.plan.blocks import Step, step_files
+from envbuild.plan.components.base import Context, Part
 
 LAYERS_DIR = "/opt/envbuild-layers"
 # Which layer each package directory of site-packages/nvidia goes in: shell globs, the first

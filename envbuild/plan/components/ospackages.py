@@ -7,11 +7,10 @@ from __future__ import annotations
 import posixpath
 from dataclasses import replace
 
-from ...image import paths
-from ...oslock import archive_url, stage_part
-from ...resolve import Resolution
-from ..blocks import APT_CACHE, STEPS_SOURCE, FileCopy, Step, step_files
-from .base import Context, Part
+from envbuild.image import paths
+from envbuild.plan.blocks import APT_CACHE, STEPS_SOURCE, FileCopy, Step, step_files
+from envbuild.plan.components.base import Context, Part
+from envbuild.resolve.resolver import Resolution
 
 APT_SECRETS = ("ca_cert", "apt_mirror")
 OS_SECRETS = ("ca_cert", "apt_snapshot", "apt_key", "apt_mirror")
@@ -53,9 +52,9 @@ def _lock_files(resolution: Resolution) -> tuple[tuple[str, str], ...]:
     if lock is None:
         return ()
     apt = resolution.facts.family.apt
-    snapshot = archive_url(apt.snapshot, "{archive}", lock.snapshot)
+    snapshot = lock.snapshot_url(apt.snapshot)
     return ((OS_LOCK_FILE, lock.text),
-            *((OS_LOCK_PART.format(stage=stage), stage_part(lock, stage, snapshot, apt.keyring, apt.check_valid_until))
+            *((OS_LOCK_PART.format(stage=stage), lock.stage_part(stage, snapshot, apt.keyring, apt.check_valid_until))
               for stage in resolution.os_locked))
 
 

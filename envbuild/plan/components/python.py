@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import posixpath
 
-from ...image import paths
-from ..blocks import PY_CACHE, FileCopy, Step, step_files
-from .base import Context, Part
+from envbuild.image import paths
+from envbuild.plan.blocks import PY_CACHE, FileCopy, Step, step_files
+from envbuild.plan.components.base import Context, Part
 
 PIP_SECRETS = ("ca_cert", "pip_index_url")
 # The lock's parts in the build directory (under envbuild/), one per step that installs one.

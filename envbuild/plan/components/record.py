@@ -10,15 +10,15 @@ import posixpath
 from dataclasses import fields, replace
 from typing import Optional
 
-from ... import __version__
-from ...image import paths
-from ...registry import local_only
-from ...resolve import EnvVar, Resolution
-from ..blocks import SYSTEM_PATH, FileCopy
-from .. import schema
-from ..model import ImageFacts
-from .base import Context, Part
-from .ospackages import OS_LOCK_FILE, fabric_packages
+from envbuild import __version__
+from envbuild.image import paths
+from envbuild.oci.registry import local_only
+from envbuild.plan import schema
+from envbuild.plan.blocks import SYSTEM_PATH, FileCopy
+from envbuild.plan.components.base import Context, Part
+from envbuild.plan.components.ospackages import OS_LOCK_FILE, fabric_packages
+from envbuild.plan.model import ImageFacts
+from envbuild.resolve.resolver import EnvVar, Resolution
 
 IMAGE_FILES = ("env.sh", "entrypoint.sh", "smoke.py")
 OPTIONAL_REQUEST = ("nccl",)  # recorded only when given: the records of images without it stay as they were

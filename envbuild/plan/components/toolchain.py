@@ -3,9 +3,9 @@ installs it outside the venv, only when something needs nvcc; --keep-toolchain k
 
 from __future__ import annotations
 
-from ..blocks import PY_CACHE, Step, step_files
-from .base import Context, Part
-from .python import PIP_SECRETS, lock_part, uv_env
+from envbuild.plan.blocks import PY_CACHE, Step, step_files
+from envbuild.plan.components.base import Context, Part
+from envbuild.plan.components.python import PIP_SECRETS, lock_part, uv_env
 
 
 def part(ctx: Context) -> Part:

@@ -1,0 +1,194 @@
+"""extensions.yaml: the CUDA extensions `--ext` compiles, and those it refuses to."""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar, Literal, Optional
+
+from pydantic import field_validator, model_validator
+
+from envbuild.knowledge.matrix.fields import _cc, _env_name, _env_pairs, _sha256_hex, _specifier, _Strict, _version
+
+_PYPI_FILE = re.compile(r"https://files\.pythonhosted\.org/packages/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{60}/[A-Za-z0-9_.+-]+")
+
+
+def _word(v: str) -> str:
+    """A name or tag: what an image tag and a --ext value can carry."""
+    if not re.match(r"^[a-z][a-z0-9-]*[a-z0-9]\Z", v):
+        raise ValueError(f"expected lower-case letters, digits and '-', got {v!r}")
+    return v
+
+
+class ExtensionSdist(_Strict):
+    """The sdist the builder compiles: PyPI's file, checked by its sha256 before setup.py runs."""
+
+    filename: str
+    url: str
+    sha256: str
+    size: int
+
+    _sha = field_validator("sha256")(lambda v: _sha256_hex(v))
+
+    @field_validator("url")
+    @classmethod
+    def _pypi(cls, v: str) -> str:
+        """The file's own PyPI address: what pip's --require-hashes download fetches by name."""
+        if not _PYPI_FILE.fullmatch(v):
+            raise ValueError(f"expected a https://files.pythonhosted.org/packages/... file URL, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _named(self):
+        """The file name is the URL's last part (it becomes a path in the builder: no '/', no '..')."""
+        if "/" in self.filename or self.filename.startswith(".") or not self.url.endswith("/" + self.filename):
+            raise ValueError(f"filename {self.filename!r} is not the last part of its url {self.url!r}")
+        return self
+
+
+class ExtensionWheel(ExtensionSdist):
+    """A wheel PyPI publishes for the extension, installed instead of a compile where it fits the
+    stack (rules.extension_wheel): its CPU architecture, the CUDA major its libraries link
+    (libcudart.so.<major>), the torch and Python it was built for. The build audits it as it
+    audits a compiled one (SASS, NEEDED libraries, undefined symbols) before the image keeps it."""
+
+    cpu_arch: Literal["x86_64", "aarch64", "any"]  # any: a pure-Python wheel
+    cuda_major: Optional[str] = None  # None: it links no CUDA library (pure Python)
+    torch: Optional[str] = None  # the torch releases it loads into (None: any the extension accepts)
+    python: Optional[str] = None  # the Pythons its tag admits (None: the extension's own range)
+    source: str  # where its CPU, CUDA and torch facts come from
+
+    _s = field_validator("torch", "python")(lambda v: v if v is None else _specifier(v))
+
+    @field_validator("cuda_major")
+    @classmethod
+    def _major(cls, v):
+        if v is not None and not re.fullmatch(r"1[1-9]", v):
+            raise ValueError(f"expected a CUDA major like '12' or '13', got {v!r}")
+        return v
+
+
+class RunTimeCompile(_Strict):
+    """An extension that compiles its kernels when they are first called (FA4: the CuTe DSL): where
+    that compile's cache lives and what the image does with it (docs/extensions.md)."""
+
+    enable_env: Optional[str] = None  # the variable that turns its on-disk cache on (None: always on)
+    cache_env: str  # the variable naming the cache directory
+    default: str  # where it caches when the variable is unset
+    image: str  # what the image does: the per-job node-local directory env.sh sets
+    source: str  # the file and line of the release that say so
+
+    _n = field_validator("enable_env", "cache_env")(lambda v: v if v is None else _env_name(v))
+
+
+class SourcePatch(_Strict):
+    """One exact text replacement in an unpacked sdist, applied before setup.py runs, for the
+    torch releases `torch` names: upstream's own fix, merged after the sdist was released (its
+    `source`). The build fails unless `old` occurs exactly once in `file`, so a patch never
+    silently does nothing."""
+
+    _multiline: ClassVar[tuple[str, ...]] = ("old", "new")  # lines of source code
+
+    file: str  # relative to the sdist's top directory
+    torch: str  # the torch releases that need it
+    old: str
+    new: str
+    source: str  # the upstream change it reproduces (a public URL)
+
+    _s = field_validator("torch")(_specifier)
+
+    @field_validator("file")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        if v.startswith("/") or ".." in v.split("/"):
+            raise ValueError(f"expected a path inside the sdist, got {v!r}")
+        return v
+
+
+class CudaExtension(_Strict):
+    """A CUDA extension compiled from its sdist in the builder stage, against the image's torch,
+    for the GPU profile's arches only (envbuild/buildsteps/extensions.py), then verified:
+    it imports with no undefined symbol and every shared library carries SASS for the GPU."""
+
+    name: str  # the PyPI distribution name, as users write it in requirements
+    tag: str  # what the image tag says for it, with its version: fa2.8.3
+    description: str
+    version: str
+    sdist: Optional[ExtensionSdist] = None  # compiled from it where no wheel fits (None: wheels only)
+    subdirectory: Optional[str] = None  # the sdist directory whose setup.py builds it (FA3: hopper)
+    wheels: list[ExtensionWheel] = []  # PyPI's wheels, each installed where it fits the stack
+    needs: list[str] = []  # extensions it needs in the same image ({cuda_major}: the stack's)
+    stable_abi: Optional[str] = None  # the torch releases torch's stable C ABI it targets spans
+    device_code: bool = True  # False: a host-only library (TE's torch binding calls the core's kernels)
+    run_time_compile: Optional[RunTimeCompile] = None
+    unbuildable: Optional[str] = None  # why nothing on PyPI builds it, with the file that says so: refused at render
+    aliases: list[str] = []  # other names --ext takes (fa3)
+    packages: list[str]  # the import names of its Python packages
+    modules: list[str]  # its compiled modules (imported by the build check and the smoke test)
+    requires: list[str] = []  # its Requires-Dist names: each must already be in the stack's venv
+    build_only: list[str] = []  # Requires-Dist it needs only to compile (ninja): dropped like DeepSpeed's
+    build_requires: list[str] = []  # what setup.py imports besides torch (in the venv: --no-build-isolation)
+    min_cc: str  # the oldest compute capability its kernels support
+    max_cc: Optional[str] = None  # the newest (None: no ceiling known)
+    torch: str  # the torch releases its source builds against
+    cuda: str  # the CUDA releases its setup.py accepts
+    python: str  # its Requires-Python
+    cpu_arch: list[Literal["x86_64", "aarch64"]] = ["x86_64"]  # architectures it has been built for
+    arch_env: Optional[str] = None  # its own arch variable (None: it follows TORCH_CUDA_ARCH_LIST)
+    build_env: dict[str, str] = {}  # what makes setup.py compile here instead of downloading a wheel
+    patches: list[SourcePatch] = []  # upstream fixes newer than the sdist, for the torch that needs them
+    memory_per_job_gib: Optional[float] = None  # peak memory of one compile job: MAX_JOBS = memory // this
+    nvcc_threads: Optional[int] = None  # NVCC_THREADS: nvcc's own threads per job (memory grows with it)
+    gpu_check: Optional[Literal["attention", "causal-conv1d"]] = None  # the smoke test's GPU check
+    build_time: str  # measured, with the machine
+    sources: dict[str, str]  # fact -> public source (a URL, a file of a named release)
+
+    _e = field_validator("build_env")(lambda v: _env_pairs(v))
+    _v = field_validator("version")(lambda v: _version(v))
+    _c = field_validator("min_cc", "max_cc")(lambda v: v if v is None else _cc(v))
+    _s = field_validator("torch", "cuda", "python")(_specifier)
+    _abi = field_validator("stable_abi")(lambda v: v if v is None else _specifier(v))
+
+    @field_validator("subdirectory")
+    @classmethod
+    def _inside(cls, v):
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", v):
+            raise ValueError(f"expected one directory name inside the sdist, like 'hopper', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _installable(self):
+        """Something to install: an sdist to compile (with the memory one compile job takes) or a
+        wheel."""
+        if self.sdist is None and not self.wheels and not self.unbuildable:
+            raise ValueError(f"{self.name} has neither an sdist to compile nor a wheel to install")
+        if self.sdist is not None and not self.unbuildable and not self.memory_per_job_gib:
+            raise ValueError(f"{self.name} compiles from its sdist and needs memory_per_job_gib (MAX_JOBS)")
+        return self
+
+    @field_validator("name", "tag")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _word(v)
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, v: list[str]) -> list[str]:
+        return [_word(alias) for alias in v]
+
+
+class NotPrebuilt(_Strict):
+    """A package that compiles against torch when pip installs it (PyPI has only its sdist) and
+    that envbuild does not pre-build: named so that `--ext` and `envbuild extend` refuse it with
+    the reason, instead of pip trying in a layer without nvcc (or fetching an unchecked wheel)."""
+
+    name: str  # the PyPI distribution name, canonical
+    version: str  # the newest release checked
+    why: str  # why envbuild does not pre-build it
+    source: str  # the file of the named release that says so
+
+    _v = field_validator("version")(lambda v: _version(v))
+
+
+class ExtensionsFile(_Strict):
+    extensions: list[CudaExtension] = []
+    not_prebuilt: list[NotPrebuilt] = []

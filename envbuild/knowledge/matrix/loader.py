@@ -30,7 +30,7 @@ from envbuild.knowledge.matrix.files.torch_yaml import TorchFile
 NCCL = "nccl.yaml"  # optional: the NCCL releases --nccl may install (envbuild matrix refresh writes it)
 FILES = ("torch.yaml", "deepspeed.yaml", "gpus.yaml", "bases.yaml", "cuda.yaml", "stacks.yaml", "fabrics.yaml")
 
-_MODELS = {
+MODELS = {  # each matrix file and the model that reads it (docs/schemas/ is generated from them)
     "torch.yaml": TorchFile,
     "deepspeed.yaml": DeepspeedFile,
     "gpus.yaml": GpusFile,
@@ -71,7 +71,7 @@ def _load_yaml(path: Path):
 
 def _load_file(path: Path, text: Optional[str] = None):
     """One matrix file validated by its model; `text` is its content where it was read already."""
-    model = _MODELS[path.name]
+    model = MODELS[path.name]
     data = _load_yaml(path) if text is None else parse_yaml(text, f"matrix file {path}")
     try:
         return model.model_validate(data if data is not None else {})

@@ -7,7 +7,7 @@ and what the runtime stage takes from it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol, runtime_checkable
 
 from envbuild.base.emulation import QEMU_CPU_SYSFS
 from envbuild.plan.blocks import FileCopy, Step
@@ -75,3 +75,11 @@ class Part:
     from_builder: tuple[str, ...] = ()  # directories the runtime stage copies from the builder
     image_files: tuple[FileCopy, ...] = ()  # build-directory files the final image carries
     generated: tuple[tuple[str, str], ...] = ()  # build-directory files written from text (path, text)
+
+
+@runtime_checkable
+class Component(Protocol):
+    """A component: a module of plan/components/ with one function, `part(ctx)`, and a docstring
+    that says what it owns (docs/components.md is generated from it). stack.py folds them."""
+
+    def part(self, ctx: Context) -> Part: ...

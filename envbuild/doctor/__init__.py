@@ -2,12 +2,15 @@
 
 signatures.py loads the signatures and their families (matrices/known_issues.yaml),
 reading.py turns any log file into clean blocks of lines in bounded memory and time, ranks.py
-tells which rank printed a line and when, engine.py matches in one streaming pass, flight.py
-reads torch's flight-recorder dumps safely, run.py puts several logs, ranks and dumps together,
-report.py prints the result as text or JSON, image.py reads the manifest of the image a log came from.
+tells which rank printed a line and when, engine.py matches in one streaming pass (screen.py picks
+the lines that concern a signature, trackers.py holds what each signature has seen, finding.py is
+what it reports), flight.py reads torch's flight-recorder dumps safely, run.py puts several logs,
+ranks and dumps together, report.py prints the result as text or JSON, image.py reads the manifest
+of the image a log came from.
 """
 
-from envbuild.doctor.engine import Finding, diagnose_blocks
+from envbuild.doctor.engine import diagnose_blocks
+from envbuild.doctor.finding import Finding
 from envbuild.doctor.image import Image, find_image, read_image
 from envbuild.doctor.reading import Budget, LogReader, parse_size, text_blocks
 from envbuild.doctor.report import render_json, render_text

@@ -186,6 +186,15 @@ def split_flattened(line: str) -> list[str]:
     return [line[a:b] for a, b in zip(bounds, bounds[1:]) if line[a:b].strip()]
 
 
+def rank_order(label: str):
+    """Natural order: rank 2 before rank 10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
+
+
+def sorted_ranks(labels: Iterable[Optional[str]]) -> list[str]:
+    return sorted({label for label in labels if label}, key=rank_order)
+
+
 def timestamp(line: str) -> Optional[tuple]:
     """(kind, comparable fields) of the first timestamp near the start of a line, or None."""
     match = TIME.search(line, 0, 160)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from envbuild.doctor.engine import Finding
+from envbuild.doctor.finding import Finding
 from envbuild.doctor.flight import Recording
 from envbuild.doctor.reading import printable, size_text
 from envbuild.doctor.run import Report

@@ -18,12 +18,14 @@ from typing import Optional
 
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.grammar import escaped
-from envbuild.doctor.engine import MAX_VALUES, Finding, Screen, diagnose_blocks, rank_order, sorted_ranks
+from envbuild.doctor.engine import diagnose_blocks
+from envbuild.doctor.finding import MAX_VALUES, Finding
 from envbuild.doctor.flight import Recording, is_dump, read_recording
-from envbuild.doctor.ranks import file_rank, stream_of, time_text
+from envbuild.doctor.ranks import file_rank, rank_order, sorted_ranks, stream_of, time_text
 from envbuild.doctor.reading import Budget, LogReader, read_head, sniff_binary
 from envbuild.doctor.image import Image
 from envbuild.doctor.said import load_said
+from envbuild.doctor.screen import Screen
 from envbuild.doctor.signatures import Family, KnownIssue, bind_image
 
 MAX_FILES = 10_000

@@ -56,20 +56,8 @@ def matrix_cmd(ctx, as_json, wide, matrix_dir):
 def gpus(as_json, wide, matrix_dir):
     """List the GPU profiles: compute capability, interconnect, NCCL defaults with reasons."""
     from envbuild.knowledge.matrix import load_matrix
-    from envbuild.render.tables import (
-        ENV_HEADERS,
-        GPU_HEADERS,
-        GPU_NARROW,
-        NOT_BAKED_HEADERS,
-        env_blocks,
-        env_rows,
-        gpu_json,
-        gpu_notes,
-        gpu_rows,
-        narrow,
-        not_baked_blocks,
-        not_baked_rows,
-    )
+    from envbuild.render.tables import (ENV_HEADERS, GPU_HEADERS, GPU_NARROW, NOT_BAKED_HEADERS, env_blocks, env_rows,
+                                        gpu_json, gpu_notes, gpu_rows, narrow, not_baked_blocks, not_baked_rows)
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     if as_json:

@@ -308,7 +308,7 @@ def _rank_of(path: str, dumps: dict) -> int:
 
 def _read_one(path: str, kept: int, shared: dict, budget) -> _Dump:
     """One dump within the run's budgets: the time (--max-seconds) and the entries kept over all dumps."""
-    if budget is not None and budget.clock() > budget.deadline:
+    if budget is not None and budget.expired():
         raise DumpRefused(path, f"was not read: the time limit ({budget.max_seconds:g} s, --max-seconds) was spent")
     dump = _compact(load_dump(path), shared)
     if dump.ignored and not dump.entries:

@@ -87,18 +87,26 @@ def size_text(n: int) -> str:
 
 
 class Budget:
-    """What one run may read: bytes of text after decompression and seconds, over all its inputs."""
+    """What one run may read: bytes of text after decompression and seconds, over all its inputs.
+    The seconds count from the first read: loading the signatures and catalogues before it (seconds
+    on a loaded machine) must not use up a short limit before a line is read."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_seconds: float = DEFAULT_MAX_SECONDS,
                  clock: Callable[[], float] = time.monotonic):
         self.max_bytes, self.max_seconds = max_bytes, max_seconds
         self.left = max_bytes
         self.clock = clock
-        self.deadline = clock() + max_seconds
+        self.deadline: Optional[float] = None
+
+    def expired(self) -> bool:
+        """Whether the time is up (the first call starts the clock)."""
+        if self.deadline is None:
+            self.deadline = self.clock() + self.max_seconds
+        return self.clock() > self.deadline
 
     def take(self, data: bytes) -> tuple[bytes, Optional[str]]:
         """The part of `data` the budget allows, and why reading stops here (None: it goes on)."""
-        if self.clock() > self.deadline:
+        if self.expired():
             return b"", f"the time limit ({self.max_seconds:g} s, --max-seconds)"
         if len(data) > self.left:
             data = data[:self.left]

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT
+from envbuild.image import bandwidth, fingerprints, rendezvous
 from envbuild.image import multinode as mn
 from envbuild.image.manifest import UsageError
 
@@ -49,27 +50,27 @@ NSC_EXAMPLES = {
 
 
 def test_hostlist_expands_like_scontrol_show_hostnames():
-    assert mn.expand_hostlist(SKYPILOT_NODELIST) == SKYPILOT_HOSTNAMES.split()
+    assert rendezvous.expand_hostlist(SKYPILOT_NODELIST) == SKYPILOT_HOSTNAMES.split()
 
 
 @pytest.mark.parametrize("hostlist,meaning", NSC_EXAMPLES.items())
 def test_hostlist_matches_python_hostlist(hostlist, meaning):
     """Each range is padded to its own lower bound's width (Slurm's hostlist.c: width =
     strlen(lo)): '01-3' gives 01 02 03, but the '5' after '01-2' stays 'node5'."""
-    assert mn.expand_hostlist(hostlist) == meaning.split(", ")
+    assert rendezvous.expand_hostlist(hostlist) == meaning.split(", ")
 
 
 def test_hostlist_plain_names_and_whitespace():
-    assert mn.expand_hostlist("eu-g4-015") == ["eu-g4-015"]
-    assert mn.expand_hostlist(" a1, b[2-3] ") == ["a1", "b2", "b3"]
-    assert mn.expand_hostlist("") == []
+    assert rendezvous.expand_hostlist("eu-g4-015") == ["eu-g4-015"]
+    assert rendezvous.expand_hostlist(" a1, b[2-3] ") == ["a1", "b2", "b3"]
+    assert rendezvous.expand_hostlist("") == []
 
 
 @pytest.mark.parametrize("bad,words", [("node[3-1]", "bad range '3-1'"), ("node[1-2", "unbalanced '['"),
                                        ("node1-2]", "unbalanced ']'"), ("node[a-b]", "bad range 'a-b'")])
 def test_hostlist_errors_name_the_input(bad, words):
     with pytest.raises(UsageError) as err:
-        mn.expand_hostlist(bad)
+        rendezvous.expand_hostlist(bad)
     assert repr(bad) in str(err.value) and words in str(err.value)
 
 
@@ -87,7 +88,7 @@ LIGHTNING_SRUN_ENV = {
 
 
 def test_srun_environment_from_a_real_job():
-    rdzv = mn.rendezvous_from_env(LIGHTNING_SRUN_ENV)
+    rdzv = rendezvous.rendezvous_from_env(LIGHTNING_SRUN_ENV)
     assert (rdzv.rank, rdzv.world_size, rdzv.local_rank, rdzv.launcher) == (0, 1, 0, "srun")
     assert rdzv.master_addr == "eu-g4-015"
     # Lightning's convention, as its SLURMEnvironment computes it: 15000 + "9018"
@@ -100,15 +101,15 @@ def test_srun_across_nodes_takes_rank_0s_host_from_the_nodelist():
     https://github.com/rstrudel/segmenter/issues/22): SLURM_PROCID 4, SLURM_LOCALID 0."""
     env = {"SLURM_PROCID": "4", "SLURM_LOCALID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "123456",
            "SLURM_JOB_NODELIST": "ml-16-node-[001-002]"}
-    rdzv = mn.rendezvous_from_env(env)
+    rdzv = rendezvous.rendezvous_from_env(env)
     assert (rdzv.rank, rdzv.world_size, rdzv.local_rank) == (4, 8, 0)
     assert (rdzv.master_addr, rdzv.master_port) == ("ml-16-node-001", 18456)
     # the step's own list and task count win over the allocation's (srun -w / -n on part of it)
-    rdzv = mn.rendezvous_from_env(dict(env, SLURM_STEP_NODELIST="ml-16-node-002", SLURM_STEP_NUM_TASKS="4",
+    rdzv = rendezvous.rendezvous_from_env(dict(env, SLURM_STEP_NODELIST="ml-16-node-002", SLURM_STEP_NUM_TASKS="4",
                                        SLURM_PROCID="3"))
     assert (rdzv.master_addr, rdzv.world_size) == ("ml-16-node-002", 4)
     # what the user exports wins over what Slurm implies
-    rdzv = mn.rendezvous_from_env(dict(env, MASTER_ADDR="10.0.0.7", MASTER_PORT="29999"))
+    rdzv = rendezvous.rendezvous_from_env(dict(env, MASTER_ADDR="10.0.0.7", MASTER_PORT="29999"))
     assert (rdzv.master_addr, rdzv.master_port, rdzv.notes) == ("10.0.0.7", 29999, [])
 
 
@@ -116,10 +117,10 @@ def test_torchrun_variables_win_over_slurm():
     """torchrun under srun (one torchrun per node): torchrun's RANK is the rank of the process."""
     env = dict(LIGHTNING_SRUN_ENV, RANK="5", WORLD_SIZE="16", LOCAL_RANK="5", MASTER_ADDR="node-a",
                MASTER_PORT="29400", TORCHELASTIC_RUN_ID="none")
-    rdzv = mn.rendezvous_from_env(env)
+    rdzv = rendezvous.rendezvous_from_env(env)
     assert (rdzv.rank, rdzv.world_size, rdzv.local_rank, rdzv.launcher) == (5, 16, 5, "torchrun")
     assert (rdzv.master_addr, rdzv.master_port) == ("node-a", 29400)
-    plain = mn.rendezvous_from_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h0"})
+    plain = rendezvous.rendezvous_from_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h0"})
     assert (plain.launcher, plain.master_port, plain.local_rank) == ("env", 29500, 0)
     assert "torchrun's default" in plain.notes[0]
 
@@ -136,15 +137,15 @@ def test_torchrun_variables_win_over_slurm():
 ])
 def test_bad_rendezvous_variables_are_usage_errors(env, words):
     with pytest.raises(UsageError) as err:
-        mn.rendezvous_from_env(env)
+        rendezvous.rendezvous_from_env(env)
     assert words in str(err.value)
 
 
 def test_no_variables_is_the_usage_paragraph():
     with pytest.raises(UsageError) as err:
-        mn.rendezvous_from_env({"PATH": "/usr/bin", "HOME": "/root"})
-    assert str(err.value) == mn.USAGE
-    assert "torchrun" in mn.USAGE and "srun" in mn.USAGE and "\n" not in mn.USAGE
+        rendezvous.rendezvous_from_env({"PATH": "/usr/bin", "HOME": "/root"})
+    assert str(err.value) == rendezvous.USAGE
+    assert "torchrun" in rendezvous.USAGE and "srun" in rendezvous.USAGE and "\n" not in rendezvous.USAGE
 
 
 def _cli(*args, env=None, timeout=60):
@@ -159,9 +160,9 @@ def _cli(*args, env=None, timeout=60):
 def test_cli_without_rendezvous_exits_2_with_one_paragraph(tmp_path):
     r = _cli("--multinode")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == mn.USAGE and "Traceback" not in r.stderr
+    assert r.stderr.strip() == rendezvous.USAGE and "Traceback" not in r.stderr
     r = _cli("--multinode", "--json")
-    assert r.returncode == 2 and json.loads(r.stdout) == {"ok": False, "error": mn.USAGE, "checks": []}
+    assert r.returncode == 2 and json.loads(r.stdout) == {"ok": False, "error": rendezvous.USAGE, "checks": []}
 
 
 def test_cli_checks_the_manifest_before_waiting_on_anyone(tmp_path):
@@ -185,30 +186,30 @@ def _fp(rank, host, **over):
 
 def test_same_fingerprints_pass_and_say_what_they_agree_on():
     fps = [_fp(0, "n1"), _fp(1, "n2"), _fp(2, "n3")]
-    assert mn.compare_fingerprints(fps) == []
-    words = mn.describe_same(fps)
+    assert fingerprints.compare_fingerprints(fps) == []
+    words = fingerprints.describe_same(fps)
     assert "all 3 ranks on 3 hosts" in words and "manifest aaaaaaaaaaaa" in words and "driver 580.65.06" in words
 
 
 def test_a_rebuilt_image_under_the_same_tag_is_named_by_host():
     fps = [_fp(0, "n1"), _fp(1, "n2", manifest_sha256="c" * 64), _fp(2, "n3")]
-    diffs = mn.compare_fingerprints(fps)
+    diffs = fingerprints.compare_fingerprints(fps)
     assert [(d["rank"], d["field"], d["blocking"]) for d in diffs] == [(1, "manifest_sha256", False)]
-    words = mn.describe_mismatches(diffs, 3)
+    words = fingerprints.describe_mismatches(diffs, 3)
     assert "host n2 (rank 1)" in words and "cccccccccccc where 2 of 3 ranks have aaaaaaaaaaaa" in words
     assert "n1" not in words and "n3" not in words
 
 
 def test_the_odd_one_out_is_named_even_when_it_is_rank_0():
     fps = [_fp(0, "n1", driver="550.54.15"), _fp(1, "n2"), _fp(2, "n3")]
-    assert [(d["rank"], d["host"], d["value"], d["majority"]) for d in mn.compare_fingerprints(fps)] == \
+    assert [(d["rank"], d["host"], d["value"], d["majority"]) for d in fingerprints.compare_fingerprints(fps)] == \
         [(0, "n1", "550.54.15", "580.65.06")]
 
 
 def test_two_ranks_that_disagree_are_compared_against_rank_0():
     """No majority with two nodes: rank 0 is the reference, so the other one is named."""
     fps = [_fp(0, "n1"), _fp(1, "n2", torch="2.14.1", nccl="2.29.3")]
-    diffs = mn.compare_fingerprints(fps)
+    diffs = fingerprints.compare_fingerprints(fps)
     assert {(d["rank"], d["field"]) for d in diffs} == {(1, "torch"), (1, "nccl")}
     assert all(d["blocking"] for d in diffs)
 
@@ -217,8 +218,8 @@ def test_a_whole_node_of_ranks_is_named_once_with_its_rank_range():
     fps = [_fp(r, f"n{r // 8}", world_size=24) for r in range(24)]
     for r in range(8, 16):
         fps[r].update(gpu="NVIDIA H100 80GB HBM3", driver="570.86.15")
-    diffs = mn.compare_fingerprints(fps)
-    words = mn.describe_mismatches(diffs, 24)
+    diffs = fingerprints.compare_fingerprints(fps)
+    words = fingerprints.describe_mismatches(diffs, 24)
     assert words.count("host n1") == 1 and "(ranks 8-15)" in words
     assert "NVIDIA driver 570.86.15 where 16 of 24 ranks have 580.65.06" in words
     assert "GPU NVIDIA H100 80GB HBM3 where 16 of 24 ranks have NVIDIA H20" in words
@@ -228,7 +229,7 @@ def test_a_whole_node_of_ranks_is_named_once_with_its_rank_range():
 def test_older_images_without_a_fabric_section_compare_as_none(tmp_path):
     man = tmp_path / "manifest.json"
     man.write_text(json.dumps({"tag": "old"}))
-    fp = mn.image_fingerprint({"tag": "old"}, str(man))
+    fp = fingerprints.image_fingerprint({"tag": "old"}, str(man))
     assert fp["fabric"] is None and fp["transport"] is None and fp["lock_sha256"] is None
 
 
@@ -242,21 +243,21 @@ def test_image_fingerprint_hashes_the_manifest_and_the_lock_beside_it(matrix, tm
                                              else files["manifest.json"])
     (tmp_path / "lock.txt").write_bytes(files["envbuild/lock.txt"])
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    first = mn.image_fingerprint(manifest, str(tmp_path / "manifest.json"))
+    first = fingerprints.image_fingerprint(manifest, str(tmp_path / "manifest.json"))
     assert first["tag"] == manifest["tag"] and first["fabric"] == manifest["fabric"]["name"]
     assert first["transport"] == manifest["fabric"]["transport"]
     assert first["lock_sha256"] == hashlib.sha256(files["envbuild/lock.txt"]).hexdigest()
     (tmp_path / "lock.txt").write_bytes(files["envbuild/lock.txt"] + b"\n")
-    second = mn.image_fingerprint(manifest, str(tmp_path / "manifest.json"))
+    second = fingerprints.image_fingerprint(manifest, str(tmp_path / "manifest.json"))
     assert second["lock_sha256"] != first["lock_sha256"] and second["manifest_sha256"] == first["manifest_sha256"]
 
 
 def test_local_rank_picks_the_gpu_or_fails_clearly():
-    assert mn.pick_device(0, 8) == 0 and mn.pick_device(7, 8) == 7
-    assert mn.pick_device(5, 1) == 0  # srun --gpus-per-task=1: each task sees its one GPU as 0
-    assert mn.pick_device(2, 0) is None
+    assert fingerprints.pick_device(0, 8) == 0 and fingerprints.pick_device(7, 8) == 7
+    assert fingerprints.pick_device(5, 1) == 0  # srun --gpus-per-task=1: each task sees its one GPU as 0
+    assert fingerprints.pick_device(2, 0) is None
     with pytest.raises(RuntimeError, match="LOCAL_RANK 4 but only 2 GPUs"):
-        mn.pick_device(4, 2)
+        fingerprints.pick_device(4, 2)
 
 
 # ----------------------------------------------------------------------------- bandwidth
@@ -277,39 +278,39 @@ NCCL_TESTS_LINES = [
 def test_bandwidth_reproduces_nccl_tests(op, nranks, column, line):
     words = line.split()
     micros, algbw, busbw = (float(w) for w in words[column:column + 3])
-    got_alg, got_bus = mn.bandwidth(op, int(words[0]), micros * 1e-6, nranks)
+    got_alg, got_bus = bandwidth.bandwidth(op, int(words[0]), micros * 1e-6, nranks)
     assert got_alg == pytest.approx(algbw, abs=0.006) and got_bus == pytest.approx(busbw, abs=0.006)
 
 
 def test_bandwidth_of_nothing_is_zero():
-    assert mn.bandwidth("all_reduce", 1024, 0.0, 2) == (0.0, 0.0)
+    assert bandwidth.bandwidth("all_reduce", 1024, 0.0, 2) == (0.0, 0.0)
 
 
 def test_message_sizes_are_whole_float32_per_rank():
     for world in (1, 2, 3, 7, 16):
-        sizes = mn.message_sizes(4, world)
+        sizes = bandwidth.message_sizes(4, world)
         assert sizes == sorted(set(sizes)) and sizes[-1] <= 4 * 2**20
         assert all(size % (4 * world) == 0 and size > 0 for size in sizes)
-    assert mn.message_sizes(64, 2) == [2**20, 2**23, 2**26]
+    assert bandwidth.message_sizes(64, 2) == [2**20, 2**23, 2**26]
 
 
 def test_summary_uses_the_slowest_rank_and_names_it():
     results = [{"ok": True, "times": {"all_reduce": {"1048576": 0.010}, "all_gather": {"1048576": 0.004}}},
                {"ok": True, "times": {"all_reduce": {"1048576": 0.020}, "all_gather": {"1048576": 0.003}}},
                {"ok": True, "times": {"all_reduce": {"1048576": 0.012}, "all_gather": {"1048576": 0.002}}}]
-    rows = mn.summarize(results, ["a", "b", "c"], 3)
+    rows = bandwidth.summarize(results, ["a", "b", "c"], 3)
     ar = next(r for r in rows if r["op"] == "all_reduce")
     ag = next(r for r in rows if r["op"] == "all_gather")
     assert (ar["slowest_rank"], ar["slowest_host"], ar["seconds"], ar["fastest_seconds"]) == (1, "b", 0.020, 0.010)
     assert ar["algbw_gbps"] == pytest.approx(2**20 / 0.020 / 1e9, abs=1e-3)
     assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 4 / 3, abs=1e-3)
     assert (ag["slowest_rank"], ag["busbw_gbps"]) == (0, pytest.approx(2**20 / 0.004 / 1e9 * 2 / 3, abs=1e-3))
-    text = mn.op_detail(rows, "all_reduce", "gloo", 3)
+    text = bandwidth.op_detail(rows, "all_reduce", "gloo", 3)
     assert text.startswith("gloo x3: 1 MiB 20.00 ms") and "slowest rank 1 on b" in text
 
 
 def test_rank_words_fold_runs():
-    assert mn.rank_words([5, 1, 2, 3]) == "ranks 1-3, 5"
+    assert fingerprints.rank_words([5, 1, 2, 3]) == "ranks 1-3, 5"
 
 
 # ----------------------------------------------------------------------------- joining
@@ -336,13 +337,13 @@ class DictStore:
 
 def test_missing_ranks_are_named_with_the_hosts_that_did_join():
     store = DictStore({f"fp/{r}": json.dumps(_fp(r, f"node{r}")).encode() for r in (0, 1, 3)})
-    missing = mn.wait_for_ranks(store, 5, 0.1)
+    missing = fingerprints.wait_for_ranks(store, 5, 0.1)
     assert missing == [2, 4]
-    joined = mn.read_fingerprints(DictStore({f"fp/{r}": store.get(f"fp/{r}") for r in range(2)}), 2)
-    text = mn.missing_message(missing, joined, 5, 30)
+    joined = fingerprints.read_fingerprints(DictStore({f"fp/{r}": store.get(f"fp/{r}") for r in range(2)}), 2)
+    text = fingerprints.missing_message(missing, joined, 5, 30)
     assert text.startswith("ranks 2, 4 of 5 never joined within 30s (2 joined, from node0, node1)")
     full = DictStore({f"fp/{r}": b"{}" for r in range(3)})
-    assert mn.wait_for_ranks(full, 3, 0.1) == []
+    assert fingerprints.wait_for_ranks(full, 3, 0.1) == []
 
 
 def test_wait_for_port_keeps_its_own_deadline():
@@ -351,10 +352,10 @@ def test_wait_for_port_keeps_its_own_deadline():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        assert mn.wait_for_port("127.0.0.1", server.getsockname()[1], 2) == ""
+        assert rendezvous.wait_for_port("127.0.0.1", server.getsockname()[1], 2) == ""
         port = server.getsockname()[1]
     start = time.monotonic()
-    why = mn.wait_for_port("127.0.0.1", port, 1.0)
+    why = rendezvous.wait_for_port("127.0.0.1", port, 1.0)
     assert why == f"nothing accepts connections at 127.0.0.1:{port} (refused)"
     assert 0.9 < time.monotonic() - start < 3
 
@@ -389,7 +390,7 @@ def test_a_rank_that_could_not_read_its_stack_is_named_and_stops_the_collectives
 # ----------------------------------------------------------------------------- output
 def _run(rank, world, json_out=False):
     args = SimpleNamespace(json=json_out, timeout=30.0, size_mb=4.0)
-    rdzv = mn.Rendezvous(rank, world, 0, "10.0.0.1", 29500, "env")
+    rdzv = rendezvous.Rendezvous(rank, world, 0, "10.0.0.1", 29500, "env")
     out = io.StringIO()
     run = mn.Run(args, {"tag": "t-h20", "gpu": "h20"}, "/opt/envbuild/manifest.json", rdzv, out)
     run.fp = _fp(rank, f"n{rank}", backend="gloo", gpu=None)
@@ -447,7 +448,8 @@ def test_the_watchdog_fires_after_the_phase_deadline_and_not_before():
 def test_expiry_prints_the_phase_and_exits_1(tmp_path):
     """The watchdog's end in a real process: the rank's line names what it waited for, exit 1."""
     code = ("import io, sys, time; from types import SimpleNamespace; from envbuild.image import multinode as mn\n"
-            "rdzv = mn.Rendezvous(1, 2, 0, 'h', 1, 'env')\n"
+            "from envbuild.image.rendezvous import Rendezvous\n"
+            "rdzv = Rendezvous(1, 2, 0, 'h', 1, 'env')\n"
             "run = mn.Run(SimpleNamespace(json=False, timeout=0.5), {'tag': 't'}, 'm', rdzv, sys.stdout)\n"
             "dog = mn.Watchdog(run.expired); dog.phase('waiting for rank 0', 0.5); time.sleep(30)\n")
     start = time.monotonic()

@@ -3,7 +3,7 @@ warnings (RDMA devices the container cannot use, a small /dev/shm, a GPU node's 
 in), as env.sh applies them at container start and as the smoke test's checks see them.
 
 No GPU, NVIDIA driver or RDMA device exists here. The node's own files are stood in for by a
-directory (ENVBUILD_NODE_ROOT, env.sh's and node.py's test hook): /dev/nvidiactl and
+directory (ENVBUILD_NODE_ROOT, env.sh's and nodefacts.py's test hook): /dev/nvidiactl and
 /proc/driver/nvidia/version with real contents copied from public issue threads (URLs below),
 and the trees in tests/fixtures/nodes (real hosts' sysfs from public threads, real containers'
 /proc captured from Docker; README there); nvidia-smi is a stand-in script printing what the
@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from envbuild.image import checks, node, paths
+from envbuild.image import checks, node, nodefacts, paths
+from envbuild.image.container import container_problems
 
 # (source, /proc/driver/nvidia/version as posted, the version in it)
 DRIVER_FILES = [
@@ -88,45 +89,45 @@ def fake_nvidia_smi(tmp_path: Path, stdout: str, code: int = 0) -> Path:
 # --------------------------------------------------------------------------- parsing (python side)
 @pytest.mark.parametrize("source, text, version", DRIVER_FILES, ids=[d[2] for d in DRIVER_FILES])
 def test_driver_file_parses(source, text, version):
-    assert node.parse_driver_file(text) == version
+    assert nodefacts.parse_driver_file(text) == version
 
 
 def test_nvidia_smi_output_parses():
-    assert node.parse_nvidia_smi(NVIDIA_SMI_TWO_GPUS) == "515.57"
-    assert node.parse_nvidia_smi("\n") is None
-    assert node.parse_nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the driver") is None
+    assert nodefacts.parse_nvidia_smi(NVIDIA_SMI_TWO_GPUS) == "515.57"
+    assert nodefacts.parse_nvidia_smi("\n") is None
+    assert nodefacts.parse_nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the driver") is None
 
 
 @pytest.mark.parametrize("word, ok", [("580.65.06", True), ("384.98", True), ("2017", False), ("15:16:01", False),
                                       ("x86_64", False), ("1.", False), (".5", False), ("1..2", False),
                                       ("٥.٥", False)])
 def test_dotted_number(word, ok):
-    assert node.is_dotted_number(word) is ok
+    assert nodefacts.is_dotted_number(word) is ok
 
 
 def test_read_driver_prefers_the_proc_file_then_nvidia_smi(tmp_path, monkeypatch):
     root = make_root(tmp_path, DRIVER_FILES[1][1])
     monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path, NVIDIA_SMI_TWO_GPUS)))
-    assert node.read_driver(str(root)) == ("565.57.01", node.DRIVER_FILE)
-    assert node.read_driver(str(tmp_path / "elsewhere")) == ("515.57", "nvidia-smi")
+    assert nodefacts.read_driver(str(root)) == ("565.57.01", nodefacts.DRIVER_FILE)
+    assert nodefacts.read_driver(str(tmp_path / "elsewhere")) == ("515.57", "nvidia-smi")
     monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path, "NVIDIA-SMI has failed", code=9)))
-    found, why = node.read_driver(str(tmp_path / "elsewhere"))
+    found, why = nodefacts.read_driver(str(tmp_path / "elsewhere"))
     assert found is None and "exited 9" in why
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert node.read_driver(str(tmp_path / "elsewhere"))[0] is None
+    assert nodefacts.read_driver(str(tmp_path / "elsewhere"))[0] is None
 
 
 def test_probe_sees_gpu_and_infiniband(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    facts = node.probe(str(make_root(tmp_path, DRIVER_FILES[0][1], ib=("mlx5_0", "mlx5_1"))))
+    facts = nodefacts.probe(str(make_root(tmp_path, DRIVER_FILES[0][1], ib=("mlx5_0", "mlx5_1"))))
     assert (facts.driver, facts.gpu_visible, facts.infiniband) == ("384.98", True, ["mlx5_0", "mlx5_1"])
-    bare = node.probe(str(tmp_path / "nothing"))
+    bare = nodefacts.probe(str(tmp_path / "nothing"))
     assert (bare.driver, bare.gpu_visible, bare.infiniband) == (None, False, [])
 
 
 # --------------------------------------------------------------------------- decisions
 def facts(driver="535.104.05", visible=True, ib=()):
-    return node.NodeFacts(driver, "test", visible, list(ib))
+    return nodefacts.NodeFacts(driver, "test", visible, list(ib))
 
 
 def test_driver_floor_env_wins_and_empty_env_silences_only_the_start_warning():
@@ -372,10 +373,11 @@ def test_every_runtime_compile_cache_is_per_job_and_node_local_unless_set(tmp_pa
 
 
 # =========================================================================== container start-up checks
-# RDMA devices the container cannot use, a small /dev/shm, a GPU node's GPUs not handed in: node.py
-# words them (container_problems) and env.sh decides with shell builtins whether to ask it. The
-# fake trees in tests/fixtures/nodes are real machines' sysfs (public threads) and real containers'
-# /proc (captured from Docker here, or pasted in threads): see the README there for each source.
+# RDMA devices the container cannot use, a small /dev/shm, a GPU node's GPUs not handed in:
+# container.py words them (container_problems) and env.sh decides with shell builtins whether to
+# ask it. The fake trees in tests/fixtures/nodes are real machines' sysfs (public threads) and
+# real containers' /proc (captured from Docker here, or pasted in threads): see the README there
+# for each source.
 NODES = ROOT / "tests" / "fixtures" / "nodes"
 HOSTS = sorted(p.name for p in (NODES / "hosts").iterdir())
 CONTAINERS = sorted(p.name for p in (NODES / "containers").iterdir())
@@ -430,19 +432,19 @@ def kinds(problems: list[str]) -> set[str]:
     ("k8s-one-uverbs-mooncake102", None, None, None),
 ])
 def test_container_files_parse(tmp_path, container, memlock, ipc_lock, shm):
-    facts = node.probe(str(node_root(tmp_path, (), container)))
+    facts = nodefacts.probe(str(node_root(tmp_path, (), container)))
     assert (facts.memlock, facts.ipc_lock, facts.shm) == (memlock, ipc_lock, shm)
 
 
 def test_capabilities_and_user_namespaces():
     status = (NODES / "containers" / "userns-remap-root-device-ib" / "proc" / "self" / "status").read_text()
-    assert node.parse_cap_eff(status) >> node.CAP_IPC_LOCK & 1  # bit 14 is set ...
+    assert nodefacts.parse_cap_eff(status) >> nodefacts.CAP_IPC_LOCK & 1  # bit 14 is set ...
     uid_map = (NODES / "containers" / "userns-remap-root-device-ib" / "proc" / "self" / "uid_map").read_text()
-    assert uid_map.split() == ["0", "1000", "1"] and not node.initial_user_namespace(uid_map)  # ... but not here
-    assert node.initial_user_namespace((NODES / "containers" / "docker-default" / "proc" / "self" / "uid_map")
+    assert uid_map.split() == ["0", "1000", "1"] and not nodefacts.initial_user_namespace(uid_map)  # ... but not here
+    assert nodefacts.initial_user_namespace((NODES / "containers" / "docker-default" / "proc" / "self" / "uid_map")
                                        .read_text())
-    assert node.initial_user_namespace(None)  # a kernel without user namespaces has no uid_map
-    assert node.parse_cap_eff("CapEff:\tzz\n") is None and node.parse_cap_eff("") is None
+    assert nodefacts.initial_user_namespace(None)  # a kernel without user namespaces has no uid_map
+    assert nodefacts.parse_cap_eff("CapEff:\tzz\n") is None and nodefacts.parse_cap_eff("") is None
 
 
 @pytest.mark.parametrize("mounts, size", [
@@ -456,7 +458,7 @@ def test_capabilities_and_user_namespaces():
     ("", None),
 ])
 def test_shm_size_from_mounts(mounts, size):
-    assert node.parse_shm(mounts) == size
+    assert nodefacts.parse_shm(mounts) == size
 
 
 @pytest.mark.parametrize("host, rdma, efa", [
@@ -467,13 +469,13 @@ def test_shm_size_from_mounts(mounts, size):
     ("h200-hgx-cubecos259", {}, []),
 ])
 def test_rdma_devices_and_their_drivers(tmp_path, host, rdma, efa):
-    facts = node.probe(str(node_root(tmp_path, (host,), None)))
+    facts = nodefacts.probe(str(node_root(tmp_path, (host,), None)))
     assert {k: (v["driver"], v["link_layers"]) for k, v in facts.rdma.items()} == rdma
     assert facts.infiniband == sorted(rdma) and facts.efa == efa
 
 
 def test_efa_devices(tmp_path):
-    facts = node.probe(str(node_root(tmp_path, ("efa-p5-ekscharts1110",), None)))
+    facts = nodefacts.probe(str(node_root(tmp_path, ("efa-p5-ekscharts1110",), None)))
     assert len(facts.efa) == 16 and facts.efa == facts.infiniband and facts.efa[0] == "rdmap115s0"
     assert {tuple(d["link_layers"]) for d in facts.rdma.values()} == {("Unknown",)}
 
@@ -485,7 +487,7 @@ def test_efa_devices(tmp_path):
     ("roce-bond-nccl451", 0, False),
 ])
 def test_nvidia_gpus_by_pci_class(tmp_path, host, gpus, driver):
-    facts = node.probe(str(node_root(tmp_path, (host,), None)))
+    facts = nodefacts.probe(str(node_root(tmp_path, (host,), None)))
     assert (len(facts.nvidia_gpus), facts.nvidia_driver) == (gpus, driver)
 
 
@@ -499,7 +501,7 @@ def test_nvidia_gpus_by_pci_class(tmp_path, host, gpus, driver):
 ])
 def test_ib_fabric_node_env_condition(tmp_path, hosts, holds):
     """The ib fabric pins NCCL_NET=IB on nodes with non-EFA RDMA devices only."""
-    facts = node.probe(str(node_root(tmp_path, hosts, None)))
+    facts = nodefacts.probe(str(node_root(tmp_path, hosts, None)))
     assert node.condition_holds({"infiniband": "present", "efa": "absent"}, facts)[0] is holds
 
 
@@ -514,7 +516,7 @@ def test_efa_condition(when, node_facts, holds, why):
 
 
 def test_efa_condition_reasons(tmp_path):
-    efa = node.probe(str(node_root(tmp_path, ("efa-p5-ekscharts1110",), None)))
+    efa = nodefacts.probe(str(node_root(tmp_path, ("efa-p5-ekscharts1110",), None)))
     holds, why = node.condition_holds({"efa": "present"}, efa)
     assert holds and why.startswith("EFA rdmap115s0, rdmap116s0")
     assert node.condition_holds({"efa": "absent"}, efa) == (False, "EFA devices " + ", ".join(efa.efa))
@@ -557,8 +559,8 @@ def _scenario_id(s):
                          ids=[_scenario_id(s) for s in SCENARIOS])
 def test_container_problems(tmp_path, monkeypatch, hosts, container, gpu, manifest, environ, want):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    facts = node.probe(str(node_root(tmp_path, hosts, container, gpu)))
-    problems = node.container_problems(facts, manifest, environ)
+    facts = nodefacts.probe(str(node_root(tmp_path, hosts, container, gpu)))
+    problems = container_problems(facts, manifest, environ)
     assert kinds(problems) == want
     assert len(problems) == len({k.split(":")[0] for k in want})  # one paragraph per kind
     for problem in problems:
@@ -568,8 +570,8 @@ def test_container_problems(tmp_path, monkeypatch, hosts, container, gpu, manife
 
 def test_warnings_name_the_cause_and_the_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    facts = node.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259", "roce-bond-nccl451"), "docker-default")))
-    rdma, shm, gpu = node.container_problems(facts, {"cuda": "13.0"}, {})
+    facts = nodefacts.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259", "roce-bond-nccl451"), "docker-default")))
+    rdma, shm, gpu = container_problems(facts, {"cuda": "13.0"}, {})
     for part in ("1 RDMA device (mlx5_bond_0: RoCE)", "cannot use it:", "no /dev/infiniband/uverbs*",
                  "locked-memory limit is 8 MiB", "CAP_IPC_LOCK", "--device /dev/infiniband", "--ulimit memlock=-1",
                  "--cap-add IPC_LOCK", "--bind /dev/infiniband", "--container-mounts=/dev/infiniband",
@@ -582,8 +584,8 @@ def test_warnings_name_the_cause_and_the_flags(tmp_path, monkeypatch):
                  "--gpus all", "--nv", "--gpus=N", "--gres=gpu:N", "NVIDIA_VISIBLE_DEVICES=none"):
         assert part in gpu, part
     # only the flags for the causes found: devices handed in, memlock still too low
-    facts = node.probe(str(node_root(tmp_path / "b", ("ib-2hca-nccl489",), "docker-device-ib")))
-    (rdma, _) = node.container_problems(facts)
+    facts = nodefacts.probe(str(node_root(tmp_path / "b", ("ib-2hca-nccl489",), "docker-device-ib")))
+    (rdma, _) = container_problems(facts)
     assert "--ulimit memlock=-1" in rdma and "--device" not in rdma and "2 RDMA devices" in rdma
 
 
@@ -607,8 +609,8 @@ def test_every_flag_a_warning_names_exists(tmp_path, monkeypatch):
                                                                      "run-tool-options.yaml").read_text()).items()}
     known["srun"] = known["slurm"] | known["pyxis"]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    facts = node.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259", "roce-bond-nccl451"), "docker-default")))
-    problems = node.container_problems(facts, {"cuda": "13.0"}, {})
+    facts = nodefacts.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259", "roce-bond-nccl451"), "docker-default")))
+    problems = container_problems(facts, {"cuda": "13.0"}, {})
     assert kinds(problems) == {"rdma", "rdma:devices", "rdma:memlock", "shm", "gpu"}
     used = [u for p in problems for u in _clause_options(p)]
     assert {o for _, o in used} >= {"device", "ulimit", "cap-add", "bind", "contain", "containall", "container-mounts",
@@ -619,9 +621,9 @@ def test_every_flag_a_warning_names_exists(tmp_path, monkeypatch):
 
 def test_no_cuda_image_gets_no_gpu_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    facts = node.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259",), "docker-shm1g-ipclock")))
-    assert node.container_problems(facts, {"cuda": None}) == []
-    assert kinds(node.container_problems(facts, {"cuda": "12.8"}, {})) == {"gpu"}
+    facts = nodefacts.probe(str(node_root(tmp_path, ("h200-hgx-cubecos259",), "docker-shm1g-ipclock")))
+    assert container_problems(facts, {"cuda": None}) == []
+    assert kinds(container_problems(facts, {"cuda": "12.8"}, {})) == {"gpu"}
 
 
 # --------------------------------------------------------------------------- env.sh against the trees
@@ -640,7 +642,7 @@ def test_env_sh_prints_what_node_py_finds(tmp_path, monkeypatch, shell, hosts, c
     root = node_root(tmp_path, hosts, container, gpu)
     environ_sh, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: "", **environ})
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    expected = node.container_problems(node.probe(str(root)), json.loads(env_sh.manifest.read_text()), environ)
+    expected = container_problems(nodefacts.probe(str(root)), json.loads(env_sh.manifest.read_text()), environ)
     assert err.splitlines() == ["envbuild: warning: " + p for p in expected]
     assert (len(env_sh.python_calls()) == 1) is bool(want)
     assert not [k for k in environ_sh if k.startswith("_envbuild")]
@@ -656,7 +658,7 @@ def test_env_sh_asks_python_exactly_when_it_has_something_to_say(tmp_path, monke
     seen = 0
     for i, (host, container) in enumerate((h, c) for h in [None, *HOSTS] for c in CONTAINERS):
         root = node_root(tmp_path / str(i), (host,) if host else (), container)
-        expected = node.container_problems(node.probe(str(root)))
+        expected = container_problems(nodefacts.probe(str(root)))
         _, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: ""})
         calls = len(env_sh.python_calls())
         assert (calls > seen) is bool(expected), (host, container)
@@ -723,7 +725,7 @@ def test_env_sh_survives_odd_files(tmp_path, shell, name, text):
     marker = tmp_path / "evaluated"
     (root / name).write_text(text.replace("MARKER", str(marker)))
     environ, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: ""})
-    expected = node.container_problems(node.probe(str(root)))
+    expected = container_problems(nodefacts.probe(str(root)))
     assert err.splitlines() == ["envbuild: warning: " + p for p in expected]
     assert environ["TORCH_EXTENSIONS_DIR"] == "/tmp/torch_extensions-42" and not marker.exists()
 
@@ -740,7 +742,7 @@ def test_env_sh_takes_no_nvswitch_for_a_gpu(tmp_path, shell):
     for d in gpus:
         shutil.rmtree(d)
     environ, err = env_sh.run(shell, root, {paths.MIN_DRIVER_ENV: ""})
-    assert err == "" and env_sh.python_calls() == [] and node.probe(str(root)).nvidia_gpus == []
+    assert err == "" and env_sh.python_calls() == [] and nodefacts.probe(str(root)).nvidia_gpus == []
 
 
 def test_node_main_prints_container_warnings_without_a_gpu(tmp_path, monkeypatch, capsys):

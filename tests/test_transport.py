@@ -22,9 +22,11 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from envbuild.image import transport
+from envbuild.image import netverdict, transport
+from envbuild.image.nccllog import net_family, parse_nccl_info
+from envbuild.image.netverdict import transport_verdict
 from envbuild.image.report import Skipped, run_check
-from envbuild.image.transport import check_transport, net_family, parse_nccl_info, transport_verdict
+from envbuild.image.transport import check_transport
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl"
 INDEX = yaml.safe_load((FIXTURES / "INDEX.yaml").read_text())["logs"]
@@ -216,7 +218,7 @@ def test_rdma_devices_are_told_apart_by_their_kernel_driver(tmp_path):
         (device / "driver").symlink_to(f"/sys/bus/pci/drivers/{driver}")
     rdma = transport.node_rdma(str(tmp_path))
     assert rdma == {"mlx5_0": "mlx5_core", "rdmap16s27": "efa"}
-    assert transport.fabric_devices(IB, rdma) == ["mlx5_0"] and transport.fabric_devices(EFA, rdma) == ["rdmap16s27"]
+    assert netverdict.fabric_devices(IB, rdma) == ["mlx5_0"] and netverdict.fabric_devices(EFA, rdma) == ["rdmap16s27"]
     assert transport.node_rdma(str(tmp_path / "absent")) == {}
 
 

@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 
-from . import node, paths, sandbox
+from . import node, nodefacts, paths, sandbox
 from .arch import arch_runs_on
 from .children import GPU_OPTIMIZERS
 from .report import Skipped
@@ -440,14 +440,14 @@ def check_driver(manifest: dict, gpu_mode: bool, facts=None, environ=None):
     In CPU mode a visible driver below the floor still fails: it is why torch sees no GPU.
     With no GPU handed to the container there is nothing to check.
     """
-    facts = node.probe() if facts is None else facts
+    facts = nodefacts.probe() if facts is None else facts
     minimum, source = node.driver_floor(manifest, environ)
     data = {"driver": facts.driver, "min_driver": minimum, "floor_from": source}
     if not gpu_mode and not facts.gpu_visible:
         return Skipped("CPU mode: no GPU handed to this container (no /dev/nvidiactl, no nvidia-smi)", data)
     if not minimum:
         return True, f"driver {facts.driver or '(unknown)'}; no driver floor recorded in the manifest", None, data
-    if not node.is_dotted_number(minimum):
+    if not nodefacts.is_dotted_number(minimum):
         return False, f"invalid driver floor {minimum!r} (from {source}); expected a version like 580.65.06", None, data
     if not facts.driver:
         return True, f"driver version not readable ({facts.driver_source}); floor {minimum} not checked", None, data
@@ -464,7 +464,7 @@ def check_node_env(manifest: dict, gpu_mode: bool, facts=None, environ=None):
 
     env.sh applies them only where a GPU is visible (they tune NCCL), so CPU mode skips.
     """
-    facts = node.probe() if facts is None else facts
+    facts = nodefacts.probe() if facts is None else facts
     environ = os.environ if environ is None else environ
     entries = manifest.get("node_env") or []
     if not entries:

@@ -27,7 +27,7 @@ import os
 import sys
 import tempfile
 
-from . import checks, collectives, fabric, nccl, node, transport
+from . import checks, collectives, fabric, nccl, nodefacts, transport
 from .children import GPU_OPTIMIZERS, child_collective, child_compile, child_ops
 from .manifest import UsageError, load_manifest, manifest_path
 from .report import build_report, exit_code, render_text, run_check
@@ -80,7 +80,7 @@ def run_all(manifest: dict, args, path: str, gpus: int | None = None) -> dict:
     ops = list(manifest.get("ds_ops") or [])
     gpus = count_gpus() if gpus is None else gpus
     args.gpu_numerics = bool(gpus)
-    facts = node.probe()
+    facts = nodefacts.probe()
     with tempfile.TemporaryDirectory(prefix="envbuild-smoke-", ignore_cleanup_errors=True) as work:
         res: dict = {}
 

@@ -18,6 +18,12 @@ class Skipped:
         self.data = data
 
 
+def short_error(error: BaseException, limit: int = 300) -> str:
+    """An exception's first line, bounded (torch's store errors carry C++ backtraces)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text[:limit]
+
+
 def run_check(name: str, fn, *args) -> dict:
     """Run one check; any exception becomes a failed check with its text, never a traceback."""
     start = time.monotonic()

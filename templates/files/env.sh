@@ -69,8 +69,8 @@ case ${ENVBUILD_FR_DUMP_VAR:-} in
 esac
 
 # 2. Node checks, with shell builtins only: on a node with nothing to say no process starts.
-#    The image's Python (-I -S, stdlib only: envbuild_image/node.py, which makes the same tests
-#    and words the warnings) runs only when one of them finds something; it prints each warning
+#    The image's Python (-I -S, stdlib only: envbuild_image/node.py, whose nodefacts.py and
+#    container.py make the same tests and word the warnings) runs only when one of them finds something; it prints each warning
 #    on stderr (one paragraph, with the docker run / apptainer / pyxis flags that fix it) and
 #    NAME=VALUE lines for this script to export. Nothing here fails a start. ENVBUILD_NODE_ROOT
 #    (tests only) stands in for / under /dev, /proc and /sys. Paths: envbuild/image/paths.py.

@@ -49,8 +49,7 @@ def stage(source, directory, platform, key, identity, issuer, unverified, compre
     the image ID, locked so two jobs staging at once export once, checked for free space first
     and by sha256 after; a partial or corrupt file there is refused."""
     from envbuild.base.errors import EnvbuildError
-    from envbuild.builds.enroot import check_stage_directory, source_kind, staging_source
-    from envbuild.builds.enroot import stage as stage_file
+    from envbuild.builds.enroot import check_stage_directory, source_kind, stage as stage_file, staging_source
     from envbuild.supply.verify import check_platform, signed_sqsh, trust_from
 
     say = lambda t: err.print(f"envbuild: {t}", markup=False, soft_wrap=True)  # noqa: E731

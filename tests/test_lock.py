@@ -70,10 +70,10 @@ def test_the_steps_parts_cover_the_lock_exactly_once(matrix):
     plan = stack_plan(resolve(matrix, Request(gpu="h20", stack=CI_STACK)))
     lock = plan.lock
     parts = {name: parse_lock("# [venv]\n" + text, name).pins() for name, text in plan.generated_files.items()
-             if name.startswith("envbuild/knowledge/lock/") and "toolchain" not in name}
-    assert parts["envbuild/knowledge/lock/deepspeed.txt"] == {"deepspeed": "0.19.8"}
-    assert {**parts["envbuild/knowledge/lock/venv.txt"], **parts["envbuild/knowledge/lock/deepspeed.txt"]} == lock.pins()
-    assert len(parts["envbuild/knowledge/lock/venv.txt"]) + 1 == len(lock.pins())
+             if name.startswith("envbuild/lock/") and "toolchain" not in name}
+    assert parts["envbuild/lock/deepspeed.txt"] == {"deepspeed": "0.19.8"}
+    assert {**parts["envbuild/lock/venv.txt"], **parts["envbuild/lock/deepspeed.txt"]} == lock.pins()
+    assert len(parts["envbuild/lock/venv.txt"]) + 1 == len(lock.pins())
 
 
 def test_a_lock_that_disagrees_with_its_row_stops_the_render_with_the_refresh_command(matrix_copy, tmp_path):

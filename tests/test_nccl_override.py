@@ -123,7 +123,7 @@ def test_a_newer_release_replaces_torch_s_pin_in_lock_tag_manifest_and_dockerfil
     assert (o.package, o.version, o.replaced) == ("nvidia-nccl-cu13", "2.31.2", "2.28.9")
     assert [f for f, _ in o.wheels] == ["nvidia_nccl_cu13-2.31.2-py3-none-manylinux_2_18_x86_64.whl"]  # x86_64 only
     files = render_files(r)
-    venv = files["envbuild/knowledge/lock/venv.txt"].decode()
+    venv = files["envbuild/lock/venv.txt"].decode()
     assert "nvidia-nccl-cu13==2.31.2 \\\n    --hash=sha256:" + o.wheels[0][1] in venv
     assert "\nnvidia-nccl-cu13==2.28.9" not in "\n" + venv  # torch's pinned wheel is not installed beside it
     image_lock = parse_lock(files["envbuild/lock.txt"].decode())

@@ -82,10 +82,10 @@ STEPS = {
         "# uv 0.13.9, which installs the lock's parts: PyPI's wheel by its hashes (matrices/bases.yaml installer), "
         "outside the venv, in the builder only\n"
         "COPY envbuild/steps/uv.sh /opt/envbuild-setup/\n"
-        "COPY envbuild/knowledge/lock/uv.txt /opt/envbuild-setup/lock/\n"
+        "COPY envbuild/lock/uv.txt /opt/envbuild-setup/lock/\n"
         f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
         "    bash /opt/envbuild-setup/uv.sh /opt/envbuild-uv /opt/envbuild-setup/lock/uv.txt",
-        {"files": ["envbuild/steps/uv.sh /opt/envbuild-setup/uv.sh", "envbuild/knowledge/lock/uv.txt /opt/envbuild-setup/lock/uv.txt"],
+        {"files": ["envbuild/steps/uv.sh /opt/envbuild-setup/uv.sh", "envbuild/lock/uv.txt /opt/envbuild-setup/lock/uv.txt"],
          "post": ["# uv 0.13.9, which installs the lock's parts: PyPI's wheel by its hashes (matrices/bases.yaml "
                   "installer), outside the venv, in the builder only",
                   "bash /opt/envbuild-setup/uv.sh /opt/envbuild-uv /opt/envbuild-setup/lock/uv.txt"]}),
@@ -93,13 +93,13 @@ STEPS = {
         "# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel); the whole venv "
         "but DeepSpeed, from the stack's lock, every hash checked, by uv\n"
         "COPY envbuild/steps/torch.sh /opt/envbuild-setup/\n"
-        "COPY envbuild/knowledge/lock/venv.txt /opt/envbuild-setup/lock/\n"
+        "COPY envbuild/lock/venv.txt /opt/envbuild-setup/lock/\n"
         f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url "
         "--mount=type=secret,id=torch_index_url \\\n"
         "    ENVBUILD_UV=/opt/envbuild-uv/bin/uv \\\n"
         "    bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps -r /opt/envbuild-setup/lock/venv.txt",
         {"files": ["envbuild/steps/torch.sh /opt/envbuild-setup/torch.sh",
-                   "envbuild/knowledge/lock/venv.txt /opt/envbuild-setup/lock/venv.txt"],
+                   "envbuild/lock/venv.txt /opt/envbuild-setup/lock/venv.txt"],
          "post": ["# torch first: DeepSpeed's ops compile against it (CUDA 13.0, the PyPI default wheel); the whole "
                   "venv but DeepSpeed, from the stack's lock, every hash checked, by uv",
                   "ENVBUILD_UV=/opt/envbuild-uv/bin/uv "
@@ -107,13 +107,13 @@ STEPS = {
     "cuda-toolkit": (
         "# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)\n"
         "COPY envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/\n"
-        "COPY envbuild/knowledge/lock/toolchain.txt /opt/envbuild-setup/lock/\n"
+        "COPY envbuild/lock/toolchain.txt /opt/envbuild-setup/lock/\n"
         f"RUN {PY_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url \\\n"
         "    ENVBUILD_UV=/opt/envbuild-uv/bin/uv \\\n"
         "    bash /opt/envbuild-setup/cuda-toolkit.sh /opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13 --require-hashes "
         "--no-deps -r /opt/envbuild-setup/lock/toolchain.txt",
         {"files": ["envbuild/steps/cuda-toolkit.sh /opt/envbuild-setup/cuda-toolkit.sh",
-                   "envbuild/knowledge/lock/toolchain.txt /opt/envbuild-setup/lock/toolchain.txt"],
+                   "envbuild/lock/toolchain.txt /opt/envbuild-setup/lock/toolchain.txt"],
          "post": ["# nvcc 13.0.2 from PyPI, outside the venv (CUDA ops fused_adam are compiled with nvcc)",
                   "ENVBUILD_UV=/opt/envbuild-uv/bin/uv bash /opt/envbuild-setup/cuda-toolkit.sh /opt/cuda-pypi /opt/cuda-pypi/nvidia/cu13 "
                   "--require-hashes --no-deps -r /opt/envbuild-setup/lock/toolchain.txt"]}),
@@ -122,7 +122,7 @@ STEPS = {
         "every op for cuda\n"
         "COPY envbuild/steps/deepspeed.sh envbuild/steps/cc-wrapper.sh envbuild/steps/nvcc-arch.sh "
         "envbuild/steps/verify_ops.py envbuild/steps/sass_audit.py /opt/envbuild-setup/\n"
-        "COPY envbuild/knowledge/lock/deepspeed.txt /opt/envbuild-setup/lock/\n"
+        "COPY envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/\n"
         f"RUN {PY_CACHE} {EXT_CACHE} --mount=type=secret,id=ca_cert --mount=type=secret,id=pip_index_url "
         "--mount=type=secret,id=compile_cache \\\n"
         "    DS_ACCELERATOR=cuda \\\n    DS_BUILD_OPS=0 \\\n    DS_BUILD_CPU_ADAM=1 \\\n    DS_BUILD_FUSED_ADAM=1 \\\n"
@@ -137,7 +137,7 @@ STEPS = {
                    "envbuild/steps/nvcc-arch.sh /opt/envbuild-setup/nvcc-arch.sh",
                    "envbuild/steps/verify_ops.py /opt/envbuild-setup/verify_ops.py",
                    "envbuild/steps/sass_audit.py /opt/envbuild-setup/sass_audit.py",
-                   "envbuild/knowledge/lock/deepspeed.txt /opt/envbuild-setup/lock/deepspeed.txt"],
+                   "envbuild/lock/deepspeed.txt /opt/envbuild-setup/lock/deepspeed.txt"],
          "post": ["# DeepSpeed with its ops pre-built for the target arches; the build fails unless DeepSpeed "
                   "recorded every op for cuda",
                   "DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 "
@@ -268,8 +268,8 @@ def test_a_stack_without_a_lock_installs_its_pins_and_says_it_is_not_hash_locked
 def test_a_locked_stack_ships_its_lock_and_names_its_digest(ci_plan):
     lock = ci_plan.lock
     assert ci_plan.generated_files["envbuild/lock.txt"] == lock.text
-    assert "deepspeed==" not in ci_plan.generated_files["envbuild/knowledge/lock/venv.txt"]
-    assert ci_plan.generated_files["envbuild/knowledge/lock/deepspeed.txt"].startswith("deepspeed==0.19.8 \\\n    --hash=sha256:")
+    assert "deepspeed==" not in ci_plan.generated_files["envbuild/lock/venv.txt"]
+    assert ci_plan.generated_files["envbuild/lock/deepspeed.txt"].startswith("deepspeed==0.19.8 \\\n    --hash=sha256:")
     assert FileCopy("envbuild/lock.txt", "/opt/envbuild/lock.txt") in ci_plan.image_files.files
     assert dict(ci_plan.labels.pairs)["io.envbuild.lock"] == f"sha256:{lock.sha256}"
     assert ci_plan.manifest["lock"]["sha256"] == lock.sha256 and ci_plan.manifest["lock"]["dropped"] == ["ninja"]
@@ -319,7 +319,7 @@ def test_the_curand_ops_take_the_locks_curand_section_link_it_and_find_it_at_run
 
     m = load_matrix(with_curand_section(matrix_copy))
     plan = stack_plan(resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops=",".join(CURAND_OPS))))
-    venv = plan.generated_files["envbuild/knowledge/lock/venv.txt"]
+    venv = plan.generated_files["envbuild/lock/venv.txt"]
     assert venv.endswith(plan.lock.requirements("curand")) and venv.count("nvidia-curand==") == 1
     steps = {s.name: s.render("docker") for s in plan.builder.steps}
     assert "ENVBUILD_TOOLCHAIN_ADDS=libcurand" in steps["cuda-toolkit"]
@@ -328,7 +328,7 @@ def test_the_curand_ops_take_the_locks_curand_section_link_it_and_find_it_at_run
     assert plan.manifest["lock"]["sections"] == ["venv", "curand"]  # what the smoke test's lock check reads
     assert plan.manifest["lock"]["packages"] == len(plan.lock.sections["venv"]) + 1
     plain = stack_plan(resolve(m, Request(gpu="h20", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam,fused_adam")))
-    assert "curand" not in plain.generated_files["envbuild/knowledge/lock/venv.txt"]
+    assert "curand" not in plain.generated_files["envbuild/lock/venv.txt"]
     assert plain.manifest["lock"]["sections"] == ["venv"]
     assert not any("TOOLCHAIN_ADDS" in s.render("docker") or "LDFLAGS" in s.render("docker") for s in plain.builder.steps)
 
@@ -372,7 +372,7 @@ def test_every_lock_part_installs_with_the_matrixs_uv_by_hash_from_a_cache_mount
     apt step mounts apt's cache."""
     files = _ci_files(matrix)
     pin = matrix.bases.installer
-    assert files["envbuild/knowledge/lock/uv.txt"] == pin.requirement + "\n" and pin.requirement.count("--hash=sha256:") >= 2
+    assert files["envbuild/lock/uv.txt"] == pin.requirement + "\n" and pin.requirement.count("--hash=sha256:") >= 2
     runs = _runs(files["Dockerfile"])
     cache = {"py": "--mount=type=cache,id=envbuild-py,target=/var/cache/envbuild-py,sharing=locked",
              "apt": "--mount=type=cache,id=envbuild-apt,target=/var/cache/envbuild-apt,sharing=locked"}
@@ -428,7 +428,7 @@ def test_the_apptainer_definition_installs_the_lock_with_uv_by_hash_without_cach
     every hash checked, and downloads as before (lib.sh uses a cache only where one is mounted)."""
     files = _ci_files(matrix)
     text = files["Singularity.standalone.def"]
-    assert "envbuild/knowledge/lock/uv.txt /opt/envbuild-setup/lock/uv.txt" in text
+    assert "envbuild/lock/uv.txt /opt/envbuild-setup/lock/uv.txt" in text
     assert "bash /opt/envbuild-setup/uv.sh /opt/envbuild-uv /opt/envbuild-setup/lock/uv.txt" in text
     assert ("ENVBUILD_UV=/opt/envbuild-uv/bin/uv bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps "
             "-r /opt/envbuild-setup/lock/venv.txt") in text
@@ -445,5 +445,5 @@ def test_a_matrix_without_an_installer_installs_with_pip(matrix_copy):
     bases.write_text(re.sub(r"\ninstaller:\n(  .*\n)+", "\n", bases.read_text()))
     files = _ci_files(load_matrix(matrix_copy))
     assert "uv.sh" not in files["Dockerfile"] and "ENVBUILD_UV" not in files["Dockerfile"]
-    assert "envbuild/knowledge/lock/uv.txt" not in files
+    assert "envbuild/lock/uv.txt" not in files
     assert "bash /opt/envbuild-setup/torch.sh - --require-hashes --no-deps" in files["Dockerfile"]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from common import CA, ROOT, STACK, machine, table
 
-from envbuild.knowledge.lock import load_lock, uv_binary  # noqa: E402  (common put this checkout first)
+from envbuild.knowledge.lock import load_lock  # noqa: E402  (common put this checkout first)
+from envbuild.resolve.locking import uv_binary  # noqa: E402
 
 
 def run(*args, env=None):

@@ -170,8 +170,7 @@ UV_SAYS = "accelerate==1.0.0 \\\n    --hash=sha256:" + "ab" * 32 + "\n    # via 
 def stop_network(monkeypatch) -> None:
     """uv and pip-audit are not run (PyPI is not asked): extend's resolution is UV_SAYS, lock's
     and publish's stop with an exit 2 the property knows."""
-    from envbuild.resolve import extend
-    from envbuild.knowledge import lock
+    from envbuild.resolve import extend, locking
     from envbuild.supply import release
     from envbuild.base.errors import EnvbuildError
 
@@ -179,8 +178,8 @@ def stop_network(monkeypatch) -> None:
         raise EnvbuildError("NETWORK-STOP: uv or pip-audit would run here")
 
     monkeypatch.setattr(extend, "compile_requirements", lambda *_, **__: UV_SAYS)
-    monkeypatch.setattr(lock, "compile_requirements", stop)
-    monkeypatch.setattr(lock, "fetch_deepspeed_requires", stop)
+    monkeypatch.setattr(locking, "compile_requirements", stop)
+    monkeypatch.setattr(locking, "fetch_deepspeed_requires", stop)
     monkeypatch.setattr(release, "audit_stack", stop)
 
 

@@ -1,6 +1,7 @@
-"""Hash-locked stacks (envbuild/knowledge/lock.py, `envbuild lock`): the locks in matrices/locks agree
-with their rows, the build installs their parts with hash checking, and uv makes them again
-byte for byte. The builds that install from a lock are in test_docker_e2e.py."""
+"""Hash-locked stacks (envbuild/knowledge/lock.py, made by envbuild/resolve/locking.py: `envbuild
+lock`): the locks in matrices/locks agree with their rows, the build installs their parts with
+hash checking, and uv makes them again byte for byte. The builds that install from a lock are in
+test_docker_e2e.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 
 from conftest import FIXTURE_MATRIX, ROOT, run_here, tree
 from envbuild.base.errors import EnvbuildError
-from envbuild.knowledge.lock import (deepspeed_install_requires, disagreements, expected_fields, load_lock, lock_path,
-                           normalized, parse_lock, stack_lock)
+from envbuild.knowledge.lock import disagreements, expected_fields, load_lock, lock_path, parse_lock, stack_lock
 from envbuild.plan import stack_plan
+from envbuild.resolve.locking import deepspeed_install_requires, normalized
 from envbuild.resolve.resolver import Request, resolve
 
 CI_STACK = "torch2.11-cu130-py3.11-pypi"  # the fixture matrix's PyPI-toolchain stack (locked)
@@ -193,7 +194,7 @@ def test_a_lock_that_cannot_be_checked_from_here_is_not_called_stale(matrix_copy
 
 
 def test_unreachable_is_told_from_no_solution():
-    from envbuild.knowledge.lock import LockOutcome, lock_summary, unreachable
+    from envbuild.resolve.locking import LockOutcome, lock_summary, unreachable
 
     assert unreachable("error: Request failed after 3 retries\n  Caused by: error sending request for url "
                        "(https://download.pytorch.org/whl/cu126/torch/)\n  Caused by: tcp connect error")
@@ -222,7 +223,7 @@ def test_unreachable_is_told_from_no_solution():
      ["download.pytorch.org", "pypi.org"]),
 ])
 def test_an_unreachable_lock_names_the_index_host(message, hosts):
-    from envbuild.knowledge.lock import PYPI_SIMPLE, unreachable, unreachable_hosts
+    from envbuild.resolve.locking import PYPI_SIMPLE, unreachable, unreachable_hosts
 
     assert unreachable(message)
     assert unreachable_hosts(message, ("https://download.pytorch.org/whl/cu126", PYPI_SIMPLE)) == hosts
@@ -231,7 +232,7 @@ def test_an_unreachable_lock_names_the_index_host(message, hosts):
 def test_lock_check_names_the_host_of_the_index_it_could_not_reach(matrix, monkeypatch):
     """lock_stacks itself: the outcome of a stack whose index failed names that index's host
     (uv stands in for a refused index: it cannot be made to fail that way here without the network)."""
-    import envbuild.knowledge.lock as lock
+    import envbuild.resolve.locking as lock
 
     def refuse(inputs, date):
         raise EnvbuildError("error: Request failed after 3 retries\n  Caused by: error sending request for url "

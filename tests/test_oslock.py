@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from envbuild.knowledge import oslock
 from envbuild.base.errors import EnvbuildError
 from envbuild.plan import stack_plan
+from envbuild.resolve import oslocking
 from envbuild.resolve.resolver import Request, os_lock_stages, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,7 @@ def test_the_part_os_sh_reads_has_the_sources_the_base_and_the_debs():
 
 def test_resolver_output_is_read_with_each_deb_in_its_archive():
     roots = {"debian": "http://deb.debian.org/debian", "debian-security": "http://deb.debian.org/debian-security"}
-    resolved = oslock.parse_resolver_output(RESOLVER_OUT.read_text(), roots, "fixture")
+    resolved = oslocking.parse_resolver_output(RESOLVER_OUT.read_text(), roots, "fixture")
     assert resolved.apt == "2.6.1" and len(resolved.base) > 80
     assert {d.name for d in resolved.debs} == {"libibverbs1", "ibverbs-providers", "libnl-3-200", "libnl-route-3-200"}
     assert {d.archive for d in resolved.debs} == {"debian"}
@@ -138,7 +139,7 @@ def test_resolver_output_is_read_with_each_deb_in_its_archive():
 
 def test_resolver_output_naming_another_archive_is_refused():
     with pytest.raises(EnvbuildError, match="from none of the lock's archives"):
-        oslock.parse_resolver_output(RESOLVER_OUT.read_text(), {"debian": "http://elsewhere/debian"}, "fixture")
+        oslocking.parse_resolver_output(RESOLVER_OUT.read_text(), {"debian": "http://elsewhere/debian"}, "fixture")
 
 
 # ---------------------------------------------------------------- what a stage may install
@@ -252,7 +253,7 @@ def test_lock_os_of_a_family_without_an_archive_is_refused(tmp_path):
     from envbuild.knowledge.matrix import load_matrix
 
     with pytest.raises(EnvbuildError, match="no `apt` archive"):
-        oslock.lock_os_stacks(None, load_matrix(matrix_dir), (LOCKED_STACK,))
+        oslocking.lock_os_stacks(None, load_matrix(matrix_dir), (LOCKED_STACK,))
 
 
 def test_a_build_whose_archive_cannot_be_reached_is_exit_2_before_anything_is_written(tmp_path):

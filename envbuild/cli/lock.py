@@ -39,7 +39,7 @@ def lock(stack_ids, check, upgrade, bases, os_packages, base_image, apt_snapshot
     A lock keeps its date (uv --exclude-newer) while it agrees with its stack row, so running
     this again gives the same file; --upgrade moves the date to today. An OS lock records the
     moment of the archive it was resolved from; --check resolves it again at that moment."""
-    from envbuild.knowledge.lock import lock_stacks, lock_summary
+    from envbuild.resolve.locking import lock_stacks, lock_summary
     from envbuild.knowledge.matrix import load_matrix
     from envbuild.supply.audit import service_from
 
@@ -70,10 +70,11 @@ def _print_outcomes(outcomes) -> None:
 def _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot) -> None:
     """lock --os: the OS locks of the chosen stacks (resolved by apt in their base images)."""
     from envbuild.engine import get_engine
-    from envbuild.knowledge.lock import lock_summary
-    from envbuild.knowledge.oslock import check_snapshot_template, lock_os_stacks
+    from envbuild.knowledge.oslock import check_snapshot_template
     from envbuild.knowledge.rules import PLATFORMS
     from envbuild.oci.registry import check_image_reference
+    from envbuild.resolve.locking import lock_summary
+    from envbuild.resolve.oslocking import lock_os_stacks
 
     if not os_packages:
         raise EnvbuildError(f"{'--base-image' if base_image else '--apt-snapshot'} applies to OS locks only: add --os.")
@@ -95,7 +96,7 @@ def _lock_os(m, stack_ids, check, os_packages, base_image, apt_snapshot) -> None
 def _record_bases(m, stack_ids) -> None:
     """lock --bases: the digest each chosen stack's base images have on their registries."""
     from envbuild.builds.digests import record_base_digests
-    from envbuild.knowledge.lock import today
+    from envbuild.resolve.locking import today
 
     refs = [ref for s in m.stacks if not stack_ids or s.id in stack_ids
             for ref in (s.base_images.builder, s.base_images.runtime)]

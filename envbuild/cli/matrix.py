@@ -134,7 +134,7 @@ def nccl(stack_ids, as_json, matrix_dir):
     """List the NCCL releases `--nccl` accepts for each stack: torch's own pin, and every newer 2.x
     of its wheel family with a wheel for the image (a fabric may narrow them further)."""
     from envbuild.knowledge.matrix import load_matrix
-    from envbuild.resolve.resolver import nccl_choices
+    from envbuild.resolve.nccl import nccl_choices
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     for stack_id in stack_ids:

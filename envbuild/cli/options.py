@@ -119,7 +119,8 @@ def request_from(kw):
     from envbuild.knowledge.matrix import load_matrix
     from envbuild.knowledge.validate import parse_extensions
     from envbuild.render.running import image_repo
-    from envbuild.resolve.resolver import Request, parse_env_pairs
+    from envbuild.resolve.inputs import parse_env_pairs
+    from envbuild.resolve.resolver import Request
 
     m = load_matrix(Path(kw["matrix_dir"]) if kw.get("matrix_dir") else None)
     values = {name: kw.get(name, default) for name, default in defaults().items()}
@@ -132,7 +133,7 @@ def secrets_from(kw):
     from envbuild.builds.build import BuildSecrets
     from envbuild.knowledge.oslock import check_snapshot_template
     from envbuild.knowledge.validate import check_mirror_options, compile_cache_secret
-    from envbuild.resolve.resolver import apt_key_file, ca_file
+    from envbuild.resolve.inputs import apt_key_file, ca_file
 
     check_mirror_options(kw)
     check_snapshot_template("--apt-snapshot", kw.get("apt_snapshot"))

@@ -33,10 +33,11 @@ from envbuild.base import grammar
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.files import parse_yaml, read_text
 from envbuild.knowledge import rules
-from envbuild.knowledge.lock import Lock, LockInputs, ResolveFailed, compile_requirements, parse_lock, today
+from envbuild.knowledge.lock import Lock, parse_lock
 from envbuild.knowledge.matrix import Matrix
 from envbuild.knowledge.request import flags
 from envbuild.oci.registry import CONTENT_TAG_DIGITS, split_reference
+from envbuild.resolve.locking import LockInputs, ResolveFailed, compile_requirements, today
 from envbuild.resolve.resolver import Resolution, resolve
 
 EXTEND_LOCK_SOURCE = "envbuild/extend-lock.txt"  # the name parse errors of a layer lock give

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-import ssl
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 from packaging.version import Version
 
 from envbuild.base.errors import EnvbuildError
-from envbuild.base.files import read_bytes
 from envbuild.image import paths
 from envbuild.knowledge import rules, validate
 from envbuild.knowledge.lock import Lock, stack_lock
@@ -48,19 +45,9 @@ from envbuild.knowledge.oslock import OsLock, load_os_lock
 from envbuild.knowledge.request import Request
 from envbuild.knowledge.rules import DEFAULT_CPU_TARGET, PLATFORMS
 from envbuild.oci.registry import READABLE_TAG_MAX, check_readable_tag
+from envbuild.resolve.nccl import NcclOverride, lock_with_nccl, torch_nccl_pin
 
 OPS_IN_TAG = 40  # a longer op list is named by 8 hex digits of its hash: every readable tag fits the tag rule
-
-
-@dataclass(frozen=True)
-class NcclOverride:
-    """The NCCL wheel `--nccl` installs in place of the one torch pins, hash-locked."""
-
-    package: str  # the wheel family torch pins (nvidia-nccl-cu13)
-    version: str
-    replaced: str  # torch's own pin of `package`
-    source: str  # the release's page on PyPI
-    wheels: tuple[tuple[str, str], ...]  # (file, sha256) of the wheels that install on the image
 
 
 @dataclass(frozen=True)
@@ -352,8 +339,8 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     default_ops, _ = rules.select_ops(m, s, arch_list, rules.DEFAULT_OPS, arch, sections_of)
     toolchain = m.bases.toolchains[s.toolchain]
     base_images, os_lock, os_locked, os_unlocked = _bases(m, s, req, arch)
-    pin = _torch_nccl_pin(rel, s)
-    lock, override = _lock_with_nccl(m, s, pin, req, arch, fabric)
+    pin = torch_nccl_pin(rel, s)
+    lock, override = lock_with_nccl(m, s, pin, req, arch, fabric)
     return Resolution(
         request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
         nccl=override.version if override else pin, nccl_override=override,
@@ -396,23 +383,6 @@ def _bases(m: Matrix, s: Stack, req: Request, arch: str):
     return base_images, os_lock, os_locked, os_unlocked
 
 
-def _torch_nccl_pin(rel, s: Stack) -> Optional[str]:
-    """The NCCL release torch pins in stack `s`: read from the PyPI default wheel, so unknown for
-    another CUDA variant (it may bundle another)."""
-    return rel.nccl if s.cuda == rel.default_cuda else None
-
-
-def _lock_with_nccl(m: Matrix, s: Stack, pin: Optional[str], req: Request, arch: str,
-                    fabric: Fabric) -> tuple[Optional[Lock], Optional[NcclOverride]]:
-    """The stack's lock, with the [nccl] section --nccl adds (and the override it records)."""
-    lock = stack_lock(m, s, arch)
-    override = _nccl_override(m, s, pin, lock, req.nccl, arch, fabric) if req.nccl else None
-    if override:
-        lock = lock.with_nccl(override.package, override.version, tuple(sha for _, sha in override.wheels),
-                              (f"replaces {override.package}=={override.replaced}, the pin of torch {s.torch}: "
-                               f"--nccl {override.version}", f"from {override.source}"))
-    return lock, override
-
 
 def _facts(m: Matrix, s: Stack, ops: list[str], cpu_target: str) -> BuildFacts:
     """The matrix's facts the plan needs beside the resolution, so it reads no matrix."""
@@ -421,45 +391,6 @@ def _facts(m: Matrix, s: Stack, ops: list[str], cpu_target: str) -> BuildFacts:
                       ds_build_only=dict(m.deepspeed_file.build_only), forward_compat=m.cuda_file.forward_compat,
                       image_env=tuple(m.gpus_file.image_env), cpu_target=m.gpus_file.cpu_targets[cpu_target],
                       installer=m.bases.installer, compile_cache=m.bases.compile_cache)
-
-
-@dataclass(frozen=True)
-class NcclChoices:
-    """What `--nccl` may install in one stack's image for one CPU architecture."""
-
-    stack: Stack
-    arch: str
-    package: Optional[str]  # the wheel family torch pins (nvidia-nccl-cu13), None where unknown
-    pin: Optional[str]  # torch's own pin of it
-    accepted: tuple[str, ...]  # the releases --nccl accepts, oldest first (torch's pin among them)
-    unusable: Optional[str]  # why no --nccl can be used with the stack, and what to do instead
-
-
-def nccl_choices(m: Matrix) -> list[NcclChoices]:
-    """Each stack, for each CPU architecture it has a lock for (x86_64 where it has none): the
-    NCCL releases --nccl accepts, decided by the rules that decide a render's (rules.accepted_nccl)."""
-    out = []
-    for s in m.stacks:
-        pin = _torch_nccl_pin(m.torch_release(s.torch), s)
-        locks = {arch: stack_lock(m, s, arch) for arch in PLATFORMS}
-        for arch in [a for a, lock in locks.items() if lock is not None] or ["x86_64"]:
-            lock, package = locks[arch], m.nccl_package(s.torch)
-            unusable = rules.nccl_unusable(m, s, pin, lock.pins() if lock else None)
-            accepted = () if unusable else tuple(r.version for r in rules.accepted_nccl(m, s, package, pin, arch))
-            out.append(NcclChoices(s, arch, package.package if package else None, pin, accepted, unusable))
-    return out
-
-
-def _nccl_override(m: Matrix, s: Stack, pin: Optional[str], lock: Optional[Lock], version: str, arch: str,
-                   fabric: Fabric) -> Optional[NcclOverride]:
-    """What --nccl installs (rules.select_nccl decides whether it may); None when it names the
-    release torch pins already (one image, so one tag)."""
-    package, release = rules.select_nccl(m, s, pin, lock.pins() if lock else None, version, arch, fabric)
-    if Version(release.version) == Version(pin):
-        return None
-    wheels = rules.nccl_wheels(release, arch, m.bases.families[s.os].glibc, s.python)
-    return NcclOverride(package=package.package, version=release.version, replaced=pin, source=release.source,
-                        wheels=tuple((w.file, w.sha256) for w in wheels))
 
 
 def os_lock_stages(lock: Optional[OsLock], base_images: dict[str, str], stack_id: str,
@@ -514,61 +445,3 @@ def explain_rows(m: Matrix, req: Request) -> list[tuple[str, str, str]]:
         else:
             rows.append((c.stack.id, "valid", "older than the chosen stack"))
     return rows
-
-
-def parse_env_pairs(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    out = []
-    for p in pairs:
-        if "=" not in p:
-            raise EnvbuildError(f"--env '{p}' must be NAME=VALUE, e.g. --env NCCL_P2P_DISABLE=0.")
-        name, value = p.split("=", 1)
-        out.append((name, value))
-    return tuple(out)
-
-
-def apt_key_file(path: Optional[str]) -> Optional[Path]:
-    """Validate --apt-key: an OpenPGP public key (armored, or apt's binary keyring)."""
-    if not path:
-        return None
-    p = Path(path)
-    data = read_bytes(p, "--apt-key", "ca")
-    armored = b"-----BEGIN PGP PUBLIC KEY BLOCK-----" in data[:4096]
-    # A binary keyring starts with a public-key packet: tag 6, old format (0x98/0x99) or new (0xc6).
-    if not armored and (not data or data[0] not in (0x98, 0x99, 0xC6)):
-        raise EnvbuildError(f"--apt-key {path} is not an OpenPGP public key (neither a '-----BEGIN PGP PUBLIC KEY "
-                            f"BLOCK-----' file nor a binary keyring): give the key that signs the mirror's Release "
-                            f"files, e.g. from `gpg --export --armor KEYID > key.asc`.")
-    return p
-
-
-def ca_file(path: Optional[str]) -> Optional[Path]:
-    """Validate --ca-cert: a readable PEM file."""
-    if not path:
-        return None
-    p = Path(path)
-    text = read_bytes(p, "--ca-cert", "ca").decode("ascii", errors="replace")
-    if "-----BEGIN CERTIFICATE-----" not in text:
-        raise EnvbuildError(f"--ca-cert {path} holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' line); give "
-                            f"the CA's certificate in PEM, such as /etc/ssl/certs/ca-certificates.crt.")
-    try:  # OpenSSL reads every certificate of the bundle, as pip, uv and apt inside the build will
-        count = _certificates(text)
-    except ssl.SSLError as e:
-        why = e.reason or str(e).split(" (_ssl")[0]
-        raise EnvbuildError(f"--ca-cert {path} is not a PEM certificate bundle OpenSSL can read ({why}): a "
-                            f"block between its BEGIN and END lines is not a certificate; give the CA's certificate "
-                            f"as its issuer exported it (`openssl x509 -in CA.crt -text` prints it), such as "
-                            f"/etc/ssl/certs/ca-certificates.crt.") from None
-    if count == 0:
-        raise EnvbuildError(f"--ca-cert {path} holds no certificate OpenSSL can read; give the CA's certificate in "
-                            f"PEM, such as /etc/ssl/certs/ca-certificates.crt.")
-    return p
-
-
-def _certificates(pem: str) -> int:
-    """How many certificates OpenSSL reads from `pem` (ssl.SSLError: a block that is not one)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    blocks = re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", pem, re.S)
-    if not blocks:
-        return 0
-    context.load_verify_locations(cadata="\n".join(blocks))
-    return context.cert_store_stats()["x509"]

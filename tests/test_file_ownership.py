@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
-from envbuild.builds import enroot
+from envbuild.builds import staging
 from envbuild.builds import extcache
 from envbuild.supply import jobcache, release
 from envbuild.base.errors import EnvbuildError
@@ -238,7 +238,7 @@ def test_stage_never_replaces_what_it_did_not_write_in_the_directory(tmp_path, w
     put(kind, shared / which)
     before = snapshot(tmp_path)
     with pytest.raises(EnvbuildError) as refusal, alarm_deadline(60, "stage blocked"):
-        enroot.stage(shared, "image.sqsh", 0, _produce(b"hsqs" + bytes(200)), wait=5)
+        staging.stage(shared, "image.sqsh", 0, _produce(b"hsqs" + bytes(200)), wait=5)
     assert refusal.value.exit_code == 2 and which in refusal.value.message, refusal.value.message
     after = snapshot(tmp_path)
     assert after.pop("shared/.envbuild-stage.lock", None) is not None  # the lock NFS honours: stage's own

@@ -122,7 +122,7 @@ def test_the_published_workflow_builds_aws_efa_from_the_real_urls(production_mat
     """No source mirror in CI: GitHub is reachable there, so fabric.sh fetches the URLs of
     fabrics.yaml (the pins) and checks each tar's sha256. The aws-efa variants are in the jobs
     `envbuild publish --job` runs."""
-    from envbuild.supply.release import find_job
+    from envbuild.supply.jobplan import find_job
 
     text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
     assert "source-mirror" not in text and "127.0.0.1" not in text

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
-from envbuild.builds.enroot import SQUASHFS_MAGIC, SUPERBLOCK
+from envbuild.builds.staging import SQUASHFS_MAGIC, SUPERBLOCK
 from property_settings import EXAMPLES, examples
 from test_hostile_input import HOSTILE, Ran, assert_holds_as_data, envbuild, listing, refused
 

@@ -316,6 +316,7 @@ def test_publish_counts_the_builder_stages_compiles_when_a_layer_cache_built_it_
     `compiles` sums both logs. Without one, a stage log left in the directory is an earlier
     run's and counts nothing. (Stand-in builds: the real job is tests/test_publish_job.py.)"""
     from envbuild.supply import release
+    from envbuild.supply.signing import Signing
     from envbuild.base.errors import EnvbuildError
     from envbuild.knowledge.matrix import load_matrix
 
@@ -331,7 +332,7 @@ def test_publish_counts_the_builder_stages_compiles_when_a_layer_cache_built_it_
         raise EnvbuildError("stand-in build: stops after its logs", exit_code=1)
 
     job = {"id": "j", "stack": "torch2.15-cu132-py3.11-pypi", "platform": "linux/amd64", "extensions": ""}
-    ctx = release.JobContext(load_matrix(), "127.0.0.1:9", "127.0.0.1:9/acme/envbuild", tmp_path, release.Signing(),
+    ctx = release.JobContext(load_matrix(), "127.0.0.1:9", "127.0.0.1:9/acme/envbuild", tmp_path, Signing(),
                              "pypi", build, cache_repo=cache_repo)
     (o,) = release.run_job(ctx, job, [{"variant": "h20:ib:", "tag": "t", "platform": "linux/amd64", "gpu": "h20",
                                        "stack": job["stack"], "fabric": "ib"}])

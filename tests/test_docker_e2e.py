@@ -423,7 +423,7 @@ def test_an_unchanged_image_is_pulled_from_the_layer_cache_on_an_empty_engine(h2
         assert said == [f"layer cache: the builder stage is {cache.builder}"], said
         docker("tag", cold.image_id, cache.final)
         docker("push", cache.final, timeout=1800)
-        from envbuild.supply.release import _held_refs  # what `publish --plan` reports
+        from envbuild.supply.jobplan import _held_refs  # what `publish --plan` reports
         assert _held_refs(REGISTRY, [cache.builder, cache.final, f"{cache_repo}:absent"]) == {
             cache.builder: True, cache.final: True, f"{cache_repo}:absent": False}
 

@@ -15,7 +15,8 @@ import pytest
 
 from conftest import BASE_IMAGE as BASE
 from conftest import DOCKER, ROOT, need_tool, run_cli, run_here
-from envbuild.builds.enroot import enroot_files, sha256_file, stage
+from envbuild.builds.enroot import enroot_files, sha256_file
+from envbuild.builds.staging import stage
 
 
 def _sqsh(path, size=3 * 2**20):
@@ -59,12 +60,12 @@ def test_a_truncated_staged_file_is_refused_with_its_checksum(tmp_path):
 
 
 def test_no_space_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    from envbuild.builds import enroot
+    from envbuild.builds import staging
     from envbuild.base.errors import EnvbuildError
 
     shared = tmp_path / "shared"
     shared.mkdir()
-    monkeypatch.setattr(enroot.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10, 10, 2**20))
+    monkeypatch.setattr(staging.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10, 10, 2**20))
     with pytest.raises(EnvbuildError, match=r"has 0.00 GiB free; staging x.sqsh needs"):
         stage(shared, "x.sqsh", 5 * 2**20, lambda dest: pytest.fail("nothing may be written"))
     assert sorted(p.name for p in shared.iterdir()) == [".envbuild-stage.lock"]

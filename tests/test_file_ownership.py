@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
-from envbuild.builds import enroot
+from envbuild.builds import staging
 from envbuild.builds import extcache
-from envbuild.supply import release
+from envbuild.supply import jobcache, release
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.grammar import escaped
 from test_hostile_input import envbuild, refused
@@ -180,7 +180,7 @@ def test_a_file_and_key_envbuild_wrote_are_replaced_and_the_key_follows_the_whee
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("step", ["load", "save"])
 def test_the_jobs_ext_cache_steps_refuse_and_keep_a_file_envbuild_did_not_write(work, step, kind):
-    """release.ext_cache_load / ext_cache_save called on their own (as a caller other than the
+    """jobcache.ext_cache_load / ext_cache_save called on their own (as a caller other than the
     CLI would): exit 2 naming the file, nothing removed (main's load unlinked a file it refused,
     its save unlinked whatever was there)."""
     from envbuild.knowledge.matrix import load_matrix
@@ -193,10 +193,10 @@ def test_the_jobs_ext_cache_steps_refuse_and_keep_a_file_envbuild_did_not_write(
     job = {"extensions": "flash-attn", "stack": "x"}
     with pytest.raises(EnvbuildError) as refusal, alarm_deadline(60, f"ext_cache_{step} blocked"):
         if step == "load":
-            release.ext_cache_load(load_matrix(FIXTURE_MATRIX), job, Path("cache.tar"), "debian:bookworm", print)
+            jobcache.ext_cache_load(load_matrix(FIXTURE_MATRIX), job, Path("cache.tar"), "debian:bookworm", print)
         else:
-            release.ext_cache_save(load_matrix(FIXTURE_MATRIX), job, Path("cache.tar"), work / "out", "debian:bookworm",
-                                   print)
+            jobcache.ext_cache_save(load_matrix(FIXTURE_MATRIX), job, Path("cache.tar"), work / "out", "debian:bookworm",
+                                    print)
     assert refusal.value.exit_code == 2 and "cache.tar" in refusal.value.message
     assert "\n\n" not in refusal.value.message
     assert snapshot(work) == before
@@ -210,8 +210,8 @@ def test_a_saved_file_load_refuses_is_kept_for_the_jobs_save_to_replace(work):
     _tar(work / "cache.tar", {extcache.MARKER: MARKED, "../x/y/z.whl": b"w"})
     before = snapshot(work)
     said = []
-    release.ext_cache_load(load_matrix(FIXTURE_MATRIX), {"extensions": "flash-attn", "stack": "x"}, Path("cache.tar"),
-                           "debian:bookworm", said.append)
+    jobcache.ext_cache_load(load_matrix(FIXTURE_MATRIX), {"extensions": "flash-attn", "stack": "x"}, Path("cache.tar"),
+                            "debian:bookworm", said.append)
     assert snapshot(work) == before and "was refused" in said[0]
 
 
@@ -238,7 +238,7 @@ def test_stage_never_replaces_what_it_did_not_write_in_the_directory(tmp_path, w
     put(kind, shared / which)
     before = snapshot(tmp_path)
     with pytest.raises(EnvbuildError) as refusal, alarm_deadline(60, "stage blocked"):
-        enroot.stage(shared, "image.sqsh", 0, _produce(b"hsqs" + bytes(200)), wait=5)
+        staging.stage(shared, "image.sqsh", 0, _produce(b"hsqs" + bytes(200)), wait=5)
     assert refusal.value.exit_code == 2 and which in refusal.value.message, refusal.value.message
     after = snapshot(tmp_path)
     assert after.pop("shared/.envbuild-stage.lock", None) is not None  # the lock NFS honours: stage's own

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_here
-from envbuild.supply import release
+from envbuild.supply import jobplan
 from envbuild.builds.build import LayerCache, build_image
 from envbuild.engine import BuildOutcome, BuildSecrets, RegistryError
 from envbuild.knowledge.matrix import load_matrix
@@ -72,12 +72,12 @@ def test_without_a_cache_the_build_is_one_build_as_before(build_dir):
 
 def test_each_variant_has_its_own_references_under_the_job_s_registry():
     m = load_matrix(ROOT / "matrices")
-    _, variants, _ = release.find_job(m, "torch2.15-cu132-py3.12-arm64")
+    _, variants, _ = jobplan.find_job(m, "torch2.15-cu132-py3.12-arm64")
     v = variants[0]
-    cache = release.layer_cache("ghcr.io/acme/envbuild-cache", "ghcr.io/acme/envbuild", v)
+    cache = jobplan.layer_cache("ghcr.io/acme/envbuild-cache", "ghcr.io/acme/envbuild", v)
     assert cache.builder == f"ghcr.io/acme/envbuild-cache:{v['tag']}-arm64-builder"
     assert cache.final == f"ghcr.io/acme/envbuild:{v['tag']}-arm64"  # the per-platform tag publish pushes
-    assert release.layer_cache(None, "ghcr.io/acme/envbuild", v) is None
+    assert jobplan.layer_cache(None, "ghcr.io/acme/envbuild", v) is None
 
 
 @pytest.mark.parametrize("value", ["a\nb", "ghcr.io/acme/cache'", "$(id)", "ghcr.io/acme/Cache", "x:tag"])

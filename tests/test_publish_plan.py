@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import ROOT, run_here
-from envbuild.supply import release
+from envbuild.supply import heartbeat, jobplan, release
 from envbuild.base.errors import EnvbuildError
 from envbuild.knowledge.matrix import load_matrix
 
@@ -26,7 +26,7 @@ def m():
 
 @pytest.fixture(scope="module")
 def job(m):
-    return release.find_job(m, JOB)
+    return jobplan.find_job(m, JOB)
 
 
 @pytest.mark.parametrize("given, chosen", [
@@ -39,7 +39,7 @@ def job(m):
 ])
 def test_variants_choose_part_of_a_job(m, job, given, chosen):
     j, variants, _ = job
-    assert [v["variant"] for v in release.select_variants(m, j, variants, given)] == chosen
+    assert [v["variant"] for v in jobplan.select_variants(m, j, variants, given)] == chosen
 
 
 @pytest.mark.parametrize("given, words", [
@@ -56,7 +56,7 @@ def test_variants_choose_part_of_a_job(m, job, given, chosen):
 def test_a_variant_that_names_no_one_variant_of_the_job_is_refused(m, job, given, words):
     j, variants, _ = job
     with pytest.raises(EnvbuildError) as e:
-        release.select_variants(m, j, variants, (given,))
+        jobplan.select_variants(m, j, variants, (given,))
     assert e.value.exit_code == 2 and "\n" not in e.value.message
     for w in words:
         assert w in e.value.message, e.value.message
@@ -100,22 +100,22 @@ def test_a_missing_tool_is_named_before_anything_is_built(tmp_path, key):
 def test_the_next_command_merges_each_tag_this_job_completes(m, job):
     j, variants, _ = job
     h20 = [v for v in variants if v["variant"] == "h20:ib:"]
-    ok = release.Outcome("h20:ib:", h20[0]["tag"], "linux/amd64", ok=True)
-    assert release.next_manifests(m, [ok], h20) == [(h20[0]["tag"], True)]
-    failed = release.Outcome("h20:ib:", h20[0]["tag"], "linux/amd64")
-    assert release.next_manifests(m, [failed], h20) == []
+    ok = jobplan.Outcome("h20:ib:", h20[0]["tag"], "linux/amd64", ok=True)
+    assert jobplan.next_manifests(m, [ok], h20) == [(h20[0]["tag"], True)]
+    failed = jobplan.Outcome("h20:ib:", h20[0]["tag"], "linux/amd64")
+    assert jobplan.next_manifests(m, [failed], h20) == []
 
 
 def test_a_tag_two_platforms_serve_waits_for_the_other_job(m):
     """h100's tag also serves gh200's arm64 image (publish.yaml multiarch): one job is half of it."""
-    j, variants, _ = release.find_job(m, "torch2.15-cu132-py3.12-amd64")
+    j, variants, _ = jobplan.find_job(m, "torch2.15-cu132-py3.12-amd64")
     h100 = [v for v in variants if v["variant"] == "h100:ib:"]
-    ok = release.Outcome("h100:ib:", h100[0]["tag"], "linux/amd64", ok=True)
-    assert release.next_manifests(m, [ok], h100) == [(h100[0]["tag"], False)]
+    ok = jobplan.Outcome("h100:ib:", h100[0]["tag"], "linux/amd64", ok=True)
+    assert jobplan.next_manifests(m, [ok], h100) == [(h100[0]["tag"], False)]
 
 
 def test_a_long_step_says_it_is_alive_and_what_buildkit_runs(monkeypatch):
-    monkeypatch.setattr(release, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(heartbeat, "HEARTBEAT_S", 0.05)
     said, activity = [], {}
     lock = threading.Lock()
 
@@ -128,7 +128,7 @@ def test_a_long_step_says_it_is_alive_and_what_buildkit_runs(monkeypatch):
         time.sleep(0.4)
         return "done"
 
-    o = release.Outcome("h20:ib:", "t", "linux/amd64")
+    o = jobplan.Outcome("h20:ib:", "t", "linux/amd64")
     ctx = release.JobContext(None, "r", "r/envbuild", None, None, "pypi", None, say=say, activity=activity)
     assert release._timed(o, "build", step, ctx) == "done"
     assert said[0] == "h20:ib:: build: started"

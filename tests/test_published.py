@@ -21,6 +21,8 @@ from envbuild.supply import provenance
 from envbuild.supply import published
 
 from envbuild.supply import release
+from envbuild.supply import signing
+from envbuild.supply.jobplan import outcome_lines
 
 from envbuild.supply import sbom
 from envbuild.knowledge.matrix import load_matrix
@@ -105,7 +107,7 @@ def _job(tmp_path, client, found, service, calls) -> list:
         calls.append(v["variant"])
         raise EnvbuildError("stand-in build: not reached when the variant is handed on", exit_code=1)
 
-    ctx = release.JobContext(m, client.host, f"{client.host}/{REPO}", tmp_path, release.Signing(), service, build,
+    ctx = release.JobContext(m, client.host, f"{client.host}/{REPO}", tmp_path, signing.Signing(), service, build,
                              render=render, trust=found)
     return release.run_job(ctx, job, [variant])
 
@@ -123,7 +125,7 @@ def test_the_job_hands_the_digest_on_and_builds_nothing(registry, keys, tmp_path
     assert "build" not in o.seconds and {"published before", "audit"} <= set(o.seconds)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["outcomes"][0]["published_before"] == o.published_before
-    assert release.outcome_lines([o], f"{client.host}/{REPO}")[0].startswith(f"unchanged h20:ib:  {client.host}/")
+    assert outcome_lines([o], f"{client.host}/{REPO}")[0].startswith(f"unchanged h20:ib:  {client.host}/")
 
     calls.clear()
     (o,) = _job(tmp_path / "other-key", client, _trust(keys, "ecdsa"), "pypi", calls)
@@ -153,7 +155,7 @@ def test_republish_builds_what_is_published(registry, keys, tmp_path, monkeypatc
     monkeypatch.setattr(release, "get_engine", lambda: None)
     calls: list = []
     m = load_matrix()
-    ctx = release.JobContext(m, client.host, f"{client.host}/{REPO}", tmp_path, release.Signing(), "pypi",
+    ctx = release.JobContext(m, client.host, f"{client.host}/{REPO}", tmp_path, signing.Signing(), "pypi",
                              lambda v, d: calls.append(v) or (_ for _ in ()).throw(EnvbuildError("x")),
                              render=lambda v, d: pytest.fail("--republish renders in the build, not before it"),
                              trust=_trust(keys), republish=True)
@@ -165,11 +167,11 @@ def test_republish_builds_what_is_published(registry, keys, tmp_path, monkeypatc
 
 def test_publish_trust_is_the_jobs_own_signer(keys, monkeypatch):  # noqa: F811
     signer = provenance.load_signer(str(keys["ed25519"][0]))
-    assert release.publish_trust(release.Signing(signer=signer)).key.keyid == signer.public_key.keyid
+    assert signing.publish_trust(signing.Signing(signer=signer)).key.keyid == signer.public_key.keyid
     monkeypatch.delenv("GITHUB_WORKFLOW_REF", raising=False)
-    assert release.publish_trust(release.Signing(keyless=True)) is None  # outside Actions: no identity to name
+    assert signing.publish_trust(signing.Signing(keyless=True)) is None  # outside Actions: no identity to name
     monkeypatch.setenv("GITHUB_WORKFLOW_REF", "acme/envbuild/.github/workflows/publish.yml@refs/heads/main")
-    assert "publish\\.yml@refs/heads/main" in release.publish_trust(release.Signing(keyless=True)).identity
+    assert "publish\\.yml@refs/heads/main" in signing.publish_trust(signing.Signing(keyless=True)).identity
 
 
 @pytest.mark.parametrize("doc", [b"[" * 100_000 + b"]" * 100_000, b'{"n": ' + b"9" * 5000 + b"}", b"\xff\xfe"])

@@ -188,7 +188,7 @@ def test_keyless_signing_needs_cosign(keys, tmp_path, monkeypatch):
     """Keyless signing is cosign's (CI installs it); without it, a clear refusal naming the
     alternative, before anything is built."""
     from envbuild.base.errors import EnvbuildError
-    from envbuild.supply.release import cosign
+    from envbuild.supply.signing import cosign
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EnvbuildError, match="--signing-key where there is no Sigstore"):
@@ -200,6 +200,7 @@ def test_a_failing_variant_publishes_nothing_and_the_others_go_on(tmp_path, monk
     second is still attempted; each outcome names its step, no digest is handed on for either,
     and the job's report says so. The real job of the CI stack runs in tests/test_publish_job.py."""
     from envbuild.supply import release
+    from envbuild.supply.signing import Signing
     from envbuild.base.errors import EnvbuildError
     from envbuild.knowledge.matrix import load_matrix
 
@@ -215,7 +216,7 @@ def test_a_failing_variant_publishes_nothing_and_the_others_go_on(tmp_path, monk
     job = {"id": "j", "stack": "torch2.15-cu132-py3.11-pypi", "platform": "linux/amd64", "extensions": ""}
     variants = [{"variant": f"{g}:ib:", "tag": f"t-{g}", "platform": "linux/amd64", "gpu": g, "stack": job["stack"],
                  "fabric": "ib"} for g in ("h100", "h20")]
-    ctx = release.JobContext(m, "127.0.0.1:9", "127.0.0.1:9/envbuild", tmp_path, release.Signing(), "pypi", build)
+    ctx = release.JobContext(m, "127.0.0.1:9", "127.0.0.1:9/envbuild", tmp_path, Signing(), "pypi", build)
     outcomes = release.run_job(ctx, job, variants)
     assert attempted == ["h100:ib:", "h20:ib:"]
     assert [(o.ok, o.failed_step) for o in outcomes] == [(False, "build"), (False, "build")]

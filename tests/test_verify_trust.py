@@ -22,7 +22,7 @@ from conftest import FIXTURE_MATRIX, run_here
 from envbuild.supply import provenance
 from envbuild.supply import sbom
 from envbuild.oci.artifacts import Blob, Descriptor, Registry
-from envbuild.builds.enroot import SQSH_TYPE
+from envbuild.builds.staging import SQSH_TYPE
 from envbuild.base.errors import EnvbuildError
 from envbuild.oci.registry import OCI_MANIFEST
 from envbuild.supply.verify import SMOKE_TYPE, Trust, signed_sqsh, targets, verify_target

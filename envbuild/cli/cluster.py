@@ -22,7 +22,8 @@ COMPRESSION = click.option("--compression", type=click.Choice(["zstd", "gzip", "
 def export_cmd(image, as_enroot, output, compression):
     """Write IMAGE (a local Docker image) as an enroot squashfs: its environment, entrypoint and
     volumes wired as `enroot import` does; the same image gives the same bytes (sha256)."""
-    from envbuild.builds.enroot import export_sqsh, staged_name
+    from envbuild.builds.enroot import export_sqsh
+    from envbuild.builds.staging import staged_name
 
     target = Path(output) if output else Path(staged_name(_image_id(image)))
     sqsh = export_sqsh(image, target, compression, progress=lambda t: err.print(f"envbuild: {t}", markup=False))
@@ -49,7 +50,7 @@ def stage(source, directory, platform, key, identity, issuer, unverified, compre
     the image ID, locked so two jobs staging at once export once, checked for free space first
     and by sha256 after; a partial or corrupt file there is refused."""
     from envbuild.base.errors import EnvbuildError
-    from envbuild.builds.enroot import check_stage_directory, source_kind, stage as stage_file, staging_source
+    from envbuild.builds.staging import check_stage_directory, source_kind, stage as stage_file, staging_source
     from envbuild.supply.verify import check_platform, signed_sqsh, trust_from
 
     say = lambda t: err.print(f"envbuild: {t}", markup=False, soft_wrap=True)  # noqa: E731

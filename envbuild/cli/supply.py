@@ -79,7 +79,7 @@ def publish(job_id, manifest_tag, list_jobs, registry, signing_key, keyless, key
     names each failed variant and its step."""
     from envbuild.knowledge.matrix import load_matrix
     from envbuild.supply.ci import publish_plan
-    from envbuild.supply.release import cache_repo_from, job_plan
+    from envbuild.supply.jobplan import cache_repo_from, job_plan
 
     m = load_matrix(Path(matrix_dir) if matrix_dir else None)
     _one_mode(job_id, manifest_tag, list_jobs, variant_ids or show_plan)
@@ -121,7 +121,8 @@ def _image_repo(registry, name) -> str:
 
 
 def _manifest(m, registry, image_repo, tag, digests, signing_key, keyless, key, identity) -> None:
-    from envbuild.supply.release import manifest_sources, publish_manifest, signing_from
+    from envbuild.supply.manifestjob import manifest_sources, publish_manifest
+    from envbuild.supply.signing import signing_from
     from envbuild.supply.verify import trust_from
 
     signing = signing_from(signing_key, keyless, required=False)
@@ -142,21 +143,11 @@ def _run_job(m, job_id, variant_ids, registry, image_repo, signing_args, service
     from envbuild.builds.build import build_image
     from envbuild.cli.stack import render_to
     from envbuild.supply.audit import service_from
-    from envbuild.supply.release import (
-        JobContext,
-        build_hooks,
-        check_tools,
-        ext_cache_load,
-        ext_cache_save,
-        find_job,
-        layer_cache,
-        next_commands,
-        outcome_lines,
-        publish_trust,
-        run_job,
-        select_variants,
-        signing_from,
-    )
+    from envbuild.supply.heartbeat import build_hooks
+    from envbuild.supply.jobcache import ext_cache_load, ext_cache_save
+    from envbuild.supply.jobplan import find_job, layer_cache, next_commands, outcome_lines, select_variants
+    from envbuild.supply.release import JobContext, check_tools, run_job
+    from envbuild.supply.signing import publish_trust, signing_from
 
     signing = signing_from(*signing_args)
     job, variants, _ = find_job(m, job_id)

@@ -10,7 +10,7 @@ attached beside the image (each by sha256): one signature vouches for all of the
 Signing with a key goes through securesystemslib (in-toto's crypto library: its DSSE envelope
 and its pyca/cryptography signer), the statement's shape is checked with in-toto-attestation's
 own Statement and Provenance definitions. Keyless signing (Sigstore) is cosign's, in CI
-(:mod:`envbuild.supply.release`): it needs an OIDC identity, Fulcio and Rekor.
+(:mod:`envbuild.supply.signing`): it needs an OIDC identity, Fulcio and Rekor.
 """
 
 from __future__ import annotations

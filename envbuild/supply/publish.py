@@ -236,7 +236,7 @@ def merge(registry: str, name: str, tag: str, digests: list[str],
     """Publish NAME:TAG as one manifest list of the single-platform images `digests` (pushed
     with ``--by-platform``), only if each is vouched for: by default a passed smoke record on
     this machine for that platform (the manifest job on another machine vouches with each
-    digest's signed provenance instead, :mod:`envbuild.supply.release`); then read the list back and
+    digest's signed provenance instead, :mod:`envbuild.supply.manifestjob`); then read the list back and
     check it serves exactly those images."""
     check_reachable(registry)
     images = [platform_image(registry, name, d) for d in digests]

@@ -20,6 +20,11 @@ fails at any step publishes nothing and the others go on:
 Steps 6 to 8 touch the registry. If one of them fails, what was attached is taken back out of
 the referrers index and deleted where the registry allows, the digest is not handed on, so no
 published tag ever serves the image, and the failure says what is left in the registry.
+
+Around it: :mod:`envbuild.supply.jobplan` (which job and variants, `--plan`, the outcome lines and
+the next commands), :mod:`envbuild.supply.signing` (a key or keyless), :mod:`envbuild.supply.heartbeat`
+(a line while a step runs), :mod:`envbuild.supply.jobcache` (`--ext-cache`) and
+:mod:`envbuild.supply.manifestjob` (the manifest job).
 """
 
 from __future__ import annotations
@@ -28,280 +33,37 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
-import re
-import shlex
 import shutil
-import subprocess
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import requests
-from securesystemslib.signer import CryptoSigner
-
-from envbuild.base import grammar
-from envbuild.base.errors import EnvbuildError, nearest
+from envbuild.base.errors import EnvbuildError
 from envbuild.base.files import read_bytes, write_atomic
 from envbuild.base.grammar import redact
-from envbuild.base.resources import matrices_dir
-from envbuild.base.untrusted import loads_json
-from envbuild.builds import extcache
-from envbuild.builds.build import LOG_NAME, STAGE_LOG_NAME, LayerCache, compiles
+from envbuild.builds.build import LOG_NAME, STAGE_LOG_NAME, compiles
 from envbuild.builds.enroot import MKSQUASHFS_FROM, export_sqsh
 from envbuild.builds.verdict import record_path, run_smoke
 from envbuild.engine import get_engine
 from envbuild.knowledge.lock import load_lock
 from envbuild.knowledge.matrix import Matrix
 from envbuild.oci.artifacts import Blob, Registry
-from envbuild.oci.registry import api_host, check_image_repo
 from envbuild.supply import audit, provenance, published, sbom
-from envbuild.supply.ci import digest_name, publish_plan
-from envbuild.supply.publish import merge, per_platform_tag, push
-from envbuild.supply.verify import (
-    PREDICATE_ANNOTATION,
-    SMOKE_TYPE,
-    SQSH_TYPE,
-    Trust,
-    attached_byproduct,
-    signed_statement,
-    targets,
-    trust_from,
-)
+from envbuild.supply.ci import digest_name
+from envbuild.supply.heartbeat import Heartbeat
+from envbuild.supply.jobcache import ext_cache_check
+from envbuild.supply.jobplan import Outcome, layer_cache, repository
+from envbuild.supply.publish import per_platform_tag, push
+from envbuild.supply.signing import Signing, cosign
+from envbuild.supply.verify import PREDICATE_ANNOTATION, SMOKE_TYPE, SQSH_TYPE, Trust
 
 STEPS = ("build", "smoke", "sbom", "audit", "sqsh", "push", "attach", "provenance", "sign")
-
-
-@dataclass(frozen=True)
-class Signing:
-    """How provenance is signed: with a key (DSSE, here and in labs), or keyless by cosign in CI."""
-
-    signer: Optional[CryptoSigner] = None
-    keyless: bool = False
-
-
-def signing_from(signing_key: Optional[str], keyless: bool, required: bool = True) -> Signing:
-    """--signing-key / --keyless: exactly one where something is signed (envbuild never publishes
-    unsigned images); the manifest job with a key signs nothing (each digest's provenance is signed)."""
-    if signing_key and keyless:
-        raise EnvbuildError("--signing-key and --keyless are two ways to sign; give one (CI: --keyless, with cosign "
-                            "and the job's OIDC token; elsewhere: --signing-key).")
-    if not signing_key and not keyless:
-        if not required:
-            return Signing()
-        raise EnvbuildError("nothing would sign the provenance: give --signing-key FILE (a PEM private key: openssl "
-                            "genpkey -algorithm ed25519 -out envbuild.key) or, in GitHub Actions with cosign, "
-                            "--keyless. envbuild does not publish unsigned images.")
-    return Signing(signer=provenance.load_signer(signing_key) if signing_key else None, keyless=keyless)
-
-
-@dataclass
-class Outcome:
-    variant: str
-    tag: str
-    platform: str
-    ok: bool = False
-    digest: str = ""
-    failed_step: str = ""
-    reason: str = ""
-    seconds: dict = field(default_factory=dict)  # step -> seconds
-    bytes: dict = field(default_factory=dict)    # what each step added: sbom, sqsh, attestation sizes
-    left_in_registry: list = field(default_factory=list)
-    layer_cache: dict = field(default_factory=dict)  # the references the build imported and exported (LayerCache)
-    compiles: dict = field(default_factory=dict)  # what the build compiled and the compile cache served (build.compiles)
-    published_before: str = ""  # handed on as published before from the same rendered files: why it was trusted
-
-
-def publish_trust(signing: "Signing") -> Optional[Trust]:
-    """Whose signature makes an earlier publish count as this job's: the public half of its key,
-    or keyless in GitHub Actions this workflow's identity; None where neither can be named."""
-    try:
-        return trust_from(None, None, None, signing.signer.public_key if signing.signer else None, signing.keyless)
-    except EnvbuildError:
-        return None
-
-
-def repository(image_repo: str) -> str:
-    """The repository path inside its registry: 'ghcr.io/acme/envbuild' -> 'acme/envbuild'.
-
-    >>> repository("127.0.0.1:5000/envbuild")
-    'envbuild'
-    """
-    host = api_host(image_repo)
-    return image_repo[len(host) + 1:]
 
 
 def slug(variant: str) -> str:
     """'h100:aws-efa:flash-attn' -> 'h100-aws-efa-flash-attn' (a directory name)."""
     return variant.replace(":", "-").replace(",", "-").strip("-")
-
-
-def find_job(m: Matrix, job_id: str) -> tuple[dict, list[dict], object]:
-    """The CI job `job_id` (as in the workflow's matrix), its variants, and publish.yaml."""
-    cfg, jobs, ci_jobs, _ = publish_plan(m)
-    job = next((j for j in ci_jobs if j["id"] == job_id), None)
-    if job is None:
-        raise EnvbuildError(f"--job {grammar.shown(job_id)}: no such job in the publish plan of {m.directory}; nearest: "
-                            f"{', '.join(nearest(job_id, [j['id'] for j in ci_jobs])) or 'none'} "
-                            f"(`envbuild publish --list` prints them all).")
-    variants = [j for j in jobs if j["stack"] == job["stack"] and j["platform"] == job["platform"]
-                and j.get("extensions", "") == job["extensions"]]
-    return job, variants, cfg
-
-
-def layer_cache(cache_repo: Optional[str], image_repo: str, variant: dict) -> Optional[LayerCache]:
-    """A variant's layer cache: its builder stage under `cache_repo`, and its published
-    per-platform image, which carries its own stage's cache inline."""
-    if not cache_repo:
-        return None
-    tag = per_platform_tag(variant["tag"], variant["platform"])
-    return LayerCache(builder=f"{cache_repo}:{tag}-builder", final=f"{image_repo}:{tag}")
-
-
-def plan(m: Matrix, job: dict, variants: list[dict], registry: str, image_repo: str, cache_repo: Optional[str],
-         ext_cache: Optional[Path], out: Path, ds_key: Callable[[dict], Optional[str]] = lambda _: None) -> list[str]:
-    """What `publish --job` would do, per variant, without building anything: which layer-cache
-    images the registry already holds (pulled, not built) and which stages will be built, the
-    compiled extensions an --ext-cache file holds, and how long the last run's build took."""
-    images = {v["variant"]: f"{image_repo}:{per_platform_tag(v['tag'], v['platform'])}" for v in variants}
-    held = _held_refs(registry, [*images.values(), *(c for v in variants for c in dataclasses.astuple(
-        layer_cache(cache_repo, image_repo, v) or LayerCache("", "")))])
-    last = _last_build_seconds(out)
-    wheels = _cache_wheels(ext_cache) if ext_cache else None
-    lines = [f"job {job['id']}: {len(variants)} variant(s), {job['platform']}, layer cache "
-             f"{cache_repo or 'off'}"]
-    for v in variants:
-        cache = layer_cache(cache_repo, image_repo, v)
-        lines.append(f"{v['variant']}  {v['tag']}")
-        state = held.get(images[v["variant"]])
-        lines.append("  published      " + (
-            "yes: handed on as it is, not built, if its signed provenance records the files rendered now "
-            "(--republish builds it anyway)" if state is True else
-            f"cannot tell ({state})" if isinstance(state, str) else "no: built") + f"  ({images[v['variant']]})")
-        if cache:
-            for what, ref in (("builder stage", cache.builder), ("image", cache.final)):
-                state = held.get(ref)
-                verdict = ("in the cache: pulled, not built" if state is True else
-                           f"cannot tell ({state})" if isinstance(state, str) else "not in the cache: built")
-                lines.append(f"  {what:<14} {verdict}  ({ref})")
-        else:
-            lines.append("  every stage    built (--layer-cache off)")
-        key = ds_key(v)
-        if key:
-            in_file = wheels is not None and any(w.startswith(f"{key}/") for w in wheels)
-            lines.append(f"  deepspeed      wheel {key}: " + (f"in {ext_cache}, not compiled" if in_file else
-                         "compiled unless this machine's wheel cache holds it (the compile cache, if given, serves "
-                         "the units it holds)"))
-        if wheels is not None and job["extensions"]:
-            names = [w for w in wheels if w.split("/")[0] in v["extensions"].split(",")]
-            lines.append(f"  extensions     {len(names)} compiled wheel(s) in {ext_cache}: "
-                         f"{', '.join(n.rsplit('/', 1)[1] for n in names) or 'none (compiled in the build)'}")
-        if v["variant"] in last:
-            lines.append(f"  last run       build {last[v['variant']]:.0f} s ({out / 'report.json'})")
-    return lines
-
-
-def job_plan(m: Matrix, job_id: str, wanted: tuple[str, ...], registry: str, image_repo: str,
-             cache_repo: Optional[str], ext_cache: Optional[str], out: Path,
-             ds_key: Callable[[dict], Optional[str]] = lambda _: None) -> list[str]:
-    """`publish --job ID --plan [--variant ...]`: :func:`plan` of the variants chosen."""
-    job, variants, _ = find_job(m, job_id)
-    return plan(m, job, select_variants(m, job, variants, wanted), registry, image_repo, cache_repo,
-                Path(ext_cache) if ext_cache else None, out, ds_key)
-
-
-def _held_refs(registry: str, refs: list[str]) -> dict[str, object]:
-    """ref -> True/False (the registry holds it or not), or why it cannot tell."""
-    refs = [r for r in refs if r]
-    if not refs:
-        return {}
-    try:
-        client = Registry(registry)
-    except EnvbuildError as e:
-        return {r: f"registry unreachable: {e.message}" for r in refs}
-    found: dict[str, object] = {}
-    for ref in refs:
-        name, tag = ref.rsplit(":", 1)
-        try:
-            found[ref] = client.exists(repository(name), tag)
-        except (EnvbuildError, requests.RequestException) as e:
-            found[ref] = getattr(e, "message", None) or type(e).__name__
-    return found
-
-
-def _last_build_seconds(out: Path) -> dict[str, float]:
-    """Each variant's build time in the report an earlier run left in `out` (none: {})."""
-    path = out / "report.json"
-    if not path.is_file():
-        return {}
-    try:
-        report = loads_json(read_bytes(path, "report", "record"), f"{path}")
-        return {o["variant"]: float(o["seconds"]["build"]) for o in report.get("outcomes", [])
-                if isinstance(o, dict) and isinstance(o.get("seconds"), dict) and "build" in o["seconds"]}
-    except (EnvbuildError, TypeError, ValueError, AttributeError):  # not a report this version wrote: no figure
-        return {}
-
-
-def _cache_wheels(file: Path) -> tuple[str, ...]:
-    return extcache.wheels_in(file) if file.is_file() else ()
-
-
-def cache_repo_from(value: Optional[str], registry: str) -> Optional[str]:
-    """--layer-cache: a repository (checked by the reference grammar: it reaches the build's
-    command line), 'off', or REGISTRY/envbuild-cache by default."""
-    if value == "off":
-        return None
-    repo = value or f"{registry}/envbuild-cache"
-    check_image_repo(repo, "--layer-cache")
-    return repo
-
-
-def next_commands(m: Matrix, outcomes: list["Outcome"], variants: list[dict], registry: str, out: Path,
-                  signing: tuple[Optional[str], bool]) -> list[str]:
-    """The `publish --manifest` command of each tag this run's images join, to copy and run."""
-    tags = next_manifests(m, outcomes, variants)
-    if not tags:
-        return []
-    signing_key, keyless = signing
-    sign = ["--keyless"] if keyless else ["--signing-key", str(signing_key)]
-    where = [] if Path(m.directory) == matrices_dir().resolve() else ["--matrix-dir", str(m.directory)]
-    lines = ["next (merge each tag's platforms into its manifest list, then it is published):"]
-    for tag, complete in tags:
-        words = ["envbuild", "publish", "--manifest", tag, "--registry", registry, "--digests", str(out / "digests"),
-                 *sign, *where]
-        lines.append(f"  {shlex.join(words)}" + ("" if complete else "  # once the jobs of its other platforms have run"))
-    return lines
-
-
-def build_hooks(variant: dict, activity: dict, cache: Optional[LayerCache], say: Callable[[str], None]) -> dict:
-    """build_image's progress and cache for one variant: a line per finished BuildKit step, the
-    step now running kept in `activity` for the heartbeat, the variant's layer cache."""
-    activity.clear()
-    name = variant["variant"]
-
-    def on_step(event: str, step: str) -> None:
-        if event == "start":
-            activity["build"] = step[:120]
-        elif event == "done":
-            say(f"{name}: done {step}"[:160])
-
-    return {"on_step": on_step, "cache": cache, "say": lambda text: say(f"{name}: {text}")}
-
-
-def outcome_lines(outcomes: list["Outcome"], image_repo: str) -> list[str]:
-    """A line per variant: published where, or the step it failed at, why, and what stayed behind."""
-    lines = []
-    for o in outcomes:
-        if o.ok:
-            word = "unchanged" if o.published_before else "published"
-            lines.append(f"{word} {o.variant}  {image_repo}@{o.digest}  {o.platform}"
-                         + ("  (published before from the same rendered files: not built)" if o.published_before else ""))
-            continue
-        lines.append(f"FAILED    {o.variant}  at {o.failed_step}: {redact(o.reason)}")
-        lines += [f"          left in the registry: {left}" for left in o.left_in_registry]
-    return lines
 
 
 def check_tools(signing: Signing, ext_cache: Optional[Path] = None) -> None:
@@ -320,86 +82,13 @@ def check_tools(signing: Signing, ext_cache: Optional[Path] = None) -> None:
         raise EnvbuildError(f"publish --job needs {'; and '.join(missing)}; nothing was built.")
 
 
-def next_manifests(m: Matrix, outcomes: list["Outcome"], variants: list[dict]) -> list[tuple[str, bool]]:
-    """(tag, whether this job's digests are all it needs) for each tag a published variant joins:
-    `publish --manifest TAG` is the next command, once every platform's job has run."""
-    published = {digest_name(v) for v, o in zip(variants, outcomes) if o.ok}
-    tags = []
-    for merge_job in publish_plan(m)[3]:
-        files = set(merge_job["digests"].split())
-        if files & published:
-            tags.append((merge_job["tag"], files <= published))
-    return tags
-
-
-_VARIANT_PART = re.compile(r"[a-z0-9][a-z0-9._+,-]{0,63}\Z")  # a GPU, fabric or extension name
-
-
-def _matches(parts: list[str], variant: dict) -> bool:
-    return all(not p or p == have for p, have in zip(parts, variant["variant"].split(":")))
-
-
-def select_variants(m: Matrix, job: dict, variants: list[dict], wanted: tuple[str, ...]) -> list[dict]:
-    """The variants `--variant GPU[:FABRIC][:EXT]` names (all of the job's when none is given): a
-    part left out matches any, and each value must name exactly one variant of this job. Which
-    variants a run publishes changes no image (nor anything `rebuild` compares)."""
-    chosen = []
-    names = ", ".join(v["variant"] for v in variants)
-    for value in wanted:
-        parts = value.split(":")
-        if len(parts) > 3 or not parts[0] or not all(_VARIANT_PART.match(p) for p in parts if p):
-            raise EnvbuildError(f"--variant {grammar.shown(value)} is not GPU[:FABRIC][:EXT]; this job's variants: "
-                                f"{names}.")
-        found = [v for v in variants if _matches(parts, v)]
-        if len(found) > 1:
-            raise EnvbuildError(f"--variant {grammar.shown(value)} matches {len(found)} variants of job {job['id']} "
-                                f"({', '.join(v['variant'] for v in found)}); give the one to publish, e.g. "
-                                f"--variant {found[0]['variant'].rstrip(':')}.")
-        if not found:
-            _, every, ci_jobs, _ = publish_plan(m)
-            elsewhere = sorted({j["id"] for v in every if _matches(parts, v) for j in ci_jobs
-                                if (j["stack"], j["platform"], j["extensions"]) == (v["stack"], v["platform"],
-                                                                                    v.get("extensions", ""))})
-            where = f"; it is a variant of job {', '.join(elsewhere[:3])}" if elsewhere else ""
-            raise EnvbuildError(f"--variant {grammar.shown(value)} is not a variant of job {job['id']}{where}; this "
-                                f"job's variants: {names} (nearest: "
-                                f"{', '.join(nearest(value, [v['variant'] for v in variants])) or 'none'}).")
-        chosen += [v for v in found if v not in chosen]
-    return chosen or variants
-
-
-HEARTBEAT_S = float(os.environ.get("ENVBUILD_HEARTBEAT_S") or 60)  # a line at least this often while a step runs
-
-
-class Heartbeat:
-    """While a long step runs (a build of an hour, BuildKit waiting on a lock, a push of 6 GB), a
-    line every HEARTBEAT_S seconds with the step, the time it has taken and, for a build, the
-    BuildKit step now running (`activity['build']`): a job that prints nothing for 15 minutes
-    looks hung and gets cancelled."""
-
-    def __init__(self, say: Callable[[str], None], label: str, activity: Optional[dict] = None):
-        self.say, self.label, self.activity = say, label, activity if activity is not None else {}
-        self.stop = threading.Event()
-        self.every: Optional[float] = None  # HEARTBEAT_S, read when the step starts
-        self.start = time.monotonic()
-        self.thread = threading.Thread(target=self._beat, daemon=True, name=f"heartbeat {label}")
-
-    def _beat(self) -> None:
-        while not self.stop.wait(self.every):
-            elapsed = int(time.monotonic() - self.start)
-            now = self.activity.get("build")
-            self.say(f"{self.label}: still running, {elapsed // 60} min {elapsed % 60:02d} s"
-                     + (f" (now: {now})" if now else ""))
-
-    def __enter__(self) -> "Heartbeat":
-        self.every = HEARTBEAT_S
-        self.say(f"{self.label}: started")
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
+def audit_stack(m: Matrix, stack: str, arch: str, service: str,
+                progress: Callable[[str], None] = lambda _: None) -> Optional[audit.AuditResult]:
+    """The stack's lock, audited before anything is built (None: the stack has no lock)."""
+    lock = load_lock(m.directory, stack, arch)
+    if lock is None:
+        return None
+    return audit.audit_lock(lock, service, audit.load_allowlist(m.directory), progress=progress)
 
 
 def _timed(outcome: Outcome, step: str, action: Callable, ctx: Optional["JobContext"] = None):
@@ -413,27 +102,6 @@ def _timed(outcome: Outcome, step: str, action: Callable, ctx: Optional["JobCont
         raise
     finally:
         outcome.seconds[step] = round(time.monotonic() - start, 2)
-
-
-def audit_stack(m: Matrix, stack: str, arch: str, service: str,
-                progress: Callable[[str], None] = lambda _: None) -> Optional[audit.AuditResult]:
-    """The stack's lock, audited before anything is built (None: the stack has no lock)."""
-    lock = load_lock(m.directory, stack, arch)
-    if lock is None:
-        return None
-    return audit.audit_lock(lock, service, audit.load_allowlist(m.directory), progress=progress)
-
-
-def cosign(*args: str) -> None:
-    """Run cosign (CI: installed by sigstore/cosign-installer; keyless through the job's OIDC token)."""
-    binary = shutil.which("cosign")
-    if not binary:
-        raise EnvbuildError("--keyless signs with cosign, which is not installed here; the workflow installs it "
-                            "(sigstore/cosign-installer). Sign with --signing-key where there is no Sigstore.",
-                            exit_code=2)
-    run = subprocess.run([binary, *args], capture_output=True, text=True, timeout=600)
-    if run.returncode != 0:
-        raise EnvbuildError(f"cosign {args[0]} failed: {run.stderr.strip()[-400:]}", exit_code=1)
 
 
 @dataclass
@@ -724,88 +392,3 @@ def run_job(ctx: JobContext, job: dict, variants: list[dict]) -> list[Outcome]:
     report = json.dumps({"job": job["id"], "outcomes": [asdict(o) for o in outcomes]}, indent=2)
     write_atomic(ctx.out / "report.json", redact(report).encode())
     return outcomes
-
-
-# ---------------------------------------------------------------- the manifest job
-
-
-def manifest_sources(m: Matrix, tag: str) -> dict:
-    """The manifest job of `tag` (its digest files, platforms)."""
-    merges = publish_plan(m)[3]
-    found = next((j for j in merges if j["tag"] == tag), None)
-    if found is None:
-        raise EnvbuildError(f"--manifest {grammar.shown(tag)}: no published tag of that name in {m.directory}'s publish plan; "
-                            f"nearest: {', '.join(nearest(tag, [j['tag'] for j in merges])) or 'none'}.")
-    return found
-
-
-def publish_manifest(m: Matrix, registry: str, image_repo: str, tag: str, digests: Path, trust: Trust,
-                     signing: Signing, say: Callable[[str], None] = lambda _: None) -> tuple[str, list]:
-    """Merge the tag's digests into its manifest list, each only if its signed provenance, SBOM,
-    smoke record and .sqsh are attached and verify; then (keyless) sign the list."""
-    job = manifest_sources(m, tag)
-    name = repository(image_repo)
-    refs = []
-    for file in job["digests"].split():
-        path = Path(digests) / file
-        if not path.is_file() or not path.read_text().strip():
-            raise EnvbuildError(f"no published image for {file} (its job failed or was cancelled): not publishing "
-                                f"{tag}.", exit_code=1)
-        refs.append(path.read_text().strip())
-    client = Registry(registry)
-    for digest in refs:
-        for target in targets(client, client.host, name, digest):
-            doc, why = signed_statement(client, target, trust)
-            if doc is None:
-                raise EnvbuildError(f"refusing to publish {tag}: {name}@{digest[:19]}... is not signed as it must be "
-                                    f"({why}).", exit_code=1)
-            missing = [w for w in (sbom.MEDIA_TYPE, SMOKE_TYPE, SQSH_TYPE)
-                       if attached_byproduct(client, target, doc, w)[0] is None]
-            if missing:
-                raise EnvbuildError(f"refusing to publish {tag}: {name}@{digest[:19]}... lacks what its provenance "
-                                    f"lists ({', '.join(missing)}).", exit_code=1)
-            say(f"{target.platform} {digest}: {why}")
-    index_digest, images = merge(registry, name, tag, refs, on_event=say, vouch=lambda image, what: None)
-    if signing.keyless:
-        cosign("sign", "--yes", f"{image_repo}@{index_digest}")
-    return index_digest, images
-
-
-
-
-# ---------------------------------------------------------------- the compiled-extension cache of a job
-
-
-def ext_cache_check(file: Path) -> None:
-    """--ext-cache FILE and FILE.key, before anything runs: each absent or a regular file envbuild
-    wrote (exit 2 otherwise): the job replaces both at its end, and never a file of the user's."""
-    extcache.owned(file, "--ext-cache: ")
-    extcache.check_key_file(file)
-
-
-def ext_cache_load(m: Matrix, job: dict, file: Path, base_image: Optional[str], say: Callable[[str], None]) -> None:
-    """An earlier run's compiled wheels into this machine's build cache. A file `ext-cache save`
-    wrote that load refuses (a cut-short copy) is kept, and this run's save replaces it; any other
-    file is refused (exit 2) and never removed."""
-    if extcache.owned(file, "--ext-cache: ") is None:
-        return
-    try:
-        done = extcache.load(file, base_image or extcache.copy_image(m, job["stack"]))
-        say(f"loaded {done.moved} of {len(done.wheels)} compiled wheel(s) from {file}")
-    except EnvbuildError as e:
-        say(f"warning: {file} was refused ({e.message}); compiling instead")
-
-
-def ext_cache_save(m: Matrix, job: dict, file: Path, out: Path, base_image: Optional[str],
-                   say: Callable[[str], None]) -> None:
-    """This run's compiled wheels into `file` (replacing only a file `ext-cache save` wrote: the
-    restored file's other wheels are not kept), their cache key into FILE.key (likewise)."""
-    dirs = [d for d in sorted((out / "build").glob("*"))
-            if any((d / "envbuild" / name).is_file() for name in (extcache.EXTENSION_SPEC, extcache.DEEPSPEED_RECORD))]
-    if not dirs:
-        return
-    ext_cache_check(file)
-    done = extcache.save(file, base_image or extcache.copy_image(m, job["stack"]), extcache.keys_of(dirs))
-    if done.wheels:
-        key = extcache.write_key(file, done.wheels)
-        say(f"saved {len(done.wheels)} wheel(s) into {file} (cache key {key})")

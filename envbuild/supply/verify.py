@@ -32,7 +32,7 @@ from securesystemslib.signer import SSlibKey
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.grammar import escaped, shown
 from envbuild.base.untrusted import loads_json, validated
-from envbuild.builds.enroot import SQSH_TYPE, Published, host_platform
+from envbuild.builds.staging import SQSH_TYPE, Published, host_platform
 from envbuild.engine import Engine, get_engine
 from envbuild.oci.artifacts import Descriptor, OciPlatform, Registry, is_index, parse_index, parse_manifest
 from envbuild.oci.artifacts import client as registry_client

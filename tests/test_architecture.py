@@ -44,10 +44,13 @@ def test_rooms_are_layered_without_cycles():
     # the next commands folding a whole plan to read its manifest
     ("envbuild/render/running.py", "from envbuild.plan.stack import stack_plan",
      "envbuild.render.running -> envbuild.plan.stack"),
-], ids=["tiers", "components-rules", "extcache-plan", "running-stack"])
+    # one family of rules reaching into a sibling instead of the shared helpers
+    ("envbuild/knowledge/rules/fabrics.py", "from envbuild.knowledge.rules import nccl",
+     "envbuild.knowledge.rules.fabrics -> envbuild.knowledge.rules.nccl"),
+], ids=["tiers", "components-rules", "extcache-plan", "running-stack", "rules-families"])
 def test_each_contract_fails_on_a_deliberate_violation(tmp_path, module, line, said):
-    """The checker is live: one deliberate violation of the tiers and of each forbidden contract breaks
-    it, and the report names the import."""
+    """The checker is live: one deliberate violation of the tiers, of each forbidden contract and of
+    the rules' families breaks it, and the report names the import."""
     copy = tmp_path / "src"
     shutil.copytree(ROOT / "envbuild", copy / "envbuild", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")

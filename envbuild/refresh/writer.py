@@ -88,7 +88,7 @@ TORCH_COMMENTS = {
                   "means the PyPI wheel's own `default_arches`.",
 }
 DS_HEADER = """\
-# DeepSpeed releases and op build rules. The op-compatibility rules in envbuild/knowledge/rules.py
+# DeepSpeed releases and op build rules. The op rules (envbuild/knowledge/rules/deepspeed_ops.py)
 # read this file only. `envbuild matrix refresh` derives every release field and the ops'
 # env/kind/since/until/cuda_extension_until (and libaio/cufile needs) from the PyPI sdists
 # (see `sources`); the list of releases, build_requires, min_cc, triton rules, torch,

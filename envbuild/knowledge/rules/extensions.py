@@ -1,0 +1,131 @@
+"""CUDA extensions (extensions.yaml): the GPUs their kernels support, the stacks their source
+builds against or a wheel fits, the architectures they have been built for, what they need
+beside them, and the packages envbuild refuses because it does not pre-build them."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from envbuild.base.errors import EnvbuildError
+from envbuild.knowledge.rules.rejection import Rejection
+from envbuild.knowledge.rules.versions import compute_capability, contains
+
+
+def extension_gpu_rejection(ext, gpu) -> Optional[Rejection]:
+    """Rule ext-gpu: the extension's kernels exist for the GPU's compute capability."""
+    if compute_capability(gpu.cc) < compute_capability(ext.min_cc):
+        return Rejection("ext-gpu", f"{ext.name} {ext.version} needs compute capability >= {ext.min_cc} and "
+                                    f"{gpu.name} is {gpu.sm} ({ext.sources.get('min_cc', ext.sources.get('setup.py', ''))})")
+    if ext.max_cc and compute_capability(gpu.cc) > compute_capability(ext.max_cc):
+        return Rejection("ext-gpu", f"{ext.name} {ext.version} supports compute capability up to {ext.max_cc} and "
+                                    f"{gpu.name} is {gpu.sm} ({ext.sources.get('max_cc', '')})")
+    return None
+
+
+def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[set[str]]) -> list[Rejection]:
+    """Rules ext-stack, ext-arch and ext-deps for one stack; `locked` holds the canonical names
+    of the stack's lock (None: the stack is not hash-locked, and the build installs them)."""
+    out = []
+    for what, spec, have in (("torch", ext.torch, s.torch), ("CUDA", ext.cuda, s.cuda), ("Python", ext.python, s.python)):
+        if not contains(spec, have):
+            out.append(Rejection("ext-stack", f"{ext.name} {ext.version} builds with {what} {spec}, the stack has "
+                                              f"{have} ({ext.sources.get(what.lower(), ext.sources.get('setup.py', ''))})"))
+    if cpu_arch is not None and cpu_arch not in ext.cpu_arch:
+        out.append(Rejection("ext-arch", f"{ext.name} has been built for {', '.join(ext.cpu_arch)} only, the image is "
+                                         f"{cpu_arch}"))
+    if ext.unbuildable:
+        out.append(Rejection("ext-source", f"{ext.name} {ext.version} cannot be built: {ext.unbuildable}"))
+    elif ext.sdist is None and cpu_arch is not None:
+        wheel, why = extension_wheel(ext, s, cpu_arch)
+        if wheel is None:
+            out.append(Rejection("ext-wheel", f"no {ext.name} {ext.version} wheel on PyPI fits and it has no sdist to "
+                                              f"compile: {'; '.join(why)}"))
+    no_audit = m.bases.toolchains[s.toolchain].audit_missing(s.cuda_toolkit)
+    if no_audit:
+        out.append(Rejection("ext-audit", f"{ext.name} must pass the SASS audit and {no_audit}"))
+    if locked is not None:
+        missing = [n for n in (*ext.requires, *ext.build_requires) if re.sub(r"[-_.]+", "-", n).lower() not in locked]
+        if missing:
+            out.append(Rejection("ext-deps", f"{ext.name} needs {', '.join(missing)}, which stack {s.id}'s lock does "
+                                             f"not hold (the image installs nothing unlocked)"))
+    return out
+
+
+def extension_wheel(ext, s, cpu_arch: str):
+    """(the first of `ext`'s PyPI wheels that fits stack `s` on `cpu_arch`, why each other does
+    not): its CPU architecture, the CUDA major its libraries link (a libcudart.so.12 in a CUDA 13
+    image is a load error), the torch it loads into, its Python tag. None: compile the sdist."""
+    why = []
+    for wheel in ext.wheels:
+        problems = [problem for problem in (
+            wheel.cpu_arch not in ("any", cpu_arch) and f"it is for {wheel.cpu_arch}, the image is {cpu_arch}",
+            wheel.cuda_major and wheel.cuda_major != s.cuda.split(".")[0]
+            and f"it links CUDA {wheel.cuda_major} libraries (libcudart.so.{wheel.cuda_major}), the stack's torch CUDA {s.cuda}",
+            wheel.torch and not contains(wheel.torch, s.torch) and f"it loads into torch {wheel.torch}, the stack has {s.torch}",
+            wheel.python and not contains(wheel.python, s.python) and f"its tag admits Python {wheel.python}",
+        ) if problem]
+        if not problems:
+            return wheel, why
+        why.append(f"{wheel.filename}: {', '.join(problems)}")
+    return None, why
+
+
+def extension_needs(need: str) -> list[str]:
+    """The extensions one `needs:` entry can be: itself, or with {cuda_major} the one of each CUDA
+    major (11 to 19; the stack's own is the one whose CUDA range fits it)."""
+    return [need.format(cuda_major=major) for major in range(11, 20)] if "{cuda_major}" in need else [need]
+
+
+def _check_needs(m, ext, names: tuple[str, ...]) -> None:
+    """Rule ext-needs: an extension that needs another (mamba-ssm: causal-conv1d; Transformer
+    Engine's torch binding: the core wheel of the stack's CUDA major) is refused without it,
+    naming the --ext that works."""
+    wanted = {m.extension(n).name for n in names}
+    for need in ext.needs:
+        choices = [n for n in extension_needs(need) if n in m.extensions]
+        if not wanted & set(choices):
+            fix = ",".join(dict.fromkeys([*choices[-1:], *(m.extension(n).name for n in names)]))
+            raise EnvbuildError(f"--ext {ext.name} needs {' or '.join(choices) or need} in the same image "
+                                f"({ext.sources.get('needs', ext.sources.get('setup.py', ''))}) (rule ext-needs). "
+                                f"Nearest valid choice: --ext {fix} (`envbuild extensions` shows the stacks each fits).")
+
+
+def extension_patches(ext, s) -> list:
+    """The source patches the stack's torch needs (an upstream fix newer than the sdist: e.g.
+    C++20 for torch >= 2.13), in the order the matrix lists them."""
+    return [p for p in ext.patches if contains(p.torch, s.torch)]
+
+
+def extension_not_prebuilt(m, name: str) -> Optional[Rejection]:
+    """Rule ext-not-prebuilt: a package that compiles against torch and CUDA when pip installs it,
+    and that envbuild does not pre-build, is refused by name (`--ext`, `extend`): the final image
+    has no nvcc, so pip would fail late, or build without its kernels, or fetch an unchecked
+    wheel. `name` is canonical (lower case, '-')."""
+    for n in m.extensions_file.not_prebuilt:
+        if n.name == name:
+            return Rejection("ext-not-prebuilt", f"{n.name} compiles against torch and the CUDA toolkit when pip "
+                                                 f"installs it (PyPI has only its sdist; the image has no nvcc) and envbuild does not pre-build it: "
+                                                 f"{n.why} ({n.source})")
+    return None
+
+
+def extension_gpus(m, ext) -> list[str]:
+    """The GPUs `ext` can be built for: rule ext-gpu passes and one of the hosts the GPU comes in
+    is a CPU the extension has been built for (rule ext-arch), so a GPU named as a fit is one
+    that a render with it would accept."""
+    return [g.name for g in m.gpus
+            if not extension_gpu_rejection(ext, g) and set(g.host_arch) & set(ext.cpu_arch)]
+
+
+def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
+    """Rule ext-gpu for the request as a whole: an extension the GPU cannot run is refused before
+    any stack is looked at, naming the GPUs that fit."""
+    for name in names:
+        ext = m.extension(name)
+        why = extension_gpu_rejection(ext, gpu)
+        if why:
+            fits = extension_gpus(m, ext)
+            raise EnvbuildError(f"--ext {ext.name}: {why.message} (rule {why.rule}). GPUs it fits: "
+                                f"{', '.join(fits) or 'none'}; drop --ext {ext.name} for {gpu.name}.")
+        _check_needs(m, ext, names)

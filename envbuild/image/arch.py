@@ -1,6 +1,6 @@
 """The GPU-arch rule, defined once: does code built for an arch list run on a device?
 
-Used by the resolver (envbuild/rules.py, the `gpu-arch` rule) and by the smoke test inside
+Used by the resolver (envbuild/knowledge/rules/gpus.py, the `gpu-arch` rule) and by the smoke test inside
 the image (every device's compute capability against TORCH_CUDA_ARCH_LIST).
 """
 

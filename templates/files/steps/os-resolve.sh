@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # os-resolve.sh PACKAGE...: what apt would install for PACKAGE... on this base image, dependencies
-# included: run by `envbuild lock --os` in a throwaway container of the base (envbuild/oslock.py
+# included: run by `envbuild lock --os` in a throwaway container of the base (envbuild/resolve/oslocking.py
 # reads what it prints). It installs nothing: apt only simulates, from the archive that
 # ENVBUILD_APT_SOURCES names (sources.list lines) instead of the base's own sources.
 #   @@apt VERSION                                     the apt that resolved

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # os.sh PACKAGE...: apt packages.
-# Locked (ENVBUILD_OS_LOCK names this stage's part of the stack's OS lock, envbuild/oslock.py):
+# Locked (ENVBUILD_OS_LOCK names this stage's part of the stack's OS lock, envbuild/knowledge/oslock.py):
 # only the lock's archives at the lock's moment (its snapshot, or the apt_snapshot secret: a
 # mirror of it, {archive} and {timestamp} in the URL), apt pinned to the lock's versions, every
 # .deb checked against the lock's sha256 before dpkg sees it, and the base checked to be the one

@@ -368,6 +368,16 @@ def test_a_default_naming_an_undeclared_node_condition_is_refused_at_load(matrix
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_a_matrix_older_than_node_conditions_is_told_where_the_table_comes_from(matrix_copy):
+    fabrics = matrix_copy / "fabrics.yaml"
+    text = fabrics.read_text()
+    fabrics.write_text(text[:text.index("\nnode_conditions:\n")] + text[text.index("\nfabrics:\n"):])
+    with pytest.raises(EnvbuildError) as e:
+        load_matrix(matrix_copy)
+    assert "node names 'infiniband'" in e.value.message
+    assert "it declares none, as a matrix older than the table: copy node_conditions from" in e.value.message
+
+
 @pytest.mark.parametrize("table, said", [
     ("  RoCE:\n    label: RoCE\n    devices: any\n    means: m\n    source: s\n",
      "at node_conditions: expected a node condition name of lower-case letters"),

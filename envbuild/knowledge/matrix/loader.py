@@ -211,7 +211,8 @@ def _node_condition_problems(m: Matrix, d: Path) -> list[str]:
                     f"{d / 'fabrics.yaml'} does not declare under node_conditions"
                     + (f"; nearest valid: {', '.join(close)}" if close else "")
                     + (f" (declared: {', '.join(declared)}, and the built-in driver_below)" if declared else
-                       " (it declares none: add the condition there, with label, devices, means and source)"))
+                       " (it declares none, as a matrix older than the table: copy node_conditions from envbuild's "
+                       "matrices/fabrics.yaml, or declare the condition with label, devices, means and source)"))
     return problems
 
 

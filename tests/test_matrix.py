@@ -348,3 +348,62 @@ def test_the_stack_listing_says_what_is_pinned_and_counts_it(tmp_path):
     said = " ".join(run_here("matrix", "--matrix-dir", str(d)).stdout.split())
     assert f"Python packages by a hash lock for {before - 1} of" in said and "torch2.10-cu128-py3.12" in said
     assert "OS packages by an OS lock for 1 of" in said
+
+
+def test_a_default_naming_an_undeclared_node_condition_is_refused_at_load(matrix_copy):
+    """fabrics.yaml's node_conditions declares what a `node:` may name; a misspelt or missing
+    name stops the load with one paragraph naming the file, the entry and the nearest name."""
+    from conftest import run_here
+
+    gpus = matrix_copy / "gpus.yaml"
+    gpus.write_text(gpus.read_text().replace('driver_below: "550.40.07", infiniband: absent',
+                                             'driver_below: "550.40.07", infinband: absent', 1))
+    with pytest.raises(EnvbuildError) as e:
+        load_matrix(matrix_copy)
+    assert (f"{matrix_copy / 'gpus.yaml'}: rtx4090.env[1] (NCCL_IB_DISABLE): node names 'infinband', a node "
+            f"condition {matrix_copy / 'fabrics.yaml'} does not declare under node_conditions; nearest valid: "
+            f"infiniband (declared: infiniband, efa, and the built-in driver_below)") in e.value.message
+    r = run_here("render", "--gpu", "h20", "--matrix-dir", str(matrix_copy), "--print-tag")
+    assert r.returncode == 2 and r.stdout == "" and "nearest valid: infiniband" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_matrix_older_than_node_conditions_is_told_where_the_table_comes_from(matrix_copy):
+    fabrics = matrix_copy / "fabrics.yaml"
+    text = fabrics.read_text()
+    fabrics.write_text(text[:text.index("\nnode_conditions:\n")] + text[text.index("\nfabrics:\n"):])
+    with pytest.raises(EnvbuildError) as e:
+        load_matrix(matrix_copy)
+    assert "node names 'infiniband'" in e.value.message
+    assert "it declares none, as a matrix older than the table: copy node_conditions from" in e.value.message
+
+
+@pytest.mark.parametrize("table, said", [
+    ("  RoCE:\n    label: RoCE\n    devices: any\n    means: m\n    source: s\n",
+     "at node_conditions: expected a node condition name of lower-case letters"),
+    ("  driver_below:\n    label: D\n    devices: any\n    means: m\n    source: s\n",
+     "'driver_below' is a built-in condition"),
+    ("  roce:\n    label: RoCE\n    devices: all\n    means: m\n    source: s\n",
+     "at node_conditions.roce.devices.any: Input should be 'any'"),
+    ("  roce:\n    label: RoCE\n    devices: {}\n    means: m\n    source: s\n",
+     "names neither drivers nor link_layers"),
+    ("  roce:\n    label: RoCE\n    devices: {link_layers: [ethernet]}\n    means: m\n    source: s\n",
+     "at node_conditions.roce.devices.match.link_layers[0]: Input should be 'InfiniBand', 'Ethernet' or 'Unknown'"),
+    ("  roce:\n    label: RoCE\n    devices: {drivers: [bnxt_en]}\n    means: m\n",
+     "at node_conditions.roce.source: Field required"),
+])
+def test_node_conditions_are_checked_by_their_grammar(matrix_copy, table, said):
+    fabrics = matrix_copy / "fabrics.yaml"
+    fabrics.write_text(fabrics.read_text().replace("\nnode_conditions:\n", "\nnode_conditions:\n" + table, 1))
+    with pytest.raises(EnvbuildError) as e:
+        load_matrix(matrix_copy)
+    assert said in e.value.message and "fabrics.yaml is malformed" in e.value.message
+
+
+def test_every_node_condition_the_matrices_name_is_declared_with_its_source(production_matrix, matrix):
+    for m in (production_matrix, matrix):
+        assert set(m.fabrics_file.node_conditions) == {"infiniband", "efa"}
+        named = {n for e in [*m.gpus_file.common_env, *(e for p in m.gpus for e in p.env),
+                             *(e for f in m.fabrics for e in f.env)] if e.node for n in e.node.conditions}
+        assert named == {"infiniband", "efa"}
+        assert all(c.source and c.means for c in m.fabrics_file.node_conditions.values())

@@ -805,3 +805,106 @@ def test_env_sh_puts_the_venv_first_on_a_path_that_lacks_it(tmp_path, shell):
     assert environ["PATH"] == f"{paths.VENV}/bin:/usr/bin:/bin"
     environ, _ = env_sh.run(shell, root, path=f"/usr/bin:{paths.VENV}/bin:/bin")
     assert environ["PATH"] == f"/usr/bin:{paths.VENV}/bin:/bin"
+
+
+# --------------------------------------------------------------------------- node conditions are data
+# A node condition (`node: {NAME: present|absent}`) is declared once, in fabrics.yaml's
+# node_conditions; the manifest carries the definitions and node.py decides them, so a new kind
+# of RDMA device is a matrix edit. A Broadcom or Intel RoCE NIC: its RDMA device (bnxt_re0,
+# irdma0) sits on a PCI function bound to bnxt_en, ice or i40e (nodefacts.rdma_devices).
+ROCE_NIC = """  roce_nic:
+    label: RoCE NIC
+    devices: {drivers: [bnxt_en, ice, i40e], link_layers: [Ethernet]}
+    means: "a Broadcom (bnxt_re) or Intel (irdma) RDMA device on an Ethernet port"
+    source: "a test: declared in the matrix only"
+"""
+GID_INDEX = """  - name: NCCL_IB_GID_INDEX
+    value: "3"
+    node: {roce_nic: present}
+    reason: "a test: a default only the new condition decides"
+    source: "a test"
+    cost: "none"
+"""
+
+
+def rdma(**devices) -> nodefacts.NodeFacts:
+    """Node facts with these RDMA devices: name=(kernel driver, link layers)."""
+    found = {name: {"driver": driver, "link_layers": list(layers)} for name, (driver, layers) in devices.items()}
+    return nodefacts.NodeFacts("580.82.07", "test", True, sorted(found), rdma=found)
+
+
+def test_a_condition_declared_only_in_the_matrix_reaches_the_manifest_and_is_decided_on_the_node(matrix_copy):
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.plan import stack_plan
+    from envbuild.resolve.resolver import Request, resolve
+
+    fabrics, gpus = matrix_copy / "fabrics.yaml", matrix_copy / "gpus.yaml"
+    fabrics.write_text(fabrics.read_text().replace("\nnode_conditions:\n", "\nnode_conditions:\n" + ROCE_NIC, 1))
+    gpus.write_text(gpus.read_text().replace("\ncommon_env:\n", "\ncommon_env:\n" + GID_INDEX, 1))
+    plan = stack_plan(resolve(load_matrix(matrix_copy), Request(gpu="h20")))
+    manifest = json.loads(json.dumps(plan.manifest))  # as the image reads it
+    assert manifest["node_conditions"]["roce_nic"] == {
+        "label": "RoCE NIC", "devices": {"drivers": ["bnxt_en", "ice", "i40e"], "link_layers": ["Ethernet"]},
+        "means": "a Broadcom (bnxt_re) or Intel (irdma) RDMA device on an Ethernet port"}
+    assert {"when": {"roce_nic": "present"}, "value": "3"}.items() <= next(
+        e for e in manifest["node_env"] if e["name"] == "NCCL_IB_GID_INDEX").items()
+
+    def decided(node_facts):
+        return {(d["name"], d["value"]): (d["state"], d["why"]) for d in node.node_env_decisions(manifest, node_facts, {})}
+
+    bnxt = decided(rdma(bnxt_re0=("bnxt_en", ["Ethernet"]), bnxt_re1=("bnxt_en", ["Ethernet"])))
+    assert bnxt["NCCL_IB_GID_INDEX", "3"] == ("apply", "RoCE NIC bnxt_re0, bnxt_re1")
+    assert bnxt["NCCL_NET", "IB"] == ("apply", "no EFA device; InfiniBand bnxt_re0, bnxt_re1")  # ib's pin unchanged
+    assert decided(rdma(irdma0=("ice", ["Ethernet"])))["NCCL_IB_GID_INDEX", "3"] == ("apply", "RoCE NIC irdma0")
+    for other, why in [(rdma(mlx5_0=("mlx5_core", ["Ethernet"])), "no RoCE NIC device"),   # ConnectX RoCE
+                       (rdma(irdma0=("ice", ["InfiniBand"])), "no RoCE NIC device"),      # both must match
+                       (rdma(rdmap0s6=("efa", ["Unknown"])), "no RoCE NIC device"),
+                       (rdma(), "no RoCE NIC device")]:
+        assert decided(other)["NCCL_IB_GID_INDEX", "3"] == ("skip", why)
+    # absent: the same definition, the other way round
+    assert node.condition_holds({"roce_nic": "absent"}, rdma(irdma0=("i40e", ["Ethernet"])),
+                                manifest["node_conditions"]) == (False, "RoCE NIC devices irdma0")
+
+
+@pytest.mark.parametrize("hosts, roce, efa", [
+    (("roce-bond-nccl451",), True, False),
+    (("roce-nccl1866",), True, False),
+    (("ib-2hca-nccl489",), False, False),
+    (("efa-p5-ekscharts1110",), False, True),
+    (("erdma-mooncake102",), False, False),  # no port link layer in its tree
+])
+def test_a_link_layer_condition_on_real_hosts(tmp_path, hosts, roce, efa):
+    conditions = {**node.FALLBACK_CONDITIONS, "roce": {"label": "RoCE", "devices": {"link_layers": ["Ethernet"]}}}
+    facts = nodefacts.probe(str(node_root(tmp_path, hosts, None)))
+    assert node.condition_holds({"roce": "present"}, facts, conditions)[0] is roce
+    assert node.condition_holds({"efa": "present"}, facts, conditions)[0] is efa
+
+
+@pytest.mark.parametrize("hosts", [(), ("roce-bond-nccl451",), ("ib-2hca-nccl489",), ("efa-p5-ekscharts1110",),
+                                   ("efa-p5-ekscharts1110", "ib-2hca-nccl489"), ("erdma-mooncake102",)])
+def test_a_manifest_without_node_conditions_decides_infiniband_and_efa_as_before(tmp_path, matrix, hosts):
+    """An image built before the table existed: its manifest names infiniband and efa without
+    defining them, and the image package's fallbacks give them the meaning the matrix declares."""
+    from envbuild.plan import stack_plan
+    from envbuild.resolve.resolver import Request, resolve
+
+    facts = nodefacts.probe(str(node_root(tmp_path, hosts, None)))
+    for request in (Request(gpu="h20"), Request(gpu="rtx4090"), Request(gpu="h20", fabric="efa")):
+        new = json.loads(json.dumps(stack_plan(resolve(matrix, request)).manifest))
+        old = {k: v for k, v in new.items() if k != "node_conditions"}
+        assert set(new["node_conditions"]) <= {"infiniband", "efa"}
+        assert node.node_env_decisions(old, facts, {}) == node.node_env_decisions(new, facts, {})
+    for name, declared in matrix.fabrics_file.node_conditions.items():
+        assert node.FALLBACK_CONDITIONS[name] == {k: v for k, v in declared.record().items() if k != "means"}
+
+
+def test_a_malformed_or_unknown_definition_does_not_hold():
+    facts = rdma(mlx5_0=("mlx5_core", ["InfiniBand"]))
+    for definition in ({"label": "X", "devices": "all"}, {"label": "X", "devices": {}},
+                       {"label": "X", "devices": {"drivers": "mlx5_core"}}, "any", None):
+        holds, why = node.condition_holds({"x": "present"}, facts, {"x": definition})
+        assert not holds and why == "invalid definition of condition 'x' in the manifest's node_conditions"
+    manifest = {"node_conditions": "junk", "node_env": [{"name": "A", "value": "1", "when": {"efa": "absent"}},
+                                                        {"name": "B", "value": "1", "when": {"roce": "present"}}]}
+    assert [(d["state"], d["why"]) for d in node.node_env_decisions(manifest, facts, {})] == [
+        ("apply", "no EFA device"), ("skip", "unknown condition 'roce'")]

@@ -66,11 +66,58 @@ def driver_problem(facts: NodeFacts, manifest: dict, environ=None, use_manifest:
 
 
 # ----------------------------------------------------------------------------- node_env
-def condition_holds(when: dict, facts: NodeFacts) -> tuple[bool, str]:
-    """Does every condition of a node_env entry hold on this node? An unknown condition does not."""
+# The device conditions of manifests written before they were data (no "node_conditions" key):
+# infiniband and efa with the meaning matrices/fabrics.yaml declares for them, so an older image
+# decides its node_env as it always did. A manifest's own node_conditions come first.
+FALLBACK_CONDITIONS = {
+    "infiniband": {"label": "InfiniBand", "devices": "any"},
+    "efa": {"label": "EFA", "devices": {"drivers": ["efa"]}},
+}
+BUILT_IN = "driver_below"  # the one comparison that is no set of devices: the driver's version
+
+
+def node_conditions(manifest: dict) -> dict:
+    """The device conditions a manifest's node_env may name: its own table over the fallbacks."""
+    table = manifest.get("node_conditions")
+    return {**FALLBACK_CONDITIONS, **(table if isinstance(table, dict) else {})}
+
+
+def _words(value) -> list | None:
+    if value is None:
+        return []
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def counted_devices(definition, facts: NodeFacts) -> list[str] | None:
+    """The node's RDMA devices a condition counts (None: the definition is malformed).
+
+    ``devices`` is ``any`` (every /sys/class/infiniband device) or ``{"drivers": [...],
+    "link_layers": [...]}``: the devices whose parent's kernel driver is listed and (when both
+    are given) that have a port of a listed link layer.
+    """
+    devices = definition.get("devices") if isinstance(definition, dict) else None
+    if devices == "any":
+        return list(facts.infiniband)
+    if not isinstance(devices, dict):
+        return None
+    drivers, layers = _words(devices.get("drivers")), _words(devices.get("link_layers"))
+    if drivers is None or layers is None or not (drivers or layers):
+        return None
+    return [name for name, dev in sorted(facts.rdma.items())
+            if (not drivers or dev.get("driver") in drivers)
+            and (not layers or any(layer in layers for layer in dev.get("link_layers") or ()))]
+
+
+def condition_holds(when: dict, facts: NodeFacts, conditions: dict | None = None) -> tuple[bool, str]:
+    """Does every condition of a node_env entry hold on this node? An unknown condition does not.
+
+    `conditions` are the device conditions by name (:func:`node_conditions` of the manifest;
+    the fallbacks when None); driver_below is built in.
+    """
+    conditions = FALLBACK_CONDITIONS if conditions is None else conditions
     reasons = []
     for key, value in sorted((when or {}).items()):
-        if key == "driver_below":
+        if key == BUILT_IN:
             if not is_dotted_number(str(value)):
                 return False, f"invalid driver_below {value!r}"
             if not facts.driver:
@@ -78,21 +125,16 @@ def condition_holds(when: dict, facts: NodeFacts) -> tuple[bool, str]:
             if not older_than(facts.driver, str(value)):
                 return False, f"driver {facts.driver} >= {value}"
             reasons.append(f"driver {facts.driver} < {value}")
-        elif key == "infiniband":
+        elif key in conditions:
             if value not in ("absent", "present"):
-                return False, f"invalid infiniband condition {value!r} (absent or present)"
-            if (value == "present") != bool(facts.infiniband):
-                return False, (f"InfiniBand devices {', '.join(facts.infiniband)}" if facts.infiniband
-                               else "no InfiniBand device")
-            reasons.append(f"InfiniBand {', '.join(facts.infiniband)}" if facts.infiniband
-                           else "no InfiniBand device")
-        elif key == "efa":
-            if value not in ("absent", "present"):
-                return False, f"invalid efa condition {value!r} (absent or present)"
-            efa = facts.efa
-            if (value == "present") != bool(efa):
-                return False, f"EFA devices {', '.join(efa)}" if efa else "no EFA device"
-            reasons.append(f"EFA {', '.join(efa)}" if efa else "no EFA device")
+                return False, f"invalid {key} condition {value!r} (absent or present)"
+            found = counted_devices(conditions[key], facts)
+            if found is None:
+                return False, f"invalid definition of condition {key!r} in the manifest's node_conditions"
+            label = str(conditions[key].get("label") or key)
+            if (value == "present") != bool(found):
+                return False, f"{label} devices {', '.join(found)}" if found else f"no {label} device"
+            reasons.append(f"{label} {', '.join(found)}" if found else f"no {label} device")
         else:
             return False, f"unknown condition {key!r}"
     return True, "; ".join(reasons) or "no condition"
@@ -113,13 +155,14 @@ def node_env_decisions(manifest: dict, facts: NodeFacts, environ=None) -> list[d
     wins), ``skip`` (condition false) or ``invalid`` (malformed entry).
     """
     environ = os.environ if environ is None else environ
+    conditions = node_conditions(manifest)
     out = []
     for entry in manifest.get("node_env") or []:
         if not _valid_entry(entry):
             out.append({"name": str(entry.get("name") if isinstance(entry, dict) else entry), "value": None,
                         "state": "invalid", "why": "needs a variable name and a one-line value"})
             continue
-        holds, why = condition_holds(entry.get("when") or {}, facts)
+        holds, why = condition_holds(entry.get("when") or {}, facts, conditions)
         name, value = entry["name"], str(entry["value"])
         state = "skip" if not holds else ("user" if environ.get(name) else "apply")
         out.append({"name": name, "value": value, "state": state, "why": why, "have": environ.get(name)})

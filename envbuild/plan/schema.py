@@ -66,6 +66,8 @@ MANIFEST = (
     Key("env", "the image's environment: every baked variable and its value"),
     Key("env_reasons", "each baked variable with what makes it right, what it costs and its source"),
     Key("node_env", "the defaults decided on the node at start-up, each with its condition and reason"),
+    Key("node_conditions", "the node conditions node_env names, as matrices/fabrics.yaml declares them: which RDMA "
+                           "devices each counts (any, or by kernel driver and link layer), its label and meaning"),
     Key("driver", "the oldest NVIDIA driver the image runs on, its branch and source", "min-driver",
         lambda d: d["min_driver"]),
     Key("base_images", "the builder and runtime base images (by digest where known)"),

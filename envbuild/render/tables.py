@@ -109,12 +109,12 @@ NOT_BAKED_HEADERS = ("gpus", "variable", "why not", "source")
 
 
 def condition(e) -> str:
-    """When a default applies: its torch range, and the node conditions checked at start-up.
+    """When a default applies: its torch range, and the node conditions checked at start-up,
+    each device condition by its label (fabrics.yaml node_conditions).
 
-    >>> from envbuild.knowledge.matrix import EnvDefault, NodeCondition
-    >>> condition(EnvDefault(name="X", value="1", reason="r", source="s", cost="c",
-    ...                      node=NodeCondition(driver_below="550.40.07", infiniband="absent")))
-    'on nodes with driver < 550.40.07 and no InfiniBand'
+    >>> from envbuild.knowledge.matrix import load_matrix
+    >>> [condition(e) for e in load_matrix().gpu("rtx4090").env if e.name == "NCCL_IB_DISABLE"]
+    ['on nodes with driver < 550.40.07 and no InfiniBand', 'on nodes with driver < 550.40.07 and InfiniBand']
     """
     parts = []
     if e.when:
@@ -123,10 +123,8 @@ def condition(e) -> str:
         node = []
         if e.node.driver_below:
             node.append(f"driver < {e.node.driver_below}")
-        if e.node.infiniband:
-            node.append("no InfiniBand" if e.node.infiniband == "absent" else "InfiniBand")
-        if e.node.efa:
-            node.append("no EFA" if e.node.efa == "absent" else "EFA")
+        for name, state in e.node.conditions.items():
+            node.append(("no " if state == "absent" else "") + e.node.label(name))
         parts.append("on nodes with " + " and ".join(node))
     return "; ".join(parts)
 
@@ -194,6 +192,17 @@ def fabric_env_rows(m: Matrix) -> list[tuple[str, ...]]:
     """Every environment default a fabric sets, with its condition, reason, cost and source."""
     return [(f.name + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}", e.reason, e.cost,
              e.source) for f in m.fabrics for e in f.env]
+
+
+def node_condition_rows(m: Matrix) -> list[tuple[str, ...]]:
+    """Each node condition fabrics.yaml declares: its name, label, which devices count, meaning, source."""
+    rows = []
+    for name, c in m.fabrics_file.node_conditions.items():
+        devices = ("every RDMA device" if c.devices == "any" else "the devices with " + " and ".join(
+            f"{what} {' or '.join(words)}" for what, words in (("kernel driver", c.devices.drivers),
+                                                              ("a link layer", c.devices.link_layers)) if words))
+        rows.append((name, c.label, devices, c.means, c.source))
+    return rows
 
 
 def fabric_json(m: Matrix) -> list[dict]:
@@ -290,7 +299,11 @@ def generated_blocks(m: Matrix) -> dict[str, str]:
                   + "\n\nDriver floors (`matrices/cuda.yaml`): "
                   + m.cuda_file.forward_compat + "\n\n" + floors,
         "fabrics": markdown(FABRIC_HEADERS, fabric_rows(m)) + "\n\n" + "\n".join(
-            f"- {where}: `{var}`: {why}. Cost: {cost}. Source: {src}." for where, var, why, cost, src in fabric_env_rows(m)),
+            f"- {where}: `{var}`: {why}. Cost: {cost}. Source: {src}." for where, var, why, cost, src in fabric_env_rows(m))
+                   + "\n\nThe node conditions a default's `node:` may name (`node_conditions`; beside the built-in "
+                     "`driver_below`), decided at start-up from the definition the manifest carries:\n\n" + "\n".join(
+            f"- `{name}` ({label}; counts {devices}): {means}. Source: {src}." for name, label, devices, means, src
+            in node_condition_rows(m)),
         "gpus": markdown(GPU_HEADERS, gpu_rows(m))
                 + "\n\nWhat every image bakes (`image_env`; a value in {braces} is filled in per image):\n\n"
                 + structural + "\n\nEvery image also gets:\n\n" + common

@@ -12,7 +12,7 @@ from typing import Optional
 from pydantic import ValidationError
 
 from envbuild.base import grammar
-from envbuild.base.errors import EnvbuildError
+from envbuild.base.errors import EnvbuildError, nearest
 from envbuild.base.files import parse_yaml, read_text, read_yaml
 from envbuild.base.resources import matrices_dir
 from envbuild.knowledge import rules
@@ -22,7 +22,7 @@ from envbuild.knowledge.matrix.files.cuda_yaml import CudaFile
 from envbuild.knowledge.matrix.files.deepspeed_yaml import DeepspeedFile
 from envbuild.knowledge.matrix.files.extensions_yaml import ExtensionsFile
 from envbuild.knowledge.matrix.files.fabrics_yaml import FabricsFile
-from envbuild.knowledge.matrix.files.gpus_yaml import GpusFile
+from envbuild.knowledge.matrix.files.gpus_yaml import EnvDefault, GpusFile
 from envbuild.knowledge.matrix.files.nccl_yaml import NcclFile
 from envbuild.knowledge.matrix.files.stacks_yaml import EXTENSIONS, PUBLISH, PublishFile, StacksFile
 from envbuild.knowledge.matrix.files.torch_yaml import TorchFile
@@ -92,7 +92,8 @@ def _check_references(m: Matrix) -> None:
     """Cross-file integrity, then every stack against the rules; the first three problems named."""
     d = m.directory
     problems = [problem for check in (_torch_problems, _deepspeed_problems, _gpu_problems, _fabric_problems,
-                                      _default_problems, _driver_problems, _stack_problems, _nccl_problems)
+                                      _default_problems, _node_condition_problems, _driver_problems, _stack_problems,
+                                      _nccl_problems)
                 for problem in check(m, d)]
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -178,18 +179,50 @@ def _fabric_problems(m: Matrix, d: Path) -> list[str]:
     return problems
 
 
+def _defaults(m: Matrix) -> list[tuple[str, str, int, EnvDefault]]:
+    """Every environment default of the matrix: (file, its list there, its index, the default)."""
+    defaults = [("gpus.yaml", "common_env", i, e) for i, e in enumerate(m.gpus_file.common_env)]
+    defaults += [("gpus.yaml", f"{p.name}.env", i, e) for p in m.gpus for i, e in enumerate(p.env)]
+    defaults += [("fabrics.yaml", f"{f.name}.env", i, e) for f in m.fabrics for i, e in enumerate(f.env)]
+    return defaults
+
+
 def _default_problems(m: Matrix, d: Path) -> list[str]:
     """Every default the matrix bakes holds the grammar `--env` is held to."""
     problems: list[str] = []
-    defaults = [("gpus.yaml", "common_env", e) for e in m.gpus_file.common_env]
-    defaults += [("gpus.yaml", f"{p.name}.env", e) for p in m.gpus for e in p.env]
-    defaults += [("fabrics.yaml", f"{f.name}.env", e) for f in m.fabrics for e in f.env]
-    for file, where, default in defaults:  # the matrix's own defaults in the grammar --env is held to
+    for file, where, _, default in _defaults(m):  # the matrix's own defaults in the grammar --env is held to
         known = m.gpus_file.variables.get(default.name)
         why = known.problem(default.name, default.value) if known else None
         if why:
             problems.append(f"{d / file}: {where}: {why}")
     return problems
+
+
+def _node_condition_problems(m: Matrix, d: Path) -> list[str]:
+    """Each node condition a default names is declared in fabrics.yaml's node_conditions."""
+    problems: list[str] = []
+    declared = m.fabrics_file.node_conditions
+    for file, where, index, default in _defaults(m):
+        for name in (default.node.conditions if default.node else ()):
+            if name not in declared:
+                close = nearest(name, declared)
+                problems.append(
+                    f"{d / file}: {where}[{index}] ({default.name}): node names '{name}', a node condition "
+                    f"{d / 'fabrics.yaml'} does not declare under node_conditions"
+                    + (f"; nearest valid: {', '.join(close)}" if close else "")
+                    + (f" (declared: {', '.join(declared)}, and the built-in driver_below)" if declared else
+                       " (it declares none, as a matrix older than the table: copy node_conditions from envbuild's "
+                       "matrices/fabrics.yaml, or declare the condition with label, devices, means and source)"))
+    return problems
+
+
+def _bind_node_conditions(m: Matrix) -> None:
+    """Give each default's node condition the declarations of the device conditions it names
+    (fabrics.yaml node_conditions): the plan records them in the manifest, the tables name
+    them by their labels."""
+    for *_, default in _defaults(m):
+        if default.node:
+            default.node.bind(m.fabrics_file.node_conditions)
 
 
 def _driver_problems(m: Matrix, d: Path) -> list[str]:
@@ -292,6 +325,7 @@ def _parsed(directory: str, texts: tuple[tuple[str, Optional[str]], ...]) -> Mat
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
                loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"],
                loaded[EXTENSIONS], loaded[NCCL])
+    _bind_node_conditions(m)
     _check_references(m)
     return m
 

@@ -66,6 +66,13 @@ def image_env(resolution: Resolution, kept_toolchain_home: Optional[str]) -> tup
     return tuple(env) + tuple(resolution.env)
 
 
+def node_conditions(resolution: Resolution) -> dict[str, dict]:
+    """The device conditions the node_env entries name, as fabrics.yaml declares them: the image
+    decides each at start-up from this definition (image/node.py), not from code of its own."""
+    declared = {name: condition for d in resolution.node_env for name, condition in d.node.declared.items()}
+    return {name: declared[name].record() for name in sorted(declared)}
+
+
 def labels(resolution: Resolution, manifest: dict) -> list[tuple[str, str]]:
     """The image's labels: the OCI ones, then the manifest's keys that a registry should show
     without a pull (schema.py declares which)."""
@@ -120,6 +127,7 @@ def manifest(ctx: Context, image_env: tuple[EnvVar, ...]) -> dict:
                          **({"cost": e.cost} if e.cost else {})} for e in image_env],
         "node_env": [{"name": d.name, "value": d.value, "when": d.node.model_dump(exclude_none=True),
                       "reason": d.reason, "source": d.source, "cost": d.cost} for d in resolution.node_env],
+        "node_conditions": node_conditions(resolution),
         "driver": {"cuda": stack.cuda, "min_driver": resolution.driver.min_driver, "branch": resolution.driver.branch,
                    "forward_compat": resolution.facts.forward_compat, "source": resolution.driver.source},
         "base_images": dict(resolution.base_images),

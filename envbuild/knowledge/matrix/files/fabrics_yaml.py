@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from typing import Literal, Optional
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from envbuild.base import grammar
 from envbuild.knowledge.matrix.fields import _env_pairs, _sha256_hex, _specifier, _Strict
-from envbuild.knowledge.matrix.files.gpus_yaml import EnvDefault
+from envbuild.knowledge.matrix.files.gpus_yaml import CONDITION_NAME, DeviceCondition, EnvDefault, _condition_name
 
 
 class FabricSource(_Strict):
@@ -117,4 +117,15 @@ class Fabric(_Strict):
 class FabricsFile(_Strict):
     default: str
     sources: dict[str, str]
+    # The node's devices a default's `node:` may name (gpus.yaml and fabrics.yaml alike): each
+    # name once, here; the manifest carries the ones an image's node_env names.
+    node_conditions: dict[str, DeviceCondition] = Field(
+        default={}, json_schema_extra={"propertyNames": {"pattern": f"^{CONDITION_NAME.pattern}$"}})
     fabrics: list[Fabric]
+
+    @field_validator("node_conditions")
+    @classmethod
+    def _condition_names(cls, v: dict[str, DeviceCondition]) -> dict[str, DeviceCondition]:
+        for name in v:
+            _condition_name(name)
+        return v

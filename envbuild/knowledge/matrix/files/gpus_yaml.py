@@ -4,23 +4,121 @@ targets, the variables' grammars, and what is out of scope."""
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import field_validator
+from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from envbuild.base import grammar
 from envbuild.knowledge.matrix.fields import _cc, _driver, _env_name, _env_value, _specifier, _Strict, _version
 
 
+# A node condition's name: what a default's `node:` says (`{infiniband: present}`) and the
+# manifest's node_conditions carries; driver_below is the one built-in comparison, no device set.
+CONDITION_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+BUILT_IN_CONDITIONS = ("driver_below",)
+# The port link layers the kernel writes to /sys/class/infiniband/*/ports/*/link_layer
+# (drivers/infiniband/core/sysfs.c: show_port_link_layer): Unknown is what EFA's ports say.
+LinkLayer = Literal["InfiniBand", "Ethernet", "Unknown"]
+
+
+def _condition_name(v: str) -> str:
+    if not CONDITION_NAME.fullmatch(v):
+        raise ValueError(f"expected a node condition name of lower-case letters, digits and '_' (at most 32, a "
+                         f"letter first) like 'infiniband', got {v!r}")
+    if v in BUILT_IN_CONDITIONS:
+        raise ValueError(f"{v!r} is a built-in condition (the node's driver version), not a set of devices")
+    return v
+
+
+def _kernel_driver(v: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", v):
+        raise ValueError(f"expected a kernel driver name like 'mlx5_core' or 'efa', got {v!r}")
+    return v
+
+
+class DeviceMatch(_Strict):
+    """Which RDMA devices (the entries of /sys/class/infiniband) a condition counts: those whose
+    kernel driver is one of `drivers` and (when both are given) that have a port whose link layer
+    is one of `link_layers`."""
+
+    # the kernel driver of the device's parent, the basename of /sys/class/infiniband/<dev>/device/driver
+    # (image/nodefacts.py rdma_devices): efa, mlx5_core for ConnectX, bnxt_en under bnxt_re, ice or i40e under irdma
+    drivers: list[str] = []
+    link_layers: list[LinkLayer] = []  # any port's /sys/class/infiniband/<dev>/ports/<n>/link_layer
+
+    _d = field_validator("drivers")(lambda v: [_kernel_driver(d) for d in v])
+
+    @model_validator(mode="after")
+    def _some(self):
+        if not self.drivers and not self.link_layers:
+            raise ValueError("names neither drivers nor link_layers: write `devices: any` for every RDMA device")
+        return self
+
+
+class DeviceCondition(_Strict):
+    """A node condition on the node's RDMA devices (fabrics.yaml node_conditions): a default with
+    `node: {NAME: present}` applies where at least one device counts, `absent` where none does.
+    The manifest carries the definition, and the image decides it at start-up (image/node.py)."""
+
+    label: str  # how messages and tables name the devices: "no InfiniBand device", "EFA rdmap0s6"
+    # any: every RDMA device the kernel lists; else those of the named drivers and link layers
+    devices: Annotated[Union[Annotated[Literal["any"], Tag("any")], Annotated[DeviceMatch, Tag("match")]],
+                       Discriminator(lambda v: "match" if isinstance(v, (dict, DeviceMatch)) else "any")]
+    means: str
+    source: str
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 ./+-]{0,39}", v):
+            raise ValueError(f"expected a short name of the devices like 'InfiniBand' or 'EFA', got {v!r}")
+        return v
+
+    def record(self) -> dict:
+        """What the manifest carries: enough for the image to decide it, and what it means."""
+        devices = self.devices if isinstance(self.devices, str) else self.devices.model_dump(exclude_defaults=True)
+        return {"label": self.label, "devices": devices, "means": self.means}
+
+
 class NodeCondition(_Strict):
     """A condition only the node can answer (its driver, its network), checked at start-up
-    by the image's entrypoint / Apptainer environment instead of being baked blindly."""
+    by the image's entrypoint / Apptainer environment instead of being baked blindly:
+    `driver_below` (built in), and `NAME: present | absent` for each device condition
+    fabrics.yaml's node_conditions declares (the loader refuses a name it does not declare)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True,
+                              json_schema_extra={"propertyNames": {"pattern": f"^{CONDITION_NAME.pattern}$"}})
+    __pydantic_extra__: dict[str, Literal["absent", "present"]] = Field(init=False)
 
     driver_below: Optional[str] = None
-    infiniband: Optional[Literal["absent", "present"]] = None  # any RDMA device in /sys/class/infiniband
-    efa: Optional[Literal["absent", "present"]] = None  # an RDMA device whose kernel driver is AWS's efa
+    # The declarations of the device conditions named here, bound by the loader once fabrics.yaml
+    # is read (a cross-file reference, as a stack's torch release is): what the manifest carries.
+    _declared: dict = PrivateAttr(default_factory=dict)
 
     _v = field_validator("driver_below")(lambda v: v if v is None else _driver(v))
+
+    @model_validator(mode="after")
+    def _names(self):
+        for name in self.conditions:
+            _condition_name(name)
+        return self
+
+    @property
+    def conditions(self) -> dict[str, str]:
+        """The device conditions, name -> absent or present, as written."""
+        return dict(self.__pydantic_extra__ or {})
+
+    def bind(self, declared: dict[str, DeviceCondition]) -> None:
+        """Keep the declarations of the conditions named here (matrix loader only)."""
+        self._declared = {name: declared[name] for name in self.conditions if name in declared}
+
+    @property
+    def declared(self) -> dict[str, DeviceCondition]:
+        """The declarations of the device conditions named here (empty before the loader binds them)."""
+        return dict(self._declared)
+
+    def label(self, name: str) -> str:
+        return self._declared[name].label if name in self._declared else name
 
 
 class EnvDefault(_Strict):

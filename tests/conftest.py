@@ -34,7 +34,11 @@ hypothesis_settings.load_profile("explore" if os.environ.get("ENVBUILD_PROPERTY_
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_MATRIX = ROOT / "tests" / "fixtures" / "matrix"
 MATRIX_COMMANDS = {"render", "build", "matrix", "gpus", "extend", "extensions"}  # the commands that resolve stacks
-sys.path.insert(0, str(ROOT))
+KINDS = ("unit", "behaviour", "property", "process", "docker", "builds")  # the folders of tests/, by kind
+# The checkout first, then every kind's folder: a test imports another module's helpers by its
+# name (`from test_hostile_input import refused`) wherever either lies, and `pytest tests/property`
+# alone finds them too.
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / kind) for kind in KINDS)]
 
 
 @pytest.hookimpl(tryfirst=True)

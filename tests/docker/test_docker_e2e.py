@@ -691,7 +691,7 @@ def test_a_registry_failing_or_dropping_the_connection_mid_push_publishes_nothin
     after its retries with the registry's words, exit 1, no tag in the registry or left locally;
     then the connection dropped on the first blob upload and the first two manifest uploads ->
     the same command succeeds (Docker's and envbuild's retries), and the digest pulls back."""
-    sys.path.insert(0, str(Path(__file__).parent / "tools"))
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
     from faulty_proxy import FaultyProxy
 
     reg, port = _own_registry(work, "faultreg")
@@ -782,7 +782,7 @@ def test_the_engine_going_away_mid_build_fails_clearly_tags_nothing_and_a_rerun_
     holds the session the engine reads the Dockerfile from, so a fast, fully cached build cannot
     end first): exit 1, no traceback, nothing tagged; the same build on the real socket then
     succeeds."""
-    sys.path.insert(0, str(Path(__file__).parent / "tools"))
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
     from faulty_proxy import SocketCutter
 
     fault = ("--env", f"ENVBUILD_FAULT_TEST={secrets.token_hex(4)}")

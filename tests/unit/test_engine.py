@@ -23,6 +23,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 
+from conftest import ROOT
 from envbuild.builds import build
 
 from envbuild.supply import publish
@@ -437,7 +438,7 @@ def test_a_killed_envbuild_cancels_the_build_it_started(tmp_path, fake_cli, monk
 
     cli, calls = fake_cli
     monkeypatch.setenv("FAKE_DOCKER_MODE", "hang")
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # a SIGKILLed envbuild leaves its secrets directory: here, not in /tmp
     proc = subprocess.Popen([sys.executable, "-c", BUILD_RUNNER, str(cli), str(tmp_path)])
     log = tmp_path / "build.log"

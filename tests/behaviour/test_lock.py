@@ -133,7 +133,7 @@ def test_lock_makes_the_same_file_again(tmp_path):
     date (--exclude-newer) and `--check` compares. Reaches PyPI, as the real builds do. `--check`
     also audits the lock (tests/test_audit.py): against the local OSV endpoint of real advisories,
     since PyPI's per-release JSON answers 404 from this machine's network."""
-    sys.path.insert(0, str(Path(__file__).parent / "tools"))
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
     from osv_server import OsvServer
 
     matrix_dir = tmp_path / "m"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -28,10 +27,11 @@ from envbuild.supply import sbom
 from envbuild.knowledge.matrix import load_matrix
 from envbuild.base.errors import EnvbuildError
 from envbuild.supply.verify import Trust
+from conftest import ROOT
 from test_supply_chain import inventory, keys  # noqa: F401  (the module's real keys and inventory)
 from test_verify_trust import REPO, TAG, MemoryRegistry, push_signed
 
-sys.path.insert(0, str(Path(__file__).parent / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
 from osv_server import OsvServer  # noqa: E402
 
 PLATFORM_TAG = f"{TAG}-amd64"

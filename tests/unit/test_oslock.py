@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import ROOT
 from envbuild.knowledge import oslock
 from envbuild.base.errors import EnvbuildError
 from envbuild.plan import stack_plan
 from envbuild.resolve import oslocking
 from envbuild.resolve.resolver import Request, os_lock_stages, resolve
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 FIXTURE_MATRIX = FIXTURES / "matrix"
 LOCKED_STACK = "torch2.11-cu130-py3.11-pypi"  # the fixture matrix's stack with an OS lock (on local/debian:bookworm)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import FIXTURE_MATRIX, run_here, tree
+from conftest import FIXTURE_MATRIX, ROOT, run_here, tree
 
-sys.path.insert(0, str(Path(__file__).parent / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
 from osv_server import OsvServer  # noqa: E402
 
 STACK = "torch2.11-cu130-py3.12"

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import DOCKER, ci_stack_id, run_cli
+from conftest import DOCKER, ROOT, ci_stack_id, run_cli
 
-sys.path.insert(0, str(Path(__file__).parent / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
 from osv_server import OsvServer  # noqa: E402
 
 pytestmark = pytest.mark.docker

@@ -15,7 +15,6 @@ import pytest
 from conftest import BASE_IMAGE, build_ops_image, ci_stack_id, run_cli, unique
 
 pytestmark = [
-    pytest.mark.docker,
     pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_ALL_OPS") != "1",
                        reason="opt-in: builds every DeepSpeed op of the CI stack (about an hour); set ENVBUILD_ALL_OPS=1"),

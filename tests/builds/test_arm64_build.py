@@ -31,7 +31,6 @@ import conftest
 from conftest import ci_stack_id, ROOT, remove_images, run_build, run_cli, unique
 
 pytestmark = [
-    pytest.mark.docker,
     pytest.mark.arm64,
     pytest.mark.skipif(os.environ.get("ENVBUILD_ARM64") != "1",
                        reason="opt-in: emulated arm64 build (about 90 min); set ENVBUILD_ARM64=1"),

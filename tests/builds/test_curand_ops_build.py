@@ -14,7 +14,6 @@ import pytest
 from conftest import BASE_IMAGE, build_ops_image, ci_stack_id, docker, unique
 
 pytestmark = [
-    pytest.mark.docker,
     pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_CURAND_OPS") != "1",
                        reason="opt-in: builds the four cuRAND ops of the CI stack (15 minutes or more); set "

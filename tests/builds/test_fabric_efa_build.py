@@ -23,7 +23,6 @@ import pytest
 from conftest import ROOT, run_build, run_cli, unique
 
 pytestmark = [
-    pytest.mark.docker,
     pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_EFA") != "1",
                        reason="opt-in: builds the aws-efa fabric from source (about 15 min); set ENVBUILD_EFA=1"),

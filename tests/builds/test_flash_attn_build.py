@@ -20,7 +20,6 @@ from packaging.version import Version
 from conftest import docker, run_build, run_cli, unique
 
 pytestmark = [
-    pytest.mark.docker,
     pytest.mark.usefixtures("images_removed"),
     pytest.mark.skipif(os.environ.get("ENVBUILD_FLASH_ATTN") != "1",
                        reason="opt-in: compiles flash-attn (72 kernel files for sm_90); set ENVBUILD_FLASH_ATTN=1"),

@@ -24,8 +24,8 @@ from conftest import remove_images, run_build, run_cli, unique
 from envbuild.supply.ci import real_build_stack
 from envbuild.knowledge.matrix import load_matrix
 
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(os.environ.get("ENVBUILD_SLURM") != "1",
-                                                     reason="opt-in: set ENVBUILD_SLURM=1 after scripts/slurm-setup.sh")]
+pytestmark = [pytest.mark.skipif(os.environ.get("ENVBUILD_SLURM") != "1",
+                                 reason="opt-in: set ENVBUILD_SLURM=1 after scripts/slurm-setup.sh")]
 REPO = unique("envbuild-slurm")
 # A CPU node: no libnvidia-container, so the job says it wants no GPU (the image asks for all,
 # and under pyxis the image's value wins unless the job names it), as `envbuild job` does.

@@ -26,7 +26,6 @@ def _mirror_removed():
     conftest.remove_images("debian", registry=MIRROR.rsplit("/", 1)[0])
 
 
-@pytest.mark.docker
 def test_a_named_base_in_a_registry_is_pinned_by_digest_and_an_imported_one_says_it_is_not(tmp_path):
     mirror = f"{MIRROR}:bookworm"
     docker("tag", BASE, mirror)
@@ -53,7 +52,6 @@ def test_a_named_base_in_a_registry_is_pinned_by_digest_and_an_imported_one_says
     assert result.stderr.count(f"{BASE} is pinned by tag only") == 1
 
 
-@pytest.mark.docker
 def test_lock_bases_records_the_published_digest_and_renders_pin_to_it(tmp_path):
     """The matrix's own base, on a registry this machine reaches (the local one standing in
     for Docker Hub, which it cannot): `envbuild lock --bases` records its digest, a render

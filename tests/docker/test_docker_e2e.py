@@ -34,8 +34,6 @@ from envbuild.supply.ci import real_build_stack
 from envbuild.engine.docker import OWNER_LABEL
 from envbuild.knowledge.matrix import load_matrix
 
-pytestmark = pytest.mark.docker
-
 CI_MATRIX = load_matrix()
 CI_STACK = real_build_stack(CI_MATRIX)
 STACK = CI_STACK.id

@@ -18,8 +18,6 @@ import conftest
 from conftest import DOCKER, remove_images, run_cli, unique
 from envbuild.supply.publish import DOCKER_LIST, OCI_INDEX, served_images
 
-pytestmark = pytest.mark.docker
-
 REGISTRY = "127.0.0.1:5000"
 REPO = unique("envbuild-mtest")  # in the shared registry: this run's own, nothing an earlier run left
 

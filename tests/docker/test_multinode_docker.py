@@ -30,8 +30,6 @@ import pytest
 import conftest
 from conftest import ci_stack_id, remove_images, run_build, unique
 
-pytestmark = pytest.mark.docker
-
 REPO = unique("envbuild-multinode")
 OPS = "cpu_adam,fused_adam"
 SMOKE = ["python", "/opt/envbuild/smoke.py", "--multinode"]

@@ -20,8 +20,6 @@ from envbuild.knowledge import rules
 from envbuild.supply.ci import real_build_stack
 from envbuild.knowledge.matrix import load_matrix
 
-pytestmark = pytest.mark.docker
-
 MATRIX = load_matrix()
 STACK = real_build_stack(MATRIX)
 REPO = unique("envbuild-nccl")

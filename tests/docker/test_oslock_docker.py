@@ -26,7 +26,6 @@ import pytest
 
 from conftest import BASE_IMAGE, CA_BUNDLE, ROOT, ci_stack_id, docker, remove_images, run_build, run_cli, unique
 from envbuild.knowledge import oslock
-pytestmark = pytest.mark.docker
 
 BASE = BASE_IMAGE
 REPO = unique("envbuild-oslock-test")

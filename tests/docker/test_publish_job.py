@@ -33,8 +33,6 @@ from conftest import DOCKER, ROOT, ci_stack_id, run_cli
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 from osv_server import OsvServer  # noqa: E402
 
-pytestmark = pytest.mark.docker
-
 BASE = "local/debian:bookworm"
 STACK = ci_stack_id()
 JOB = f"{STACK}-amd64"

@@ -38,8 +38,6 @@ from conftest import BASE_IMAGE, ROOT, ci_stack_id, docker, remove_images, uniqu
 from envbuild.knowledge import oslock
 from envbuild.supply.ci import render_refresh_workflow
 
-pytestmark = pytest.mark.docker
-
 REGISTRY = "127.0.0.1:5000"
 REPO = unique("envbuild-refresh-base")
 BASE = f"{REGISTRY}/{REPO}:bookworm"

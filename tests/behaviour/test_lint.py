@@ -1,6 +1,7 @@
 """Every rendered file passes its linter, across the whole matrix (every stack x every
 GPU it allows), not one example: hadolint, shellcheck, spython. hadolint reads one Dockerfile
-of each shape in the fast suite and every one in CI's whole run (marked `whole`)."""
+of each shape here, in the fast suite, and every one in CI's whole run
+(tests/behaviour/test_lint_whole.py, marked `whole`)."""
 
 import re
 import shutil
@@ -96,11 +97,6 @@ def test_hadolint_one_dockerfile_of_each_shape(rendered):
     shapes = one_of_each_shape(rendered)
     assert 15 <= len(shapes) < len(rendered) / 4, len(shapes)  # the option paths each have their own
     _hadolint(shapes)
-
-
-@pytest.mark.whole
-def test_hadolint_every_dockerfile(rendered):
-    _hadolint(rendered)
 
 
 def test_hadolint_really_lints(tmp_path):

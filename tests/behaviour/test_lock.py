@@ -1,12 +1,10 @@
 """Hash-locked stacks (envbuild/knowledge/lock.py, made by envbuild/resolve/locking.py: `envbuild
 lock`): the locks in matrices/locks agree with their rows, the build installs their parts with
-hash checking, and uv makes them again byte for byte. The builds that install from a lock are in
-test_docker_e2e.py."""
+hash checking. uv making them again byte for byte (PyPI) is tests/behaviour/test_lock_network.py;
+the builds that install from a lock are in tests/docker/test_docker_e2e.py."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from conftest import FIXTURE_MATRIX, ROOT, run_here, tree
 from envbuild.base.errors import EnvbuildError
 from envbuild.knowledge.lock import disagreements, expected_fields, load_lock, lock_path, parse_lock, stack_lock
 from envbuild.plan import stack_plan
-from envbuild.resolve.locking import deepspeed_install_requires, normalized
+from envbuild.resolve.locking import deepspeed_install_requires
 from envbuild.resolve.resolver import Request, resolve
 
 CI_STACK = "torch2.11-cu130-py3.11-pypi"  # the fixture matrix's PyPI-toolchain stack (locked)
@@ -125,38 +123,6 @@ def test_lock_refuses_an_unknown_stack_and_writes_nothing(matrix_copy):
     assert "--stack 'torch2.11-cu130-py3.11-pypy': no such stack" in result.stderr
     assert "Nearest: torch2.11-cu130-py3.11-pypi" in result.stderr and "Traceback" not in result.stderr
     assert tree(matrix_copy) == before
-
-
-@pytest.mark.network
-def test_lock_makes_the_same_file_again(tmp_path):
-    """Same inputs, same file: uv resolves the committed lock's stack again as of the lock's
-    date (--exclude-newer) and `--check` compares. Reaches PyPI, as the real builds do. `--check`
-    also audits the lock (tests/test_audit.py): against the local OSV endpoint of real advisories,
-    since PyPI's per-release JSON answers 404 from this machine's network."""
-    sys.path.insert(0, str(ROOT / "tests" / "tools"))
-    from osv_server import OsvServer
-
-    matrix_dir = tmp_path / "m"
-    shutil.copytree(FIXTURE_MATRIX, matrix_dir)
-    with OsvServer() as osv:
-        _lock_check_round_trip(matrix_dir, {"ENVBUILD_VULNERABILITY_SERVICE": osv.url})
-
-
-def _lock_check_round_trip(matrix_dir, env):
-    result = run_here("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("current")
-    # An edited lock is not current, and --check says which command refreshes it.
-    path = lock_path(matrix_dir, CI_STACK, "x86_64")
-    text = path.read_text()
-    path.write_text(text.replace("# [venv]\n", "# [venv]\nsix==1.17.0 \\\n    --hash=sha256:" + "0" * 64 + "\n"))
-    result = run_here("lock", "--check", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300, env=env)
-    assert result.returncode == 1 and result.stdout.startswith("stale")
-    assert f"envbuild lock --stack {CI_STACK}" in result.stderr
-    # Writing puts back exactly the committed file.
-    result = run_here("lock", "--stack", CI_STACK, "--matrix-dir", str(matrix_dir), timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert normalized(path.read_text()) == normalized(text)
 
 
 def test_lock_will_not_overwrite_a_file_it_did_not_write(matrix_copy):

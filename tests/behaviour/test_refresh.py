@@ -1,5 +1,6 @@
 """`envbuild matrix refresh` on saved real upstream data (tests/fixtures/upstream, each
-artifact with its SOURCE.txt), offline; one opt-in live run against PyPI (ENVBUILD_LIVE=1)."""
+artifact with its SOURCE.txt), offline. The opt-in run against PyPI itself (ENVBUILD_LIVE=1) is
+tests/behaviour/test_refresh_live.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import hashlib
 import http.server
 import io
 import json
-import os
 import random
 import re
 import shutil
@@ -538,22 +538,3 @@ def test_server_ignoring_ranges_is_refused(range_server, tmp_path):
     (dist,) = pypi.files("demo")
     with pytest.raises(EnvbuildError, match="ignored a range request"):
         pypi.members(dist)
-
-
-# ---------------------------------------------------------------- live
-
-
-@pytest.mark.live
-@pytest.mark.skipif(os.environ.get("ENVBUILD_LIVE") != "1", reason="set ENVBUILD_LIVE=1 to run against PyPI")
-def test_live_pypi(tmp_path):
-    """The real index: known facts still derive, and the committed matrix refreshes without
-    a shape error (a diff is allowed: PyPI moves on)."""
-    pypi = PyPI(Path(os.environ.get("ENVBUILD_LIVE_CACHE", tmp_path / "cache")))
-    row = torch_facts.derive_release(pypi, Version("2.15.0")).fields
-    assert (row["python"], row["default_cuda"], row["extension_lock"]) == (">=3.11,<3.16", "13.2", "flock")
-    history = ds_history.derive(pypi, TRACKED_DS)
-    assert history.ops["fp_quantizer"].since == "0.14.1" and history.ops["utils"].since == "0.17.1"
-    assert history.ops["sparse_attn"].until == "0.19.7"
-    shutil.copytree(ROOT / "matrices", tmp_path / "matrices")
-    changes, _, _ = refresh(pypi, tmp_path / "matrices")
-    assert all(yaml.safe_load(c.new) for c in changes)

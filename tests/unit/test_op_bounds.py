@@ -2,13 +2,12 @@
 
 Offline: the parsing and deciding on real nvcc logs (tests/fixtures/op_bounds: PyPI's nvcc
 13.0.88, 13.1.115 and 13.2.86 compiling the deepspeed-0.19.8 sdist's fp_quantize_impl.cu,
-and a compile whose set-up lacked a header). Opt-in (ENVBUILD_LIVE=1, about 4 GB of downloads
-and a few minutes of nvcc): the bound derived again from PyPI equals the data."""
+and a compile whose set-up lacked a header). The bound derived again from PyPI's nvcc (opt-in:
+ENVBUILD_LIVE=1) is tests/unit/test_op_bounds_live.py."""
 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 import pytest
@@ -121,19 +120,6 @@ def test_the_nvcc_line_is_deepspeed_s_for_the_release():
     assert "-I/cuda/include" in line and "-I/t/torch/csrc/api/include" in line
     assert "-std=c++17" in op_bounds.nvcc_command(Path("n"), Path("c"), Path("t"), Path("d"), "a.cu", [], "12.4",
                                                   Path("o"))
-
-
-@pytest.mark.live
-@pytest.mark.skipif(os.environ.get("ENVBUILD_LIVE") != "1", reason="set ENVBUILD_LIVE=1 to compile with PyPI's nvcc")
-def test_live_the_fp_quantizer_bound_derives_again_from_pypi(tmp_path):
-    """Downloads the sdist, torch's headers and each release's nvcc and headers, compiles."""
-    from envbuild.refresh.pypi import PyPI
-
-    deepspeed, torch, ops = op_bounds.pinned(ROOT / "matrices")
-    work = Path(os.environ.get("ENVBUILD_LIVE_CACHE", tmp_path)) / "op-bounds"
-    bound, results = op_bounds.derive(PyPI(work / "pypi-cache"), work, deepspeed, torch, "fp_quantizer")
-    assert bound == ops["fp_quantizer"]["cuda"], op_bounds.describe(results)
-    assert all(e.line in (234, 413) for r in results for e in r.errors), op_bounds.describe(results)
 
 
 def test_sparse_attn_torch_bound_is_what_its_builder_checks():

@@ -16,12 +16,10 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
 import yaml
 
 from conftest import ROOT
 from envbuild.doctor import LogReader, diagnose_log, diagnose_text, load_issues
-from envbuild.doctor.ranks import RankStyle
 from envbuild.doctor.reading import MAX_LINE
 from envbuild.doctor.signatures import literal_guard
 from envbuild.base.errors import EnvbuildError
@@ -584,15 +582,6 @@ def test_family_logs_flattened_into_one_line_give_the_same_answer():
         assert sorted(set(ids(diagnose_text(flat, ISSUES)))) == sorted(e["expected"]), e["file"]
 
 
-@given(st.integers(min_value=45, max_value=240))
-@settings(max_examples=25, deadline=None)
-def test_a_wrapped_message_is_found_at_any_width(width):
-    """Every terminal width: the library and the symbol still come out whole."""
-    text = (LOGS / "ragflow-4466-nvjitlink.log").read_text()
-    finding = by_id(diagnose_text(wrapped(text, width), ISSUES), "undefined-symbol")
-    assert "__nvJitLinkAddData_12_1" in finding.detail
-
-
 def test_interleaved_ranks_are_not_joined_and_keep_their_labels():
     """Two ranks' messages, each wrapped by the terminal, one rank's lines after the other's: each
     finding is its own rank's, and no message is glued to another rank's line."""
@@ -613,16 +602,3 @@ def test_a_flattened_paste_of_several_ranks_is_cut_at_each_rank_prefix():
     findings = diagnose_text(log, ISSUES)
     assert by_id(findings, "shared-library-missing").ranks == ["rank 3"]
     assert by_id(findings, "nccl-watchdog-timeout").ranks == ["rank 1"]
-
-
-@given(st.lists(st.sampled_from(["[rank1]:step 3", "[rank12]:x", "[default2]:y", "plain line",
-                                 "x" * 45 + "[rank7]: deep in the line", "[pid 9] [rank3]:after a pid",
-                                 "[rank0]:[rank5]: two prefixes"]), max_size=12),
-       st.sets(st.sampled_from(["rank 0", "rank 1", "rank 3", "rank 7", "rank 12", "local rank 2"])))
-@settings(max_examples=200, deadline=None)
-def test_the_shortcut_of_labels_in_finds_what_the_exact_pass_finds(lines, known):
-    """Skipping the exact prefix pass when every marker names a known label loses no label."""
-    block = "\n".join(lines).encode()
-    exact, _ = RankStyle().labels_in(block)
-    quick, _ = RankStyle().labels_in(block, known, count=False)
-    assert quick | known == exact | known

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from conftest import FIXTURE_MATRIX, ROOT, alarm_deadline
 from envbuild.builds.staging import SQUASHFS_MAGIC, SUPERBLOCK
 from property_settings import EXAMPLES, examples
-from test_hostile_input import HOSTILE, Ran, assert_holds_as_data, envbuild, listing, refused
+from test_hostile_input import Ran, envbuild, listing, refused
+from test_hostile_input_properties import HOSTILE, assert_holds_as_data
 
 # Where a command stops on this machine after its input passed every check: an exit 2 that
 # names the machine, not the input. A registry that cannot be reached is exit 1, as for `push`

@@ -11,8 +11,6 @@ import ast
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from conftest import ROOT
 from envbuild.base.errors import EnvbuildError
@@ -64,23 +62,6 @@ def test_the_data_s_fp_quantizer_bound_is_the_one_the_recorded_compiles_give():
     for text in ("13.0.88", "13.1.115", "13.2.86", "fp_quantize_impl.cu:234", "fp_quantize_impl.cu:413",
                  "scripts/derive_op_bounds.py", "12.x"):
         assert text in reason, text
-
-
-OUTCOMES = st.lists(st.sampled_from(["accepts", "rejects", "not-tried"]), min_size=1, max_size=8)
-
-
-@given(OUTCOMES)
-def test_any_outcomes_give_the_oldest_rejecting_release_or_refuse(outcomes):
-    """The bound is <X.Y, X.Y the oldest rejecting release, exactly when no newer release
-    tried accepts; otherwise (or nothing tried) no bound is made up."""
-    results = [ReleaseResult(f"13.{i}", f"13.{i}", o) for i, o in enumerate(outcomes)]
-    tried = [(i, o) for i, o in enumerate(outcomes) if o != "not-tried"]
-    first = next((i for i, o in tried if o == "rejects"), None)
-    if not tried or (first is not None and any(o == "accepts" for i, o in tried if i > first)):
-        with pytest.raises(EnvbuildError):
-            op_bounds.decide_bound(results, "op")
-        return
-    assert op_bounds.decide_bound(results, "op") == ("" if first is None else f"<13.{first}")
 
 
 def test_release_order_is_by_version_not_by_text():

@@ -10,8 +10,6 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import ROOT
 from envbuild.knowledge import oslock
@@ -97,24 +95,6 @@ def test_an_apt_snapshot_no_build_can_fetch_from_is_refused_where_it_is_given(va
         oslock.check_snapshot_template("--apt-snapshot", value)
 
 
-_WORD = st.text(st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Z", "Cc")), min_size=1, max_size=12)
-
-
-@settings(max_examples=200, deadline=None)
-@given(name=_WORD, version=_WORD, archive=_WORD, path=_WORD)
-def test_every_accepted_line_is_words_the_shell_reads_as_data(name, version, archive, path):
-    """Whatever a hostile or corrupt lock holds, what parses is made of apt's words only: os.sh
-    reads the parts with `read` and awk, and hands them to apt, never to an eval."""
-    text = lock_text(f"deb {name} amd64 {version} {SHA} 10 {archive} pool/{path}.deb", source=f"{archive} x1 / main")
-    try:
-        lock = oslock.parse_os_lock(text, "x.txt")
-    except EnvbuildError:
-        return
-    part = lock.stage_part("builder", "http://h/{archive}/20261126T000000Z", "/k.gpg", False)
-    for line in part.splitlines()[1:]:
-        assert re.fullmatch(r"[A-Za-z0-9 ._+~:/{}=-]+", line), line
-
-
 def test_the_part_os_sh_reads_has_the_sources_the_base_and_the_debs():
     lock = fixture_lock()
     part = lock.stage_part("runtime", "http://snapshot.debian.org/archive/{archive}/" + lock.snapshot,
@@ -142,36 +122,6 @@ def test_resolver_output_naming_another_archive_is_refused():
 
 
 # ---------------------------------------------------------------- what a stage may install
-
-
-_REQUESTS = st.builds(
-    lambda gpu, fabric, ops, no_compiler, keep: Request(gpu=gpu, stack=LOCKED_STACK, fabric=fabric, ds_ops=ops,
-                                                        no_compiler=no_compiler, keep_toolchain=keep,
-                                                        base_image="local/debian:bookworm"),
-    st.sampled_from(["h20", "h100", "a100", "l40s"]), st.sampled_from([None, "none", "ib"]),
-    st.sampled_from(["training", "none", "cpu_adam", "cpu_adam,async_io", "all"]), st.booleans(), st.booleans())
-
-
-@settings(max_examples=40, deadline=None)
-@given(request=_REQUESTS)
-def test_every_os_step_of_any_request_installs_only_its_stages_inputs(matrix, request):
-    """The lock holds the closure of everything any request may ask of a stage: every OS step a
-    plan renders asks only for packages of its stage's inputs, and is given that stage's part."""
-    try:
-        r = resolve(matrix, request)
-    except EnvbuildError:
-        return  # a request the rules refuse renders nothing
-    family = matrix.bases.families[r.stack.os]
-    plan = stack_plan(r)
-    stages = [("builder", plan.builder), ("runtime", plan.runtime)]
-    for stage_name, stage in stages:
-        for step in stage.steps:
-            if step.name != "os":
-                continue
-            env = dict(step.env)
-            part_stage = "builder" if "os-lock-builder" in env.get("ENVBUILD_OS_LOCK", "") else "runtime"
-            assert set(step.args) <= set(oslock.stage_inputs(family, r.stack.python, part_stage)), (stage_name, step.args)
-            assert "ENVBUILD_OS_LOCK" in env, f"an OS step of a locked stage without the lock: {step.args}"
 
 
 # ---------------------------------------------------------------- which stages a request gets locked

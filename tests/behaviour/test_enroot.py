@@ -1,19 +1,18 @@
-"""The enroot artifact: `envbuild export --enroot` (reproducible, wired as `enroot import` wires
-it, started by the real enroot where scripts/slurm-setup.sh installed it) and `envbuild stage`
-(once per image, locked, checked for space and by sha256). The export tests need Docker
-(docker-marked); staging is plain files."""
+"""The enroot artifact's files and `envbuild stage` (once per image, locked, checked for space
+and by sha256): plain files. `envbuild export --enroot` (reproducible, started by the real enroot
+where scripts/slurm-setup.sh installed it) needs Docker: tests/docker/test_enroot_docker.py;
+staging at once from several processes is tests/process/test_enroot_staging_at_once.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, need_tool, run_here
-from envbuild.builds.enroot import enroot_files, sha256_file
+from conftest import need_tool, run_here
+from envbuild.builds.enroot import enroot_files
 from envbuild.builds.staging import stage
 
 
@@ -27,22 +26,6 @@ def _sqsh(path, size=3 * 2**20):
                    check=True, capture_output=True)
     shutil.rmtree(content)
     return path
-
-
-def test_staging_twice_at_once_copies_once_and_both_find_the_same_verified_file(tmp_path):
-    source, shared = _sqsh(tmp_path / "img.sqsh"), tmp_path / "shared"
-    shared.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-m", "envbuild", "stage", str(source), "--to", str(shared)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0] * 4, outs
-    said = [out.split()[0] + (" " + out.split()[1] if out.startswith("already") else "") for out, _ in outs]
-    assert sorted(said) == ["already staged"] * 3 + ["staged"], said
-    staged = shared / "img.sqsh"
-    assert sha256_file(staged) == sha256_file(source)
-    assert subprocess.run(["sha256sum", "-c", "img.sqsh.sha256"], cwd=shared, capture_output=True).returncode == 0
-    assert sorted(p.name for p in shared.iterdir()) == [".envbuild-stage.lock", "img.sqsh", "img.sqsh.sha256"]
 
 
 def test_a_truncated_staged_file_is_refused_with_its_checksum(tmp_path):

@@ -58,6 +58,11 @@ NEEDS_DOCKER = {"docker", "builds"}
 sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / kind) for kind in KINDS)]
 
 
+def suite_files() -> list[Path]:
+    """Every test module of the suite: tests/KIND/*.py, for the checks that read the tests' sources."""
+    return sorted(p for kind in KINDS for p in (ROOT / "tests" / kind).glob("*.py"))
+
+
 def kind_of(path: Path) -> Optional[str]:
     """The kind of the test file at `path`: its folder under tests/ (None outside them)."""
     try:

@@ -231,8 +231,8 @@ DOCKER = "/usr/bin/docker"  # Debian's client: BuildKit builds go through it (sc
 # ---------------------------------------------------------------- real builds: the one place
 # Every test that builds an image with envbuild (`build`, `extend --build`) calls run_build or
 # run_extend_build, which add what a build on THIS machine needs; no test module names those
-# flags itself (tests/test_isolation.py fails one that does). So a module builds the same alone
-# (`python -m pytest -m docker tests/test_X.py`) as after another one, from an empty BuildKit
+# flags itself (tests/unit/test_isolation.py fails one that does). So a module builds the same alone
+# (`python -m pytest -m docker tests/docker/test_X.py`) as after another one, from an empty BuildKit
 # cache too; a machine that differs says so once, in the ENVBUILD_TEST_* variables below.
 DEBIAN_CA = "/etc/ssl/certs/ca-certificates.crt"  # a TLS proxy's CA is added to this bundle (update-ca-certificates)
 CA_BUNDLE = os.environ.get("ENVBUILD_TEST_CA_CERT") or DEBIAN_CA

@@ -1,7 +1,7 @@
 """ARM64 (Grace, GB10) images: which stacks serve aarch64 GPUs, the CPU target of the ops,
 the ops that build there, and the platform in every rendered format. Fast: no Docker.
 
-The real build under qemu emulation is tests/test_arm64_build.py (opt-in, ENVBUILD_ARM64=1)."""
+The real build under qemu emulation is tests/builds/test_arm64_build.py (opt-in, ENVBUILD_ARM64=1)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_multiarch_tags_merge_the_grace_sibling(matrix):
 
 def test_publish_workflow_builds_arm64_natively_and_merges_by_digest():
     """Each job is one envbuild command (the job's steps are envbuild's, run here by
-    tests/test_publish_job.py); the workflow keeps GitHub's glue and cosign for keyless signing."""
+    tests/docker/test_publish_job.py); the workflow keeps GitHub's glue and cosign for keyless signing."""
     text = (ROOT / ".github" / "workflows" / "publish.yml").read_text()
     assert "runs-on: ${{ matrix.runner }}" in text and "runner: \"ubuntu-24.04-arm\"" in text
     assert 'envbuild publish --job "$JOB" --registry "$REGISTRY" --keyless' in text

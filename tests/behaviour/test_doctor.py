@@ -31,7 +31,7 @@ INDEX = yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"]
 
 def ids(findings):
     """The curated verdicts: what NCCL only said (its catalogue's `nccl-said` leads, not yet
-    explained) is measured by tests/test_doctor_said.py, not scored as a verdict here."""
+    explained) is measured by tests/behaviour/test_doctor_said.py, not scored as a verdict here."""
     return [f.issue.id for f in findings if f.explained]
 
 
@@ -155,7 +155,7 @@ def test_docs_table_is_what_doctor_says_today():
     """docs/doctor.md's table is regenerated from INDEX.yaml and a live run; it cannot drift."""
     text = DOC.read_text()
     table = text[text.index(TABLE_START) + len(TABLE_START):text.index(TABLE_END)].strip()
-    assert table == render_table(), "regenerate: python3 -c 'import sys; sys.path[:0]=[\"tests\", \".\"]; import test_doctor as t; print(t.render_table())'"
+    assert table == render_table(), "regenerate: python3 -c 'import sys; sys.path[:0]=[\"tests/behaviour\", \"tests\", \".\"]; import test_doctor as t; print(t.render_table())'"
 
 
 def test_index_lists_every_fixture_once_with_a_source():
@@ -171,11 +171,11 @@ def test_index_lists_every_fixture_once_with_a_source():
     # No public log shows these two; each is tested with a short log written here (and says so).
     # peer-crashed is shown by the per-rank logs of a real gloo run made here (tests/fixtures/ranks).
     written_here = {"cpu-adam-illegal-instruction", "nccl-net-not-found", "peer-crashed"}
-    # A signature comparing a log with its image runs only with a manifest: tests/test_doctor_image.py
+    # A signature comparing a log with its image runs only with a manifest: tests/behaviour/test_doctor_image.py
     # measures it on its own real logs (tests/fixtures/nccl-version).
     with_image = {i.id for i in ISSUES if i.image}
     # Signatures written from a catalogue are measured on real logs of their own threads
-    # (tests/fixtures/said, package-said and launcher-said: INDEX.yaml; tests/test_doctor_said*.py).
+    # (tests/fixtures/said, package-said and launcher-said: INDEX.yaml; tests/behaviour/test_doctor_said*.py).
     from_catalogue = {i for folder in ("said", "package-said", "launcher-said")
                       for e in yaml.safe_load((ROOT / "tests" / "fixtures" / folder / "INDEX.yaml").read_text())["logs"]
                       for i in e["verdicts"]}

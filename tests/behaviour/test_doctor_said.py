@@ -117,7 +117,7 @@ def test_an_ib_completion_error_names_its_status_and_peer(file, status, peer, wo
     assert words in finding.title and peer in finding.title and finding.certainty == "likely"
 
 
-MEASURE_START, MEASURE_END = "<!-- catalogue-measure: tests/test_doctor_said.py -->", "<!-- /catalogue-measure -->"
+MEASURE_START, MEASURE_END = "<!-- catalogue-measure: tests/behaviour/test_doctor_said.py -->", "<!-- /catalogue-measure -->"
 # How each launcher call's message reaches a log (srun's and slurmstepd's prefixes, enroot's).
 LAUNCHER_LINE = {"error": "srun: error: ", "fatal": "srun: fatal: ", "slurm_error": "slurmstepd: error: ",
                  "PMIXP_ERROR": "slurmstepd: error:  mpi/pmix_v4: f: host [0]: x.c:1: ",
@@ -189,7 +189,7 @@ def render_measurement() -> str:
 def test_docs_state_accuracy_by_family_and_the_curated_share_of_each_catalogue():
     text = (ROOT / "docs" / "doctor.md").read_text()
     table = text[text.index(MEASURE_START) + len(MEASURE_START):text.index(MEASURE_END)].strip()
-    assert table == render_measurement(), "regenerate: python3 -c 'import sys; sys.path[:0]=[\"tests\", \".\"]; " \
+    assert table == render_measurement(), "regenerate: python3 -c 'import sys; sys.path[:0]=[\"tests/behaviour\", \"tests\", \".\"]; " \
                                           "import test_doctor_said as t; print(t.render_measurement())'"
 
 

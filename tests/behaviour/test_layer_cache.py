@@ -1,7 +1,7 @@
 """A publish job's layer cache in its registry (envbuild/builds/build.py LayerCache): the builder stage
 built on its own and pushed as a cache image, both references imported, and a failed cache push
 costing the next run its compiles, never this run its image. The real round trip on an empty
-engine is tests/test_layer_cache_docker.py."""
+engine is tests/builds/test_layer_cache_build.py."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.network
 def test_lock_makes_the_same_file_again(tmp_path):
     """Same inputs, same file: uv resolves the committed lock's stack again as of the lock's
     date (--exclude-newer) and `--check` compares. Reaches PyPI, as the real builds do. `--check`
-    also audits the lock (tests/test_audit.py): against the local OSV endpoint of real advisories,
+    also audits the lock (tests/behaviour/test_audit.py): against the local OSV endpoint of real advisories,
     since PyPI's per-release JSON answers 404 from this machine's network."""
     sys.path.insert(0, str(ROOT / "tests" / "tools"))
     from osv_server import OsvServer

@@ -4,7 +4,7 @@ Against the fixture matrix plus an nccl.yaml derived, as `envbuild matrix refres
 from real PyPI index pages of nvidia-nccl-cu12 and -cu13 (tests/fixtures/upstream/index, with
 their SOURCE.txt): which releases a stack accepts, the refusals (exit 2, one paragraph, nothing
 written), the image's lock, tag, manifest and Dockerfile, and that nothing changes without
---nccl. The real build is tests/test_docker_e2e.py's opt-in test_nccl_override_builds_and_loads.
+--nccl. The real build is tests/docker/test_docker_e2e.py's opt-in test_nccl_override_builds_and_loads.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ manifest.json it records equal to the one rendered now, and its SBOM's pins audi
 The registry is test_verify_trust's `MemoryRegistry`, a fake (said so): envbuild's own artifacts
 client with its HTTP transport replaced by a dictionary. The advisories are real (the local OSV
 endpoint of tests/tools/osv_server.py). The job against a real registry, building nothing on
-its second run, is tests/test_publish_job.py."""
+its second run, is tests/docker/test_publish_job.py."""
 
 from __future__ import annotations
 

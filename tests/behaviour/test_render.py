@@ -37,7 +37,7 @@ GENERATED = ("envbuild/extensions.json", "envbuild/deepspeed.json")  # written f
 # The manifest's digests of the whole fixture matrix and of every other rendered file change with
 # any data or in-image file: kept out of the golden files (a new extension touches its data, its
 # module and its tests, not every golden manifest); what they digest is compared file by file,
-# and tests/test_reproduce.py checks the digests themselves.
+# and tests/behaviour/test_reproduce.py checks the digests themselves.
 _DIGESTS = re.compile(rb'("(?:matrix|render)": \{\n\s*"sha256": ")[0-9a-f]{64}(")')
 
 
@@ -66,7 +66,7 @@ def test_golden(matrix, case):
         elif k == VERBATIM + "os-lock.txt":  # the stack's OS lock, from the matrix
             resolution = resolve(matrix, CASES[case])
             assert v == (matrix.directory / "locks" / "os" / f"{resolution.stack.id}.{resolution.arch}.txt").read_bytes()
-        elif k.startswith(VERBATIM + "steps/os-lock-"):  # a stage's part of it (tests/test_oslock.py)
+        elif k.startswith(VERBATIM + "steps/os-lock-"):  # a stage's part of it (tests/unit/test_oslock.py)
             continue
         elif k.startswith(VERBATIM) and k not in GENERATED:
             assert v == _source(k).read_bytes()

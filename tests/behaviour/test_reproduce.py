@@ -1,6 +1,6 @@
 """`envbuild diff` and `envbuild rebuild` without an engine: what an image's contents are read as
 (envbuild/builds/contents.py), how two are compared (imagediff.py), and what a record must hold for a
-rebuild (rebuild.py). The real images are in tests/test_oslock_docker.py."""
+rebuild (rebuild.py). The real images are in tests/docker/test_oslock_docker.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The SBOM, the signed provenance and the commands around them, without a registry: real keys
 (openssl), the real libraries (cyclonedx-python-lib, securesystemslib, in-toto-attestation), a
 real inventory of this machine (its dpkg database and a Python's distributions). The registry
-side runs in tests/test_publish_job.py."""
+side runs in tests/docker/test_publish_job.py."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_keyless_signing_needs_cosign(keys, tmp_path, monkeypatch):
 def test_a_failing_variant_publishes_nothing_and_the_others_go_on(tmp_path, monkeypatch):
     """run_job with stand-in builds (no engine needed): the first variant's build fails, the
     second is still attempted; each outcome names its step, no digest is handed on for either,
-    and the job's report says so. The real job of the CI stack runs in tests/test_publish_job.py."""
+    and the job's report says so. The real job of the CI stack runs in tests/docker/test_publish_job.py."""
     from envbuild.supply import release
     from envbuild.supply.signing import Signing
     from envbuild.base.errors import EnvbuildError

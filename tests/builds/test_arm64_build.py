@@ -2,7 +2,7 @@
 x86-64 machine. Opt-in, because emulation is slow (see bench/RESULTS.md for how slow):
 
     bash scripts/host-setup.sh && bash scripts/host-setup-arm64.sh
-    ENVBUILD_ARM64=1 python3 -m pytest tests/test_arm64_build.py -m arm64 -s
+    ENVBUILD_ARM64=1 python3 -m pytest tests/builds/test_arm64_build.py -m arm64 -s
 
 It builds the GH200 image of the PyPI-toolchain stack on Debian 12 with the CPU ops
 (cpu_adam, cpu_adagrad, cpu_lion, utils) from the arm64 debootstrap base in the local

@@ -3,7 +3,7 @@ merge one manifest list, verify it, and refuse what would publish an untested pl
 one off. The images are two tiny FROM-scratch images (amd64 and arm64, no emulation needed);
 their smoke records are written here instead of by a smoke run (nothing in them can run):
 what is under test is how push/merge/verify read records and manifest lists, not the smoke test.
-The full arm64 image with a real smoke run is tests/test_arm64_build.py."""
+The full arm64 image with a real smoke run is tests/builds/test_arm64_build.py."""
 
 from __future__ import annotations
 

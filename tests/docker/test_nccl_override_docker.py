@@ -2,7 +2,7 @@
 pins; the image holds that one wheel (no torch-pinned libnccl beside it), pip check passes, and
 the smoke test's `nccl` check reports the overriding version as the library torch loaded.
 
-`--ds-ops none`: what --nccl changes is the venv, not the ops (tests/test_docker_e2e.py builds
+`--ds-ops none`: what --nccl changes is the venv, not the ops (tests/docker/test_docker_e2e.py builds
 those), so the build stays short on a two-core machine.
 """
 

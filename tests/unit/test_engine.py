@@ -557,7 +557,7 @@ def test_smoke_under_qemu_binds_the_stub_cpu_sysfs_and_says_so(state):
     assert argv[-2:] == ["--timeout", str(smoke.QEMU_CHECK_TIMEOUT)]  # emulation is 10-20x slower
     (host, target), = opts["mounts"].items()
     assert target == "/sys/devices/system/cpu" and "midr_el1" in engine.mounted[host]
-    assert opts["env"]["QEMU_CPU"] == smoke.QEMU_CPU  # Grace's SVE vector length (tests/test_arm64.py)
+    assert opts["env"]["QEMU_CPU"] == smoke.QEMU_CPU  # Grace's SVE vector length (tests/behaviour/test_arm64.py)
     record = json.loads(smoke.record_path(IMAGE_ID).read_text())
     assert (record["emulated"], record["qemu_cpu"]) == ("qemu-user", smoke.QEMU_CPU)
 

@@ -1,7 +1,7 @@
 """CUDA extensions (extensions.yaml, --ext): the data, the rules, the plan, the build steps'
 arch filter and SASS audit, and the smoke test's check. The real build is in
-tests/test_docker_e2e.py (causal-conv1d for sm_90 on the CI stack) and the opt-in
-tests/test_flash_attn_build.py."""
+tests/docker/test_docker_e2e.py (causal-conv1d for sm_90 on the CI stack) and the opt-in
+tests/builds/test_flash_attn_build.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The multi-node smoke test's logic, without torch (fast): Slurm hostlists and rendezvous
 variables, the fingerprint comparison, bandwidth maths, the report, the watchdog, the usage
 error. The torch side (TCPStore, gloo, torchrun) runs for real across containers in
-tests/test_multinode_docker.py.
+tests/docker/test_multinode_docker.py.
 
 Real inputs, each with its source: hostlists and their expansions pasted in public threads,
 a real srun task environment, and nccl-tests output lines whose algbw / busbw we must

@@ -1,6 +1,6 @@
 """The smoke test's `nccl` and `nccl_copies` checks (envbuild/image/nccl.py).
 
-torch and a real libnccl exist only in the images (tests/test_docker_e2e.py runs the checks
+torch and a real libnccl exist only in the images (tests/docker/test_docker_e2e.py runs the checks
 there). Here the ctypes path runs for real on small shared libraries built with gcc that export
 ncclGetVersion as NCCL does (`ncclResult_t ncclGetVersion(int *version)`, src/nccl.h.in), and
 /proc/self/maps is a text laid out as the kernel writes it (proc(5)), naming those libraries.

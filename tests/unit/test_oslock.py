@@ -1,7 +1,7 @@
 """The OS lock (envbuild/knowledge/oslock.py) without an engine: its grammar, what a stage may install,
 which stages a request gets locked, the parts os.sh reads, and the refusals. The builds that
 install from a lock (and fail on a missing or altered .deb, or another base) are in
-tests/test_oslock_docker.py."""
+tests/docker/test_oslock_docker.py."""
 
 from __future__ import annotations
 

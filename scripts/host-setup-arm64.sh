@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Prepare an x86-64 Debian 12 host (root, no systemd) to build and run linux/arm64 images
-# under QEMU user-mode emulation, for the opt-in ARM64 build test (tests/test_arm64_build.py,
+# under QEMU user-mode emulation, for the opt-in ARM64 build test (tests/builds/test_arm64_build.py,
 # ENVBUILD_ARM64=1). Run scripts/host-setup.sh first (dockerd, the local registry).
 #   - installs qemu-user-static, binfmt-support, and the aarch64 cross compiler (the fast
-#     cc-wrapper test in tests/test_arm64.py compiles NEON code with it)
+#     cc-wrapper test in tests/behaviour/test_arm64.py compiles NEON code with it)
 #   - mounts binfmt_misc and enables the qemu-aarch64 handler (fix-binary: the emulator is
 #     loaded at registration, so it works inside containers that do not have it)
 #   - builds the arm64 Debian base with debootstrap and pushes it to the local registry as

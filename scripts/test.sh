@@ -13,13 +13,13 @@ bash scripts/host-setup.sh
 echo "[test] installing envbuild with its test extras"
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
-# The aarch64 cross compiler and qemu-user (about 10 s from Debian): tests/test_arm64.py builds
+# The aarch64 cross compiler and qemu-user (about 10 s from Debian): tests/behaviour/test_arm64.py builds
 # and runs Grace's NEON code paths with them; with ENVBUILD_CROSS_TOOLS=1 a missing tool fails
 # those tests instead of skipping them.
-# squashfs-tools: tests/test_enroot.py exports an image as enroot's squashfs (mksquashfs, unsquashfs).
-# dpkg-dev, apt-utils, gnupg: tests/test_oslock_docker.py serves a signed apt repository of an OS
+# squashfs-tools: tests/docker/test_enroot_docker.py exports an image as enroot's squashfs (mksquashfs, unsquashfs).
+# dpkg-dev, apt-utils, gnupg: tests/docker/test_oslock_docker.py serves a signed apt repository of an OS
 # lock's .debs (dpkg-scanpackages, apt-ftparchive release, gpg --clearsign).
-# redis-server: tests/test_compile_cache.py starts one of its own as the compile cache's store.
+# redis-server: tests/unit/test_compile_cache.py starts one of its own as the compile cache's store.
 apt_install qemu-user-static g++-aarch64-linux-gnu libc6-arm64-cross squashfs-tools dpkg-dev apt-utils gnupg redis-server
 export ENVBUILD_CROSS_TOOLS=1
 export ENVBUILD_TEST_TOOLS=1  # the tools below too: a missing one fails its tests instead of skipping them

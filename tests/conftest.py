@@ -34,16 +34,53 @@ hypothesis_settings.load_profile("explore" if os.environ.get("ENVBUILD_PROPERTY_
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_MATRIX = ROOT / "tests" / "fixtures" / "matrix"
 MATRIX_COMMANDS = {"render", "build", "matrix", "gpus", "extend", "extensions"}  # the commands that resolve stacks
-sys.path.insert(0, str(ROOT))
+# tests/ holds no test file of its own: each lies in the folder of its kind, and a file holds
+# tests of one kind (a module with tests of two is two files: test_enroot.py and
+# tests/docker/test_enroot_docker.py):
+#   unit/       one module's functions, or one build-step or in-image script, on their own inputs
+#   behaviour/  a command or a whole path (render, lock, publish plan, verify, doctor on logs, ...)
+#               run in the test's process (the `cli` fixture) on the small fixture matrix
+#   property/   hypothesis: generated input, hostile or valid (ENVBUILD_PROPERTY_EXAMPLES for many)
+#   process/    what only real processes show: signals, Ctrl-C and kills, runs at once, hard
+#               timeouts, a closed pipe, file ownership and modes as root
+#   docker/     a Docker engine and the local registry (scripts/host-setup.sh): marked `docker` here
+#   builds/     long opt-in image builds (hours, or hardware this machine lacks), each behind its
+#               own ENVBUILD_* variable: marked `docker` here as well
+# The other markers say what a test needs besides its kind, for the whole file (its pytestmark),
+# in whichever folder its kind puts it: `network` (uv or pip against PyPI), `live` (PyPI as it is
+# today, opt-in), `wheel` (the built wheel), `whole` (the exhaustive variant of a fast test: CI's
+# whole run) and `arm64` (the emulated arm64 build, in builds/).
+KINDS = ("unit", "behaviour", "property", "process", "docker", "builds")
+NEEDS_DOCKER = {"docker", "builds"}
+# The checkout first, then every kind's folder: a test imports another module's helpers by its
+# name (`from test_hostile_input import refused`) wherever either lies, and `pytest tests/property`
+# alone finds them too.
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / kind) for kind in KINDS)]
+
+
+def suite_files() -> list[Path]:
+    """Every test module of the suite: tests/KIND/*.py, for the checks that read the tests' sources."""
+    return sorted(p for kind in KINDS for p in (ROOT / "tests" / kind).glob("*.py"))
+
+
+def kind_of(path: Path) -> Optional[str]:
+    """The kind of the test file at `path`: its folder under tests/ (None outside them)."""
+    try:
+        parts = Path(path).resolve().relative_to(ROOT / "tests").parts
+    except ValueError:
+        return None
+    return parts[0] if len(parts) > 1 and parts[0] in KINDS else None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """A test marked `whole` (the exhaustive variant of a fast one) runs where the docker tests
-    run, in CI's whole run (scripts/test.sh runs every test); the README's fast command,
-    -m "not docker", leaves both out."""
+    """The markers follow the folders: every test under tests/docker/ and tests/builds/ is marked
+    `docker`, so a new test gets it by where it is put (tests/unit/test_test_layout.py fails a
+    docker-needing test anywhere else). A test marked `whole` (the exhaustive variant of a fast
+    one) runs where the docker tests run, in CI's whole run (scripts/test.sh runs every test);
+    the README's fast command, -m "not docker", leaves all of them out."""
     for item in items:
-        if item.get_closest_marker("whole"):
+        if kind_of(item.path) in NEEDS_DOCKER or item.get_closest_marker("whole"):
             item.add_marker(pytest.mark.docker)
 
 
@@ -194,8 +231,8 @@ DOCKER = "/usr/bin/docker"  # Debian's client: BuildKit builds go through it (sc
 # ---------------------------------------------------------------- real builds: the one place
 # Every test that builds an image with envbuild (`build`, `extend --build`) calls run_build or
 # run_extend_build, which add what a build on THIS machine needs; no test module names those
-# flags itself (tests/test_isolation.py fails one that does). So a module builds the same alone
-# (`python -m pytest -m docker tests/test_X.py`) as after another one, from an empty BuildKit
+# flags itself (tests/unit/test_isolation.py fails one that does). So a module builds the same alone
+# (`python -m pytest -m docker tests/docker/test_X.py`) as after another one, from an empty BuildKit
 # cache too; a machine that differs says so once, in the ENVBUILD_TEST_* variables below.
 DEBIAN_CA = "/etc/ssl/certs/ca-certificates.crt"  # a TLS proxy's CA is added to this bundle (update-ca-certificates)
 CA_BUNDLE = os.environ.get("ENVBUILD_TEST_CA_CERT") or DEBIAN_CA

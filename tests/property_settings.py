@@ -1,6 +1,7 @@
 """How many examples the property tests try: few in the fast suite, many in the opt-in long run
-(ENVBUILD_PROPERTY_EXAMPLES=2000 python -m pytest tests/test_hostile_input.py tests/test_jobs.py
-tests/test_command_properties.py -k 'test_any_ or sqsh')."""
+(ENVBUILD_PROPERTY_EXAMPLES=2000 python -m pytest tests/property/test_hostile_input_properties.py
+tests/property/test_jobs_properties.py tests/property/test_command_properties.py -k 'test_any_ or sqsh'; every
+property of the suite lies in tests/property)."""
 
 import os
 

@@ -44,7 +44,7 @@ class LayerCache:
     (``final``: its per-platform tag). A run imports both (``--cache-from``) and so, on an empty
     engine, pulls what an unchanged job built instead of building it again. The builder image
     holds what the builder stage's layers hold: mirrors, CA and tokens are secret mounts and reach
-    no layer (tests/test_docker_e2e.py scans the builder stage too)."""
+    no layer (tests/docker/test_docker_e2e.py scans the builder stage too)."""
     builder: str
     final: str
 

@@ -15,14 +15,12 @@ import shutil
 
 import pytest
 import yaml
-from hypothesis import given, strategies as st
 from packaging.version import Version
 
 from conftest import FIXTURE_MATRIX, ROOT, tree
 from test_hostile_input import envbuild, refused
 
 from envbuild.base.errors import EnvbuildError
-from envbuild.base import grammar
 from envbuild.knowledge import rules
 from envbuild.image import checks
 from envbuild.knowledge.lock import parse_lock
@@ -254,30 +252,6 @@ def test_envbuild_nccl_lists_what_render_accepts_and_refuses(m, nccl_dir):
             assert r.code == 2 and "older than the NCCL" in r.err, (c, r.err)
     r = invoke("nccl", "--stack", H20_STACK, matrix_dir=nccl_dir)
     assert r.code == 0 and H20_STACK in r.out and "accepted" in r.out and "2.31.2" in r.out, r.out
-
-
-@given(st.text(max_size=12))
-def test_only_the_version_grammar_reaches_a_generated_file(text):
-    """Whatever --nccl is given, it is a MAJOR.MINOR.PATCH[.postN] of digits or a GrammarError."""
-    try:
-        grammar.nccl_version(text)
-    except grammar.GrammarError:
-        return
-    head, _, post = text.partition(".post")
-    assert all(part.isdigit() and part.isascii() for part in head.split(".")) and len(head.split(".")) == 3
-    assert not post or post.isdigit()
-
-
-@given(st.from_regex(r"[0-9.a-z;$ `'\n-]{1,14}", fullmatch=True))
-def test_a_version_outside_the_grammar_is_refused_before_anything_is_resolved_or_written(text):
-    try:
-        grammar.nccl_version(text)
-        return
-    except grammar.GrammarError:
-        pass
-    m = load_matrix(FIXTURE_MATRIX)  # cached by the loader
-    with pytest.raises(EnvbuildError, match="--nccl .*MAJOR.MINOR.PATCH"):
-        rules.select_nccl(m, m.stack(H20_STACK), "2.28.9", {}, text, "x86_64")
 
 
 # ---------------------------------------------------------------- the CLI and the project file

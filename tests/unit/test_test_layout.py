@@ -19,10 +19,7 @@ DOCKER_FIXTURES = {"docker_engine", "images_removed"}
 DOCKER_HELPERS = {"docker", "DOCKER", "docker_socket", "image_rows", "remove_images", "build_ops_image"}
 FILE_MARKERS = {"network", "live", "wheel", "whole", "arm64"}  # a whole file's: its pytestmark
 # Properties that cannot move yet, each with the reason; an entry whose file holds none fails.
-PROPERTIES_ELSEWHERE = {
-    "behaviour/test_nccl_override.py": "its two properties move to tests/property once the rules split, which "
-                                       "edits this file's import lines, has merged",
-}
+PROPERTIES_ELSEWHERE: dict[str, str] = {}  # a file that must keep a property outside tests/property, and why
 
 
 def _misplaced(path: Path) -> list[str]:

@@ -98,7 +98,7 @@ def gpu_rows(m: Matrix) -> list[tuple[str, ...]]:
         floor = ""
         if p.requires:
             floor = ", ".join(f"{k} {v}" for k, v in (("torch", p.requires.torch), ("CUDA", p.requires.cuda)) if v)
-        env = ", ".join(f"{e.name}={e.value}" + (f" ({condition(e)})" if e.node else "") for e in p.env)
+        env = ", ".join(f"{e.name}={e.value}" + (f" ({condition(m, e)})" if e.node else "") for e in p.env)
         rows.append((p.name, ", ".join(p.aliases), p.cc + (" (arch)" if p.cc_inferred else ""),
                      " or ".join(map(str, p.memory_gb)), p.generation, p.interconnect, floor, env))
     return rows
@@ -108,12 +108,13 @@ ENV_HEADERS = ("gpu", "variable", "reason", "cost", "source")
 NOT_BAKED_HEADERS = ("gpus", "variable", "why not", "source")
 
 
-def condition(e) -> str:
+def condition(m: Matrix, e) -> str:
     """When a default applies: its torch range, and the node conditions checked at start-up,
     each device condition by its label (fabrics.yaml node_conditions).
 
     >>> from envbuild.knowledge.matrix import load_matrix
-    >>> [condition(e) for e in load_matrix().gpu("rtx4090").env if e.name == "NCCL_IB_DISABLE"]
+    >>> m = load_matrix()
+    >>> [condition(m, e) for e in m.gpu("rtx4090").env if e.name == "NCCL_IB_DISABLE"]
     ['on nodes with driver < 550.40.07 and no InfiniBand', 'on nodes with driver < 550.40.07 and InfiniBand']
     """
     parts = []
@@ -124,7 +125,8 @@ def condition(e) -> str:
         if e.node.driver_below:
             node.append(f"driver < {e.node.driver_below}")
         for name, state in e.node.conditions.items():
-            node.append(("no " if state == "absent" else "") + e.node.label(name))
+            declared = m.fabrics_file.node_conditions.get(name)
+            node.append(("no " if state == "absent" else "") + (declared.label if declared else name))
         parts.append("on nodes with " + " and ".join(node))
     return "; ".join(parts)
 
@@ -140,11 +142,11 @@ def env_rows(m: Matrix) -> list[tuple[str, ...]]:
     for e in m.gpus_file.image_env:
         rows.append(("every image" + TOOLCHAIN_NOTE[e.toolchain], f"{e.name}={e.value}", e.reason, e.cost, e.source))
     for e in m.gpus_file.common_env:
-        rows.append(("all" + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}",
+        rows.append(("all" + (f" ({condition(m, e)})" if condition(m, e) else ""), f"{e.name}={e.value}",
                      e.reason, e.cost, e.source))
     for p in m.gpus:
         for e in p.env:
-            rows.append((p.name + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}",
+            rows.append((p.name + (f" ({condition(m, e)})" if condition(m, e) else ""), f"{e.name}={e.value}",
                          e.reason, e.cost, e.source))
     return rows
 
@@ -190,7 +192,7 @@ def fabric_rows(m: Matrix) -> list[tuple[str, ...]]:
 
 def fabric_env_rows(m: Matrix) -> list[tuple[str, ...]]:
     """Every environment default a fabric sets, with its condition, reason, cost and source."""
-    return [(f.name + (f" ({condition(e)})" if condition(e) else ""), f"{e.name}={e.value}", e.reason, e.cost,
+    return [(f.name + (f" ({condition(m, e)})" if condition(m, e) else ""), f"{e.name}={e.value}", e.reason, e.cost,
              e.source) for f in m.fabrics for e in f.env]
 
 
@@ -277,10 +279,10 @@ def generated_blocks(m: Matrix) -> dict[str, str]:
     structural = "\n".join(f"- `{e.name}={e.value}`{TOOLCHAIN_NOTE[e.toolchain]}: {e.reason}."
                            + (f" Cost: {e.cost}." if e.cost else "") + f" Source: {e.source}."
                            for e in m.gpus_file.image_env)
-    common = "\n".join(f"- `{e.name}={e.value}`" + (f" ({condition(e)})" if condition(e) else "")
+    common = "\n".join(f"- `{e.name}={e.value}`" + (f" ({condition(m, e)})" if condition(m, e) else "")
                        + f": {e.reason}. Cost: {e.cost}. Source: {e.source}."
                        for e in m.gpus_file.common_env)
-    per_gpu = "\n".join(f"- {p.name}: `{e.name}={e.value}`" + (f" ({condition(e)})" if condition(e) else "")
+    per_gpu = "\n".join(f"- {p.name}: `{e.name}={e.value}`" + (f" ({condition(m, e)})" if condition(m, e) else "")
                         + f": {e.reason}. Cost: {e.cost}. Source: {e.source}."
                         for p in m.gpus for e in p.env)
     floors = markdown(("CUDA", "min driver (Linux)", "branch", "source"),

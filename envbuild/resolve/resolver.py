@@ -131,6 +131,7 @@ class Resolution:
     facts: Optional[BuildFacts] = field(default=None, repr=False)
     extensions: tuple[CudaExtension, ...] = ()  # CUDA extensions compiled in the builder (extensions.yaml)
     extension_builds: tuple[ExtensionBuild, ...] = ()  # the same, in build order, each with how it is made
+    node_conditions: dict = field(default_factory=dict)  # name -> DeviceCondition, for those node_env names
     locked_alternative: Optional[str] = None  # no lock: the newest other stack the rules allow that has one
     os_lock: Optional[OsLock] = field(default=None, repr=False)  # matrices/locks/os: None = OS packages float
     os_locked: tuple[str, ...] = ()  # the stages whose OS packages the OS lock pins (their base is the lock's)
@@ -198,6 +199,13 @@ def _node_env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request, fabric: Fabric
     overridden = {name for name, _ in req.env}
     return [d for d in [*m.gpus_file.common_env, *gpu.env, *fabric.env]
             if d.node and _applies(d, s) and d.name not in overridden]
+
+
+def _node_conditions(m: Matrix, node_env: list[EnvDefault]) -> dict:
+    """The declarations (fabrics.yaml node_conditions) of the device conditions the image's
+    node-dependent defaults name: what its manifest carries for the start-up check to decide."""
+    names = {name for d in node_env for name in d.node.conditions}
+    return {name: c for name, c in m.fabrics_file.node_conditions.items() if name in names}
 
 
 def _env(m: Matrix, s: Stack, gpu: GpuProfile, req: Request, fabric: Fabric) -> list[EnvVar]:
@@ -340,6 +348,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     toolchain = m.bases.toolchains[s.toolchain]
     base_images, os_lock, os_locked, os_unlocked = _bases(m, s, req, arch)
     pin = torch_nccl_pin(rel, s)
+    node_env = _node_env(m, s, gpu, req, fabric)
     lock, override = lock_with_nccl(m, s, pin, req, arch, fabric)
     return Resolution(
         request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
@@ -348,7 +357,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         toolchain_adds=tuple(sorted({n for o in ops for n in m.ops[o].needs if n in toolchain.adds})),
         nvcc_reason=rules.nvcc_required(m, s, ops, fabric, req.extensions),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
-        env=_env(m, s, gpu, req, fabric), node_env=_node_env(m, s, gpu, req, fabric),
+        env=_env(m, s, gpu, req, fabric), node_env=node_env, node_conditions=_node_conditions(m, node_env),
         driver=m.driver_floor(s.cuda, gpu),
         # --env values get their own readable tag; a --base-image is meant to be a mirror of
         # the same base, told apart by the content tag only.

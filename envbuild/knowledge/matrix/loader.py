@@ -216,15 +216,6 @@ def _node_condition_problems(m: Matrix, d: Path) -> list[str]:
     return problems
 
 
-def _bind_node_conditions(m: Matrix) -> None:
-    """Give each default's node condition the declarations of the device conditions it names
-    (fabrics.yaml node_conditions): the plan records them in the manifest, the tables name
-    them by their labels."""
-    for *_, default in _defaults(m):
-        if default.node:
-            default.node.bind(m.fabrics_file.node_conditions)
-
-
 def _driver_problems(m: Matrix, d: Path) -> list[str]:
     """cuda.yaml: floors for known generations and GPUs, one for every CUDA major a torch has."""
     problems: list[str] = []
@@ -325,7 +316,6 @@ def _parsed(directory: str, texts: tuple[tuple[str, Optional[str]], ...]) -> Mat
     m = Matrix(d, loaded["torch.yaml"], loaded["deepspeed.yaml"], loaded["gpus.yaml"],
                loaded["bases.yaml"], loaded["cuda.yaml"], loaded["stacks.yaml"], loaded["fabrics.yaml"],
                loaded[EXTENSIONS], loaded[NCCL])
-    _bind_node_conditions(m)
     _check_references(m)
     return m
 

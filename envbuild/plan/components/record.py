@@ -69,8 +69,7 @@ def image_env(resolution: Resolution, kept_toolchain_home: Optional[str]) -> tup
 def node_conditions(resolution: Resolution) -> dict[str, dict]:
     """The device conditions the node_env entries name, as fabrics.yaml declares them: the image
     decides each at start-up from this definition (image/node.py), not from code of its own."""
-    declared = {name: condition for d in resolution.node_env for name, condition in d.node.declared.items()}
-    return {name: declared[name].record() for name in sorted(declared)}
+    return {name: resolution.node_conditions[name].record() for name in sorted(resolution.node_conditions)}
 
 
 def labels(resolution: Resolution, manifest: dict) -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from envbuild.base import grammar
 from envbuild.knowledge.matrix.fields import _cc, _driver, _env_name, _env_value, _specifier, _Strict, _version
@@ -91,9 +91,6 @@ class NodeCondition(_Strict):
     __pydantic_extra__: dict[str, Literal["absent", "present"]] = Field(init=False)
 
     driver_below: Optional[str] = None
-    # The declarations of the device conditions named here, bound by the loader once fabrics.yaml
-    # is read (a cross-file reference, as a stack's torch release is): what the manifest carries.
-    _declared: dict = PrivateAttr(default_factory=dict)
 
     _v = field_validator("driver_below")(lambda v: v if v is None else _driver(v))
 
@@ -108,17 +105,6 @@ class NodeCondition(_Strict):
         """The device conditions, name -> absent or present, as written."""
         return dict(self.__pydantic_extra__ or {})
 
-    def bind(self, declared: dict[str, DeviceCondition]) -> None:
-        """Keep the declarations of the conditions named here (matrix loader only)."""
-        self._declared = {name: declared[name] for name in self.conditions if name in declared}
-
-    @property
-    def declared(self) -> dict[str, DeviceCondition]:
-        """The declarations of the device conditions named here (empty before the loader binds them)."""
-        return dict(self._declared)
-
-    def label(self, name: str) -> str:
-        return self._declared[name].label if name in self._declared else name
 
 
 class EnvDefault(_Strict):

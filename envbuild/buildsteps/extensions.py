@@ -21,6 +21,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import threading
@@ -271,6 +272,26 @@ def build_memory_bytes():
     return None
 
 
+def header_dirs(headers: list, cuda_home: str, site_dirs=None) -> list[str]:
+    """The include directory of each header a compile needs beyond the toolkit's (Transformer
+    Engine's cudnn.h and nccl.h): the CUDA toolkit's own, else the one of pip's nvidia-* wheels in
+    the venv that holds it (torch's requirements: nvidia/cudnn/include, nvidia/nccl/include). A
+    header neither has fails the build here, naming it, instead of a compile error later."""
+    roots = [Path(cuda_home) / "include"] if cuda_home else []
+    sites = site_dirs if site_dirs is not None else dict.fromkeys(sysconfig.get_paths()[k] for k in ("platlib", "purelib"))
+    for site in sites:
+        nvidia = Path(site) / "nvidia"
+        roots += sorted(nvidia.glob("*/include")) + sorted(nvidia.glob("*/*/include"))
+    out = []
+    for header in headers:
+        found = next((r for r in roots if (r / header).is_file()), None)
+        if found is None:
+            fail(f"the compile includes <{header}> and neither the CUDA toolkit ({cuda_home or 'none'}/include) nor a "
+                 f"pip nvidia-* wheel in the venv (nvidia/*/include) has it")
+        out.append(str(found))
+    return list(dict.fromkeys(out))
+
+
 def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: Path) -> tuple[Path, dict]:
     """Compile the extension's sdist into a wheel; (wheel, build facts). pip downloads the sdist
     from the index (a mirror, if the build names one) and checks its sha256; the source is then
@@ -284,6 +305,9 @@ def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: 
         env["CUDA_HOME"] = cuda_home
     if entry.get("nvcc_threads"):
         env["NVCC_THREADS"] = str(entry["nvcc_threads"])
+    if entry.get("build_headers"):
+        env["CPATH"] = os.pathsep.join([*header_dirs(entry["build_headers"], cuda_home),
+                                        *filter(None, [env.get("CPATH")])])
     tree = source_tree(entry, cache, env)
     before = finished_objects(tree)
     if before:

@@ -94,6 +94,7 @@ class ExtensionBuild:
     wheel: Optional[object] = None  # an ExtensionWheel of extensions.yaml
     patches: tuple = ()
     stable_abi: bool = False
+    requirements: tuple[str, ...] = ()  # what it needs installed beside it on this stack (its CUDA major's too)
 
 
 def extension_builds(s: Stack, extensions: tuple[CudaExtension, ...], arch: str) -> tuple[ExtensionBuild, ...]:
@@ -103,7 +104,8 @@ def extension_builds(s: Stack, extensions: tuple[CudaExtension, ...], arch: str)
     needed = {n for e in extensions for need in e.needs for n in rules.extension_needs(need) if n in names}
     return tuple(ExtensionBuild(ext=e, wheel=rules.extension_wheel(e, s, arch)[0] if e.wheels else None,
                                 patches=tuple(rules.extension_patches(e, s)),
-                                stable_abi=bool(e.stable_abi) and rules.contains(e.stable_abi, s.torch))
+                                stable_abi=bool(e.stable_abi) and rules.contains(e.stable_abi, s.torch),
+                                requirements=tuple(rules.extension_requirements(e, s)))
                  for e in sorted(extensions, key=lambda e: e.name not in needed))
 
 
@@ -245,7 +247,7 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
             why = rules.default_cpu_target_rejection(m, s, gpu, arch)
             rej += [why] if why else []
         for name in req.extensions:
-            rej += rules.extension_rejections(m, s, m.extension(name), arch, _locked_names(m, s, arch))
+            rej += rules.extension_rejections(m, s, m.extension(name), arch, _locked_names(m, s, arch), gpu)
         out.append(Candidate(s, rej))
     return out
 

@@ -366,6 +366,20 @@ def install(wheel: Path, entry: dict, work: Path) -> str:
     return digest
 
 
+def install_requires_lock(entry: dict, work: Path) -> list:
+    """Install what the extension needs beyond the stack's lock (its own lock, matrices/locks/ext:
+    FA4's CuTe DSL, quack-kernels, ...) by hash, before it; their pins join the image's extension
+    lock, which the smoke test's `lock` check reads."""
+    text = entry.get("requires_lock") or ""
+    if not text:
+        return []
+    path = work / "requires-lock.txt"
+    path.write_text(text)
+    log(f"{entry['name']} {entry['version']}: installing what it needs beyond the stack's lock, by hash")
+    pip("install", "--require-hashes", "--no-deps", "-r", str(path))
+    return [text if text.endswith("\n") else text + "\n"]  # its blocks: name==version with every hash
+
+
 def check_imports(entry: dict) -> None:
     """Each compiled module imports against the venv's torch, here, without a GPU: a module built
     for another torch fails with `undefined symbol`, which this names."""
@@ -434,6 +448,7 @@ def main(spec_path: str) -> None:
     cuobjdump = sass_audit.find_cuobjdump(spec["cuda_home"])
     for entry in spec["extensions"]:
         work = Path(tempfile.mkdtemp(prefix=f"ext-{entry['name']}-", dir=os.environ.get("ENVBUILD_TMP")))
+        lock_lines += install_requires_lock(entry, work)
         wheel = fetch_wheel(entry, work) if entry.get("wheel") else cached_wheel(entry, cache)
         if entry.get("wheel"):
             log(f"{entry['name']} {entry['version']}: PyPI's {wheel.name} fits this stack: audited, not compiled")

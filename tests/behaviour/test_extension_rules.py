@@ -96,3 +96,86 @@ def test_transformer_engine_binding_builds_from_source_and_finds_cudnn_and_nccl_
     entry = te["transformer-engine-torch"]
     assert entry["build_env"]["NVTE_PYTORCH_FORCE_BUILD"] == "TRUE" and entry["build_headers"] == ["cudnn.h", "nccl.h"]
     assert json.dumps(entry["determines"]["build_env"], sort_keys=True).count("NVTE_PYTORCH_FORCE_BUILD") == 1
+
+
+# ---------------------------------------------------------------- an extension's own lock (matrices/locks/ext)
+
+
+def test_fa4_renders_on_the_newest_locked_stack_with_its_closure_installed_by_hash(production_matrix):
+    """FA4's Requires-Dist are in no stack lock: its own lock (resolved by uv against the stack's
+    lock as constraints) holds them, so rule ext-deps passes on a locked stack and the image
+    installs the CuTe DSL's binary wheels of the stack's CUDA major by hash."""
+    r = resolve(production_matrix, Request(gpu="h100", extensions=("fa4",)))
+    assert r.lock is not None and r.stack.id == "torch2.15-cu132-py3.12"
+    entry = _spec(production_matrix, "h100", ("fa4",))["flash-attn-4"]
+    pins = [line.split(" ")[0] for line in entry["requires_lock"].splitlines() if line[:1].isalnum()]
+    assert "nvidia-cutlass-dsl-libs-cu13==4.8.1" in pins and "quack-kernels==0.6.5" in pins, pins
+    assert entry["requires_lock"].count("--hash=sha256:") >= len(pins) and not any(p.startswith("torch==") for p in pins)
+
+
+def test_each_extension_lock_agrees_with_its_stack_lock_and_every_one_needed_exists(production_matrix):
+    """Offline: an extension's lock names the stack lock it was resolved against (the sha256 of
+    its [venv]); a stack lock refreshed without it leaves the extension refused, never installed
+    against other pins. CUDA 12 stacks get cuda-bindings 12.x, never 13 (driver 580+)."""
+    from envbuild.knowledge.lock import ext_lock, ext_lock_path, stack_lock
+    from envbuild.resolve.locking import locked_extensions
+
+    m = production_matrix
+    wanted = set()
+    for s in m.stacks:
+        for arch in m.stack_arches(s):
+            lock = stack_lock(m, s, arch)
+            for ext in locked_extensions(m, s, arch, lock) if lock else ():
+                wanted.add(ext_lock_path(m.directory, ext.name, s.id, arch))
+                own = ext_lock(m, ext, s, arch, lock)
+                assert own is not None, (ext.name, s.id, arch)
+                bindings = {**lock.pins(), **own.pins()}.get("cuda-bindings")
+                assert bindings is None or bindings.split(".")[0] == s.cuda.split(".")[0], (s.id, bindings)
+    assert wanted == set((Path(m.directory) / "locks" / "ext").glob("*.txt")) and len(wanted) == 34
+
+
+def test_an_extension_lock_made_against_another_stack_lock_is_not_used(tmp_path):
+    import shutil
+
+    from conftest import ROOT
+    from envbuild.knowledge.matrix import load_matrix
+
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "matrices", d)
+    path = d / "locks" / "ext" / "flash-attn-4.torch2.15-cu132-py3.12.x86_64.txt"
+    text = path.read_text()
+    path.write_text(text.replace(text.split("# stack-venv: ")[1][:64], "0" * 64))
+    m = load_matrix(d)
+    with pytest.raises(EnvbuildError, match=r"flash-attn-4 needs .*quack-kernels.*which stack torch2\.15-cu132-py3\.12's lock"):
+        resolve(m, Request(gpu="h100", extensions=("fa4",), stack="torch2.15-cu132-py3.12"))
+
+
+def test_lock_check_finds_a_missing_extension_lock_stale_and_writes_it_with_the_stack(tmp_path, monkeypatch):
+    """`envbuild lock` makes an extension's lock with its stack's, and `--check` calls a missing
+    one stale (uv stubbed here: what it would resolve is the stack's pins plus the closure)."""
+    import shutil
+
+    from conftest import ROOT
+    from envbuild.knowledge.lock import load_lock
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.resolve import locking
+
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "matrices", d)
+    path = d / "locks" / "ext" / "flash-attn-4.torch2.15-cu132-py3.12.x86_64.txt"
+    want = path.read_text()
+    path.unlink()
+    m = load_matrix(d)
+    s = m.stack("torch2.15-cu132-py3.12")
+    lock = load_lock(d, s.id, "x86_64")
+    closure = want.split("# [venv]\n")[1]
+    seen = []
+    monkeypatch.setattr(locking, "compile_requirements", lambda reqs, *a, **k: seen.append(reqs) or lock.text.split("# [venv]\n")[1].split("\n# [")[0] + closure)
+    monkeypatch.setattr(locking, "uv_version", lambda: want.split("# resolver: ")[1].split("\n")[0])
+    inputs = locking.lock_inputs(m, s, ([], "n/a"), "x86_64")
+    kw = dict(date=lock.header["exclude-newer"])
+    checked = [o for o in locking.lock_extensions(m, s, "x86_64", inputs, lock.text, check=True, **kw) if "flash-attn-4" in o.detail]
+    assert [(o.state, o.detail) for o in checked] == [("stale", "--ext flash-attn-4: no lock yet")]
+    assert not path.exists()
+    locking.lock_extensions(m, s, "x86_64", inputs, lock.text, check=False, **kw)
+    assert path.read_text() == want and seen[0] == ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl[cu13]>=4.6.2", "cuda-bindings>=13,<14")

@@ -630,3 +630,17 @@ def test_the_extensions_listing_shows_each_patch_with_its_source(cli):
     # flash-attn's two and mamba-ssm's one (its g++ and nvcc flags in one text)
     assert len(lines) == 3 and all("for torch >=2.13" in line and "-std=c++20" in line for line in lines), lines
     assert "flash-attention/pull/2899" in r.stdout
+
+
+def test_the_build_installs_an_extensions_own_lock_by_hash_before_it_and_records_its_pins(tmp_path, monkeypatch):
+    """FA4's closure (matrices/locks/ext) goes in with --require-hashes --no-deps; its blocks join
+    the image's extension lock, so the smoke test's `lock` check expects those packages."""
+    step = _step()
+    calls = []
+    monkeypatch.setattr(step, "pip", lambda *args, env=None: calls.append((args, (tmp_path / "requires-lock.txt").read_text())))
+    block = "quack-kernels==0.6.5 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+    assert step.install_requires_lock({"name": "flash-attn-4", "version": "4.0.0b36", "requires_lock": block}, tmp_path) == [block]
+    assert calls == [(("install", "--require-hashes", "--no-deps", "-r", str(tmp_path / "requires-lock.txt")), block)]
+    assert step.install_requires_lock({"name": "x", "version": "1", "requires_lock": ""}, tmp_path) == [] and len(calls) == 1
+    (tmp_path / "lock.txt").write_text("# [extensions]\n" + block)
+    assert checks.lock_pins(str(tmp_path / "lock.txt"), "extensions") == {"quack-kernels": "0.6.5"}

@@ -49,7 +49,9 @@ def _entry(build: ExtensionBuild, resolution: Resolution) -> dict:
     stack, arches = resolution.stack, [a for a in resolution.arch_list.split(";") if a]
     common = {"name": ext.name, "version": ext.version, "packages": ext.packages, "modules": ext.modules,
               "requires": list(build.requirements), "build_only": ext.build_only, "device_code": ext.device_code,
-              "cuda_major": stack.cuda.split(".")[0]}
+              "cuda_major": stack.cuda.split(".")[0],
+              # what it needs beyond the stack's lock (matrices/locks/ext), installed by hash before it
+              "requires_lock": build.lock.requirements("venv") if build.lock else ""}
     if wheel is not None or ext.sdist is None:
         determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
                       "wheel_sha256": wheel.sha256 if wheel else None}

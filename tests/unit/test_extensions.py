@@ -644,3 +644,28 @@ def test_the_build_installs_an_extensions_own_lock_by_hash_before_it_and_records
     assert step.install_requires_lock({"name": "x", "version": "1", "requires_lock": ""}, tmp_path) == [] and len(calls) == 1
     (tmp_path / "lock.txt").write_text("# [extensions]\n" + block)
     assert checks.lock_pins(str(tmp_path / "lock.txt"), "extensions") == {"quack-kernels": "0.6.5"}
+
+
+def test_every_extensions_gpu_check_has_a_numerics_function_and_a_tolerance(production_matrix):
+    """FA4, Transformer Engine, mamba-ssm and xformers each get a forward+backward check against a
+    torch reference on a GPU node (run only where a GPU is present)."""
+    from envbuild.image import children
+
+    named = {e.name: e.gpu_check for e in production_matrix.extensions.values() if e.gpu_check}
+    assert named == {"flash-attn": "attention", "causal-conv1d": "causal-conv1d", "flash-attn-4": "flash-attn-4",
+                     "transformer-engine-torch": "transformer-engine", "mamba-ssm": "selective-scan",
+                     "xformers": "xformers"}
+    assert set(named.values()) <= set(children.GPU_CHECKS) == set(checks.EXTENSION_TOLERANCE)
+
+
+def test_a_pure_python_extension_imports_as_present_and_fitting_without_a_compiled_library():
+    """FA4 is a py3-none-any wheel: the smoke test's import check passes it on its version (it has
+    no .so whose RECORD hash to compare), where a compiled extension without one would fail."""
+    from importlib import metadata
+
+    from envbuild.image import children
+
+    ext = {"name": "packaging", "version": metadata.version("packaging"), "packages": ["packaging"], "modules": []}
+    assert children._import_extension(ext)["ok"], children._import_extension(ext)
+    compiled = children._import_extension({**ext, "modules": ["packaging.version"]})
+    assert not compiled["ok"] and "RECORD lists no compiled library" in compiled["detail"]

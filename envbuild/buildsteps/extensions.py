@@ -21,6 +21,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import threading
@@ -271,6 +272,26 @@ def build_memory_bytes():
     return None
 
 
+def header_dirs(headers: list, cuda_home: str, site_dirs=None) -> list[str]:
+    """The include directory of each header a compile needs beyond the toolkit's (Transformer
+    Engine's cudnn.h and nccl.h): the CUDA toolkit's own, else the one of pip's nvidia-* wheels in
+    the venv that holds it (torch's requirements: nvidia/cudnn/include, nvidia/nccl/include). A
+    header neither has fails the build here, naming it, instead of a compile error later."""
+    roots = [Path(cuda_home) / "include"] if cuda_home else []
+    sites = site_dirs if site_dirs is not None else dict.fromkeys(sysconfig.get_paths()[k] for k in ("platlib", "purelib"))
+    for site in sites:
+        nvidia = Path(site) / "nvidia"
+        roots += sorted(nvidia.glob("*/include")) + sorted(nvidia.glob("*/*/include"))
+    out = []
+    for header in headers:
+        found = next((r for r in roots if (r / header).is_file()), None)
+        if found is None:
+            fail(f"the compile includes <{header}> and neither the CUDA toolkit ({cuda_home or 'none'}/include) nor a "
+                 f"pip nvidia-* wheel in the venv (nvidia/*/include) has it")
+        out.append(str(found))
+    return list(dict.fromkeys(out))
+
+
 def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: Path) -> tuple[Path, dict]:
     """Compile the extension's sdist into a wheel; (wheel, build facts). pip downloads the sdist
     from the index (a mirror, if the build names one) and checks its sha256; the source is then
@@ -284,6 +305,9 @@ def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: 
         env["CUDA_HOME"] = cuda_home
     if entry.get("nvcc_threads"):
         env["NVCC_THREADS"] = str(entry["nvcc_threads"])
+    if entry.get("build_headers"):
+        env["CPATH"] = os.pathsep.join([*header_dirs(entry["build_headers"], cuda_home),
+                                        *filter(None, [env.get("CPATH")])])
     tree = source_tree(entry, cache, env)
     before = finished_objects(tree)
     if before:
@@ -340,6 +364,20 @@ def install(wheel: Path, entry: dict, work: Path) -> str:
         pattern = re.compile(rf"Requires-Dist: *{re.escape(name)}\b(?![-_.\w])", re.I)
         meta.write_text("".join(line for line in meta.read_text().splitlines(keepends=True) if not pattern.match(line)))
     return digest
+
+
+def install_requires_lock(entry: dict, work: Path) -> list:
+    """Install what the extension needs beyond the stack's lock (its own lock, matrices/locks/ext:
+    FA4's CuTe DSL, quack-kernels, ...) by hash, before it; their pins join the image's extension
+    lock, which the smoke test's `lock` check reads."""
+    text = entry.get("requires_lock") or ""
+    if not text:
+        return []
+    path = work / "requires-lock.txt"
+    path.write_text(text)
+    log(f"{entry['name']} {entry['version']}: installing what it needs beyond the stack's lock, by hash")
+    pip("install", "--require-hashes", "--no-deps", "-r", str(path))
+    return [text if text.endswith("\n") else text + "\n"]  # its blocks: name==version with every hash
 
 
 def check_imports(entry: dict) -> None:
@@ -410,6 +448,7 @@ def main(spec_path: str) -> None:
     cuobjdump = sass_audit.find_cuobjdump(spec["cuda_home"])
     for entry in spec["extensions"]:
         work = Path(tempfile.mkdtemp(prefix=f"ext-{entry['name']}-", dir=os.environ.get("ENVBUILD_TMP")))
+        lock_lines += install_requires_lock(entry, work)
         wheel = fetch_wheel(entry, work) if entry.get("wheel") else cached_wheel(entry, cache)
         if entry.get("wheel"):
             log(f"{entry['name']} {entry['version']}: PyPI's {wheel.name} fits this stack: audited, not compiled")

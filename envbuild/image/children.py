@@ -247,7 +247,7 @@ def _import_extension(ext: dict) -> dict:
         version = metadata.version(ext["name"])
         ok = version == ext["version"]
         detail = "" if ok else f"installed {ext['name']} {version}, the image was built with {ext['version']}"
-        if ok:
+        if ok and ext["modules"]:  # a pure-Python wheel (FA4) has no compiled library to compare
             detail = compiled_files_changed(ext["name"])
             ok = not detail
     except Exception as error:  # noqa: BLE001
@@ -296,7 +296,86 @@ def causal_conv1d_numerics() -> dict:
     return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *got), (ref, *want)))}
 
 
-GPU_CHECKS = {"attention": attention_numerics, "causal-conv1d": causal_conv1d_numerics}
+def _attention_vs_sdpa(attend, shape=(2, 256, 4, 64)) -> dict:
+    """`attend(q, k, v)` (causal, fp16, layout batch, sequence, heads, head dim) forward and
+    backward against torch's scaled_dot_product_attention."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    out = attend(q, k, v)
+    out = out[0] if isinstance(out, tuple) else out  # FA4's flash_attn_func returns (out, lse)
+    ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True).transpose(1, 2)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    torch.cuda.synchronize()
+    return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *got), (ref, *want)))}
+
+
+def fa4_numerics() -> dict:
+    """On a GPU, FA4's flash_attn_func (its CuTe DSL kernels, compiled at this first call) forward
+    and backward against scaled_dot_product_attention; head dim 128, which every FA4 arch serves."""
+    from flash_attn.cute import flash_attn_func
+
+    return _attention_vs_sdpa(lambda q, k, v: flash_attn_func(q, k, v, causal=True), (2, 256, 4, 128))
+
+
+def xformers_numerics() -> dict:
+    """On a GPU, xformers' memory_efficient_attention with a causal mask, forward and backward,
+    against scaled_dot_product_attention."""
+    from xformers.ops import LowerTriangularMask, memory_efficient_attention
+
+    return _attention_vs_sdpa(lambda q, k, v: memory_efficient_attention(q, k, v, attn_bias=LowerTriangularMask()))
+
+
+def te_linear_numerics() -> dict:
+    """On a GPU, Transformer Engine's te.Linear (its core library's GEMM through the compiled
+    binding) forward and backward against F.linear with the same weight and bias, in fp32."""
+    import torch
+    import torch.nn.functional as F
+    import transformer_engine.pytorch as te
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    layer = te.Linear(256, 128, bias=True, params_dtype=torch.float32).cuda()
+    x = torch.randn(32, 256, device="cuda", requires_grad=True)
+    out = layer(x)
+    ref = F.linear(x, layer.weight, layer.bias)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, layer.weight, layer.bias), grad)
+    want = torch.autograd.grad(ref, (x, layer.weight, layer.bias), grad)
+    torch.cuda.synchronize()
+    return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *got), (ref, *want)))}
+
+
+def selective_scan_numerics() -> dict:
+    """On a GPU, mamba-ssm's selective_scan_fn (the compiled selective_scan_cuda, with z, D and
+    delta's softplus) forward and backward against its own pure-torch selective_scan_ref, fp32."""
+    import torch
+    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn, selective_scan_ref
+
+    torch.manual_seed(0)
+    batch, dim, state, length = 2, 16, 8, 64
+    leaf = lambda *s, scale=1.0: (torch.randn(*s, device="cuda") * scale).requires_grad_()  # noqa: E731
+    u, delta, z = leaf(batch, dim, length), leaf(batch, dim, length, scale=0.5), leaf(batch, dim, length)
+    A = (-0.5 * torch.rand(dim, state, device="cuda")).requires_grad_()
+    B, C = leaf(batch, state, length), leaf(batch, state, length)
+    D, bias = leaf(dim), leaf(dim, scale=0.1)
+    inputs = (u, delta, A, B, C, D, z, bias)
+    out = selective_scan_fn(*inputs[:6], z=z, delta_bias=bias, delta_softplus=True)
+    ref = selective_scan_ref(*inputs[:6], z=z, delta_bias=bias, delta_softplus=True)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, grad)
+    want = torch.autograd.grad(ref, inputs, grad)
+    torch.cuda.synchronize()
+    return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *got), (ref, *want)))}
+
+
+GPU_CHECKS = {"attention": attention_numerics, "causal-conv1d": causal_conv1d_numerics, "flash-attn-4": fa4_numerics,
+              "transformer-engine": te_linear_numerics, "selective-scan": selective_scan_numerics,
+              "xformers": xformers_numerics}
 
 
 def _inductor_cpu_isa(torch) -> str:

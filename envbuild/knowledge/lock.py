@@ -57,6 +57,14 @@ _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(?P<vers
 _HASH_LINE = re.compile(r"^\s+(--hash=sha256:[0-9a-f]{64}( \\)?|#.*)\s*$")
 
 
+EXT_LOCK_DIR = "ext"  # <matrix dir>/locks/ext/<extension>.<stack>.<arch>.txt
+
+
+def ext_lock_path(matrix_dir: Path, ext_name: str, stack_id: str, arch: str) -> Path:
+    """Where an extension's lock for one stack lives: what it needs beyond the stack's lock."""
+    return Path(matrix_dir) / LOCK_DIR / EXT_LOCK_DIR / f"{ext_name}.{stack_id}.{arch}.txt"
+
+
 def lock_path(matrix_dir: Path, stack_id: str, arch: str) -> Path:
     """Where a stack's lock lives: ``<matrix dir>/locks/<stack>.<arch>.txt``."""
     return Path(matrix_dir) / LOCK_DIR / f"{stack_id}.{arch}.txt"
@@ -257,3 +265,32 @@ def unlocked_reason(stack_id: str, torch_index: Optional[str], alternative: Opti
     else:
         why = f"none yet: packages below torch/DeepSpeed float; `envbuild lock --stack {stack_id}` makes one"
     return why + (f"; a locked stack for this GPU: --stack {alternative} (older torch)" if alternative else "")
+
+
+# ---------------------------------------------------------------- an extension's lock
+
+
+def venv_digest(lock: Lock) -> str:
+    """The sha256 of a lock's [venv] blocks: what an extension's lock was resolved against."""
+    return hashlib.sha256("".join(p.block for p in lock.sections["venv"]).encode()).hexdigest()
+
+
+def ext_lock_fields(ext, stack, arch: str, stack_lock_: Lock) -> dict[str, str]:
+    """What an extension's lock must say in its header to be used: the extension's release, the
+    stack and CPU, and the digest of the stack lock it was resolved against."""
+    return {"extension": f"{ext.name}=={ext.version}", "stack": stack.id, "arch": arch,
+            "stack-venv": venv_digest(stack_lock_)}
+
+
+def ext_lock(matrix, ext, stack, arch: str, stack_lock_: Optional[Lock]) -> Optional[Lock]:
+    """The lock of what `ext` needs beyond the stack's lock ([venv]: installed into the venv by
+    hash before it), when the matrix has one that agrees with the extension's release and the
+    stack lock as they are now; None otherwise (`envbuild lock --stack` makes it)."""
+    if stack_lock_ is None:
+        return None
+    path = ext_lock_path(matrix.directory, ext.name, stack.id, arch)
+    if not path.is_file():
+        return None
+    lock = parse_lock(read_text(path, "extension lock file", "matrix"), str(path))
+    want = ext_lock_fields(ext, stack, arch, stack_lock_)
+    return lock if all(lock.header.get(k) == v for k, v in want.items()) else None

@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 from urllib.parse import urlsplit
@@ -37,7 +37,16 @@ from envbuild.base import grammar
 from envbuild.base.errors import EnvbuildError, nearest
 from envbuild.base.files import write_owned
 from envbuild.base.resources import is_installed_copy
-from envbuild.knowledge.lock import disagreements, expected_fields, load_lock, lock_path, parse_lock
+from envbuild.knowledge import rules
+from envbuild.knowledge.lock import (
+    disagreements,
+    expected_fields,
+    ext_lock_fields,
+    ext_lock_path,
+    load_lock,
+    lock_path,
+    parse_lock,
+)
 from envbuild.refresh.pypi import PyPI, default_cache_dir
 
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -265,6 +274,78 @@ def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str
     )
 
 
+# ---------------------------------------------------------------- an extension's lock
+
+
+def locked_extensions(matrix, stack, arch: str, stack_lock_) -> list:
+    """The extensions installed from a PyPI wheel (FA4, Transformer Engine's core) that fit the
+    stack on `arch` and need something its lock does not hold: each gets a lock of its own.
+    (An sdist-built extension's requirements would need its metadata, which uv can only get by
+    running its setup.py against torch: not locked yet.)"""
+    have = set(stack_lock_.pins())
+    return [e for e in matrix.extensions.values()
+            if e.sdist is None and not e.unbuildable and arch in e.cpu_arch
+            and all(rules.contains(spec, v) for spec, v in ((e.torch, stack.torch), (e.cuda, stack.cuda),
+                                                             (e.python, stack.python)))
+            and rules.extension_wheel(e, stack, arch)[0] is not None
+            and any(rules.requirement_name(r) not in have for r in rules.extension_requirements(e, stack))]
+
+
+def write_ext_lock(ext, stack, inputs: LockInputs, stack_text: str, exclude_newer: str) -> str:
+    """The lock of what `ext` needs beyond the stack's lock: uv resolves the extension's own
+    release (its wheel's Requires-Dist, with their bounds) and its CUDA major's requirements with
+    every package of the stack's [venv] as a constraint, for the stack's Python, CPU and glibc, as
+    of the stack lock's date; what the stack lock already holds, and the extension itself
+    (installed by its own hash from extensions.yaml), are left out."""
+    stack_lock_ = parse_lock(stack_text)
+    requirements = (f"{ext.name}=={ext.version}", *ext.requires_by_cuda.get(stack.cuda.split(".")[0], []))
+    with tempfile.TemporaryDirectory(prefix="envbuild-ext-lock-") as tmp:
+        directory = Path(tmp)
+        constraints = directory / "stack.txt"
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in stack_lock_.pins().items()))
+        compiled = compile_requirements(requirements, replace(inputs, deepspeed_requires=()),
+                                        exclude_newer, directory, constraints)
+    skip = {*stack_lock_.pins(), rules.requirement_name(ext.name)}
+    beyond = "".join(p.block for p in parse_lock("# [venv]\n" + compiled).sections["venv"] if p.key not in skip)
+    fields = ext_lock_fields(ext, stack, inputs.arch, stack_lock_)
+    lines = [f"# envbuild extension lock: what {ext.name} {ext.version} needs beyond the lock of stack {stack.id} "
+             f"({inputs.arch}),",
+             "# each == with its sha256 hashes; the build installs it into the venv with pip --require-hashes --no-deps.",
+             f"# Do not edit: `envbuild lock --stack {stack.id}` writes it with the stack's lock; `envbuild lock --check`"
+             " checks both.",
+             *(f"# {k}: {v}" for k, v in fields.items()),
+             f"# python: {inputs.python}", f"# platform: {inputs.platform}", f"# index: {' '.join(inputs.indexes)}",
+             f"# exclude-newer: {exclude_newer}", f"# resolver: {uv_version()}",
+             f"# inputs: {' '.join(requirements)} (constraints: the stack lock's [venv])"]
+    return "\n".join(lines) + "\n\n# [venv]\n" + beyond
+
+
+def lock_extensions(matrix, stack, arch: str, inputs: LockInputs, stack_text: str, date: str,
+                    check: bool) -> list["LockOutcome"]:
+    """Make (or with `check`, compare) the lock of each extension the stack needs one for."""
+    outcomes = []
+    for ext in locked_extensions(matrix, stack, arch, parse_lock(stack_text)):
+        path = ext_lock_path(matrix.directory, ext.name, stack.id, arch)
+        try:
+            text = write_ext_lock(ext, stack, inputs, stack_text, date)
+        except EnvbuildError as e:
+            outcomes.append(LockOutcome(stack.id, arch, path, "failed", f"--ext {ext.name}'s lock: {e}"))
+            continue
+        existing = path.read_text() if path.is_file() else None
+        same = existing is not None and normalized(existing) == normalized(text)
+        if check:
+            outcomes.append(LockOutcome(stack.id, arch, path, "current" if same else "stale",
+                                        "" if same else f"--ext {ext.name}: " + ("no lock yet" if existing is None
+                                                                                 else "resolving again gives another file")))
+            continue
+        if not same:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_owned(path, text.encode(), lambda old: old.startswith(b"# envbuild extension lock"),
+                        "Move it away first: `envbuild lock` writes only the files it wrote.")
+        outcomes.append(LockOutcome(stack.id, arch, path, "unchanged" if same else "written"))
+    return outcomes
+
+
 # ---------------------------------------------------------------- every stack
 
 
@@ -377,7 +458,8 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
             if stack.deepspeed not in requires_cache:
                 requires_cache[stack.deepspeed] = fetch_deepspeed_requires(stack.deepspeed, progress)
             progress(f"resolving {stack.id} ({arch}) as of {date}")
-            text = write_lock(lock_inputs(matrix, stack, requires_cache[stack.deepspeed], arch), date)
+            inputs = lock_inputs(matrix, stack, requires_cache[stack.deepspeed], arch)
+            text = write_lock(inputs, date)
         except EnvbuildError as e:
             if not unreachable(str(e)):
                 outcomes.append(LockOutcome(stack.id, arch, path, "failed", str(e)))
@@ -389,6 +471,7 @@ def lock_stacks(matrix, stack_ids: tuple[str, ...] = (), check: bool = False, up
                                         f"cannot be reached ({_first_line(str(e))})", tuple(hosts)))
             continue
         same = existing is not None and normalized(existing.text) == normalized(text)
+        outcomes += lock_extensions(matrix, stack, arch, inputs, text, date, check)
         if check:
             outcomes.append(LockOutcome(stack.id, arch, path, "current" if same else "stale",
                                         "" if same else ("no lock yet" if existing is None else

@@ -24,7 +24,7 @@ from packaging.version import Version
 from envbuild.base.errors import EnvbuildError
 from envbuild.image import paths
 from envbuild.knowledge import rules, validate
-from envbuild.knowledge.lock import Lock, stack_lock
+from envbuild.knowledge.lock import Lock, ext_lock, stack_lock
 from envbuild.knowledge.matrix import (
     CompileCacheTool,
     CpuTarget,
@@ -94,16 +94,21 @@ class ExtensionBuild:
     wheel: Optional[object] = None  # an ExtensionWheel of extensions.yaml
     patches: tuple = ()
     stable_abi: bool = False
+    requirements: tuple[str, ...] = ()  # what it needs installed beside it on this stack (its CUDA major's too)
+    lock: Optional[Lock] = field(default=None, repr=False)  # matrices/locks/ext: what it needs beyond the stack's lock
 
 
-def extension_builds(s: Stack, extensions: tuple[CudaExtension, ...], arch: str) -> tuple[ExtensionBuild, ...]:
+def extension_builds(s: Stack, extensions: tuple[CudaExtension, ...], arch: str, m: Optional[Matrix] = None,
+                     lock: Optional[Lock] = None) -> tuple[ExtensionBuild, ...]:
     """Each extension after those it needs (mamba-ssm after causal-conv1d: its import check
-    imports them), with how it is made."""
+    imports them), with how it is made and the lock of what it needs beyond the stack's."""
     names = {e.name for e in extensions}
     needed = {n for e in extensions for need in e.needs for n in rules.extension_needs(need) if n in names}
     return tuple(ExtensionBuild(ext=e, wheel=rules.extension_wheel(e, s, arch)[0] if e.wheels else None,
                                 patches=tuple(rules.extension_patches(e, s)),
-                                stable_abi=bool(e.stable_abi) and rules.contains(e.stable_abi, s.torch))
+                                stable_abi=bool(e.stable_abi) and rules.contains(e.stable_abi, s.torch),
+                                requirements=tuple(rules.extension_requirements(e, s)),
+                                lock=ext_lock(m, e, s, arch, lock) if m is not None else None)
                  for e in sorted(extensions, key=lambda e: e.name not in needed))
 
 
@@ -245,7 +250,7 @@ def candidates(m: Matrix, req: Request, gpu: GpuProfile) -> list[Candidate]:
             why = rules.default_cpu_target_rejection(m, s, gpu, arch)
             rej += [why] if why else []
         for name in req.extensions:
-            rej += rules.extension_rejections(m, s, m.extension(name), arch, _locked_names(m, s, arch))
+            rej += rules.extension_rejections(m, s, m.extension(name), arch, _locked_names(m, s, arch, name), gpu)
         out.append(Candidate(s, rej))
     return out
 
@@ -265,10 +270,14 @@ def _lock_sections(m: Matrix, s: Stack, arch: Optional[str]) -> frozenset[str]:
     return frozenset(lock.sections) if lock else frozenset()
 
 
-def _locked_names(m: Matrix, s: Stack, arch: Optional[str]) -> Optional[set[str]]:
-    """The canonical names a stack's lock holds (None: no lock, or one that would not load)."""
+def _locked_names(m: Matrix, s: Stack, arch: Optional[str], ext: Optional[str] = None) -> Optional[set[str]]:
+    """The canonical names a stack's lock holds, with those of extension `ext`'s own lock for it
+    (matrices/locks/ext) where one agrees with both (None: no lock, or one that would not load)."""
     lock = _lock_if_loads(m, s, arch)
-    return set(lock.pins()) if lock else None
+    if lock is None:
+        return None
+    extra = ext_lock(m, m.extension(ext), s, arch or "x86_64", lock) if ext else None
+    return set(lock.pins()) | set(extra.pins() if extra else ())
 
 
 def _no_stack_error(m: Matrix, req: Request, gpu: GpuProfile, cands: list[Candidate]) -> EnvbuildError:
@@ -364,7 +373,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
                          req.no_compiler, default_target, fabric.tag, extensions,
                          override.version if override else None),
-        extensions=extensions, extension_builds=extension_builds(s, extensions, arch), fabric=fabric, arch=arch, cpu_target=cpu_target,
+        extensions=extensions, extension_builds=extension_builds(s, extensions, arch, m, lock), fabric=fabric, arch=arch, cpu_target=cpu_target,
         lock=lock, os_lock=os_lock if os_locked else None, os_locked=os_locked,
         os_unlocked=os_unlocked, matrix_sha256=m.sha256,
         locked_alternative=None if lock else _newest_locked(m, [c.stack for c in valid[1:]], gpu),

@@ -240,14 +240,46 @@ def test_each_source_patch_matches_its_real_upstream_file_exactly_once(productio
     """A patch is checked against the real file of the sdist it names (saved verbatim, with its
     URL and sha256): the build would otherwise fail on it, or compile the source unpatched."""
     patched = [ext for ext in production_matrix.extensions.values() if ext.patches]
-    assert [ext.name for ext in patched] == ["flash-attn"]
+    assert [ext.name for ext in patched] == ["flash-attn", "mamba-ssm"]
     for ext in patched:
         saved = UPSTREAM / ext.sdist.filename
         assert ext.sdist.sha256 in (saved / "SOURCE.txt").read_text()
         for patch in ext.patches:
             text = (saved / patch.file).read_text()
             assert text.count(patch.old) == 1 and patch.new not in text, patch
-            assert patch.source.startswith("https://github.com/Dao-AILab/flash-attention/pull/")
+            assert patch.source.startswith("https://github.com/Dao-AILab/flash-attention/pull/2899 ")
+
+
+def test_mamba_ssm_on_torch_2_13_compiles_its_two_cxx17_flags_as_cxx20_and_leaves_rocms_alone(production_matrix, tmp_path):
+    """mamba-ssm 2.3.2.post1 passes -std=c++17 to g++ and nvcc (setup.py lines 226, 230) and to
+    its ROCm branch (213, 216): the patch changes the CUDA two, in the real file."""
+    step = _step()
+    setup = (UPSTREAM / "mamba_ssm-2.3.2.post1.tar.gz" / "setup.py").read_text()
+    lines = setup.splitlines()
+    assert [i + 1 for i, ln in enumerate(lines) if "c++17" in ln] == [213, 216, 226, 230]
+    tree = step.unpack(_sdist(tmp_path, setup), tmp_path / "src")
+    ext = production_matrix.extension("mamba-ssm")
+    step.apply_patches(tree, [p.model_dump() for p in ext.patches], ext.name)
+    patched = (tree / "setup.py").read_text().splitlines()
+    assert [i + 1 for i, ln in enumerate(patched) if "c++20" in ln] == [226, 230]
+    assert [i + 1 for i, ln in enumerate(patched) if "c++17" in ln] == [213, 216]
+
+
+def test_the_build_finds_each_header_in_pips_nvidia_wheels_or_fails_naming_it(tmp_path, capsys):
+    """Transformer Engine's binding includes cudnn.h and nccl.h, which NVIDIA's devel images do
+    not have: the build step puts the directory of pip's nvidia-* wheel that holds each on CPATH."""
+    step = _step()
+    site, cuda = tmp_path / "site", tmp_path / "cuda"
+    for d, h in (("nvidia/cudnn/include", "cudnn.h"), ("nvidia/nccl/include", "nccl.h"), ("nvidia/cu13/include", "x.h")):
+        (site / d).mkdir(parents=True)
+        (site / d / h).write_text("")
+    (cuda / "include").mkdir(parents=True)
+    (cuda / "include" / "cuda.h").write_text("")
+    assert step.header_dirs(["cudnn.h", "nccl.h", "cuda.h"], str(cuda), [str(site)]) == [
+        str(site / "nvidia/cudnn/include"), str(site / "nvidia/nccl/include"), str(cuda / "include")]
+    with pytest.raises(SystemExit):
+        step.header_dirs(["cudnn.h", "nvshmem.h"], str(cuda), [str(site)])
+    assert "includes <nvshmem.h> and neither the CUDA toolkit" in capsys.readouterr().err
 
 
 def test_flash_attn_on_torch_2_15_is_built_with_upstreams_cxx20_fix_and_not_on_2_12(production_matrix):
@@ -595,5 +627,45 @@ def test_the_extensions_listing_shows_each_patch_with_its_source(cli):
     r = cli("extensions", env={"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.strip().startswith("patch setup.py")]
-    assert len(lines) == 2 and all("for torch >=2.13" in line and "-std=c++20" in line for line in lines), lines
+    # flash-attn's two and mamba-ssm's one (its g++ and nvcc flags in one text)
+    assert len(lines) == 3 and all("for torch >=2.13" in line and "-std=c++20" in line for line in lines), lines
     assert "flash-attention/pull/2899" in r.stdout
+
+
+def test_the_build_installs_an_extensions_own_lock_by_hash_before_it_and_records_its_pins(tmp_path, monkeypatch):
+    """FA4's closure (matrices/locks/ext) goes in with --require-hashes --no-deps; its blocks join
+    the image's extension lock, so the smoke test's `lock` check expects those packages."""
+    step = _step()
+    calls = []
+    monkeypatch.setattr(step, "pip", lambda *args, env=None: calls.append((args, (tmp_path / "requires-lock.txt").read_text())))
+    block = "quack-kernels==0.6.5 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+    assert step.install_requires_lock({"name": "flash-attn-4", "version": "4.0.0b36", "requires_lock": block}, tmp_path) == [block]
+    assert calls == [(("install", "--require-hashes", "--no-deps", "-r", str(tmp_path / "requires-lock.txt")), block)]
+    assert step.install_requires_lock({"name": "x", "version": "1", "requires_lock": ""}, tmp_path) == [] and len(calls) == 1
+    (tmp_path / "lock.txt").write_text("# [extensions]\n" + block)
+    assert checks.lock_pins(str(tmp_path / "lock.txt"), "extensions") == {"quack-kernels": "0.6.5"}
+
+
+def test_every_extensions_gpu_check_has_a_numerics_function_and_a_tolerance(production_matrix):
+    """FA4, Transformer Engine, mamba-ssm and xformers each get a forward+backward check against a
+    torch reference on a GPU node (run only where a GPU is present)."""
+    from envbuild.image import children
+
+    named = {e.name: e.gpu_check for e in production_matrix.extensions.values() if e.gpu_check}
+    assert named == {"flash-attn": "attention", "causal-conv1d": "causal-conv1d", "flash-attn-4": "flash-attn-4",
+                     "transformer-engine-torch": "transformer-engine", "mamba-ssm": "selective-scan",
+                     "xformers": "xformers"}
+    assert set(named.values()) <= set(children.GPU_CHECKS) == set(checks.EXTENSION_TOLERANCE)
+
+
+def test_a_pure_python_extension_imports_as_present_and_fitting_without_a_compiled_library():
+    """FA4 is a py3-none-any wheel: the smoke test's import check passes it on its version (it has
+    no .so whose RECORD hash to compare), where a compiled extension without one would fail."""
+    from importlib import metadata
+
+    from envbuild.image import children
+
+    ext = {"name": "packaging", "version": metadata.version("packaging"), "packages": ["packaging"], "modules": []}
+    assert children._import_extension(ext)["ok"], children._import_extension(ext)
+    compiled = children._import_extension({**ext, "modules": ["packaging.version"]})
+    assert not compiled["ok"] and "RECORD lists no compiled library" in compiled["detail"]

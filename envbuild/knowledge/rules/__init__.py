@@ -88,7 +88,9 @@ from envbuild.knowledge.rules.extensions import (
     extension_not_prebuilt,
     extension_patches,
     extension_rejections,
+    extension_requirements,
     extension_wheel,
+    requirement_name,
 )
 from envbuild.knowledge.rules.fabrics import fabric_rejections
 from envbuild.knowledge.rules.gpus import arch_runs_on, check_emulation, gpu_rejections, image_arch
@@ -118,7 +120,7 @@ __all__ = [
     "DEFAULT_OPS", "capabilities", "nvcc_required", "op_rejection", "select_ops",
     # extensions: CUDA extensions
     "check_extensions", "extension_gpu_rejection", "extension_gpus", "extension_needs", "extension_not_prebuilt",
-    "extension_patches", "extension_rejections", "extension_wheel",
+    "extension_patches", "extension_rejections", "extension_requirements", "extension_wheel", "requirement_name",
     # bases: the base images and the archive their packages come from
     "DEBIAN_CODENAMES", "OTHER_DISTROS", "UBUNTU_CODENAMES", "check_apt_mirror", "check_base_images",
     "image_release", "unpinned",

@@ -23,9 +23,38 @@ def extension_gpu_rejection(ext, gpu) -> Optional[Rejection]:
     return None
 
 
-def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[set[str]]) -> list[Rejection]:
-    """Rules ext-stack, ext-arch and ext-deps for one stack; `locked` holds the canonical names
-    of the stack's lock (None: the stack is not hash-locked, and the build installs them)."""
+def extension_requirements(ext, s) -> list[str]:
+    """What the extension needs installed beside it on stack `s`: its Requires-Dist names and the
+    requirements of the stack's CUDA major (FA4 on CUDA 13: nvidia-cutlass-dsl[cu13])."""
+    return [*ext.requires, *ext.requires_by_cuda.get(s.cuda.split(".")[0], [])]
+
+
+def requirement_name(requirement: str) -> str:
+    """The canonical name of `name[extra]>=1,<2` (extensions.yaml's grammar)."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
+
+
+def stack_nvcc(s) -> str:
+    """The nvcc a stack compiles with: its PyPI cuda-toolkit's version, or on NVIDIA's devel
+    images the stack's CUDA (the builder image's own, rule bases checks they agree)."""
+    return s.cuda_toolkit or s.cuda
+
+
+def _nvcc_rejection(ext, s, gpu) -> Optional[Rejection]:
+    """Rule ext-nvcc: a source build for a GPU its setup.py emits code for only from a newer nvcc
+    (flash-attn and mamba-ssm: sm_100/sm_120 from nvcc 12.8, no PTX) would build no kernel the GPU
+    runs; the SASS audit would find that hours later."""
+    for floor in ext.nvcc_for_cc:
+        if compute_capability(gpu.cc) >= compute_capability(floor.min_cc) and not contains(floor.nvcc, stack_nvcc(s)):
+            return Rejection("ext-nvcc", f"{ext.name} {ext.version} compiled for {gpu.name} ({gpu.sm}) needs nvcc "
+                                         f"{floor.nvcc} and stack {s.id} compiles with nvcc {stack_nvcc(s)}, which emits "
+                                         f"no code for compute capability >= {floor.min_cc} ({floor.source})")
+    return None
+
+
+def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[set[str]], gpu=None) -> list[Rejection]:
+    """Rules ext-stack, ext-arch, ext-nvcc and ext-deps for one stack; `locked` holds the canonical
+    names of the stack's lock (None: the stack is not hash-locked, and the build installs them)."""
     out = []
     for what, spec, have in (("torch", ext.torch, s.torch), ("CUDA", ext.cuda, s.cuda), ("Python", ext.python, s.python)):
         if not contains(spec, have):
@@ -36,16 +65,18 @@ def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[se
                                          f"{cpu_arch}"))
     if ext.unbuildable:
         out.append(Rejection("ext-source", f"{ext.name} {ext.version} cannot be built: {ext.unbuildable}"))
-    elif ext.sdist is None and cpu_arch is not None:
+    elif cpu_arch is not None:
         wheel, why = extension_wheel(ext, s, cpu_arch)
-        if wheel is None:
+        if wheel is None and ext.sdist is None:
             out.append(Rejection("ext-wheel", f"no {ext.name} {ext.version} wheel on PyPI fits and it has no sdist to "
                                               f"compile: {'; '.join(why)}"))
+        nvcc = wheel is None and gpu is not None and _nvcc_rejection(ext, s, gpu)
+        out += [nvcc] if nvcc else []
     no_audit = m.bases.toolchains[s.toolchain].audit_missing(s.cuda_toolkit)
     if no_audit:
         out.append(Rejection("ext-audit", f"{ext.name} must pass the SASS audit and {no_audit}"))
     if locked is not None:
-        missing = [n for n in (*ext.requires, *ext.build_requires) if re.sub(r"[-_.]+", "-", n).lower() not in locked]
+        missing = [n for n in (*extension_requirements(ext, s), *ext.build_requires) if requirement_name(n) not in locked]
         if missing:
             out.append(Rejection("ext-deps", f"{ext.name} needs {', '.join(missing)}, which stack {s.id}'s lock does "
                                              f"not hold (the image installs nothing unlocked)"))
@@ -118,6 +149,21 @@ def extension_gpus(m, ext) -> list[str]:
             if not extension_gpu_rejection(ext, g) and set(g.host_arch) & set(ext.cpu_arch)]
 
 
+def _check_conflicts(m, names: tuple[str, ...]) -> None:
+    """Rule ext-conflict: two extensions that cannot share an image (disjoint ranges of one
+    dependency, or the same files) are refused, naming each set without one of them."""
+    exts = [m.extension(n) for n in names]
+    for ext in exts:
+        for c in ext.conflicts:
+            other = next((e for e in exts if e.name == c.name), None)
+            if other is None:
+                continue
+            without = [",".join(e.name for e in exts if e is not drop) for drop in (other, ext)]
+            raise EnvbuildError(f"--ext {ext.name} and {other.name} cannot share an image: {c.why} ({c.source}) "
+                                f"(rule ext-conflict). Nearest valid choices: --ext {without[0]}, or --ext "
+                                f"{without[1]} (one image each).")
+
+
 def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
     """Rule ext-gpu for the request as a whole: an extension the GPU cannot run is refused before
     any stack is looked at, naming the GPUs that fit."""
@@ -129,3 +175,4 @@ def check_extensions(m, gpu, names: tuple[str, ...]) -> None:
             raise EnvbuildError(f"--ext {ext.name}: {why.message} (rule {why.rule}). GPUs it fits: "
                                 f"{', '.join(fits) or 'none'}; drop --ext {ext.name} for {gpu.name}.")
         _check_needs(m, ext, names)
+    _check_conflicts(m, names)

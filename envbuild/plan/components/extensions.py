@@ -48,8 +48,10 @@ def _entry(build: ExtensionBuild, resolution: Resolution) -> dict:
     ext, wheel = build.ext, build.wheel
     stack, arches = resolution.stack, [a for a in resolution.arch_list.split(";") if a]
     common = {"name": ext.name, "version": ext.version, "packages": ext.packages, "modules": ext.modules,
-              "requires": ext.requires, "build_only": ext.build_only, "device_code": ext.device_code,
-              "cuda_major": stack.cuda.split(".")[0]}
+              "requires": list(build.requirements), "build_only": ext.build_only, "device_code": ext.device_code,
+              "cuda_major": stack.cuda.split(".")[0],
+              # what it needs beyond the stack's lock (matrices/locks/ext), installed by hash before it
+              "requires_lock": build.lock.requirements("venv") if build.lock else ""}
     if wheel is not None or ext.sdist is None:
         determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
                       "wheel_sha256": wheel.sha256 if wheel else None}
@@ -61,7 +63,7 @@ def _entry(build: ExtensionBuild, resolution: Resolution) -> dict:
     patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source} for p in build.patches]
     determines = _determines(build, resolution, build_env, patches)
     return {**common, "wheel": None, "sdist": ext.sdist.model_dump(), "subdirectory": ext.subdirectory,
-            "build_requires": ext.build_requires, "build_env": build_env,
+            "build_requires": ext.build_requires, "build_env": build_env, "build_headers": ext.build_headers,
             "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads, "patches": patches,
             "stable_abi": build.stable_abi, "determines": determines,
             "cache_key": cache_key(determines)}

@@ -104,6 +104,41 @@ class SourcePatch(_Strict):
         return v
 
 
+_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[a-z0-9-]+\])?((==|>=|<=|~=|!=|<|>)[0-9][0-9a-z.*]*)?"
+                          r"(,(==|>=|<=|~=|!=|<|>)[0-9][0-9a-z.*]*)*")
+
+
+def _requirement(v: str) -> str:
+    """One requirement pip is given on a command line: a name, an optional extra and version
+    bounds (no marker, no URL, no space: it reaches a shell)."""
+    if not _REQUIREMENT.fullmatch(v):
+        raise ValueError(f"expected a requirement like 'name[extra]>=1.0,<2', got {v!r}")
+    return v
+
+
+class Conflict(_Strict):
+    """Another extension this one cannot share an image with (refused at render, rule
+    ext-conflict): the reason, from the two releases' own files."""
+
+    name: str  # the other extension
+    why: str
+    source: str  # the files of both releases that say so
+
+    _n = field_validator("name")(lambda v: _word(v))
+
+
+class NvccFloor(_Strict):
+    """The nvcc a source build needs to emit code for GPUs from `min_cc` up: an older one compiles
+    none for them (its setup.py adds their -gencode only from that nvcc, and no PTX)."""
+
+    min_cc: str
+    nvcc: str  # the nvcc releases that emit it
+    source: str  # the setup.py lines that say so
+
+    _c = field_validator("min_cc")(_cc)
+    _s = field_validator("nvcc")(_specifier)
+
+
 class CudaExtension(_Strict):
     """A CUDA extension compiled from its sdist in the builder stage, against the image's torch,
     for the GPU profile's arches only (envbuild/buildsteps/extensions.py), then verified:
@@ -127,6 +162,12 @@ class CudaExtension(_Strict):
     requires: list[str] = []  # its Requires-Dist names: each must already be in the stack's venv
     build_only: list[str] = []  # Requires-Dist it needs only to compile (ninja): dropped like DeepSpeed's
     build_requires: list[str] = []  # what setup.py imports besides torch (in the venv: --no-build-isolation)
+    # Requirements for the stack's CUDA major, beside `requires` (FA4: the CuTe DSL's cu13 libraries,
+    # cuda-bindings bounded to the major): keyed by the major, e.g. "13"
+    requires_by_cuda: dict[str, list[str]] = {}
+    build_headers: list[str] = []  # headers its compile includes that the CUDA toolkit lacks (cudnn.h): from pip's nvidia-*
+    conflicts: list[Conflict] = []  # extensions it cannot share an image with (rule ext-conflict)
+    nvcc_for_cc: list[NvccFloor] = []  # the nvcc its source build needs for newer GPUs (rule ext-nvcc)
     min_cc: str  # the oldest compute capability its kernels support
     max_cc: Optional[str] = None  # the newest (None: no ceiling known)
     torch: str  # the torch releases its source builds against
@@ -138,7 +179,8 @@ class CudaExtension(_Strict):
     patches: list[SourcePatch] = []  # upstream fixes newer than the sdist, for the torch that needs them
     memory_per_job_gib: Optional[float] = None  # peak memory of one compile job: MAX_JOBS = memory // this
     nvcc_threads: Optional[int] = None  # NVCC_THREADS: nvcc's own threads per job (memory grows with it)
-    gpu_check: Optional[Literal["attention", "causal-conv1d"]] = None  # the smoke test's GPU check
+    gpu_check: Optional[Literal["attention", "causal-conv1d", "flash-attn-4", "transformer-engine", "selective-scan",
+                                "xformers"]] = None  # the smoke test's GPU check
     build_time: str  # measured, with the machine
     sources: dict[str, str]  # fact -> public source (a URL, a file of a named release)
 
@@ -147,6 +189,24 @@ class CudaExtension(_Strict):
     _c = field_validator("min_cc", "max_cc")(lambda v: v if v is None else _cc(v))
     _s = field_validator("torch", "cuda", "python")(_specifier)
     _abi = field_validator("stable_abi")(lambda v: v if v is None else _specifier(v))
+
+    @field_validator("requires_by_cuda")
+    @classmethod
+    def _by_major(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for major, reqs in v.items():
+            if not re.fullmatch(r"1[1-9]", major):
+                raise ValueError(f"expected a CUDA major like '12' or '13' as key, got {major!r}")
+            for r in reqs:
+                _requirement(r)
+        return v
+
+    @field_validator("build_headers")
+    @classmethod
+    def _headers(cls, v: list[str]) -> list[str]:
+        for h in v:
+            if not re.fullmatch(r"[A-Za-z0-9_]+\.h", h):
+                raise ValueError(f"expected a header file name like 'cudnn.h', got {h!r}")
+        return v
 
     @field_validator("subdirectory")
     @classmethod

@@ -119,7 +119,10 @@ def secret_args(secrets: BuildSecrets, tmp: Path) -> list[str]:
 
 
 _STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
-_DONE = re.compile(r"^#(\d+) (DONE|CACHED|ERROR)(?: ([\d.]+)s)?")
+_DONE = re.compile(r"^#(\d+) (DONE|CACHED|ERROR)(?: ([\d.]+)s)?(?:: (.*))?")
+# The engine's own reason, printed after a failed step: BuildKit's last line (`failed to compute
+# cache key: ...`, `executor failed running [...]: ...`, `error: failed to solve: ...`).
+_NO_SPACE = "no space left on device"
 
 
 class _ChunkStream(io.RawIOBase):
@@ -169,6 +172,8 @@ class BuildkitProgress:
             name = self.names[match.group(1)]
             if match.group(2) == "ERROR":
                 self.failed = self.failed or match.group(1)
+                if match.group(4):  # the step's reason: `#36 ERROR: failed to copy files: ...`
+                    self.output.setdefault(match.group(1), []).append(f"ERROR: {match.group(4)}")
             elif match.group(2) == "DONE" and match.group(3):
                 self.steps.append((name, float(match.group(3))))
             if self.on_step:
@@ -179,10 +184,26 @@ class BuildkitProgress:
             self.output.setdefault(num, []).append(line.split(" ", 2)[-1] if line.count(" ") >= 2 else line)
 
     def failure(self, tail: list[str]) -> tuple[str, list[str]]:
-        """(failing step, its last lines); the log's tail when no step was named."""
+        """(failing step, its last lines and the engine's reason); the log's tail when no step
+        was named. A COPY or a cache import prints no output of its own: without the reason
+        (`#36 ERROR: ...`) its last lines would be a layer digest and say nothing."""
         if self.failed:
-            return self.names.get(self.failed, f"step #{self.failed}"), self.output.get(self.failed, [])[-25:]
+            lines = self.output.get(self.failed, [])[-25:]
+            said = [ln for ln in tail if ln.startswith(("error:", "ERROR:", "failed to "))][-1:]
+            return self.names.get(self.failed, f"step #{self.failed}"), lines + [ln for ln in said if ln not in lines]
         return "(unknown step)", tail[-25:]
+
+
+def failure_hint(tail: list[str]) -> str:
+    """What the engine's words mean, where they say more than the step: a daemon that does not
+    answer, or a disk the engine filled (a layer copy of the venv needs gigabytes)."""
+    text = "\n".join(tail)
+    if DAEMON_DOWN in text:
+        return " Is dockerd running? (scripts/host-setup.sh starts one.)"
+    if _NO_SPACE in text:
+        return (" The engine's disk is full: `docker system df` shows what holds it; `docker builder prune` frees "
+                "its build cache (the next build compiles again).")
+    return ""
 
 
 class DockerEngine:
@@ -388,9 +409,7 @@ class DockerEngine:
                     raise
             if rc != 0:
                 step, lines = progress.failure(tail)
-                hint = " Is dockerd running? (scripts/host-setup.sh starts one.)" if DAEMON_DOWN in "\n".join(tail) \
-                    else ""
-                raise BuildFailed(step, lines, hint)
+                raise BuildFailed(step, lines, failure_hint(tail))
             if image_out and not iidfile.is_file():
                 raise EnvbuildError(f"{cli} build finished but wrote no image ID ({iidfile}); nothing was tagged. "
                                     f"Is {cli} a Docker CLI with BuildKit?", exit_code=1)

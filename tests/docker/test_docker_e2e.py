@@ -572,6 +572,7 @@ def test_registry_refusing_authentication_is_a_clear_error(h20, smoked, state, w
     finally:
         reg.terminate()
         reg.wait(timeout=10)
+        shutil.rmtree(d / "data", ignore_errors=True)
 
 
 def _own_registry(work, name):
@@ -636,6 +637,8 @@ def test_a_registry_failing_or_dropping_the_connection_mid_push_publishes_nothin
         reg.terminate()
         reg.wait(timeout=10)
         remove_images(REPO, registry=f"127.0.0.1:{port}")  # the tags the push left, the pull by digest
+        for name in ("faultreg", "faultreg2"):  # gigabytes of blobs each, held until the run ended
+            shutil.rmtree(work / name / "data", ignore_errors=True)
 
 
 def _owned_containers(pid=None) -> list[str]:

@@ -305,6 +305,25 @@ def go_printed(text: str) -> str:
     return GO_VERB.sub(lambda v: {"%%": "%%", "%q": '"%s"'}.get(v.group(0), "%s"), text)
 
 
+def _same_printing(data: dict) -> list[dict]:
+    """The toolkit's wordings, those that print the same (`%v` and `%w` of one message in two releases)
+    as one, at its newest place, with the releases of all."""
+    order = [str(r["release"]) for r in data.get("releases") or []]
+    groups: dict[str, list[dict]] = {}
+    for entry in data.get("messages") or []:
+        groups.setdefault(f"{entry['level']}\0{go_printed(str(entry['text']))}", []).append(entry)
+    merged = []
+    for entries in groups.values():
+        held = set().union(*(released_in(str(e["releases"]), order) for e in entries))
+        newest = max(entries, key=lambda e: max((order.index(r) for r in released_in(str(e["releases"]), order)), default=-1))
+        runs = [[]]
+        for release in order:
+            runs[-1].append(release) if release in held else runs.append([])
+        spans = ", ".join(run[0] if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs if run)
+        merged.append({**newest, "releases": spans or str(newest["releases"])})
+    return merged
+
+
 def container_matchers(data: dict) -> list[Matcher]:
     """A matcher per error wording of the toolkit's or libnvidia-container's catalogue that says enough to
     match alone; the source line linked at the newest release's tag (libnvidia-container: its commit)."""
@@ -313,7 +332,7 @@ def container_matchers(data: dict) -> list[Matcher]:
     url, go = str(data["source"]), name == "container-toolkit"
     at = {str(r["release"]): str(r["tag"] if go else r["commit"]) for r in data.get("releases") or []}
     found = []
-    for entry in data.get("messages") or []:
+    for entry in _same_printing(data) if go else data.get("messages") or []:
         releases, call = str(entry["releases"]), str(entry["call"])
         if entry["level"] not in levels or not (go or call in calls):
             continue

@@ -278,6 +278,79 @@ def launcher_matchers(data: dict) -> list[Matcher]:
     return found
 
 
+# The NVIDIA container stack (matrices/catalogues/container-toolkit.yaml, libnvidia-container.yaml;
+# refresh/container_catalogue.py), per component: its title, the levels reported, and per call the
+# expression before the message and the text printed after it (error_set's `: strerror`, warn's).
+# nvidia-container-cli prints its own name first and the library's message inside its own
+# (`nvidia-container-cli: initialization error: nvml error: driver not loaded`); the toolkit's Go
+# errors are chained with `: ` and have no common prefix, so each wording's longest fixed piece is
+# its screen word, as for the Python packages. Only the toolkit's CLI-visible levels are reported;
+# libnvidia-container's log_* lines go to its debug log only (`--debug`), and are catalogued, not reported.
+CLI = r"nvidia-container-cli:\s*"
+_LIB = (r"nvidia-container-cli:.*?", ": %s")
+CONTAINERS = {
+    "container-toolkit": ("NVIDIA Container Toolkit", ("ERROR", "FATAL"), {}),
+    "libnvidia-container": ("libnvidia-container", ("ERROR",), {
+        "warnx": (CLI, ""), "errx": (CLI, ""), "warn": (CLI, ": %s"), "err": (CLI, ": %s"),
+        "error_setx": (r"nvidia-container-cli:.*?", ""), "error_set": _LIB, "error_set_nvml": _LIB,
+        "error_set_dl": _LIB, "error_set_elf": _LIB, "error_set_rpc": _LIB}),
+}
+CLI_WORD = "nvidia-container-cli"
+# Go's verbs as printf reads them: %v, %w, %T (and their + # flags) print text, %q a quoted string.
+GO_VERB = re.compile(r"%%|%[+#]?[vwT]|%q")
+
+
+def go_printed(text: str) -> str:
+    """A Go format as printf would read it (module comment above)."""
+    return GO_VERB.sub(lambda v: {"%%": "%%", "%q": '"%s"'}.get(v.group(0), "%s"), text)
+
+
+def _same_printing(data: dict) -> list[dict]:
+    """The toolkit's wordings, those that print the same (`%v` and `%w` of one message in two releases)
+    as one, at its newest place, with the releases of all."""
+    order = [str(r["release"]) for r in data.get("releases") or []]
+    groups: dict[str, list[dict]] = {}
+    for entry in data.get("messages") or []:
+        groups.setdefault(f"{entry['level']}\0{go_printed(str(entry['text']))}", []).append(entry)
+    merged = []
+    for entries in groups.values():
+        held = set().union(*(released_in(str(e["releases"]), order) for e in entries))
+        newest = max(entries, key=lambda e: max((order.index(r) for r in released_in(str(e["releases"]), order)), default=-1))
+        runs = [[]]
+        for release in order:
+            runs[-1].append(release) if release in held else runs.append([])
+        spans = ", ".join(run[0] if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs if run)
+        merged.append({**newest, "releases": spans or str(newest["releases"])})
+    return merged
+
+
+def container_matchers(data: dict) -> list[Matcher]:
+    """A matcher per error wording of the toolkit's or libnvidia-container's catalogue that says enough to
+    match alone; the source line linked at the newest release's tag (libnvidia-container: its commit)."""
+    name = str(data.get("component"))
+    title, levels, calls = CONTAINERS[name]
+    url, go = str(data["source"]), name == "container-toolkit"
+    at = {str(r["release"]): str(r["tag"] if go else r["commit"]) for r in data.get("releases") or []}
+    found = []
+    for entry in _same_printing(data) if go else data.get("messages") or []:
+        releases, call = str(entry["releases"]), str(entry["call"])
+        if entry["level"] not in levels or not (go or call in calls):
+            continue
+        prefix, suffix = ("", "") if go else calls[call]
+        text = (go_printed(_torch_line(str(entry["text"]))) if go else str(entry["text"])).strip() + suffix
+        if len(fixed_text(text)) < (MIN_TORCH_FIXED if go else MIN_FIXED) or len(key_of(text)) < (MIN_KEY if go else MIN_FIXED):
+            continue
+        where = f"{entry['file']}:{int(entry['line'])}"
+        link = f"{url}/blob/{at.get(_newest(releases), 'main')}/{entry['file']}#L{int(entry['line'])}"
+        found.append(Matcher(
+            name, text, prefix + to_regex(text), f"{title} said: {str(entry['text']).strip()}",
+            f"{title} {releases}, {where}" + _captures(text),
+            _unexplained(f"a message {title} prints with {call}() (at {where} in the releases {releases})"),
+            _read_source(link, url, "`nvidia-container-cli -k -d /dev/tty info` on the host shows what the "
+                         "runtime's hook sees"), link))
+    return found
+
+
 class Said:
     """The catalogues as matchers: `words` for the engine's screen, `match` for a line."""
 
@@ -298,13 +371,15 @@ class Said:
         """The matchers of the NCCL, CUDA, torch.distributed, launcher and package (DeepSpeed, Triton)
         catalogues (any may be absent)."""
         matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {}) + python_matchers(torch or {})
-        matchers += [m for data in launchers for m in launcher_matchers(data)]
+        matchers += [m for data in launchers for m in (launcher_matchers(data) if str(data.get("component")) in LAUNCHERS
+                                                       else container_matchers(data))]
         matchers += [m for data in packages for m in python_matchers(data, str(data.get("component")))]
         words = [WARN_WORD] if nccl else []
-        words += [w for data in launchers for w in LAUNCHERS[str(data.get("component"))][2]]
+        words += [w for data in launchers for w in LAUNCHERS.get(str(data.get("component")), ("", "", ()))[2]]
+        words += [CLI_WORD] if any(m.component == "libnvidia-container" for m in matchers) else []
         words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
         words += ["cudaError", "CUDA_ERROR_"] if cuda else []
-        words += [key_of(m.text) for m in matchers if m.component in PYTHON]  # no common prefix: each one's own
+        words += [key_of(m.text) for m in matchers if m.component in PYTHON or m.component == "container-toolkit"]  # no common prefix: each one's own
         return cls(matchers, words)
 
     def match(self, line: str) -> Optional[tuple[int, re.Match]]:
@@ -344,13 +419,13 @@ def load_said(directory: Optional[Path] = None) -> Optional[Said]:
     """The catalogues envbuild ships (or those in `directory`) as matchers; None without any."""
     folder = (directory or matrices_dir()) / CATALOGUES
     nccl, cuda, torch = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml"), _read(folder / "torch.yaml")
-    launchers = [_read(folder / f"{name}.yaml") for name in LAUNCHERS]
+    launchers = [_read(folder / f"{name}.yaml") for name in (*LAUNCHERS, *CONTAINERS)]
     packages = [_read(folder / f"{name}.yaml") for name in PACKAGES]
     if nccl is None and cuda is None and torch is None and not any(launchers) and not any(packages):
         return None
     try:
         return Said.of(*(data if isinstance(data, dict) else None for data in (nccl, cuda, torch)),
-                       tuple({**data, "component": name} for name, data in zip(LAUNCHERS, launchers)
+                       tuple({**data, "component": name} for name, data in zip((*LAUNCHERS, *CONTAINERS), launchers)
                              if isinstance(data, dict)),
                        tuple({**data, "component": name} for name, data in zip(PACKAGES, packages)
                              if isinstance(data, dict)))
@@ -370,7 +445,8 @@ def released_in(spans: str, order: list[str]) -> set[str]:
 
 
 TITLES = {"nccl": "NCCL", **{name: spec[0] for name, spec in LAUNCHERS.items()},
-          **{name: spec[1] for name, spec in PYTHON.items()}}  # a component as drift names it
+          **{name: spec[1] for name, spec in PYTHON.items()},
+          **{name: spec[0] for name, spec in CONTAINERS.items()}}  # a component as drift names it
 
 
 def wording_regex(component: str, text: str) -> str:
@@ -378,6 +454,8 @@ def wording_regex(component: str, text: str) -> str:
     (a launcher's own conversions as %s; of a Python package's multi-line message, its fullest line)."""
     if component in LAUNCHERS:
         return to_regex(printed(_torch_line(text)))
+    if component == "container-toolkit":
+        return to_regex(go_printed(_torch_line(text)))
     return to_regex(_torch_line(text) if component in PYTHON else text)
 
 

@@ -89,14 +89,15 @@ class Case(BaseModel):
     certainty: Optional[Literal["certain", "likely"]] = None
 
 
-QUOTED = ("nccl", "slurm", "enroot", "pyxis", "torch", "deepspeed", "triton")  # catalogues a quote can name
+QUOTED = ("nccl", "slurm", "enroot", "pyxis", "torch", "deepspeed", "triton", "container-toolkit",
+          "libnvidia-container")  # catalogues a quote can name (a field's name has `_` for `-`)
 
 
 class Quote(BaseModel):
     """A component's message a signature stands for: its format string exactly as the component's
     catalogue (matrices/catalogues/NAME.yaml) has it, under the component's name (`nccl:`,
     `slurm:`, `pyxis:`, `triton:`, ...: exactly one), and a line the component prints with it."""
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     nccl: Optional[str] = None
     slurm: Optional[str] = None
     enroot: Optional[str] = None
@@ -104,24 +105,26 @@ class Quote(BaseModel):
     torch: Optional[str] = None
     deepspeed: Optional[str] = None
     triton: Optional[str] = None
+    container_toolkit: Optional[str] = Field(None, alias="container-toolkit")
+    libnvidia_container: Optional[str] = Field(None, alias="libnvidia-container")
     line: str
     message: str = ""  # the message this wording is of (its wordings over the releases share the name)
     until: Optional[str] = None  # the last release that prints the message at all (it was removed after)
 
     @model_validator(mode="after")
     def _one_component(self):
-        named = [name for name in QUOTED if getattr(self, name) is not None]
+        named = [name for name in QUOTED if getattr(self, name.replace("-", "_")) is not None]
         if len(named) != 1:
             raise ValueError(f"a quote names exactly one component's wording ({', '.join(QUOTED)}), not {named or 'none'}")
         return self
 
     @property
     def component(self) -> str:
-        return next(name for name in QUOTED if getattr(self, name) is not None)
+        return next(name for name in QUOTED if getattr(self, name.replace("-", "_")) is not None)
 
     @property
     def text(self) -> str:
-        return getattr(self, self.component)
+        return getattr(self, self.component.replace("-", "_"))
 
 
 class Family(BaseModel):

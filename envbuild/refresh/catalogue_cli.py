@@ -14,6 +14,7 @@ import click
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.resources import CATALOGUES, matrices_dir
 from envbuild.refresh import (
+    container_catalogue,
     cuda_catalogue,
     launcher_catalogue,
     nccl_catalogue,
@@ -85,6 +86,23 @@ def refresh_launcher(name: str, source: Path, directory: Path, progress=lambda _
             launcher_catalogue.summary(component, nccl_catalogue.parse(old_text, path), new))
 
 
+def refresh_container(name: str, source: Path, directory: Path, toolkit: Optional[str],
+                      progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
+    """The container toolkit's or libnvidia-container's catalogue from fetched sources (libnvidia-container's at
+    the commits the toolkit's releases pin, read from `toolkit`)."""
+    spec = container_catalogue.component(name)
+    path = directory / CATALOGUES / f"{name}.yaml"
+    old_text = _old(path)
+    sources = container_catalogue.open_sources(name, source, Path(toolkit) if toolkit else None)
+    new = container_catalogue.derive(spec, sources, progress)
+    if not new["releases"]:
+        raise EnvbuildError(f"--{name}-source {source} holds no release of the {spec.title} release lines "
+                            f"{', '.join(spec.lines)}: give a clone of {spec.url} with its tags"
+                            + (" (and the commits the toolkit's releases pin)." if name != "container-toolkit" else "."))
+    return (writer.FileChange(path, old_text, container_catalogue.render(spec, new)),
+            container_catalogue.summary(spec, nccl_catalogue.parse(old_text, path), new))
+
+
 def refresh_package(name: str, archives: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
     """A package's catalogue (DeepSpeed from its sdists, Triton from its wheels) for the releases the matrix ships."""
     pkg = package_catalogue.package(name)
@@ -102,19 +120,22 @@ def refresh_package(name: str, archives: Path, directory: Path, progress=lambda 
 
 def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress,
                 torch_wheels: Optional[str] = None, launchers: Optional[dict] = None,
-                packages: Optional[dict] = None) -> list:
+                packages: Optional[dict] = None, containers: Optional[dict] = None) -> list:
     launchers = {name: path for name, path in (launchers or {}).items() if path}
+    containers = containers or {}
     packages = {name: path for name, path in (packages or {}).items() if path}
-    if not source and not wheels and not torch_wheels and not launchers and not packages:
+    if not source and not wheels and not torch_wheels and not launchers and not packages and not any(containers.values()):
         raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), --torch-wheels "
                             "(torch wheels), --slurm-source, --enroot-source, --pyxis-source, --deepspeed-sdists, "
-                            "--triton-wheels, or several.")
+                            "--triton-wheels, --container-toolkit-source, --libnvidia-container-source, or several.")
     if (source or wheels) and not (directory / "nccl.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
     done = [refresh_catalogue(Path(source), directory, progress)] if source else []
     done += [refresh_cuda(Path(wheels), directory)] if wheels else []
     done += [refresh_torch(Path(torch_wheels), directory, progress)] if torch_wheels else []
     done += [refresh_launcher(name, Path(path), directory, progress) for name, path in launchers.items()]
+    done += [refresh_container(name, Path(path), directory, containers.get("container-toolkit"), progress)
+             for name, path in containers.items() if path]
     return done + [refresh_package(name, Path(path), directory, progress) for name, path in packages.items()]
 
 
@@ -126,6 +147,18 @@ def _launcher_sources(command):
             f"--{c.name}-source", type=click.Path(file_okay=False, exists=True),
             help=f"{c.title}'s sources: a git clone (or mirror) of {c.url.removeprefix('https://')} with its tags, "
                  f"or saved sources with a tags.txt.")(command)
+    return command
+
+
+def _container_sources(command):
+    """--container-toolkit-source and --libnvidia-container-source (container_catalogue's components)."""
+    for c in reversed(list(container_catalogue.COMPONENTS.values())):
+        command = click.option(
+            f"--{c.name}-source", type=click.Path(file_okay=False, exists=True),
+            help=f"{c.title}'s sources: a git clone (or mirror) of {c.url.removeprefix('https://')} with its tags"
+                 + (", or saved sources with a tags.txt." if c.name == "container-toolkit" else
+                    " (a fork holding upstream's commits will do) read at the commits the toolkit's releases pin "
+                    "(give --container-toolkit-source too), or saved sources with a tags.txt."))(command)
     return command
 
 
@@ -145,27 +178,30 @@ def _launcher_sources(command):
 @click.option("--triton-wheels", type=click.Path(file_okay=False, exists=True),
               help="A directory of Triton wheels, one per release the locks pin, with a sha256 they pin (pip download "
                    "--no-deps): its compiler and runtime.")
+@_container_sources
 @click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
               callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
               help="Matrix directory whose nccl.yaml and locks name the releases (default: the built-in one).")
 def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels: Optional[str],
                       slurm_source: Optional[str], enroot_source: Optional[str], pyxis_source: Optional[str],
-                      deepspeed_sdists: Optional[str], triton_wheels: Optional[str], write: bool,
-                      matrix_dir: Optional[str]):
+                      deepspeed_sdists: Optional[str], triton_wheels: Optional[str], container_toolkit_source: Optional[str],
+                      libnvidia_container_source: Optional[str], write: bool, matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
     per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
     pinned CUDA runtime wheels, and what torch.distributed's Python raises or logs as an error
     from torch wheels, what Slurm (srun, slurmstepd, PMI/PMIx), enroot and pyxis print from
     their sources, and what DeepSpeed's launcher and op loading and Triton's compiler and runtime
-    raise from their PyPI sdists and wheels; show the diff, or --write it.
+    raise from their PyPI sdists and wheels, and what the NVIDIA Container Toolkit and
+    libnvidia-container print from their sources; show the diff, or --write it.
 
     Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
     given; 2: a source cannot be read or an input is bad."""
     directory = Path(matrix_dir) if matrix_dir else matrices_dir()
     launchers = {"slurm": slurm_source, "enroot": enroot_source, "pyxis": pyxis_source}
     done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels,
-                       launchers, {"deepspeed": deepspeed_sdists, "triton": triton_wheels})
+                       launchers, {"deepspeed": deepspeed_sdists, "triton": triton_wheels},
+                       {"container-toolkit": container_toolkit_source, "libnvidia-container": libnvidia_container_source})
     for line in [line for _, facts in done for line in facts]:
         click.echo(f"  {line}", err=True)
     changed = [change for change, _ in done if change.changed]

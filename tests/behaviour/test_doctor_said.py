@@ -125,6 +125,22 @@ LAUNCHER_LINE = {"error": "srun: error: ", "fatal": "srun: fatal: ", "slurm_erro
                  "PMIXP_ERROR_NO": "slurmstepd: error:  mpi/pmix_v4: f: host [0]: x.c:1: ",
                  "PMIXP_ABORT": "slurmstepd: error:  mpi/pmix_v4: f: host [0]: x.c:1: ",
                  "common::err": "[ERROR] ", "common::log": "[ERROR] ", "err": "enroot-mount: ", "errx": "enroot-mount: "}
+# How the container stack's messages reach a log: nvidia-container-cli's own (warnx ...) after its name, the
+# library's inside one of them; the toolkit's Go errors chained after the runtime's.
+CONTAINER_LINE = {"libnvidia-container": ("nvidia-container-cli: ", "nvidia-container-cli: mount error: "),
+                  "container-toolkit": ("failed to create NVIDIA Container Runtime: ",) * 2}
+
+
+def container_line(component: str, message: dict) -> str:
+    """A line the container stack prints with a catalogued wording (sample values filled in)."""
+    from envbuild.doctor.said import CONTAINERS, CONVERSION, _torch_line, go_printed
+    own, inner = CONTAINER_LINE[component]
+    prefix = own if message["call"] in ("warnx", "warn", "errx", "err") else inner
+    text = go_printed(_torch_line(message["text"])) if component == "container-toolkit" else message["text"]
+    suffix = CONTAINERS[component][2].get(message["call"], ("", ""))[1]
+    return prefix + CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), text + suffix)
+
+
 SAMPLE = {"s": "x", "d": "0", "i": "0", "u": "0", "x": "1a", "X": "1A", "p": "0x1", "f": "1.0", "g": "1.0", "c": "c", "%": "%"}
 
 
@@ -153,7 +169,7 @@ def catalogue_share() -> list[tuple[str, int, int]]:
     each wording with sample values, or the error's name), of all catalogued."""
     import re
 
-    from envbuild.doctor.said import CONVERSION, LAUNCHERS, PYTHON, TORCH_REPORTED, _torch_line, printed
+    from envbuild.doctor.said import CONTAINERS, CONVERSION, LAUNCHERS, PYTHON, TORCH_REPORTED, _torch_line, printed
     patterns = [re.compile(i.pattern) for i in ISSUES]
     nccl = yaml.safe_load((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
     cuda = yaml.safe_load((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
@@ -174,6 +190,10 @@ def catalogue_share() -> list[tuple[str, int, int]]:
             if m["level"] in TORCH_REPORTED:
                 text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), _torch_line(m["text"]))
                 lines.setdefault(f"{title} {m['level']} messages", []).append(text)
+    for name, (title, levels, _) in CONTAINERS.items():
+        for m in yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
+            if m["level"] in levels:
+                lines.setdefault(f"{title} {m['level']} messages", []).append(container_line(name, m))
     return [(label, len(set(texts)), sum(any(p.search(t) for p in patterns) for t in set(texts)))
             for label, texts in sorted(lines.items())]
 

@@ -144,8 +144,10 @@ def _renderings(component: str) -> dict[str, str]:
     """Each wording of a component's catalogue as a line it prints (sample values filled in, after
     what prints it), by the wording."""
     from envbuild.doctor.said import CONVERSION, LAUNCHERS, PYTHON, _torch_line, printed
-    from test_doctor_said import LAUNCHER_LINE, SAMPLE
+    from test_doctor_said import LAUNCHER_LINE, SAMPLE, container_line
     lines = {}
+    if component in ("container-toolkit", "libnvidia-container"):
+        return {str(m["text"]): container_line(component, m) for m in CATALOGUES[component]["messages"]}
     for m in CATALOGUES[component]["messages"]:
         text = printed(m["text"]) if component in LAUNCHERS else m["text"]
         text = _torch_line(text) if component in LAUNCHERS or component in PYTHON else text
@@ -166,3 +168,30 @@ def test_a_signature_whose_pattern_matches_a_catalogued_wording_quotes_it(compon
         unquoted += [f"{issue.id}: {text!r}" for text, line in _renderings(component).items()
                      if text not in quoted and pattern.search(line)]
     assert unquoted == []
+
+
+def test_container_runtime_no_driver_s_old_pattern_misses_what_libnvidia_container_prints_today():
+    """libnvidia-container renamed its driver service's error in 2021 (`driver error:` became `%s rpc error`,
+    src/rpc.h): every release the toolkit 1.14 to 1.17 pins prints `driver rpc error: ...`, which the
+    pattern before this check did not match."""
+    old = by_id("container-runtime-no-driver").model_copy(update={"pattern": (
+        r'nvidia-container-cli: initialization error: (?P<reason>nvml error: driver not loaded|driver error: '
+        r'[^:\\"]+|load library failed: [^:\\"]+)')})
+    problems = "\n".join(drift([old], CATALOGUES))
+    assert "libnvidia-container 1.14.3, 1.15.0, 1.16.2, 1.17.2 print '%s rpc error'" in problems
+
+
+def test_container_cuda_requirement_s_old_pattern_misses_the_toolkit_s_own_check():
+    """The toolkit checks NVIDIA_REQUIRE_CUDA itself in CSV mode (Jetson): `requirements not met:
+    unsatisfied condition: cuda>=X (cuda=Y)`, which only nvidia-container-cli's wording matched before."""
+    old = by_id("container-cuda-requirement").model_copy(update={
+        "pattern": r"nvidia-container-cli: requirement error: unsatisfied condition: cuda\s*>=\s*[\d.]+"})
+    problems = "\n".join(drift([old], CATALOGUES))
+    assert "'unsatisfied condition: %v (%v)'" in problems and "its pattern does not match it" in problems
+
+
+def test_a_quote_of_the_container_stack_names_its_component_with_a_hyphen():
+    quote = Quote.model_validate({"libnvidia-container": "nvml error", "line": "x"})
+    assert (quote.component, quote.text) == ("libnvidia-container", "nvml error")
+    with pytest.raises(ValueError, match="exactly one component"):
+        Quote.model_validate({"libnvidia-container": "a", "container-toolkit": "b", "line": "x"})

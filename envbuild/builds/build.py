@@ -112,14 +112,28 @@ def build_image(build_dir: Path, readable_tag: str, repo: str, secrets: BuildSec
     log_path = build_dir / LOG_NAME
     tags = [f"{repo}:{readable_tag}", f"{repo}:{content_tag(readable_tag, build_dir)}"]
     start = time.monotonic()
+    staged = False
     if cache:
         extra_args = (*cache.args(), *extra_args)
-        _build_stage(engine, build_dir, cache, secrets, log_path, on_step, extra_args, say)
+        staged = _build_stage(engine, build_dir, cache, secrets, log_path, on_step, extra_args, say)
     try:
         outcome = engine.build(build_dir, tags, secrets, log_path, on_step=on_step, extra_args=extra_args)
     except BuildFailed as failed:
         raise _failed(failed, log_path) from None
+    finally:
+        if staged:
+            _untag(engine, cache.builder)
     return BuildResult(outcome.image_id, tags, log_path, time.monotonic() - start, outcome.steps)
+
+
+def _untag(engine: Engine, ref: str) -> None:
+    """The builder stage's tag goes once the image is built: until then it holds the stage's
+    layers, so the engine's build-cache collector cannot free what the runtime stage's COPY
+    --from=builder reads (the layers stay in the build cache; the tag was for the push)."""
+    try:
+        engine.untag(ref)
+    except Exception:  # another engine's untag, or gone already: nothing to free
+        pass
 
 
 def _failed(failed: BuildFailed, log_path: Path) -> EnvbuildError:
@@ -129,12 +143,13 @@ def _failed(failed: BuildFailed, log_path: Path) -> EnvbuildError:
 
 
 def _build_stage(engine: Engine, build_dir: Path, cache: LayerCache, secrets: BuildSecrets, log_path: Path,
-                 on_step, extra_args: tuple[str, ...], say: Callable[[str], None]) -> None:
+                 on_step, extra_args: tuple[str, ...], say: Callable[[str], None]) -> bool:
     """The builder stage on its own, tagged and pushed as its cache image; the whole build after
     it takes that stage from the engine's own cache. A push that fails costs the next run its
-    compiles, never this run its image: it is said, and the build goes on."""
+    compiles, never this run its image: it is said, and the build goes on. True when the stage
+    was tagged (the caller untags it after the whole build)."""
     if f" AS {BUILDER_STAGE}\n" not in (build_dir / "Dockerfile").read_text():
-        return
+        return False
     try:
         engine.build(build_dir, [cache.builder], secrets, log_path.with_name(STAGE_LOG_NAME), on_step=on_step,
                      extra_args=("--target", BUILDER_STAGE, *extra_args))
@@ -145,11 +160,10 @@ def _build_stage(engine: Engine, build_dir: Path, cache: LayerCache, secrets: Bu
         say(f"layer cache: the builder stage is {cache.builder}")
     except (EnvbuildError, RegistryError) as e:
         say(f"warning: layer cache: {cache.builder} was not pushed ({e.message}); the next run builds this stage again")
-    finally:
-        try:
-            engine.untag(cache.builder)  # the stage's layers stay in the build cache; the tag was for the push
-        except Exception:  # another engine's untag, or gone already: nothing to free
-            pass
+    except BaseException:  # Ctrl-C during the push: the tag goes with the run
+        _untag(engine, cache.builder)
+        raise
+    return True
 
 
 def check_compile_cache(secrets: BuildSecrets, timeout: float = 5.0) -> None:

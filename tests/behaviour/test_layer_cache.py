@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT, run_here
 from envbuild.supply import jobplan
 from envbuild.builds.build import LayerCache, build_image
-from envbuild.engine import BuildOutcome, BuildSecrets, RegistryError
+from envbuild.base.errors import EnvbuildError
+from envbuild.engine import BuildFailed, BuildOutcome, BuildSecrets, RegistryError
 from envbuild.knowledge.matrix import load_matrix
 
 CACHE = LayerCache(builder="127.0.0.1:5000/envbuild-cache:t-amd64-builder", final="127.0.0.1:5000/envbuild:t-amd64")
@@ -52,15 +53,32 @@ def test_the_builder_stage_is_built_pushed_and_both_references_imported(build_di
     build_image(build_dir, "t", "envbuild", BuildSecrets(), engine=engine, cache=CACHE, say=said.append)
     imports = ["--build-arg", "BUILDKIT_INLINE_CACHE=1", "--cache-from", CACHE.builder, "--cache-from", CACHE.final]
     assert engine.calls[0] == ("build", [CACHE.builder], ["--target", "builder", *imports])
-    assert engine.calls[1:3] == [("push", CACHE.builder), ("untag", CACHE.builder)]
-    assert engine.calls[3][0] == "build" and engine.calls[3][2] == imports and len(engine.calls) == 4
+    assert engine.calls[1] == ("push", CACHE.builder)
+    assert engine.calls[2][0] == "build" and engine.calls[2][2] == imports
+    # The stage's tag holds its layers until the image is built: the engine's build-cache
+    # collector cannot free what the runtime stage's COPY --from=builder reads in between.
+    assert engine.calls[3:] == [("untag", CACHE.builder)]
     assert said == [f"layer cache: the builder stage is {CACHE.builder}"]
+
+
+def test_the_builder_stage_tag_goes_when_the_image_build_fails_too(build_dir):
+    class Failing(Engine):
+        def build(self, context, tags, secrets, log_path, on_step=None, extra_args=()):
+            out = super().build(context, tags, secrets, log_path, on_step, extra_args)
+            if "--target" not in extra_args:
+                raise BuildFailed("[runtime  8/12] COPY --from=builder /opt/venv /opt/venv", ["ERROR: no space"])
+            return out
+
+    engine = Failing()
+    with pytest.raises(EnvbuildError, match="COPY --from=builder"):
+        build_image(build_dir, "t", "envbuild", BuildSecrets(), engine=engine, cache=CACHE)
+    assert engine.calls[-1] == ("untag", CACHE.builder)
 
 
 def test_a_cache_that_cannot_be_pushed_is_said_and_the_image_still_built(build_dir):
     engine, said = Engine(push_error=RegistryError("denied: requested access to the resource is denied", "r")), []
     result = build_image(build_dir, "t", "envbuild", BuildSecrets(), engine=engine, cache=CACHE, say=said.append)
-    assert result.image_id.startswith("sha256:") and engine.calls[-1][0] == "build"
+    assert result.image_id.startswith("sha256:") and [c[0] for c in engine.calls] == ["build", "push", "build", "untag"]
     assert said and said[0].startswith("warning: layer cache:") and "denied" in said[0]
 
 

@@ -412,7 +412,9 @@ def audit_libraries(entry: dict, arch_list: str, cuobjdump: str) -> dict:
         fail(f"{entry['name']}: the wheel has no compiled library: the build compiled nothing")
     if not libs:
         return {"libraries": {}, "problems": [], "summary": "pure Python"}
-    audit = sass_audit.audit(libs, arch_list, cuobjdump, require_device_code=entry.get("device_code", True))
+    audit = (sass_audit.audit(libs, arch_list, cuobjdump, require_device_code=entry.get("device_code", True))
+             if cuobjdump else {"libraries": {lib.name: [] for lib in libs}, "problems": [],
+                                "summary": "host code only: no device code to list (no cuobjdump here)"})
     spec_origin = importlib.util.find_spec("torch")
     known = sass_audit.torch_symbols(Path(spec_origin.origin).parent / "lib") if spec_origin else None
     if known is not None:
@@ -445,7 +447,10 @@ def main(spec_path: str) -> None:
         needed = sorted({n for e in spec["extensions"] for n in (*e["requires"], *e["build_requires"])})
         if needed:
             pip("install", *needed)
-    cuobjdump = sass_audit.find_cuobjdump(spec["cuda_home"])
+    # only device code needs cuobjdump (render's rule ext-audit): a pure-Python wheel (FA4) or a
+    # host-only library (TE's binding) is checked without it where the toolchain has none
+    audited = any(e.get("device_code", True) for e in spec["extensions"])
+    cuobjdump = sass_audit.find_cuobjdump(spec["cuda_home"]) if audited else sass_audit.which_cuobjdump(spec["cuda_home"])
     for entry in spec["extensions"]:
         work = Path(tempfile.mkdtemp(prefix=f"ext-{entry['name']}-", dir=os.environ.get("ENVBUILD_TMP")))
         lock_lines += install_requires_lock(entry, work)

@@ -56,13 +56,18 @@ def parse_listing(text: str) -> list[str]:
     return sorted(codes)
 
 
-def find_cuobjdump(cuda_home: str = "") -> str:
+def which_cuobjdump(cuda_home: str = "") -> str:
     """cuobjdump from the toolchain (CUDA_HOME/bin: the NVIDIA devel image, or PyPI's
-    nvidia-cuda-cuobjdump wheel installed with the toolchain), else on PATH."""
+    nvidia-cuda-cuobjdump wheel installed with the toolchain), else on PATH; "" if none."""
     for candidate in ([os.path.join(cuda_home, "bin", "cuobjdump")] if cuda_home else []) + ["/usr/local/cuda/bin/cuobjdump"]:
         if os.access(candidate, os.X_OK):
             return candidate
-    found = shutil.which("cuobjdump")
+    return shutil.which("cuobjdump") or ""
+
+
+def find_cuobjdump(cuda_home: str = "") -> str:
+    """cuobjdump (which_cuobjdump), or the build fails naming what installs it."""
+    found = which_cuobjdump(cuda_home)
     if not found:
         print("envbuild: SASS audit FAILED: no cuobjdump in CUDA_HOME/bin or on PATH: the toolchain step "
               "installs it (bases.yaml toolchains)", file=sys.stderr)

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.files import read_text, write_owned
 from envbuild.knowledge import rules
-from envbuild.knowledge.lock import lock_path, stack_lock
+from envbuild.knowledge.lock import ext_lock, lock_path, stack_lock
 from envbuild.knowledge.matrix import Matrix
 from envbuild.knowledge.oslock import os_lock_path
 from envbuild.render.jobs import Job, job_script
@@ -223,7 +223,10 @@ def extension_fits(m: Matrix, ext) -> tuple[list[str], list[str], dict[str, str]
                 lock = stack_lock(m, s, arch)
             except EnvbuildError:
                 lock = None
-            rejections = rules.extension_rejections(m, s, ext, arch, set(lock.pins()) if lock else None)
+            # the stack's lock and the extension's own (matrices/locks/ext), as a render reads them
+            own = ext_lock(m, ext, s, arch, lock)
+            locked = {*lock.pins(), *(own.pins() if own else ())} if lock else None
+            rejections = rules.extension_rejections(m, s, ext, arch, locked)
             if rejections:
                 why += [f"[{r.rule}] {r.message}" for r in rejections if f"[{r.rule}] {r.message}" not in why]
             else:

@@ -88,19 +88,25 @@ def uv_version() -> str:
     return out.stdout.strip() or "uv (unknown version)"
 
 
-def _uv_config(inputs: LockInputs, directory: Path) -> Path:
-    """A uv.toml giving DeepSpeed's requirements as static metadata (uv cannot build it)."""
+def _uv_config(metadata: tuple[tuple[str, str, tuple[str, ...]], ...], directory: Path) -> Path:
+    """A uv.toml giving each (name, version, requirements) as the package's static metadata: an
+    sdist whose setup.py imports torch (DeepSpeed, mamba-ssm), which uv cannot build."""
     # TOML basic strings are JSON strings (json.dumps escapes what TOML needs escaped).
-    requires = ", ".join(json.dumps(r) for r in inputs.deepspeed_requires)
     path = directory / "uv.toml"
-    path.write_text("[[dependency-metadata]]\n"
-                    f"name = \"deepspeed\"\nversion = {json.dumps(inputs.deepspeed)}\nrequires-dist = [{requires}]\n")
+    path.write_text("".join("[[dependency-metadata]]\n"
+                            f"name = {json.dumps(name)}\nversion = {json.dumps(version)}\n"
+                            f"requires-dist = [{', '.join(json.dumps(r) for r in requires)}]\n"
+                            for name, version, requires in metadata))
     return path
 
 
 def compile_requirements(requirements: tuple[str, ...], inputs: LockInputs, exclude_newer: str, directory: Path,
-             constraints: Optional[Path] = None) -> str:
-    """Run `uv pip compile` and return its output (no header)."""
+                         constraints: Optional[Path] = None,
+                         metadata: tuple[tuple[str, str, tuple[str, ...]], ...] = (),
+                         wheels_only_but: Optional[str] = None) -> str:
+    """Run `uv pip compile` and return its output (no header). `metadata`: packages' requirements
+    given as data (besides DeepSpeed's); `wheels_only_but`: every package a wheel except this one
+    (an extension lock: nothing of its closure may compile in the image)."""
     source = directory / "requirements.in"
     source.write_text("".join(r + "\n" for r in requirements))
     # uv: --index-url is the last resort, each --extra-index-url is searched before it.
@@ -109,10 +115,14 @@ def compile_requirements(requirements: tuple[str, ...], inputs: LockInputs, excl
                "--no-header", "--python-version", inputs.python, "--python-platform", inputs.platform,
                "--exclude-newer", exclude_newer, "--index-url", default,
                *(word for url in extra for word in ("--extra-index-url", url))]
-    if inputs.deepspeed_requires:
-        command += ["--config-file", str(_uv_config(inputs, directory))]
+    metadata = (*((("deepspeed", inputs.deepspeed, inputs.deepspeed_requires),) if inputs.deepspeed_requires else ()),
+                *metadata)
+    if metadata:
+        command += ["--config-file", str(_uv_config(metadata, directory))]
     if constraints is not None:
         command += ["--constraint", str(constraints)]
+    if wheels_only_but is not None:
+        command += ["--only-binary", ":all:", *(("--no-binary", wheels_only_but) if wheels_only_but else ())]
     # Only what the lock says counts: no uv.toml of the user or the machine, no UV_* setting
     # (UV_EXTRA_INDEX_URL would add an index; inside an envbuild image UV_CONSTRAINT is the guard).
     env = {name: value for name, value in os.environ.items() if not name.startswith("UV_")}
@@ -277,35 +287,62 @@ def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str
 # ---------------------------------------------------------------- an extension's lock
 
 
-def locked_extensions(matrix, stack, arch: str, stack_lock_) -> list:
-    """The extensions installed from a PyPI wheel (FA4, Transformer Engine's core) that fit the
-    stack on `arch` and need something its lock does not hold: each gets a lock of its own.
-    (An sdist-built extension's requirements would need its metadata, which uv can only get by
-    running its setup.py against torch: not locked yet.)"""
-    have = set(stack_lock_.pins())
-    return [e for e in matrix.extensions.values()
-            if e.sdist is None and not e.unbuildable and arch in e.cpu_arch
+def _fits(matrix, e, stack, arch: str) -> bool:
+    """The extension can be in the stack's image on `arch`, installed from a wheel that fits or
+    from its sdist with its install_requires given as data (uv cannot read them otherwise)."""
+    return (not e.unbuildable and arch in e.cpu_arch
             and all(rules.contains(spec, v) for spec, v in ((e.torch, stack.torch), (e.cuda, stack.cuda),
-                                                             (e.python, stack.python)))
-            and rules.extension_wheel(e, stack, arch)[0] is not None
+                                                            (e.python, stack.python)))
+            and rules.glibc_rejection(matrix, stack, e, arch) is None
+            and (_wheel(e, stack, arch) is not None or (e.sdist is not None and e.requires_dist is not None)))
+
+
+def _wheel(e, stack, arch: str):
+    return rules.extension_wheel(e, stack, arch)[0] if e.wheels else None
+
+
+def _needed(matrix, ext, stack) -> list:
+    """The extensions `ext` needs that fit the stack (TE's binding: the core of its CUDA major)."""
+    return [matrix.extensions[n] for need in ext.needs for n in rules.extension_needs(need)
+            if n in matrix.extensions and rules.contains(matrix.extensions[n].cuda, stack.cuda)]
+
+
+def locked_extensions(matrix, stack, arch: str, stack_lock_) -> list:
+    """The extensions that fit the stack on `arch` and need something its lock does not hold, each
+    of which gets a lock of its own: those installed from a PyPI wheel (FA4, Transformer Engine's
+    core), and those compiled from an sdist whose install_requires extensions.yaml gives
+    (mamba-ssm, TE's binding); an extension another needs comes first (its pins constrain)."""
+    have = set(stack_lock_.pins())
+    exts = [e for e in matrix.extensions.values() if _fits(matrix, e, stack, arch)
             and any(rules.requirement_name(r) not in have for r in rules.extension_requirements(e, stack))]
+    needed = {n.name for e in exts for n in _needed(matrix, e, stack)}
+    return sorted(exts, key=lambda e: e.name not in needed)
 
 
-def write_ext_lock(ext, stack, inputs: LockInputs, stack_text: str, exclude_newer: str) -> str:
+def write_ext_lock(ext, stack, inputs: LockInputs, stack_text: str, exclude_newer: str,
+                   needed: tuple[tuple[str, str, str], ...] = ()) -> str:
     """The lock of what `ext` needs beyond the stack's lock: uv resolves the extension's own
-    release (its wheel's Requires-Dist, with their bounds) and its CUDA major's requirements with
-    every package of the stack's [venv] as a constraint, for the stack's Python, CPU and glibc, as
-    of the stack lock's date; what the stack lock already holds, and the extension itself
-    (installed by its own hash from extensions.yaml), are left out."""
+    release (its wheel's Requires-Dist, or for an sdist its install_requires from extensions.yaml
+    as static metadata) and its CUDA major's requirements, wheels only, with every package of the
+    stack's [venv] as a constraint, for the stack's Python, CPU and glibc, as of the stack lock's
+    date; what the stack lock already holds, and the extension itself and those it needs
+    (installed by their own hash from extensions.yaml), are left out. `needed`: (name, version,
+    lock text) of each extension it needs, whose pins constrain it too."""
     stack_lock_ = parse_lock(stack_text)
-    requirements = (f"{ext.name}=={ext.version}", *ext.requires_by_cuda.get(stack.cuda.split(".")[0], []))
+    major = stack.cuda.split(".")[0]
+    requirements = (f"{ext.name}=={ext.version}", *ext.requires_by_cuda.get(major, []))
+    sdist = _wheel(ext, stack, inputs.arch) is None
+    requires = tuple(r.format(cuda_major=major) for r in ext.requires_dist.requirements) if sdist else ()
+    pins = {**stack_lock_.pins(), **{k: v for _, _, text in needed if text for k, v in parse_lock(text).pins().items()},
+            **{rules.requirement_name(name): version for name, version, _ in needed}}
     with tempfile.TemporaryDirectory(prefix="envbuild-ext-lock-") as tmp:
         directory = Path(tmp)
         constraints = directory / "stack.txt"
-        constraints.write_text("".join(f"{n}=={v}\n" for n, v in stack_lock_.pins().items()))
-        compiled = compile_requirements(requirements, replace(inputs, deepspeed_requires=()),
-                                        exclude_newer, directory, constraints)
-    skip = {*stack_lock_.pins(), rules.requirement_name(ext.name)}
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
+        compiled = compile_requirements(requirements, replace(inputs, deepspeed_requires=()), exclude_newer, directory,
+                                        constraints, metadata=((ext.name, ext.version, requires),) if sdist else (),
+                                        wheels_only_but=ext.name if sdist else "")
+    skip = {*stack_lock_.pins(), rules.requirement_name(ext.name), *(rules.requirement_name(n) for n, _, _ in needed)}
     beyond = "".join(p.block for p in parse_lock("# [venv]\n" + compiled).sections["venv"] if p.key not in skip)
     fields = ext_lock_fields(ext, stack, inputs.arch, stack_lock_)
     lines = [f"# envbuild extension lock: what {ext.name} {ext.version} needs beyond the lock of stack {stack.id} "
@@ -316,18 +353,23 @@ def write_ext_lock(ext, stack, inputs: LockInputs, stack_text: str, exclude_newe
              *(f"# {k}: {v}" for k, v in fields.items()),
              f"# python: {inputs.python}", f"# platform: {inputs.platform}", f"# index: {' '.join(inputs.indexes)}",
              f"# exclude-newer: {exclude_newer}", f"# resolver: {uv_version()}",
-             f"# inputs: {' '.join(requirements)} (constraints: the stack lock's [venv])"]
+             f"# inputs: {' '.join(requirements)} (constraints: the stack lock's [venv]"
+             f"{''.join(f', {n}=={v} and its lock' for n, v, _ in needed)}; wheels only"
+             f"{f' but {ext.name} itself' if sdist else ''})"]
+    if sdist:
+        lines.append(f"# requires-dist: {' '.join(requires)} ({ext.requires_dist.source})")
     return "\n".join(lines) + "\n\n# [venv]\n" + beyond
 
 
 def lock_extensions(matrix, stack, arch: str, inputs: LockInputs, stack_text: str, date: str,
                     check: bool) -> list["LockOutcome"]:
     """Make (or with `check`, compare) the lock of each extension the stack needs one for."""
-    outcomes = []
+    outcomes, made = [], {}
     for ext in locked_extensions(matrix, stack, arch, parse_lock(stack_text)):
         path = ext_lock_path(matrix.directory, ext.name, stack.id, arch)
+        needed = tuple((n.name, n.version, made.get(n.name, "")) for n in _needed(matrix, ext, stack))
         try:
-            text = write_ext_lock(ext, stack, inputs, stack_text, date)
+            text = made[ext.name] = write_ext_lock(ext, stack, inputs, stack_text, date, needed)
         except EnvbuildError as e:
             outcomes.append(LockOutcome(stack.id, arch, path, "failed", f"--ext {ext.name}'s lock: {e}"))
             continue

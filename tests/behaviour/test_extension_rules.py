@@ -131,7 +131,7 @@ def test_each_extension_lock_agrees_with_its_stack_lock_and_every_one_needed_exi
                 assert own is not None, (ext.name, s.id, arch)
                 bindings = {**lock.pins(), **own.pins()}.get("cuda-bindings")
                 assert bindings is None or bindings.split(".")[0] == s.cuda.split(".")[0], (s.id, bindings)
-    assert wanted == set((Path(m.directory) / "locks" / "ext").glob("*.txt")) and len(wanted) == 34
+    assert wanted == set((Path(m.directory) / "locks" / "ext").glob("*.txt")) and len(wanted) == 65
 
 
 def test_an_extension_lock_made_against_another_stack_lock_is_not_used(tmp_path):
@@ -178,4 +178,130 @@ def test_lock_check_finds_a_missing_extension_lock_stale_and_writes_it_with_the_
     assert [(o.state, o.detail) for o in checked] == [("stale", "--ext flash-attn-4: no lock yet")]
     assert not path.exists()
     locking.lock_extensions(m, s, "x86_64", inputs, lock.text, check=False, **kw)
-    assert path.read_text() == want and seen[0] == ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl[cu13]>=4.6.2", "cuda-bindings>=13,<14")
+    assert path.read_text() == want and ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl[cu13]>=4.6.2", "cuda-bindings>=13,<14") in seen
+
+
+# ---------------------------------------------------------------- sdist extensions' own locks, glibc, the audit rule
+
+
+def test_ext_audit_refuses_only_an_extension_with_device_code_to_audit(matrix):
+    """The PyPI toolchain of CUDA 13.0.2 has no cuobjdump: an extension with SASS of its own
+    (flash-attn, TE's core) is refused for it, FA4's pure-Python wheel and TE's host-only binding
+    (device_code: false; their link check needs no cuobjdump) are not."""
+    s = matrix.stack("torch2.11-cu130-py3.11-pypi")
+    audit = {name: [r.message for r in rules.extension_rejections(matrix, s, matrix.extension(name), "x86_64", None)
+                    if r.rule == "ext-audit"] for name in ("flash-attn", "transformer-engine-cu13", "fa4", "te")}
+    assert audit["flash-attn"] and "no cuobjdump before CUDA 13.2" in audit["flash-attn"][0], audit
+    assert audit["transformer-engine-cu13"] and not audit["fa4"] and not audit["te"], audit
+
+
+def test_the_build_step_looks_for_cuobjdump_only_where_there_is_device_code(monkeypatch, tmp_path):
+    """What rule ext-audit lets through builds: a spec whose extensions have no device code of
+    their own does not fail for want of cuobjdump; one with device code still does."""
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "envbuild" / "buildsteps"))
+    spec_ = importlib.util.spec_from_file_location("envbuild_extensions_step_audit", ROOT / "envbuild" / "buildsteps" / "extensions.py")
+    step = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(step)
+    asked = []
+    monkeypatch.setattr(step.sass_audit, "find_cuobjdump", lambda home: asked.append("required") or "/x/cuobjdump")
+    monkeypatch.setattr(step.sass_audit, "which_cuobjdump", lambda home: asked.append("optional") or "")
+    for device_code in (False, True):
+        spec = {"cache": str(tmp_path / "cache"), "locked": True, "cuda_home": "", "arch_list": "9.0",
+                "record": str(tmp_path / "r.json"), "lock": str(tmp_path / "l.txt"),
+                "extensions": [{"name": "x", "device_code": device_code}]}
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        monkeypatch.setattr(step, "install_requires_lock", lambda *a: (_ for _ in ()).throw(SystemExit("stop")))
+        with pytest.raises(SystemExit):
+            step.main(str(tmp_path / "spec.json"))
+    assert asked == ["optional", "required"], asked
+
+
+def test_mamba_ssm_on_aarch64_needs_the_glibc_of_tilelangs_only_wheel(production_matrix, monkeypatch):
+    """tilelang 0.1.8 (mamba-ssm's pin) has one aarch64 wheel, manylinux_2_34: a base image with
+    an older glibc is refused naming both glibcs and the wheel (rule ext-glibc), and gets no
+    extension lock (uv would pick tilelang's sdist, a TVM compile in the image); x86_64 is not."""
+    from envbuild.knowledge.lock import stack_lock
+    from envbuild.resolve.locking import locked_extensions
+
+    m, mamba = production_matrix, production_matrix.extension("mamba-ssm")
+    s = m.stack("torch2.15-cu132-py3.12")
+    lock = stack_lock(m, s, "aarch64")
+    assert mamba in locked_extensions(m, s, "aarch64", lock)
+    assert rules.glibc_rejection(m, s, mamba, "aarch64") is None
+    monkeypatch.setitem(m.bases.families, s.os, m.bases.families[s.os].model_copy(update={"glibc": "2.31"}))
+    why = [r.message for r in rules.extension_rejections(m, s, mamba, "aarch64", None) if r.rule == "ext-glibc"]
+    assert len(why) == 1 and "on aarch64 needs glibc >= 2.34" in why[0] and "has glibc 2.31" in why[0] \
+        and "manylinux_2_34_aarch64" in why[0], why
+    assert not [r for r in rules.extension_rejections(m, s, mamba, "x86_64", None) if r.rule == "ext-glibc"]
+    assert mamba not in locked_extensions(m, s, "aarch64", lock)
+
+
+@pytest.mark.parametrize("asked, fits", [(("causal-conv1d", "mamba-ssm"), "tilelang==0.1.8"),
+                                         (("transformer-engine-cu13", "te"), "onnxscript==")])
+def test_sdist_extensions_render_on_the_newest_locked_stack_with_their_requirements_by_hash(production_matrix, asked, fits):
+    """mamba-ssm's and TE's binding's install_requires (from their setup.py, as data) are in their
+    own locks: rule ext-deps passes on a locked stack, and a package two extension locks hold (the
+    core's and the binding's) is installed once."""
+    r = resolve(production_matrix, Request(gpu="h100", extensions=asked))
+    assert r.lock is not None and r.stack.id == "torch2.15-cu132-py3.12", r.stack.id
+    entries = list(_spec(production_matrix, "h100", asked).values())
+    assert fits in entries[-1]["requires_lock"] and entries[-1]["requires_lock"].count("--hash=sha256:") > 1
+    pins = [line.split(" ")[0].split("==")[0] for e in entries for line in e["requires_lock"].splitlines() if line[:1].isalnum()]
+    assert len(pins) == len(set(pins)), pins
+
+
+def test_an_sdist_extension_lock_gives_uv_its_setup_py_requirements_and_wants_wheels_for_the_rest(tmp_path, monkeypatch):
+    """uv cannot build mamba-ssm's sdist (its setup.py imports torch): its install_requires go
+    to uv as static metadata, every other package must be a wheel, and the lock says both."""
+    from envbuild.knowledge.lock import load_lock
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.resolve import locking
+
+    m = load_matrix()
+    s, mamba = m.stack("torch2.15-cu132-py3.12"), m.extension("mamba-ssm")
+    lock = load_lock(m.directory, s.id, "aarch64")
+    seen = {}
+    monkeypatch.setattr(locking, "compile_requirements", lambda reqs, *a, **k: seen.update(k, reqs=reqs) or "")
+    monkeypatch.setattr(locking, "uv_version", lambda: "uv (stub)")
+    inputs = locking.lock_inputs(m, s, ([], "n/a"), "aarch64")
+    text = locking.write_ext_lock(mamba, s, inputs, lock.text, "2026-11-22T00:00:00Z", (("causal-conv1d", "1.7.0", ""),))
+    assert seen["metadata"] == (("mamba-ssm", "2.3.2.post1", tuple(mamba.requires_dist.requirements)),)
+    assert seen["wheels_only_but"] == "mamba-ssm" and seen["reqs"][0] == "mamba-ssm==2.3.2.post1"
+    assert "# requires-dist: torch packaging ninja einops triton>=3.5.0 transformers tilelang==0.1.8" in text
+    assert "setup.py lines 395-406" in text and "wheels only but mamba-ssm itself" in text
+
+
+def test_requires_dist_must_name_what_requires_names(production_matrix):
+    from pydantic import ValidationError
+
+    from envbuild.knowledge.matrix.files.extensions_yaml import CudaExtension
+
+    data = production_matrix.extension("mamba-ssm").model_dump(exclude_defaults=True)
+    data["requires_dist"]["requirements"] = [r for r in data["requires_dist"]["requirements"] if r != "transformers"]
+    with pytest.raises(ValidationError, match=r"requires_dist names .* they must agree"):
+        CudaExtension.model_validate(data)
+
+
+@pytest.mark.parametrize("gpu, ext, why", [("a100", "flash-attn-3", "needs compute capability >= 9.0 and a100 is sm_80"),
+                                           ("v100", "flash-attn-4", "needs compute capability >= 9.0 and v100 is sm_70")])
+def test_an_extension_below_its_compute_capability_is_refused_by_the_cli_with_nothing_written(tmp_path, gpu, ext, why):
+    r = run_here("render", "--gpu", gpu, "--ext", ext, "-o", str(tmp_path / "o"))
+    assert r.returncode == 2 and why in r.stderr and "rule ext-gpu" in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_listing_counts_an_extensions_own_lock_as_a_render_does():
+    """`envbuild extensions` says an extension fits a locked stack where its own lock holds what
+    the stack's does not (as render decides), and names the glibc and torch floors elsewhere."""
+    r = run_here("extensions", "--json", production=True)
+    assert r.returncode == 0, r.stderr
+    data = {e["name"]: e for e in json.loads(r.stdout)}
+    for name in ("flash-attn-4", "mamba-ssm", "transformer-engine-torch"):
+        assert "torch2.15-cu132-py3.12 (x86_64, aarch64)" in data[name]["stacks"], (name, data[name]["stacks"])
+    assert data["mamba-ssm"]["min_glibc"] == {"aarch64": "2.34"} and "x86_64" in data["mamba-ssm"]["cpu_arch"]
+    assert "triton>=3.5.0" in data["mamba-ssm"]["refused"]["torch2.8-cu128-py3.12"]

@@ -43,7 +43,8 @@ the family module that makes them:
 - ``ext-stack``       a CUDA extension's source builds against the stack's torch, CUDA and Python
 - ``ext-arch``        a CUDA extension has been built for the image's CPU architecture
 - ``ext-deps``        a CUDA extension's runtime requirements are in the stack's lock (nothing unlocked sneaks in)
-- ``ext-audit``       the stack's toolchain has NVIDIA's cuobjdump, so the extension's SASS can be audited
+- ``ext-audit``       an extension with device code of its own is on a toolchain with NVIDIA's cuobjdump, so its SASS can be audited
+- ``ext-glibc``       the stack's base image has the glibc the extension's closure has wheels for (mamba-ssm on aarch64: 2.34)
 - ``ext-source``    a CUDA extension has a source on PyPI that builds (FA3: the sdist lacks its kernels)
 - ``ext-wheel``     a wheel-only extension has a PyPI wheel for the stack's CPU, CUDA major, torch and Python
 - ``ext-needs``     an extension that needs another (mamba-ssm: causal-conv1d) is requested with it
@@ -90,6 +91,7 @@ from envbuild.knowledge.rules.extensions import (
     extension_rejections,
     extension_requirements,
     extension_wheel,
+    glibc_rejection,
     requirement_name,
 )
 from envbuild.knowledge.rules.fabrics import fabric_rejections
@@ -120,7 +122,8 @@ __all__ = [
     "DEFAULT_OPS", "capabilities", "nvcc_required", "op_rejection", "select_ops",
     # extensions: CUDA extensions
     "check_extensions", "extension_gpu_rejection", "extension_gpus", "extension_needs", "extension_not_prebuilt",
-    "extension_patches", "extension_rejections", "extension_requirements", "extension_wheel", "requirement_name",
+    "extension_patches", "extension_rejections", "extension_requirements", "extension_wheel", "glibc_rejection",
+    "requirement_name",
     # bases: the base images and the archive their packages come from
     "DEBIAN_CODENAMES", "OTHER_DISTROS", "UBUNTU_CODENAMES", "check_apt_mirror", "check_base_images",
     "image_release", "unpinned",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from packaging.version import Version
+
 from envbuild.base.errors import EnvbuildError
 from envbuild.knowledge.rules.rejection import Rejection
 from envbuild.knowledge.rules.versions import compute_capability, contains
@@ -24,9 +26,18 @@ def extension_gpu_rejection(ext, gpu) -> Optional[Rejection]:
 
 
 def extension_requirements(ext, s) -> list[str]:
-    """What the extension needs installed beside it on stack `s`: its Requires-Dist names and the
-    requirements of the stack's CUDA major (FA4 on CUDA 13: nvidia-cutlass-dsl[cu13])."""
-    return [*ext.requires, *ext.requires_by_cuda.get(s.cuda.split(".")[0], [])]
+    """What the extension needs installed beside it on stack `s`: its Requires-Dist (the sdist's
+    install_requires with their bounds where extensions.yaml gives them, less torch and the
+    extensions it needs, which come by their own hash; else their names) and the requirements of
+    the stack's CUDA major (FA4 on CUDA 13: nvidia-cutlass-dsl[cu13])."""
+    major = s.cuda.split(".")[0]
+    if ext.requires_dist is None:
+        own = list(ext.requires)
+    else:
+        needs = {requirement_name(n.format(cuda_major=major)) for n in ext.needs}
+        own = [r for r in (r.format(cuda_major=major) for r in ext.requires_dist.requirements)
+               if requirement_name(r) not in {"torch", *needs}]
+    return [*own, *ext.requires_by_cuda.get(major, [])]
 
 
 def requirement_name(requirement: str) -> str:
@@ -38,6 +49,18 @@ def stack_nvcc(s) -> str:
     """The nvcc a stack compiles with: its PyPI cuda-toolkit's version, or on NVIDIA's devel
     images the stack's CUDA (the builder image's own, rule bases checks they agree)."""
     return s.cuda_toolkit or s.cuda
+
+
+def glibc_rejection(m, s, ext, cpu_arch: Optional[str]) -> Optional[Rejection]:
+    """Rule ext-glibc: the extension's closure has wheels for `cpu_arch` only from a newer glibc
+    than the stack's base image has (mamba-ssm's tilelang on aarch64: manylinux_2_34); anything
+    else would compile an sdist in the image or fail to load."""
+    floor = ext.min_glibc.get(cpu_arch) if cpu_arch else None
+    have = m.bases.families[s.os].glibc
+    if floor and Version(have) < Version(floor):
+        return Rejection("ext-glibc", f"{ext.name} {ext.version} on {cpu_arch} needs glibc >= {floor} and stack "
+                                      f"{s.id}'s base ({s.os}) has glibc {have} ({ext.sources.get('glibc', '')})")
+    return None
 
 
 def _nvcc_rejection(ext, s, gpu) -> Optional[Rejection]:
@@ -53,7 +76,7 @@ def _nvcc_rejection(ext, s, gpu) -> Optional[Rejection]:
 
 
 def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[set[str]], gpu=None) -> list[Rejection]:
-    """Rules ext-stack, ext-arch, ext-nvcc and ext-deps for one stack; `locked` holds the canonical
+    """Rules ext-stack, ext-arch, ext-source, ext-wheel, ext-nvcc, ext-glibc, ext-audit and ext-deps for one stack; `locked` holds the canonical
     names of the stack's lock (None: the stack is not hash-locked, and the build installs them)."""
     out = []
     for what, spec, have in (("torch", ext.torch, s.torch), ("CUDA", ext.cuda, s.cuda), ("Python", ext.python, s.python)):
@@ -72,7 +95,11 @@ def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[se
                                               f"compile: {'; '.join(why)}"))
         nvcc = wheel is None and gpu is not None and _nvcc_rejection(ext, s, gpu)
         out += [nvcc] if nvcc else []
-    no_audit = m.bases.toolchains[s.toolchain].audit_missing(s.cuda_toolkit)
+    glibc = glibc_rejection(m, s, ext, cpu_arch)
+    out += [glibc] if glibc else []
+    # ext-audit: only device code is audited (cuobjdump); a pure-Python wheel (FA4) or a host-only
+    # library (TE's torch binding) has none, and its link check needs no cuobjdump
+    no_audit = ext.device_code and m.bases.toolchains[s.toolchain].audit_missing(s.cuda_toolkit)
     if no_audit:
         out.append(Rejection("ext-audit", f"{ext.name} must pass the SASS audit and {no_audit}"))
     if locked is not None:

@@ -42,16 +42,17 @@ def _determines(build: ExtensionBuild, resolution: Resolution, build_env: dict, 
             "nvcc": stack.cuda_toolkit or resolution.base_images["builder"]}
 
 
-def _entry(build: ExtensionBuild, resolution: Resolution) -> dict:
+def _entry(build: ExtensionBuild, resolution: Resolution, installed: tuple[str, ...] = ()) -> dict:
     """One extension of extensions.json: the PyPI wheel the resolver chose (installed by hash and
-    audited like a compiled one), else its sdist to compile."""
+    audited like a compiled one), else its sdist to compile. `installed`: what an earlier
+    extension's lock installs (TE's core before its binding): not installed twice."""
     ext, wheel = build.ext, build.wheel
     stack, arches = resolution.stack, [a for a in resolution.arch_list.split(";") if a]
     common = {"name": ext.name, "version": ext.version, "packages": ext.packages, "modules": ext.modules,
               "requires": list(build.requirements), "build_only": ext.build_only, "device_code": ext.device_code,
               "cuda_major": stack.cuda.split(".")[0],
               # what it needs beyond the stack's lock (matrices/locks/ext), installed by hash before it
-              "requires_lock": build.lock.requirements("venv") if build.lock else ""}
+              "requires_lock": build.lock.requirements("venv", exclude=installed) if build.lock else ""}
     if wheel is not None or ext.sdist is None:
         determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
                       "wheel_sha256": wheel.sha256 if wheel else None}
@@ -83,7 +84,18 @@ def spec(resolution: Resolution, cuda_home: Optional[str]) -> dict:
     extension on torch's stable ABI is keyed by CUDA major and arches only (_determines)."""
     return {"arch_list": resolution.arch_list, "cuda_home": cuda_home or "", "cache": paths.EXTENSION_CACHE,
             "record": paths.EXTENSIONS_RECORD, "lock": paths.EXTENSIONS_LOCK, "locked": resolution.lock is not None,
-            "extensions": [_entry(b, resolution) for b in resolution.extension_builds]}
+            "extensions": _entries(resolution)}
+
+
+def _entries(resolution: Resolution) -> list[dict]:
+    """Each extension's entry, in build order; a package two extension locks hold (at the same
+    version: the later one was resolved with the earlier as constraints) is installed once."""
+    installed: tuple[str, ...] = ()
+    entries = []
+    for b in resolution.extension_builds:
+        entries.append(_entry(b, resolution, installed))
+        installed += tuple(b.lock.pins()) if b.lock else ()
+    return entries
 
 
 def part(ctx: Context) -> Part:

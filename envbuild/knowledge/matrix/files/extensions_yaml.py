@@ -116,6 +116,28 @@ def _requirement(v: str) -> str:
     return v
 
 
+def requirement_key(requirement: str) -> str:
+    """The canonical name of a requirement (`name[extra]>=1`; `{cuda_major}` kept as it is)."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~]", requirement, maxsplit=1)[0]).lower()
+
+
+class SdistRequires(_Strict):
+    """An sdist's install_requires, which its setup.py computes (it imports torch), so neither pip
+    nor uv can read them without building it: given here as data, from the file and lines of the
+    release that declare them, and handed to uv as the package's static metadata when `envbuild
+    lock` resolves the extension's own lock (as DeepSpeed's are). `{cuda_major}` is the stack's."""
+
+    requirements: list[str]
+    source: str  # the sdist's file and lines that declare them
+
+    @field_validator("requirements")
+    @classmethod
+    def _each(cls, v: list[str]) -> list[str]:
+        for r in v:
+            _requirement(r.replace("{cuda_major}", "13"))
+        return v
+
+
 class Conflict(_Strict):
     """Another extension this one cannot share an image with (refused at render, rule
     ext-conflict): the reason, from the two releases' own files."""
@@ -165,6 +187,12 @@ class CudaExtension(_Strict):
     # Requirements for the stack's CUDA major, beside `requires` (FA4: the CuTe DSL's cu13 libraries,
     # cuda-bindings bounded to the major): keyed by the major, e.g. "13"
     requires_by_cuda: dict[str, list[str]] = {}
+    # The sdist's own install_requires, with their bounds (setup.py computes them: uv cannot read
+    # them without building it): the extension lock resolves them, unlocked stacks install them
+    requires_dist: Optional[SdistRequires] = None
+    # The oldest glibc a CPU architecture's image needs for the extension's closure (mamba-ssm's
+    # tilelang has one aarch64 wheel, manylinux_2_34; its sdist compiles TVM): rule ext-glibc
+    min_glibc: dict[Literal["x86_64", "aarch64"], str] = {}
     build_headers: list[str] = []  # headers its compile includes that the CUDA toolkit lacks (cudnn.h): from pip's nvidia-*
     conflicts: list[Conflict] = []  # extensions it cannot share an image with (rule ext-conflict)
     nvcc_for_cc: list[NvccFloor] = []  # the nvcc its source build needs for newer GPUs (rule ext-nvcc)
@@ -199,6 +227,21 @@ class CudaExtension(_Strict):
             for r in reqs:
                 _requirement(r)
         return v
+
+    _g = field_validator("min_glibc")(lambda v: {arch: _version(g) for arch, g in v.items()})
+
+    @model_validator(mode="after")
+    def _requires_agree(self):
+        """requires_dist names what `requires` and `build_only` name, besides torch and the
+        extensions it needs (installed by their own hash)."""
+        if self.requires_dist is None:
+            return self
+        named = {requirement_key(r) for r in self.requires_dist.requirements} - {"torch"} - {requirement_key(n) for n in self.needs}
+        listed = {requirement_key(r) for r in (*self.requires, *self.build_only)}
+        if named != listed:
+            raise ValueError(f"{self.name}: requires_dist names {sorted(named)}, requires and build_only "
+                             f"{sorted(listed)}: they must agree")
+        return self
 
     @field_validator("build_headers")
     @classmethod

@@ -13,7 +13,8 @@ launchers' error wordings (Slurm's srun, slurmstepd and PMI plugins, enroot, pyx
 after what prints them (`srun: error:`, `[ERROR]`, `enroot-mount:`, ...; LAUNCHERS below), Slurm's
 own conversions (`%m`, `%pJ`) as text captures. The Python packages' catalogues (torch.distributed,
 DeepSpeed's launcher and op loading, Triton's compiler and runtime; PYTHON below) have no common
-prefix: each wording's longest fixed piece is its screen word.
+prefix: each wording's longest fixed piece is its screen word; so are the Go wordings of the NVIDIA
+Container Toolkit and Apptainer (CONTAINERS below), libnvidia-container's follow `nvidia-container-cli`.
 
 A line that no curated signature explains but that a catalogued message matches is reported as
 what the component said: the message, the releases that print that wording, the source file and
@@ -278,8 +279,8 @@ def launcher_matchers(data: dict) -> list[Matcher]:
     return found
 
 
-# The NVIDIA container stack (matrices/catalogues/container-toolkit.yaml, libnvidia-container.yaml;
-# refresh/container_catalogue.py), per component: its title, the levels reported, and per call the
+# The NVIDIA container stack and Apptainer (matrices/catalogues/container-toolkit.yaml,
+# libnvidia-container.yaml, apptainer.yaml; refresh/container_catalogue.py), per component: its title, the levels reported, and per call the
 # expression before the message and the text printed after it (error_set's `: strerror`, warn's).
 # nvidia-container-cli prints its own name first and the library's message inside its own
 # (`nvidia-container-cli: initialization error: nvml error: driver not loaded`); the toolkit's Go
@@ -290,12 +291,19 @@ CLI = r"nvidia-container-cli:\s*"
 _LIB = (r"nvidia-container-cli:.*?", ": %s")
 CONTAINERS = {
     "container-toolkit": ("NVIDIA Container Toolkit", ("ERROR", "FATAL"), {}),
+    "apptainer": ("Apptainer", ("ERROR", "FATAL"), {}),
     "libnvidia-container": ("libnvidia-container", ("ERROR",), {
         "warnx": (CLI, ""), "errx": (CLI, ""), "warn": (CLI, ": %s"), "err": (CLI, ": %s"),
         "error_setx": (r"nvidia-container-cli:.*?", ""), "error_set": _LIB, "error_set_nvml": _LIB,
         "error_set_dl": _LIB, "error_set_elf": _LIB, "error_set_rpc": _LIB}),
 }
 CLI_WORD = "nvidia-container-cli"
+# The Go components: their wordings printed by Go's fmt (GO_VERB), no common prefix. Apptainer's sylog
+# prints `FATAL:   `, `ERROR:   ` (warnings too, in healthy jobs: catalogued, not reported) before its own
+# and before the returned errors it chains, but not in --debug's layout, so no prefix is required.
+GO = ("container-toolkit", "apptainer")
+THEN = {"apptainer": "rerun with `apptainer --debug` for what it was doing; `apptainer --version` names the release",
+        "_": "`nvidia-container-cli -k -d /dev/tty info` on the host shows what the runtime's hook sees"}
 # Go's verbs as printf reads them: %v, %w, %T (and their + # flags) print text, %q a quoted string.
 GO_VERB = re.compile(r"%%|%[+#]?[vwT]|%q")
 
@@ -325,11 +333,11 @@ def _same_printing(data: dict) -> list[dict]:
 
 
 def container_matchers(data: dict) -> list[Matcher]:
-    """A matcher per error wording of the toolkit's or libnvidia-container's catalogue that says enough to
-    match alone; the source line linked at the newest release's tag (libnvidia-container: its commit)."""
+    """A matcher per error wording of the toolkit's, libnvidia-container's or Apptainer's catalogue that says
+    enough to match alone; the source line linked at the newest release's tag (libnvidia-container: its commit)."""
     name = str(data.get("component"))
     title, levels, calls = CONTAINERS[name]
-    url, go = str(data["source"]), name == "container-toolkit"
+    url, go = str(data["source"]), name in GO
     at = {str(r["release"]): str(r["tag"] if go else r["commit"]) for r in data.get("releases") or []}
     found = []
     for entry in _same_printing(data) if go else data.get("messages") or []:
@@ -346,8 +354,7 @@ def container_matchers(data: dict) -> list[Matcher]:
             name, text, prefix + to_regex(text), f"{title} said: {str(entry['text']).strip()}",
             f"{title} {releases}, {where}" + _captures(text),
             _unexplained(f"a message {title} prints with {call}() (at {where} in the releases {releases})"),
-            _read_source(link, url, "`nvidia-container-cli -k -d /dev/tty info` on the host shows what the "
-                         "runtime's hook sees"), link))
+            _read_source(link, url, THEN.get(name, THEN["_"])), link))
     return found
 
 
@@ -379,7 +386,7 @@ class Said:
         words += [CLI_WORD] if any(m.component == "libnvidia-container" for m in matchers) else []
         words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
         words += ["cudaError", "CUDA_ERROR_"] if cuda else []
-        words += [key_of(m.text) for m in matchers if m.component in PYTHON or m.component == "container-toolkit"]  # no common prefix: each one's own
+        words += [key_of(m.text) for m in matchers if m.component in PYTHON or m.component in GO]  # no common prefix: each one's own
         return cls(matchers, words)
 
     def match(self, line: str) -> Optional[tuple[int, re.Match]]:
@@ -454,7 +461,7 @@ def wording_regex(component: str, text: str) -> str:
     (a launcher's own conversions as %s; of a Python package's multi-line message, its fullest line)."""
     if component in LAUNCHERS:
         return to_regex(printed(_torch_line(text)))
-    if component == "container-toolkit":
+    if component in GO:
         return to_regex(go_printed(_torch_line(text)))
     return to_regex(_torch_line(text) if component in PYTHON else text)
 

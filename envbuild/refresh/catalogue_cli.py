@@ -88,8 +88,8 @@ def refresh_launcher(name: str, source: Path, directory: Path, progress=lambda _
 
 def refresh_container(name: str, source: Path, directory: Path, toolkit: Optional[str],
                       progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
-    """The container toolkit's or libnvidia-container's catalogue from fetched sources (libnvidia-container's at
-    the commits the toolkit's releases pin, read from `toolkit`)."""
+    """The container toolkit's, libnvidia-container's or Apptainer's catalogue from fetched sources
+    (libnvidia-container's at the commits the toolkit's releases pin, read from `toolkit`)."""
     spec = container_catalogue.component(name)
     path = directory / CATALOGUES / f"{name}.yaml"
     old_text = _old(path)
@@ -98,7 +98,7 @@ def refresh_container(name: str, source: Path, directory: Path, toolkit: Optiona
     if not new["releases"]:
         raise EnvbuildError(f"--{name}-source {source} holds no release of the {spec.title} release lines "
                             f"{', '.join(spec.lines)}: give a clone of {spec.url} with its tags"
-                            + (" (and the commits the toolkit's releases pin)." if name != "container-toolkit" else "."))
+                            + (" (and the commits the toolkit's releases pin)." if name == "libnvidia-container" else "."))
     return (writer.FileChange(path, old_text, container_catalogue.render(spec, new)),
             container_catalogue.summary(spec, nccl_catalogue.parse(old_text, path), new))
 
@@ -127,7 +127,8 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
     if not source and not wheels and not torch_wheels and not launchers and not packages and not any(containers.values()):
         raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), --torch-wheels "
                             "(torch wheels), --slurm-source, --enroot-source, --pyxis-source, --deepspeed-sdists, "
-                            "--triton-wheels, --container-toolkit-source, --libnvidia-container-source, or several.")
+                            "--triton-wheels, --container-toolkit-source, --libnvidia-container-source, --apptainer-source, "
+                            "or several.")
     if (source or wheels) and not (directory / "nccl.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
     done = [refresh_catalogue(Path(source), directory, progress)] if source else []
@@ -151,12 +152,13 @@ def _launcher_sources(command):
 
 
 def _container_sources(command):
-    """--container-toolkit-source and --libnvidia-container-source (container_catalogue's components)."""
+    """--container-toolkit-source, --libnvidia-container-source and --apptainer-source (container_catalogue's
+    components)."""
     for c in reversed(list(container_catalogue.COMPONENTS.values())):
         command = click.option(
             f"--{c.name}-source", type=click.Path(file_okay=False, exists=True),
             help=f"{c.title}'s sources: a git clone (or mirror) of {c.url.removeprefix('https://')} with its tags"
-                 + (", or saved sources with a tags.txt." if c.name == "container-toolkit" else
+                 + (", or saved sources with a tags.txt." if c.name != "libnvidia-container" else
                     " (a fork holding upstream's commits will do) read at the commits the toolkit's releases pin "
                     "(give --container-toolkit-source too), or saved sources with a tags.txt."))(command)
     return command
@@ -186,14 +188,16 @@ def _container_sources(command):
 def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels: Optional[str],
                       slurm_source: Optional[str], enroot_source: Optional[str], pyxis_source: Optional[str],
                       deepspeed_sdists: Optional[str], triton_wheels: Optional[str], container_toolkit_source: Optional[str],
-                      libnvidia_container_source: Optional[str], write: bool, matrix_dir: Optional[str]):
+                      libnvidia_container_source: Optional[str], apptainer_source: Optional[str], write: bool,
+                      matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
     per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
     pinned CUDA runtime wheels, and what torch.distributed's Python raises or logs as an error
     from torch wheels, what Slurm (srun, slurmstepd, PMI/PMIx), enroot and pyxis print from
     their sources, and what DeepSpeed's launcher and op loading and Triton's compiler and runtime
     raise from their PyPI sdists and wheels, and what the NVIDIA Container Toolkit and
-    libnvidia-container print from their sources; show the diff, or --write it.
+    libnvidia-container print from their sources, and Apptainer's run path from its; show the diff,
+    or --write it.
 
     Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
     given; 2: a source cannot be read or an input is bad."""
@@ -201,7 +205,8 @@ def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels
     launchers = {"slurm": slurm_source, "enroot": enroot_source, "pyxis": pyxis_source}
     done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels,
                        launchers, {"deepspeed": deepspeed_sdists, "triton": triton_wheels},
-                       {"container-toolkit": container_toolkit_source, "libnvidia-container": libnvidia_container_source})
+                       {"container-toolkit": container_toolkit_source, "libnvidia-container": libnvidia_container_source,
+                        "apptainer": apptainer_source})
     for line in [line for _, facts in done for line in facts]:
         click.echo(f"  {line}", err=True)
     changed = [change for change, _ in done if change.changed]

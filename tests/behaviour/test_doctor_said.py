@@ -128,15 +128,16 @@ LAUNCHER_LINE = {"error": "srun: error: ", "fatal": "srun: fatal: ", "slurm_erro
 # How the container stack's messages reach a log: nvidia-container-cli's own (warnx ...) after its name, the
 # library's inside one of them; the toolkit's Go errors chained after the runtime's.
 CONTAINER_LINE = {"libnvidia-container": ("nvidia-container-cli: ", "nvidia-container-cli: mount error: "),
-                  "container-toolkit": ("failed to create NVIDIA Container Runtime: ",) * 2}
+                  "container-toolkit": ("failed to create NVIDIA Container Runtime: ",) * 2,
+                  "apptainer": ("FATAL:   container creation failed: ",) * 2}
 
 
 def container_line(component: str, message: dict) -> str:
     """A line the container stack prints with a catalogued wording (sample values filled in)."""
-    from envbuild.doctor.said import CONTAINERS, CONVERSION, _torch_line, go_printed
+    from envbuild.doctor.said import CONTAINERS, CONVERSION, GO, _torch_line, go_printed
     own, inner = CONTAINER_LINE[component]
     prefix = own if message["call"] in ("warnx", "warn", "errx", "err") else inner
-    text = go_printed(_torch_line(message["text"])) if component == "container-toolkit" else message["text"]
+    text = go_printed(_torch_line(message["text"])) if component in GO else message["text"]
     suffix = CONTAINERS[component][2].get(message["call"], ("", ""))[1]
     return prefix + CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), text + suffix)
 

@@ -146,15 +146,16 @@ SAMPLE = {"s": "x", "d": "0", "i": "0", "u": "0", "x": "1a", "X": "1A", "p": "0x
 
 
 def family_accuracy() -> list[tuple[str, int, int]]:
-    """Per family, over the project's real logs (tests/fixtures/logs, said, package-said and launcher-said): the
+    """Per family, over the project's real logs (tests/fixtures/logs, said, package-said, launcher-said, xid): the
     logs whose thread names a cause of that family (or nothing, for the clean ones), and how many of
     them doctor gives exactly the verdicts the thread names."""
     from envbuild.doctor import load_catalogue
     issues, _ = load_catalogue(ROOT / "matrices")
-    family = {i.id: i.family for i in issues}
+    from envbuild.doctor.said import XID_FAMILY
+    family = {i.id: i.family for i in issues} | {"gpu-xid": XID_FAMILY}  # the Xids' verdicts come from their catalogue
     counts: dict[str, list[int]] = {}
     folders = ((LOGS, "expected"), (REAL, "verdicts"), (ROOT / "tests" / "fixtures" / "package-said", "verdicts"),
-               (ROOT / "tests" / "fixtures" / "launcher-said", "verdicts"))
+               (ROOT / "tests" / "fixtures" / "launcher-said", "verdicts"), (ROOT / "tests" / "fixtures" / "xid", "verdicts"))
     for folder, key in folders:
         for entry in yaml.safe_load((folder / "INDEX.yaml").read_text())["logs"]:
             got = sorted({f.issue.id for f in diagnose_log(str(folder / entry["file"]), issues) if f.explained})

@@ -13,7 +13,8 @@ launchers' error wordings (Slurm's srun, slurmstepd and PMI plugins, enroot, pyx
 after what prints them (`srun: error:`, `[ERROR]`, `enroot-mount:`, ...; LAUNCHERS below), Slurm's
 own conversions (`%m`, `%pJ`) as text captures. The Python packages' catalogues (torch.distributed,
 DeepSpeed's launcher and op loading, Triton's compiler and runtime; PYTHON below) have no common
-prefix: each wording's longest fixed piece is its screen word.
+prefix: each wording's longest fixed piece is its screen word; so are the Go wordings of the NVIDIA
+Container Toolkit and Apptainer (CONTAINERS below), libnvidia-container's follow `nvidia-container-cli`.
 
 A line that no curated signature explains but that a catalogued message matches is reported as
 what the component said: the message, the releases that print that wording, the source file and
@@ -108,14 +109,20 @@ class Matcher:
     cause: str
     fix: str
     source: str
+    key: str = ""  # its screen word (default: the longest fixed piece of `text`)
+    family: str = UNEXPLAINED  # a curated family makes it a verdict (the Xids), not a lead
+    certainty: str = "certain"
+    follows: bool = False
 
     @functools.cached_property
     def regex(self) -> re.Pattern:
         return re.compile(self.pattern)
 
     def issue(self) -> KnownIssue:
-        return KnownIssue(id=f"{self.component}-said", family=UNEXPLAINED, title=self.title, pattern=self.pattern,
-                          detail=self.detail, cause=self.cause, fix=self.fix, source=self.source)
+        return KnownIssue(id=f"{self.component}-said" if self.family == UNEXPLAINED else f"gpu-{self.component}",
+                          family=self.family, title=self.title, pattern=self.pattern, detail=self.detail,
+                          cause=self.cause, fix=self.fix, source=self.source, certainty=self.certainty,
+                          follows=self.follows)
 
 
 def _newest(releases: str) -> str:
@@ -278,8 +285,8 @@ def launcher_matchers(data: dict) -> list[Matcher]:
     return found
 
 
-# The NVIDIA container stack (matrices/catalogues/container-toolkit.yaml, libnvidia-container.yaml;
-# refresh/container_catalogue.py), per component: its title, the levels reported, and per call the
+# The NVIDIA container stack and Apptainer (matrices/catalogues/container-toolkit.yaml,
+# libnvidia-container.yaml, apptainer.yaml; refresh/container_catalogue.py), per component: its title, the levels reported, and per call the
 # expression before the message and the text printed after it (error_set's `: strerror`, warn's).
 # nvidia-container-cli prints its own name first and the library's message inside its own
 # (`nvidia-container-cli: initialization error: nvml error: driver not loaded`); the toolkit's Go
@@ -290,12 +297,19 @@ CLI = r"nvidia-container-cli:\s*"
 _LIB = (r"nvidia-container-cli:.*?", ": %s")
 CONTAINERS = {
     "container-toolkit": ("NVIDIA Container Toolkit", ("ERROR", "FATAL"), {}),
+    "apptainer": ("Apptainer", ("ERROR", "FATAL"), {}),
     "libnvidia-container": ("libnvidia-container", ("ERROR",), {
         "warnx": (CLI, ""), "errx": (CLI, ""), "warn": (CLI, ": %s"), "err": (CLI, ": %s"),
         "error_setx": (r"nvidia-container-cli:.*?", ""), "error_set": _LIB, "error_set_nvml": _LIB,
         "error_set_dl": _LIB, "error_set_elf": _LIB, "error_set_rpc": _LIB}),
 }
 CLI_WORD = "nvidia-container-cli"
+# The Go components: their wordings printed by Go's fmt (GO_VERB), no common prefix. Apptainer's sylog
+# prints `FATAL:   `, `ERROR:   ` (warnings too, in healthy jobs: catalogued, not reported) before its own
+# and before the returned errors it chains, but not in --debug's layout, so no prefix is required.
+GO = ("container-toolkit", "apptainer")
+THEN = {"apptainer": "rerun with `apptainer --debug` for what it was doing; `apptainer --version` names the release",
+        "_": "`nvidia-container-cli -k -d /dev/tty info` on the host shows what the runtime's hook sees"}
 # Go's verbs as printf reads them: %v, %w, %T (and their + # flags) print text, %q a quoted string.
 GO_VERB = re.compile(r"%%|%[+#]?[vwT]|%q")
 
@@ -325,11 +339,11 @@ def _same_printing(data: dict) -> list[dict]:
 
 
 def container_matchers(data: dict) -> list[Matcher]:
-    """A matcher per error wording of the toolkit's or libnvidia-container's catalogue that says enough to
-    match alone; the source line linked at the newest release's tag (libnvidia-container: its commit)."""
+    """A matcher per error wording of the toolkit's, libnvidia-container's or Apptainer's catalogue that says
+    enough to match alone; the source line linked at the newest release's tag (libnvidia-container: its commit)."""
     name = str(data.get("component"))
     title, levels, calls = CONTAINERS[name]
-    url, go = str(data["source"]), name == "container-toolkit"
+    url, go = str(data["source"]), name in GO
     at = {str(r["release"]): str(r["tag"] if go else r["commit"]) for r in data.get("releases") or []}
     found = []
     for entry in _same_printing(data) if go else data.get("messages") or []:
@@ -346,8 +360,95 @@ def container_matchers(data: dict) -> list[Matcher]:
             name, text, prefix + to_regex(text), f"{title} said: {str(entry['text']).strip()}",
             f"{title} {releases}, {where}" + _captures(text),
             _unexplained(f"a message {title} prints with {call}() (at {where} in the releases {releases})"),
-            _read_source(link, url, "`nvidia-container-cli -k -d /dev/tty info` on the host shows what the "
-                         "runtime's hook sees"), link))
+            _read_source(link, url, THEN.get(name, THEN["_"])), link))
+    return found
+
+
+# NVIDIA's Xids (matrices/catalogues/xid.yaml; refresh/xid_catalogue.py): the driver's `NVRM: Xid
+# (PCI:0000:3b:00): 79, pid=..., <what it says>` (older drivers: no `PCI:`; MIG: ` GPU-I:NN`). Each
+# catalogued number is a verdict of family gpu-hardware naming the Xid, its names and the driver's published
+# meaning; the numbers below get a cause and next step of their group, the others the general one.
+XID_FAMILY = "gpu-hardware"
+XID_WORD = "NVRM: Xid ("
+XID_LINE = r"NVRM: Xid \((?:PCI:)?(?P<gpu>[0-9a-fA-F:.]+)[^)]*\):\s*"
+XID_CATALOGUE = "https://docs.nvidia.com/deploy/xid-errors/"
+XID_SAID = ("What the driver printed with it ({said}) names the engine or unit; NVIDIA's Xid catalogue gives "
+            "each Xid's immediate and investigatory action.")
+XID_GENERAL = (
+    "An event of the GPU's hardware or of the driver's state on this node, which the image neither causes nor "
+    "fixes. " + XID_SAID,
+    f"On the node: `dmesg -T | grep -i xid` around the failure, `nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`; "
+    f"look the Xid up in NVIDIA's catalogue ({XID_CATALOGUE}) for its action (restart the job, reset the GPU, drain "
+    f"the node), and run `envbuild smoke IMAGE --gpus all` there before the node takes jobs again.")
+XID_GROUPS = (  # (Xids, cause, fix, certainty, follows)
+    ((13, 31, 43), "Often the program's own fault: a kernel touched an address it had not mapped (31: a GPU "
+     "memory page fault), hit an illegal instruction or out-of-range address (13), and the driver stopped its "
+     "channel (43); the job's log then holds a CUDA error such as an illegal memory access. The same Xid on "
+     "one GPU under different programs points at that GPU.",
+     "Find the CUDA error in the job's log; rerun with CUDA_LAUNCH_BLOCKING=1 (or under compute-sanitizer) to "
+     "name the kernel; an extension built for another GPU or against another torch does this. If it recurs on "
+     "one GPU only, drain that GPU and run `envbuild smoke IMAGE --gpus all` on the node.", "likely", False),
+    ((45,), "Preemptive cleanup: the driver tore down this process's GPU channels because of an earlier error "
+     "(the Xid before it; the driver may say `caused by previous Xid N`) or because the process was ending.",
+     "Look at the Xid or CUDA error before this one: it is the cause.", "likely", True),
+    ((48, 63, 64, 92, 94, 95, 140, 171, 172), "The GPU's memory reported an ECC event: an uncorrectable "
+     "(double-bit) error (48, 95: not contained, every process on the GPU is affected; 94: contained to the "
+     "process it names), a page retirement or row remapping (63, pending until the GPU is reset) or its "
+     "failure (64), or too many corrected errors (92). The job's data on that GPU cannot be trusted.",
+     "`nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT` on the node; reset the GPU (or reboot) so pending "
+     "remaps take effect, and restart the job from its last checkpoint; a failed remap (64) or recurring "
+     "uncorrectable errors: drain the node and have the GPU replaced.", "certain", False),
+    ((74, 144, 145, 146, 147, 148, 149, 150), "An NVLink between GPUs reported an error: collectives over it fail "
+     "or hang (NCCL then reports a remote or fabric error).",
+     "`nvidia-smi nvlink -s` and `-e` on the node; on NVSwitch systems check the fabric manager "
+     "(`systemctl status nvidia-fabricmanager`); reset the GPUs or reboot; if it persists, drain the node.",
+     "certain", False),
+    ((79,), "The GPU stopped answering on the PCIe bus: every process on it is lost and the GPU is unusable "
+     "until it is reset or the node rebooted (overheating, power delivery, a PCIe slot, riser or board fault).",
+     "Drain the node; `nvidia-smi` shows the GPU missing or `Unknown Error`; check temperatures and power, "
+     "reboot, and if it recurs have the board and slot inspected.", "certain", False),
+    ((119, 120), "The GPU's firmware (GSP) did not answer the driver, or reported an error: the GPU needs a "
+     "reset, and some driver releases are known for it.",
+     "Reset the GPU or reboot the node; if it recurs, compare the driver release with NVIDIA's release notes "
+     "and update it.", "certain", False),
+)
+
+
+def _xid_text(xid: int) -> tuple[str, str, str, bool]:
+    """An Xid's cause, fix, certainty and follows (its group's, or the general ones)."""
+    for numbers, cause, fix, certainty, follows in XID_GROUPS:
+        if xid in numbers:
+            return f"{cause} {XID_SAID}", fix, certainty, follows
+    return XID_GENERAL[0], XID_GENERAL[1], "certain", False
+
+
+def xid_matchers(data: dict) -> list[Matcher]:
+    """A verdict per catalogued Xid number (its names and published meaning in the title), and one for an
+    Xid the catalogued releases do not define."""
+    url, file = str(data.get("source")), str(data.get("file"))
+    tags = {str(r["release"]): str(r["tag"]) for r in data.get("releases") or []}
+    entries: dict[int, list[dict]] = {}
+    for entry in data.get("messages") or []:
+        entries.setdefault(int(entry["xid"]), []).append(entry)
+    found = []
+    for xid, named in sorted(entries.items()):
+        newest = max(named, key=lambda e: list(tags).index(_newest(str(e["releases"]))))
+        names = " / ".join(str(e["name"]) for e in named)
+        meaning = next((str(e["meaning"]) for e in named if e.get("meaning")), "")
+        releases = "; ".join(f"{e['name']} in {e['releases']}" for e in named)
+        cause, fix, certainty, follows = _xid_text(xid)
+        link = f"{url}/blob/{tags.get(_newest(str(newest['releases'])), 'main')}/{file}#L{int(newest['line'])}"
+        found.append(Matcher(
+            "xid", f"NVRM: Xid (%s): {xid},", XID_LINE + rf"{xid},\s*(?P<said>.*)",
+            f"GPU Xid {xid}: {meaning or names}" + (f" ({names})" if meaning else ""),
+            f"the driver's nverror.h: {releases}; GPU {{gpu}}", f"Xid {xid} ({names}" + (f": \"{meaning}\"" if meaning else "")
+            + f") on the GPU at {{gpu}}. {cause}", fix, link, key=f"): {xid},", family=XID_FAMILY,
+            certainty=certainty, follows=follows))
+    found.append(Matcher(
+        "xid", "NVRM: Xid (%s): %d,", XID_LINE + r"(?P<xid>\d+),\s*(?P<said>.*)", "GPU Xid {xid}",
+        "no catalogued driver release's nverror.h names Xid {xid}; GPU {gpu}",
+        f"Xid {{xid}} on the GPU at {{gpu}}, a number the driver's header does not name (the firmware reports "
+        f"it). {XID_GENERAL[0]}", XID_GENERAL[1], XID_CATALOGUE, key=XID_WORD, family=XID_FAMILY))
     return found
 
 
@@ -358,7 +459,7 @@ class Said:
         self.matchers = matchers
         keys: dict[str, list[int]] = {}
         for index, matcher in enumerate(matchers):
-            keys.setdefault(key_of(matcher.text), []).append(index)
+            keys.setdefault(matcher.key or key_of(matcher.text), []).append(index)
         self.keys = list(keys)
         self.owners = [keys[k] for k in self.keys]
         self.automaton = ahocorasick_rs.AhoCorasick(self.keys) if self.keys else None
@@ -367,10 +468,11 @@ class Said:
 
     @classmethod
     def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None, torch: Optional[dict] = None,
-           launchers: tuple[dict, ...] = (), packages: tuple[dict, ...] = ()) -> "Said":
+           launchers: tuple[dict, ...] = (), packages: tuple[dict, ...] = (), xid: Optional[dict] = None) -> "Said":
         """The matchers of the NCCL, CUDA, torch.distributed, launcher and package (DeepSpeed, Triton)
-        catalogues (any may be absent)."""
+        catalogues and the Xids (any may be absent)."""
         matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {}) + python_matchers(torch or {})
+        matchers += xid_matchers(xid) if xid else []
         matchers += [m for data in launchers for m in (launcher_matchers(data) if str(data.get("component")) in LAUNCHERS
                                                        else container_matchers(data))]
         matchers += [m for data in packages for m in python_matchers(data, str(data.get("component")))]
@@ -379,7 +481,8 @@ class Said:
         words += [CLI_WORD] if any(m.component == "libnvidia-container" for m in matchers) else []
         words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
         words += ["cudaError", "CUDA_ERROR_"] if cuda else []
-        words += [key_of(m.text) for m in matchers if m.component in PYTHON or m.component == "container-toolkit"]  # no common prefix: each one's own
+        words += [XID_WORD] if xid else []
+        words += [key_of(m.text) for m in matchers if m.component in PYTHON or m.component in GO]  # no common prefix: each one's own
         return cls(matchers, words)
 
     def match(self, line: str) -> Optional[tuple[int, re.Match]]:
@@ -421,14 +524,15 @@ def load_said(directory: Optional[Path] = None) -> Optional[Said]:
     nccl, cuda, torch = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml"), _read(folder / "torch.yaml")
     launchers = [_read(folder / f"{name}.yaml") for name in (*LAUNCHERS, *CONTAINERS)]
     packages = [_read(folder / f"{name}.yaml") for name in PACKAGES]
-    if nccl is None and cuda is None and torch is None and not any(launchers) and not any(packages):
+    xid = _read(folder / "xid.yaml")
+    if nccl is None and cuda is None and torch is None and not any(launchers) and not any(packages) and xid is None:
         return None
     try:
         return Said.of(*(data if isinstance(data, dict) else None for data in (nccl, cuda, torch)),
                        tuple({**data, "component": name} for name, data in zip((*LAUNCHERS, *CONTAINERS), launchers)
                              if isinstance(data, dict)),
                        tuple({**data, "component": name} for name, data in zip(PACKAGES, packages)
-                             if isinstance(data, dict)))
+                             if isinstance(data, dict)), xid if isinstance(xid, dict) else None)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise EnvbuildError(f"a message catalogue in {folder} is malformed ({type(e).__name__}: {e}); "
                             f"regenerate it with `envbuild matrix catalogue --write`.") from None
@@ -454,7 +558,7 @@ def wording_regex(component: str, text: str) -> str:
     (a launcher's own conversions as %s; of a Python package's multi-line message, its fullest line)."""
     if component in LAUNCHERS:
         return to_regex(printed(_torch_line(text)))
-    if component == "container-toolkit":
+    if component in GO:
         return to_regex(go_printed(_torch_line(text)))
     return to_regex(_torch_line(text) if component in PYTHON else text)
 

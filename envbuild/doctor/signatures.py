@@ -90,7 +90,7 @@ class Case(BaseModel):
 
 
 QUOTED = ("nccl", "slurm", "enroot", "pyxis", "torch", "deepspeed", "triton", "container-toolkit",
-          "libnvidia-container")  # catalogues a quote can name (a field's name has `_` for `-`)
+          "libnvidia-container", "apptainer")  # catalogues a quote can name (a field's name has `_` for `-`)
 
 
 class Quote(BaseModel):
@@ -107,6 +107,7 @@ class Quote(BaseModel):
     triton: Optional[str] = None
     container_toolkit: Optional[str] = Field(None, alias="container-toolkit")
     libnvidia_container: Optional[str] = Field(None, alias="libnvidia-container")
+    apptainer: Optional[str] = None
     line: str
     message: str = ""  # the message this wording is of (its wordings over the releases share the name)
     until: Optional[str] = None  # the last release that prints the message at all (it was removed after)

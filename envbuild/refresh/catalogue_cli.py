@@ -21,6 +21,7 @@ from envbuild.refresh import (
     package_catalogue,
     torch_catalogue,
     writer,
+    xid_catalogue,
 )
 from envbuild.refresh.cli import _not_empty
 
@@ -88,8 +89,8 @@ def refresh_launcher(name: str, source: Path, directory: Path, progress=lambda _
 
 def refresh_container(name: str, source: Path, directory: Path, toolkit: Optional[str],
                       progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
-    """The container toolkit's or libnvidia-container's catalogue from fetched sources (libnvidia-container's at
-    the commits the toolkit's releases pin, read from `toolkit`)."""
+    """The container toolkit's, libnvidia-container's or Apptainer's catalogue from fetched sources
+    (libnvidia-container's at the commits the toolkit's releases pin, read from `toolkit`)."""
     spec = container_catalogue.component(name)
     path = directory / CATALOGUES / f"{name}.yaml"
     old_text = _old(path)
@@ -98,9 +99,18 @@ def refresh_container(name: str, source: Path, directory: Path, toolkit: Optiona
     if not new["releases"]:
         raise EnvbuildError(f"--{name}-source {source} holds no release of the {spec.title} release lines "
                             f"{', '.join(spec.lines)}: give a clone of {spec.url} with its tags"
-                            + (" (and the commits the toolkit's releases pin)." if name != "container-toolkit" else "."))
+                            + (" (and the commits the toolkit's releases pin)." if name == "libnvidia-container" else "."))
     return (writer.FileChange(path, old_text, container_catalogue.render(spec, new)),
             container_catalogue.summary(spec, nccl_catalogue.parse(old_text, path), new))
+
+
+def refresh_xid(source: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
+    """The Xid catalogue from the open GPU kernel modules' nverror.h at the driver branches xid_catalogue names."""
+    path = directory / CATALOGUES / "xid.yaml"
+    old_text = _old(path)
+    new = xid_catalogue.derive(xid_catalogue.open_sources(source), progress)
+    return (writer.FileChange(path, old_text, xid_catalogue.render(new)),
+            xid_catalogue.summary(nccl_catalogue.parse(old_text, path), new))
 
 
 def refresh_package(name: str, archives: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
@@ -120,20 +130,23 @@ def refresh_package(name: str, archives: Path, directory: Path, progress=lambda 
 
 def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress,
                 torch_wheels: Optional[str] = None, launchers: Optional[dict] = None,
-                packages: Optional[dict] = None, containers: Optional[dict] = None) -> list:
+                packages: Optional[dict] = None, containers: Optional[dict] = None, xid: Optional[str] = None) -> list:
     launchers = {name: path for name, path in (launchers or {}).items() if path}
     containers = containers or {}
     packages = {name: path for name, path in (packages or {}).items() if path}
-    if not source and not wheels and not torch_wheels and not launchers and not packages and not any(containers.values()):
+    if not source and not wheels and not torch_wheels and not launchers and not packages and not any(containers.values()) \
+            and not xid:
         raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), --torch-wheels "
                             "(torch wheels), --slurm-source, --enroot-source, --pyxis-source, --deepspeed-sdists, "
-                            "--triton-wheels, --container-toolkit-source, --libnvidia-container-source, or several.")
+                            "--triton-wheels, --container-toolkit-source, --libnvidia-container-source, --apptainer-source, "
+                            "--xid-source, or several.")
     if (source or wheels) and not (directory / "nccl.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
     done = [refresh_catalogue(Path(source), directory, progress)] if source else []
     done += [refresh_cuda(Path(wheels), directory)] if wheels else []
     done += [refresh_torch(Path(torch_wheels), directory, progress)] if torch_wheels else []
     done += [refresh_launcher(name, Path(path), directory, progress) for name, path in launchers.items()]
+    done += [refresh_xid(Path(xid), directory, progress)] if xid else []
     done += [refresh_container(name, Path(path), directory, containers.get("container-toolkit"), progress)
              for name, path in containers.items() if path]
     return done + [refresh_package(name, Path(path), directory, progress) for name, path in packages.items()]
@@ -151,12 +164,13 @@ def _launcher_sources(command):
 
 
 def _container_sources(command):
-    """--container-toolkit-source and --libnvidia-container-source (container_catalogue's components)."""
+    """--container-toolkit-source, --libnvidia-container-source and --apptainer-source (container_catalogue's
+    components)."""
     for c in reversed(list(container_catalogue.COMPONENTS.values())):
         command = click.option(
             f"--{c.name}-source", type=click.Path(file_okay=False, exists=True),
             help=f"{c.title}'s sources: a git clone (or mirror) of {c.url.removeprefix('https://')} with its tags"
-                 + (", or saved sources with a tags.txt." if c.name == "container-toolkit" else
+                 + (", or saved sources with a tags.txt." if c.name != "libnvidia-container" else
                     " (a fork holding upstream's commits will do) read at the commits the toolkit's releases pin "
                     "(give --container-toolkit-source too), or saved sources with a tags.txt."))(command)
     return command
@@ -179,6 +193,10 @@ def _container_sources(command):
               help="A directory of Triton wheels, one per release the locks pin, with a sha256 they pin (pip download "
                    "--no-deps): its compiler and runtime.")
 @_container_sources
+@click.option("--xid-source", type=click.Path(file_okay=False, exists=True),
+              help="The NVIDIA open GPU kernel modules' sources: a git clone (or mirror) of "
+                   "github.com/NVIDIA/open-gpu-kernel-modules with its tags (the driver's Xids, from nverror.h), or "
+                   "saved sources with a tags.txt.")
 @click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
               callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
@@ -186,14 +204,16 @@ def _container_sources(command):
 def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels: Optional[str],
                       slurm_source: Optional[str], enroot_source: Optional[str], pyxis_source: Optional[str],
                       deepspeed_sdists: Optional[str], triton_wheels: Optional[str], container_toolkit_source: Optional[str],
-                      libnvidia_container_source: Optional[str], write: bool, matrix_dir: Optional[str]):
+                      libnvidia_container_source: Optional[str], apptainer_source: Optional[str],
+                      xid_source: Optional[str], write: bool, matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
     per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
     pinned CUDA runtime wheels, and what torch.distributed's Python raises or logs as an error
     from torch wheels, what Slurm (srun, slurmstepd, PMI/PMIx), enroot and pyxis print from
     their sources, and what DeepSpeed's launcher and op loading and Triton's compiler and runtime
     raise from their PyPI sdists and wheels, and what the NVIDIA Container Toolkit and
-    libnvidia-container print from their sources; show the diff, or --write it.
+    libnvidia-container print from their sources, and Apptainer's run path from its, and the NVIDIA
+    driver's Xid numbers and names from its open kernel modules; show the diff, or --write it.
 
     Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
     given; 2: a source cannot be read or an input is bad."""
@@ -201,7 +221,8 @@ def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels
     launchers = {"slurm": slurm_source, "enroot": enroot_source, "pyxis": pyxis_source}
     done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels,
                        launchers, {"deepspeed": deepspeed_sdists, "triton": triton_wheels},
-                       {"container-toolkit": container_toolkit_source, "libnvidia-container": libnvidia_container_source})
+                       {"container-toolkit": container_toolkit_source, "libnvidia-container": libnvidia_container_source,
+                        "apptainer": apptainer_source}, xid_source)
     for line in [line for _, facts in done for line in facts]:
         click.echo(f"  {line}", err=True)
     changed = [change for change, _ in done if change.changed]

@@ -1,5 +1,5 @@
-"""Derive matrices/catalogues/container-toolkit.yaml and libnvidia-container.yaml: what the NVIDIA
-container stack can print when it hands a container its GPUs.
+"""Derive matrices/catalogues/container-toolkit.yaml, libnvidia-container.yaml and apptainer.yaml: what
+the NVIDIA container stack and Apptainer can print when they hand a container its GPUs.
 
 The NVIDIA Container Toolkit (github.com/NVIDIA/nvidia-container-toolkit, Go: the runtime, the
 OCI hook, nvidia-ctk and the CDI hooks under cmd/, internal/ and pkg/) is read at the newest patch
@@ -18,7 +18,11 @@ libnvidia-container sources read hold (a fork that keeps upstream's commits will
 repository is too large to fetch here), so a line can be catalogued at an older patch than the
 toolkit's, and says so through its `tag`.
 
-Both are collated and written by the launchers' rule (launcher_catalogue): one wording an entry with
+Apptainer (github.com/apptainer/apptainer, Go) is read by the toolkit's Go reader at the newest patch
+tag of each of its release lines (APPTAINER_LINES): its `sylog.Fatalf`/`Errorf`/`Warningf`/`Infof`
+and the `fmt.Errorf`/`errors.New` it returns, in the packages of the run path (APPTAINER_ROOTS).
+
+All three are collated and written by the launchers' rule (launcher_catalogue): one wording an entry with
 its level, call, file, line and releases; each release's tag and commit. Same sources, same bytes.
 """
 
@@ -44,6 +48,17 @@ GO_CALL = re.compile(r"(?<![\w])(fmt\.Errorf|errors\.New|[lL]ogger\.(?:Errorf|Wa
 GO_LEVEL = {"fmt.Errorf": "ERROR", "errors.New": "ERROR", "Errorf": "ERROR", "Warningf": "WARN", "Infof": "INFO",
             "Panicln": "FATAL", "Panicf": "FATAL", "Fatalf": "FATAL", "Fatalln": "FATAL", "Fatal": "FATAL",
             "Panic": "FATAL"}
+APPTAINER_URL = "https://github.com/apptainer/apptainer"
+APPTAINER_LINES = ("1.1", "1.2", "1.3", "1.4", "1.5")
+APPTAINER_CALL = re.compile(r"(?<![\w])(fmt\.Errorf|errors\.New|sylog\.(?:Fatalf|Errorf|Warningf|Infof))\s*\(")
+# What an Apptainer job goes through: its commands (cmd/internal/cli: run/exec/shell and --nv/--rocm up to
+# 1.1), the launcher and engines (internal/pkg/runtime: --nv/--nvccli binds from 1.2 on, mounts, overlay),
+# nvliblist.conf and the GPU helpers (internal/pkg/util/gpu), images (SIF, squashfs, OCI), pulling them
+# (internal/pkg/client, ociimage, cache), the starter, cgroups, fakeroot, instances and the security options.
+APPTAINER_ROOTS = ("cmd/internal/cli", "internal/pkg/runtime", "internal/pkg/util", "internal/pkg/image",
+                   "internal/pkg/client", "internal/pkg/ociimage", "internal/pkg/cache", "internal/pkg/cgroups",
+                   "internal/pkg/fakeroot", "internal/pkg/instance", "internal/pkg/security", "internal/app/starter",
+                   "pkg/image", "pkg/runtime", "pkg/ocibundle", "pkg/util", "pkg/network")
 _GO_STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)"|`([^`]*)`')
 
 LIBNVC_CALL = re.compile(r"(?<![\w#.>])(warnx|warn|errx|err|error_setx|error_set|error_set_nvml|error_set_dl|"
@@ -71,10 +86,11 @@ def go_string(source: str, pos: int) -> tuple[Optional[str], int]:
         pos += after.end()
 
 
-def go_extract(source: str, path: str) -> list[dict]:
-    """Each literal message of one Go file's error, log and panic calls (module docstring)."""
+def go_extract(source: str, path: str, calls: re.Pattern = GO_CALL) -> list[dict]:
+    """Each literal message of one Go file's error, log and panic calls (`calls`: the toolkit's by
+    default, Apptainer's sylog with APPTAINER_CALL; module docstring)."""
     found, line_of = [], nccl_catalogue.line_finder(source)
-    for call in GO_CALL.finditer(source):
+    for call in calls.finditer(source):
         line_start = source.rfind("\n", 0, call.start()) + 1
         if source[line_start:call.start()].lstrip().startswith("//"):
             continue
@@ -117,6 +133,12 @@ COMPONENTS = {c.name: c for c in (
               "of the library (what the CLI's errors are filled with) and every log_* message of its debug log, "
               "in src/ and src/cli/ (.c and .h; src/nvcgo, Go, left out), at the commit the toolkit release pins "
               f"({SUBMODULE})"),
+    Component("apptainer", "Apptainer", APPTAINER_URL, TAG, "v*", APPTAINER_ROOTS, APPTAINER_LINES, _go_wanted,
+              lambda source, path: go_extract(source, path, APPTAINER_CALL),
+              "every literal message of sylog.Fatalf/Errorf/Warningf/Infof (printed as `FATAL:`, `ERROR:`, "
+              "`WARNING:`, `INFO:`) and of the fmt.Errorf and errors.New it returns (printed chained with `: ` by "
+              "the FATAL that stops the command) in the Go sources of the run path: " + ", ".join(APPTAINER_ROOTS)
+              + " (tests left out; the starter's C, image builds, signing, keys, remotes and plugins not read)"),
 )}
 
 
@@ -205,7 +227,7 @@ def open_sources(name: str, path: Path, toolkit: Optional[Path] = None) -> Sourc
     libnvidia-container commit it pins), or a git directory read at the commits `toolkit`'s tags pin."""
     spec = component(name)
     sources = nccl_catalogue.open_sources(path, spec.tag, spec.glob, spec.roots, spec.url)
-    if name == "container-toolkit" or not isinstance(sources, GitSources):
+    if name != "libnvidia-container" or not isinstance(sources, GitSources):
         return sources
     if toolkit is None:
         raise EnvbuildError(f"--libnvidia-container-source {path} is a git directory: give --container-toolkit-source "

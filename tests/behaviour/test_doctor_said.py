@@ -128,15 +128,16 @@ LAUNCHER_LINE = {"error": "srun: error: ", "fatal": "srun: fatal: ", "slurm_erro
 # How the container stack's messages reach a log: nvidia-container-cli's own (warnx ...) after its name, the
 # library's inside one of them; the toolkit's Go errors chained after the runtime's.
 CONTAINER_LINE = {"libnvidia-container": ("nvidia-container-cli: ", "nvidia-container-cli: mount error: "),
-                  "container-toolkit": ("failed to create NVIDIA Container Runtime: ",) * 2}
+                  "container-toolkit": ("failed to create NVIDIA Container Runtime: ",) * 2,
+                  "apptainer": ("FATAL:   container creation failed: ",) * 2}
 
 
 def container_line(component: str, message: dict) -> str:
     """A line the container stack prints with a catalogued wording (sample values filled in)."""
-    from envbuild.doctor.said import CONTAINERS, CONVERSION, _torch_line, go_printed
+    from envbuild.doctor.said import CONTAINERS, CONVERSION, GO, _torch_line, go_printed
     own, inner = CONTAINER_LINE[component]
     prefix = own if message["call"] in ("warnx", "warn", "errx", "err") else inner
-    text = go_printed(_torch_line(message["text"])) if component == "container-toolkit" else message["text"]
+    text = go_printed(_torch_line(message["text"])) if component in GO else message["text"]
     suffix = CONTAINERS[component][2].get(message["call"], ("", ""))[1]
     return prefix + CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), text + suffix)
 
@@ -145,15 +146,16 @@ SAMPLE = {"s": "x", "d": "0", "i": "0", "u": "0", "x": "1a", "X": "1A", "p": "0x
 
 
 def family_accuracy() -> list[tuple[str, int, int]]:
-    """Per family, over the project's real logs (tests/fixtures/logs, said, package-said and launcher-said): the
+    """Per family, over the project's real logs (tests/fixtures/logs, said, package-said, launcher-said, xid): the
     logs whose thread names a cause of that family (or nothing, for the clean ones), and how many of
     them doctor gives exactly the verdicts the thread names."""
     from envbuild.doctor import load_catalogue
     issues, _ = load_catalogue(ROOT / "matrices")
-    family = {i.id: i.family for i in issues}
+    from envbuild.doctor.said import XID_FAMILY
+    family = {i.id: i.family for i in issues} | {"gpu-xid": XID_FAMILY}  # the Xids' verdicts come from their catalogue
     counts: dict[str, list[int]] = {}
     folders = ((LOGS, "expected"), (REAL, "verdicts"), (ROOT / "tests" / "fixtures" / "package-said", "verdicts"),
-               (ROOT / "tests" / "fixtures" / "launcher-said", "verdicts"))
+               (ROOT / "tests" / "fixtures" / "launcher-said", "verdicts"), (ROOT / "tests" / "fixtures" / "xid", "verdicts"))
     for folder, key in folders:
         for entry in yaml.safe_load((folder / "INDEX.yaml").read_text())["logs"]:
             got = sorted({f.issue.id for f in diagnose_log(str(folder / entry["file"]), issues) if f.explained})

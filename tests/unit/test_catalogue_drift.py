@@ -146,7 +146,7 @@ def _renderings(component: str) -> dict[str, str]:
     from envbuild.doctor.said import CONVERSION, LAUNCHERS, PYTHON, _torch_line, printed
     from test_doctor_said import LAUNCHER_LINE, SAMPLE, container_line
     lines = {}
-    if component in ("container-toolkit", "libnvidia-container"):
+    if component in ("container-toolkit", "libnvidia-container", "apptainer"):
         return {str(m["text"]): container_line(component, m) for m in CATALOGUES[component]["messages"]}
     for m in CATALOGUES[component]["messages"]:
         text = printed(m["text"]) if component in LAUNCHERS else m["text"]

@@ -111,6 +111,7 @@ OPTIONS = 'options: ["--with-greet={prefix:libgreet}",'
     ("drop: [/opt/greet/include]", "drop: [/etc]", "build", "'/etc' is not inside a source's prefix"),
     ("- run: /opt/greet-tool/bin/greet fabric", "- run: greet; id", "probes[1].run", "absolute path"),
     ('to: "/opt/greet/lib/libgreet.so.[0-9]*"', 'to: "$(id)"', "links[0].to", "expected an absolute glob"),
+    ('to: "/opt/greet/lib/libgreet.so.[0-9]*"', 'to: "{prefix}/lib/x"', "links[0].to", "the one placeholder"),
     ("name: HAVE_LIBGREET", "name: HAVE LIBGREET", ").name", "expected a C identifier"),
 ])
 def test_a_build_value_outside_its_grammar_is_refused_at_load_naming_the_field(tmp_path, old, new, field, said):

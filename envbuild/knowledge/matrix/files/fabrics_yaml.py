@@ -142,10 +142,10 @@ class FabricLink(_Strict):
     @field_validator("to")
     @classmethod
     def _glob(cls, v: str) -> str:
-        if not _GLOB.match(v) or not (v.startswith("/") or v.startswith("{venv}/")):
-            raise ValueError(f"expected an absolute glob or one under {{venv}}/ of letters, digits and ._+@%=,:/~-*?[], "
-                             f"got {v!r}")
-        _placeholders(v)
+        if not _GLOB.match(v) or not (v.startswith("/") or v.startswith("{venv}/")) or \
+                any(name != "venv" for name, _ in _placeholders(v)):
+            raise ValueError(f"expected an absolute glob or one under {{venv}}/ (the one placeholder a link takes) of "
+                             f"letters, digits and ._+@%=,:/~-*?[], got {v!r}")
         return v
 
 

@@ -19,6 +19,7 @@ from conftest import BASE_IMAGE, docker, unique
 from test_fabric_build import fabric_steps, matrix_with_test_fabric, write_sources
 
 BUILDER_PACKAGES = "build-essential curl ca-certificates"
+NO_ARCHIVE = 97  # the builder's exit status when apt cannot install them (not the fabric's failure)
 
 
 @pytest.fixture
@@ -49,9 +50,12 @@ def test_a_fabric_declared_only_as_data_builds_installs_and_runs_from_its_render
     _, build, install = fabric_steps(matrix_dir)
     steps = tmp_path / "o" / "envbuild" / "steps"  # the rendered build directory's scripts
     built = _run(tmp_path, steps, f"""set -e
-        apt-get update -qq > /dev/null && apt-get install -y -qq --no-install-recommends {BUILDER_PACKAGES} > /dev/null
+        apt-get update -qq > /dev/null && apt-get install -y -qq --no-install-recommends {BUILDER_PACKAGES} > /dev/null \
+            || exit {NO_ARCHIVE}
         bash /opt/envbuild-setup/fabric.sh {shlex.join(build.args)}
         tar -cf /out/prefixes.tar /opt/greet /opt/greet-tool""", "fabric-builder")
+    if built.returncode == NO_ARCHIVE:
+        pytest.skip(f"the container reaches no Debian archive to install {BUILDER_PACKAGES} from: {built.stderr[-300:]}")
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-4000:]
     log = built.stderr
     assert "greet-tool HAVE_LIBGREET 1" in log and "greet: hello fabric from libgreet 1.0, tool 1.0" in log, log

@@ -38,9 +38,13 @@ import re, sys
 import yaml
 for fabric in yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["fabrics"]:
     for src in (fabric.get("build") or {}).get("sources", []):
+        if not src["url"].startswith("https://github.com/"):  # the source_mirror stands in for GitHub only
+            print(f"fabric-sources: {fabric['name']} {src['name']}: not on GitHub, fetched from {src['url']} itself",
+                  file=sys.stderr)
+            continue
         m = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)/archive/([0-9a-f]{40})\.tar\.gz", src["url"])
-        if not m or m.group(2) != src["commit"]:
-            sys.exit(f"fabric-sources: {fabric['name']} {src['name']}: {src['url']} is not a GitHub archive of {src['commit']}")
+        if not m or m.group(2) != src.get("commit"):
+            sys.exit(f"fabric-sources: {fabric['name']} {src['name']}: {src['url']} is not a GitHub archive of {src.get('commit')}")
         print(src["name"], m.group(1), src["commit"], src["version"], src["tar_sha256"])
 PY
 )

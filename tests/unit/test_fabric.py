@@ -68,10 +68,14 @@ def test_aws_efa_is_built_from_pinned_sources_in_the_builder_and_copied_whole(ma
     assert names.index("torch") < names.index("fabric") < names.index("deepspeed")
     assert names.index("cuda-toolkit") < names.index("fabric") if "cuda-toolkit" in names else plan.toolchain_home
     step = plan.builder.steps[names.index("fabric")]
-    assert step.args[:4] == ("rdma-core", "v64.0",
-                             "https://github.com/linux-rdma/rdma-core/archive/f272237493ef309984036f7b85655e11104c61c8.tar.gz",
-                             "87047eb4b0817e036fc1639fce4d3920add1200729f4a0f442e7572e128c9c15")
-    assert [step.args[i] for i in range(0, len(step.args), 4)] == ["rdma-core", "libfabric", "aws-ofi-nccl"]
+    words = list(step.args)
+    assert words[words.index("rdma-core") - 1:][:6] == [
+        "source", "rdma-core", "version", "v64.0",
+        "url", "https://github.com/linux-rdma/rdma-core/archive/f272237493ef309984036f7b85655e11104c61c8.tar.gz"]
+    assert [words[i + 1] for i, w in enumerate(words) if w == "source"] == ["rdma-core", "libfabric", "aws-ofi-nccl"]
+    # {prefix:rdma-core} is filled in at render time, the builder's {cuda} is left to fabric.sh
+    assert "--enable-efa=/opt/amazon/efa" in words and "--with-cuda={cuda}" in words
+    assert words[words.index("link") + 1] == "/opt/amazon/efa/lib/cudart/libcudart.so"
     assert "source_mirror" in step.secrets and dict(step.env)["CUDA_HOME"] == plan.toolchain_home
     assert {"cmake", "libnl-3-dev", "libhwloc-dev"} <= set(plan.builder.steps[0].args)
     assert "nvidia-nvml-dev==13.2.86 --hash=sha256:" in plan.generated_files["envbuild/fabric/headers.txt"]
@@ -130,7 +134,7 @@ def test_a_fabric_build_path_must_be_absolute(matrix_copy):
     (matrix_copy / "fabrics.yaml").write_text(text)
     with pytest.raises(EnvbuildError) as e:
         load_matrix(matrix_copy)
-    assert "build.prefix: 'opt/amazon/efa': it is not an absolute path" in e.value.message
+    assert "build.sources[0] (rdma-core).prefix: 'opt/amazon/efa': it is not an absolute path" in e.value.message
 
 
 @pytest.fixture
@@ -184,22 +188,24 @@ def test_fabric_sh_refuses_a_source_that_is_not_the_pinned_one(tmp_path, served)
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "source_mirror").write_text(mirror + "\n")
-    efa, ofi = tmp_path / "efa", tmp_path / "ofi"
+    efa = tmp_path / "efa"
     github = "https://github.com"
-    args = ["rdma-core", "v64.0", f"{github}/linux-rdma/rdma-core/archive/{commit}.tar.gz", pin,
-            "libfabric", "v2.6.0", f"{github}/ofiwg/libfabric/archive/{'0' * 40}.tar.gz", "0" * 64,
-            "aws-ofi-nccl", "v1.21.1", f"{github}/aws/aws-ofi-nccl/archive/{'0' * 40}.tar.gz", "0" * 64]
+    args = ["ld-conf", str(tmp_path / "ld.conf"),
+            "source", "rdma-core", "version", "v64.0", "url", f"{github}/linux-rdma/rdma-core/archive/{commit}.tar.gz",
+            "sha256", pin, "build", "cmake", "prefix", str(efa), "option", "-GNinja",
+            "source", "libfabric", "version", "v2.6.0", "url", f"{github}/ofiwg/libfabric/archive/{'0' * 40}.tar.gz",
+            "sha256", "0" * 64, "build", "autotools", "prefix", str(efa), "option", "--with-cuda={cuda}"]
     env = {"PATH": os.environ["PATH"], "CUDA_HOME": str(cuda), "ENVBUILD_SECRETS_DIR": str(secrets),
-           "ENVBUILD_EFA_PREFIX": str(efa), "ENVBUILD_OFI_NCCL_PREFIX": str(ofi), "no_proxy": "127.0.0.1"}
+           "no_proxy": "127.0.0.1"}
     r = subprocess.run(["bash", str(templates_dir() / "files" / "steps" / "fabric.sh"), *args], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     assert f"rdma-core v64.0 from {mirror}/linux-rdma/rdma-core/archive/{commit}.tar.gz" in r.stderr
     assert f"the tar's sha256 is {served_sha}, the pin is {pin}: not the pinned source" in r.stderr
-    assert "the build stops" in r.stderr and not efa.exists() and not ofi.exists()
-    r = subprocess.run(["bash", str(templates_dir() / "files" / "steps" / "fabric.sh"), *args[:4]], env=env,
+    assert "the build stops" in r.stderr and not efa.exists()
+    r = subprocess.run(["bash", str(templates_dir() / "files" / "steps" / "fabric.sh"), *args[:-2], "option"], env=env,
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "no libfabric source given" in r.stderr, r.stderr
+    assert r.returncode == 1 and "'option' takes a value" in r.stderr, r.stderr
 
 
 def _fixture_dir() -> Path:

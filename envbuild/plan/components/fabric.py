@@ -15,21 +15,38 @@ FABRIC_SECRETS = ("ca_cert", "pip_index_url", "source_mirror")
 FABRIC_HEADERS = "fabric/headers.txt"  # under envbuild/ in the build directory: the fabric's pip header lines
 
 
+def build_words(build) -> tuple[str, ...]:
+    """fabric.sh's arguments: KEY VALUE pairs (define, link, export and probe take two values),
+    a `source NAME` opening each source's, in build order. Every value passed its grammar at
+    load (fabrics_yaml.py); Step quotes each word for the shell."""
+    words: list[str] = ["ld-conf", build.ld_conf]
+    for src in build.sources:
+        words += ["source", src.name, "version", src.version, "url", src.url, "sha256", src.tar_sha256,
+                  "build", src.build, "prefix", src.prefix]
+        words += [w for option in src.options for w in ("option", build.expanded(option, src))]
+        words += ["version-file", src.version_file] if src.version_file else []
+        words += ["config-header", src.config_header] if src.defines else []
+        words += [w for d in src.defines for w in ("define", d.name, d.why)]
+    words += [w for path in build.drop for w in ("drop", path)]
+    words += [w for link in build.links for w in ("link", link.path, link.to)]
+    words += [w for e in build.exports for symbol in e.symbols for w in ("export", e.file, symbol)]
+    words += [w for probe in build.probes for w in ("probe", probe.run, probe.expect)]
+    return tuple(words)
+
+
 def _build_step(fabric, cuda_home: Optional[str]) -> Step:
-    """The builder compiles a fabric from its pinned sources (fabric.sh): four arguments per
-    source, the real URL (the source_mirror secret may replace its GitHub base) and the sha256
-    of its tar stream, checked either way."""
+    """The builder compiles a fabric from its pinned sources (fabric.sh, one loop over the
+    declared sources): the real URLs (the source_mirror secret may replace their GitHub base)
+    and the sha256 of each tar stream, checked either way."""
     build = fabric.build
-    if cuda_home is None:  # rules.nvcc_required gives a source-built fabric the toolchain
-        raise AssertionError(f"fabric {fabric.name} is built from source but the builder has no CUDA_HOME")
-    env = [("CUDA_HOME", cuda_home), ("ENVBUILD_EFA_PREFIX", build.prefix),
-           ("ENVBUILD_OFI_NCCL_PREFIX", build.plugin_prefix), ("ENVBUILD_FABRIC_LD_CONF", build.ld_conf)]
+    if cuda_home is None and build.uses_cuda:  # rules.nvcc_required gives a source-built fabric the toolchain
+        raise AssertionError(f"fabric {fabric.name} is built against CUDA but the builder has no CUDA_HOME")
+    env = [("CUDA_HOME", cuda_home)] if cuda_home else []
     files = step_files("fabric.sh", "fabric-install.sh")
     if build.headers:
         env.append(("ENVBUILD_FABRIC_HEADERS", f"{paths.SETUP_DIR}/fabric-headers.txt"))
         files += (FileCopy(f"envbuild/{FABRIC_HEADERS}", f"{paths.SETUP_DIR}/fabric-headers.txt"),)
-    args = tuple(word for src in build.sources for word in (src.name, src.version, src.url, src.tar_sha256))
-    return Step("fabric", args, files=files, env=tuple(env), secrets=FABRIC_SECRETS,
+    return Step("fabric", build_words(build), files=files, env=tuple(env), secrets=FABRIC_SECRETS,
                 comment=f"fabric {fabric.name}: {', '.join(f'{s.name} {s.version}' for s in build.sources)} from "
                         f"pinned sources, each tar's sha256 checked ({build.time})")
 
@@ -38,8 +55,7 @@ def _install_step(fabric) -> Step:
     """After the runtime copied the fabric's prefixes: register their libraries with the dynamic
     linker (NCCL dlopens its plugin by name) and put the fabric's tools on PATH."""
     build = fabric.build
-    return Step("fabric-install", (build.ld_conf, f"{build.prefix}/bin", f"{build.prefix}/lib",
-                                   f"{build.plugin_prefix}/lib"),
+    return Step("fabric-install", (build.ld_conf, *build.prefixes),
                 comment=f"fabric {fabric.name}: its libraries in the loader's cache, its tools on PATH")
 
 
@@ -67,7 +83,7 @@ def part(ctx: Context) -> Part:
     return Part(builder_steps=(_build_step(fabric, ctx.toolchain_home),) if build else (),
                 runtime_steps=_user_space(ctx),
                 after_copy=(_install_step(fabric),) if copied else (),
-                from_builder=(build.prefix, build.plugin_prefix) if copied else (),
+                from_builder=build.prefixes if copied else (),
                 image_files=tuple(FileCopy(f"envbuild/{f.vendored}", f.path) for f in fabric.files),
                 generated=((f"envbuild/{FABRIC_HEADERS}", "".join(f"{line}\n" for line in build.headers)),)
                 if build and build.headers else ())

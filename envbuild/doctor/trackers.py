@@ -61,7 +61,7 @@ class MatchTracker:
         self.last_excuse: Optional[int] = None
         self.count = 0
         self.records: dict[str, _Record] = {}
-        self._resolved: dict[tuple, dict] = {}
+        self._resolved: dict[tuple, tuple[dict, dict]] = {}  # captures -> (parts, resolved texts)
         self.cancelled = False
         self.waiting: list = []  # hits whose context may still come: (deadline, line_no, line, match, rank)
         self.has_parts = bool(issue.parts())  # only a match with parts can lose some to a wrapped line
@@ -132,13 +132,14 @@ class MatchTracker:
     def _record(self, line_no: int, line: str, match: re.Match, rank: Optional[str]):
         self.count += 1
         self.cancelled = False
-        parts = _parts(match)
-        memo = tuple(parts.items())
-        resolved = self._resolved.get(memo)
-        if resolved is None:  # a log repeats its lines: resolve each distinct set of parts once
-            resolved = self.issue.resolve(parts)
+        captured = tuple(match.groupdict().items())
+        known = self._resolved.get(captured)
+        if known is None:  # a log repeats its lines: make and resolve each distinct set of captures' parts once
+            parts = _parts(match)
+            known = (parts, self.issue.resolve(parts))
             if len(self._resolved) < MAX_RESOLVED:
-                self._resolved[memo] = resolved
+                self._resolved[captured] = known
+        parts, resolved = known
         key = resolved["title"]
         record = self.records.get(key)
         if record is None:

@@ -544,6 +544,19 @@ def test_net_not_found_names_the_network():
     assert by_id(diagnose_text(log, ISSUES), "nccl-net-not-found").title.endswith("AWS Libfabric")
 
 
+def test_a_repeated_hit_makes_its_parts_once(monkeypatch):
+    """NCCL INFO logs repeat the same lines by the thousand: a hit whose captures were seen before reuses
+    the parts made of them (each value made printable once), and the finding still counts every hit."""
+    import envbuild.doctor.trackers as trackers
+    made = []
+    monkeypatch.setattr(trackers, "printable", lambda value: made.append(value) or value)
+    loaded = "node1:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin NCCL RDMA Plugin v8 (v8)\n"
+    missing = "node2:2:2 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation\n"
+    found = by_id(diagnose_text(loaded + missing * 500, ISSUES), "net-plugin-partial")
+    assert (found.count, found.parts) == (500, {"plugin": ["libnccl-net.so"]})
+    assert made == ["libnccl-net.so"]
+
+
 def test_harmless_plugin_and_library_lines_are_not_findings():
     """NCCL's own INFO lines about a missing optional plugin, and TensorFlow's CPU-only cudart warning."""
     for log in ("nccl-162-net-plugin-info-clean.log", "nccl-1292-plugin-symbol-clean.log",

@@ -235,6 +235,37 @@ def python_matchers(data: dict, component: str = "torch") -> list[Matcher]:
     return found
 
 
+C10D_ERROR = re.compile(  # a piece that says something failed: what c10d prints when a job fails
+    r"\b(?:fail(?:ed|ure|s)?|timed out|timeout|caught|exception|error|abort(?:ed)?|terminated|crash|closed|"
+    r"refused|not listening|unable|could not|lost|stuck|hang)\b", re.IGNORECASE)
+C10D_HEALTHY = re.compile(  # warnings and settings a healthy job prints; an assert's build path; an op's schema
+    r"WARNING|TORCH_NCCL_|environments?:|terminated normally|Skip|hasn't been destroyed|ignoring|not an error|"
+    r"INTERNAL ASSERT FAILED at \"|__torch__|to be true, but got false")
+MIN_C10D_FIXED = 20  # `recvValue failed on %s: %s`: c10d names its call, so a shorter piece says enough
+
+
+def c10d_matchers(data: dict) -> list[Matcher]:
+    """A matcher per piece of c10d's C++ (matrices/catalogues/c10d.yaml, read from the wheels'
+    libraries) that says something failed (C10D_ERROR) and enough to match alone; warnings and
+    settings a healthy job prints (C10D_HEALTHY) are catalogued but not reported. The wheel holds no
+    file or line: the lead names the library and the compile unit the piece sits among."""
+    wheels = {str(r["release"]): str(r.get("url") or "") for r in data.get("releases") or []}
+    found = []
+    for entry in data.get("messages") or []:
+        text, releases = _torch_line(str(entry["text"])), str(entry["releases"])
+        if (len(fixed_text(text)) < MIN_C10D_FIXED or len(key_of(text)) < MIN_KEY or not C10D_ERROR.search(text)
+                or C10D_HEALTHY.search(text)):
+            continue
+        where = f"{entry['library']} (among {entry['near']}'s strings; the wheel holds no file or line)"
+        found.append(Matcher(
+            "c10d", text, to_regex(text), f"c10d said: {text.strip()}", f"torch {releases}, {where}" + _captures(text),
+            _unexplained(f"a piece of a message c10d's C++ prints (in {where}, torch {releases})"),
+            "Search https://github.com/pytorch/pytorch/issues for the wording; rerun with TORCH_CPP_LOG_LEVEL=INFO "
+            "and TORCH_DISTRIBUTED_DEBUG=DETAIL for the lines before it; the first rank to print an error is where "
+            "to look first.", wheels.get(_newest(releases)) or "https://pypi.org/project/torch/"))
+    return found
+
+
 # What the launchers print (matrices/catalogues/slurm.yaml, enroot.yaml, pyxis.yaml), per component:
 # its name, the levels reported (info and warnings are in healthy jobs too), the screen words a line
 # must hold, and per call the expression before the message and the text printed after it.
@@ -468,10 +499,12 @@ class Said:
 
     @classmethod
     def of(cls, nccl: Optional[dict] = None, cuda: Optional[dict] = None, torch: Optional[dict] = None,
-           launchers: tuple[dict, ...] = (), packages: tuple[dict, ...] = (), xid: Optional[dict] = None) -> "Said":
-        """The matchers of the NCCL, CUDA, torch.distributed, launcher and package (DeepSpeed, Triton)
+           launchers: tuple[dict, ...] = (), packages: tuple[dict, ...] = (), xid: Optional[dict] = None,
+           c10d: Optional[dict] = None) -> "Said":
+        """The matchers of the NCCL, CUDA, torch.distributed, c10d, launcher and package (DeepSpeed, Triton)
         catalogues and the Xids (any may be absent)."""
         matchers = nccl_matchers(nccl or {}) + cuda_matchers(cuda or {}) + python_matchers(torch or {})
+        matchers += c10d_matchers(c10d or {})
         matchers += xid_matchers(xid) if xid else []
         matchers += [m for data in launchers for m in (launcher_matchers(data) if str(data.get("component")) in LAUNCHERS
                                                        else container_matchers(data))]
@@ -482,7 +515,8 @@ class Said:
         words += [m.text.strip() for m in matchers if m.component == "nccl" and not m.pattern.startswith(WARN_WORD)]
         words += ["cudaError", "CUDA_ERROR_"] if cuda else []
         words += [XID_WORD] if xid else []
-        words += [key_of(m.text) for m in matchers if m.component in PYTHON or m.component in GO]  # no common prefix: each one's own
+        own = (*PYTHON, *GO, "c10d")  # no common prefix: each one's own
+        words += [key_of(m.text) for m in matchers if m.component in own]
         return cls(matchers, words)
 
     def match(self, line: str) -> Optional[tuple[int, re.Match]]:
@@ -524,15 +558,17 @@ def load_said(directory: Optional[Path] = None) -> Optional[Said]:
     nccl, cuda, torch = _read(folder / "nccl.yaml"), _read(folder / "cuda.yaml"), _read(folder / "torch.yaml")
     launchers = [_read(folder / f"{name}.yaml") for name in (*LAUNCHERS, *CONTAINERS)]
     packages = [_read(folder / f"{name}.yaml") for name in PACKAGES]
-    xid = _read(folder / "xid.yaml")
-    if nccl is None and cuda is None and torch is None and not any(launchers) and not any(packages) and xid is None:
+    xid, c10d = _read(folder / "xid.yaml"), _read(folder / "c10d.yaml")
+    if nccl is None and cuda is None and torch is None and not any(launchers) and not any(packages) and xid is None \
+            and c10d is None:
         return None
     try:
         return Said.of(*(data if isinstance(data, dict) else None for data in (nccl, cuda, torch)),
                        tuple({**data, "component": name} for name, data in zip((*LAUNCHERS, *CONTAINERS), launchers)
                              if isinstance(data, dict)),
                        tuple({**data, "component": name} for name, data in zip(PACKAGES, packages)
-                             if isinstance(data, dict)), xid if isinstance(xid, dict) else None)
+                             if isinstance(data, dict)), xid if isinstance(xid, dict) else None,
+                       c10d if isinstance(c10d, dict) else None)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise EnvbuildError(f"a message catalogue in {folder} is malformed ({type(e).__name__}: {e}); "
                             f"regenerate it with `envbuild matrix catalogue --write`.") from None

@@ -14,6 +14,7 @@ import click
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.resources import CATALOGUES, matrices_dir
 from envbuild.refresh import (
+    c10d_catalogue,
     container_catalogue,
     cuda_catalogue,
     launcher_catalogue,
@@ -73,6 +74,20 @@ def refresh_torch(wheels: Path, directory: Path, progress=lambda _: None) -> tup
             torch_catalogue.summary(torch_catalogue.parse(old_text, path), new))
 
 
+def refresh_c10d(wheels: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
+    """c10d's C++ catalogue from the Linux torch wheels (or their saved extractions) the locks pin."""
+    if not (directory / "locks").is_dir():
+        raise EnvbuildError(f"--matrix-dir {directory} has no locks/; point it at a matrix directory such as matrices/.")
+    path = directory / CATALOGUES / "c10d.yaml"
+    old_text = _old(path)
+    new = c10d_catalogue.derive(wheels, c10d_catalogue.shipped_releases(directory), progress)
+    if not new["releases"]:
+        raise EnvbuildError(f"--c10d-wheels {wheels} holds no torch wheel (or extraction) whose sha256 a lock in "
+                            f"{directory / 'locks'} pins: {c10d_catalogue.FETCH}.")
+    return (writer.FileChange(path, old_text, c10d_catalogue.render(new)),
+            c10d_catalogue.summary(nccl_catalogue.parse(old_text, path), new))
+
+
 def refresh_launcher(name: str, source: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
     """A launcher's catalogue (Slurm, enroot or pyxis) from its fetched sources, for the release lines
     launcher_catalogue names."""
@@ -130,16 +145,17 @@ def refresh_package(name: str, archives: Path, directory: Path, progress=lambda 
 
 def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, progress,
                 torch_wheels: Optional[str] = None, launchers: Optional[dict] = None,
-                packages: Optional[dict] = None, containers: Optional[dict] = None, xid: Optional[str] = None) -> list:
+                packages: Optional[dict] = None, containers: Optional[dict] = None, xid: Optional[str] = None,
+                c10d: Optional[str] = None) -> list:
     launchers = {name: path for name, path in (launchers or {}).items() if path}
     containers = containers or {}
     packages = {name: path for name, path in (packages or {}).items() if path}
     if not source and not wheels and not torch_wheels and not launchers and not packages and not any(containers.values()) \
-            and not xid:
+            and not xid and not c10d:
         raise EnvbuildError("give --source (NCCL's sources), --cuda-wheels (the CUDA runtime wheels), --torch-wheels "
                             "(torch wheels), --slurm-source, --enroot-source, --pyxis-source, --deepspeed-sdists, "
                             "--triton-wheels, --container-toolkit-source, --libnvidia-container-source, --apptainer-source, "
-                            "--xid-source, or several.")
+                            "--xid-source, --c10d-wheels, or several.")
     if (source or wheels) and not (directory / "nccl.yaml").is_file():
         raise EnvbuildError(f"--matrix-dir {directory} has no nccl.yaml; point it at a matrix directory such as matrices/.")
     done = [refresh_catalogue(Path(source), directory, progress)] if source else []
@@ -147,6 +163,7 @@ def refresh_all(source: Optional[str], wheels: Optional[str], directory: Path, p
     done += [refresh_torch(Path(torch_wheels), directory, progress)] if torch_wheels else []
     done += [refresh_launcher(name, Path(path), directory, progress) for name, path in launchers.items()]
     done += [refresh_xid(Path(xid), directory, progress)] if xid else []
+    done += [refresh_c10d(Path(c10d), directory, progress)] if c10d else []
     done += [refresh_container(name, Path(path), directory, containers.get("container-toolkit"), progress)
              for name, path in containers.items() if path]
     return done + [refresh_package(name, Path(path), directory, progress) for name, path in packages.items()]
@@ -197,6 +214,9 @@ def _container_sources(command):
               help="The NVIDIA open GPU kernel modules' sources: a git clone (or mirror) of "
                    "github.com/NVIDIA/open-gpu-kernel-modules with its tags (the driver's Xids, from nverror.h), or "
                    "saved sources with a tags.txt.")
+@click.option("--c10d-wheels", type=click.Path(file_okay=False, exists=True),
+              help="A directory of Linux x86_64 torch wheels the locks pin, or the WHEEL.c10d.json extractions "
+                   "reading one leaves beside it (the wheel can then go): c10d's C++ strings.")
 @click.option("--write", is_flag=True, help="Write the catalogues (atomically) instead of only showing the diff.")
 @click.option("--matrix-dir", type=click.Path(file_okay=False), envvar="ENVBUILD_MATRIX_DIR",
               callback=lambda ctx, param, value: _not_empty("--matrix-dir", value),
@@ -205,7 +225,7 @@ def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels
                       slurm_source: Optional[str], enroot_source: Optional[str], pyxis_source: Optional[str],
                       deepspeed_sdists: Optional[str], triton_wheels: Optional[str], container_toolkit_source: Optional[str],
                       libnvidia_container_source: Optional[str], apptainer_source: Optional[str],
-                      xid_source: Optional[str], write: bool, matrix_dir: Optional[str]):
+                      xid_source: Optional[str], c10d_wheels: Optional[str], write: bool, matrix_dir: Optional[str]):
     """Derive every message NCCL can print (WARN and INFO format strings, ncclResult_t messages)
     per release the matrix ships from NCCL's sources, and every cudaError_t and CUresult from the
     pinned CUDA runtime wheels, and what torch.distributed's Python raises or logs as an error
@@ -213,7 +233,8 @@ def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels
     their sources, and what DeepSpeed's launcher and op loading and Triton's compiler and runtime
     raise from their PyPI sdists and wheels, and what the NVIDIA Container Toolkit and
     libnvidia-container print from their sources, and Apptainer's run path from its, and the NVIDIA
-    driver's Xid numbers and names from its open kernel modules; show the diff, or --write it.
+    driver's Xid numbers and names from its open kernel modules, and the pieces of c10d's C++
+    messages from the torch wheels' libraries; show the diff, or --write it.
 
     Exit 0: the catalogues are current (or were written); 1: one differs and --write was not
     given; 2: a source cannot be read or an input is bad."""
@@ -222,7 +243,7 @@ def catalogue_command(source: Optional[str], wheels: Optional[str], torch_wheels
     done = refresh_all(source, wheels, directory, lambda s: click.echo(f"  reading {s}", err=True), torch_wheels,
                        launchers, {"deepspeed": deepspeed_sdists, "triton": triton_wheels},
                        {"container-toolkit": container_toolkit_source, "libnvidia-container": libnvidia_container_source,
-                        "apptainer": apptainer_source}, xid_source)
+                        "apptainer": apptainer_source}, xid_source, c10d_wheels)
     for line in [line for _, facts in done for line in facts]:
         click.echo(f"  {line}", err=True)
     changed = [change for change, _ in done if change.changed]

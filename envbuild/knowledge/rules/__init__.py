@@ -44,6 +44,8 @@ the family module that makes them:
 - ``ext-arch``        a CUDA extension has been built for the image's CPU architecture
 - ``ext-deps``        a CUDA extension's runtime requirements are in the stack's lock (nothing unlocked sneaks in)
 - ``ext-audit``       an extension with device code of its own is on a toolchain with NVIDIA's cuobjdump, so its SASS can be audited
+- ``ext-conflict``    two extensions that cannot share an image (files one overwrites, disjoint pins of one dependency) are refused together
+- ``ext-nvcc``        a source build for a GPU its setup.py emits code for only from a newer nvcc (sm_100/sm_120 from 12.8) is refused
 - ``ext-glibc``       the stack's base image has the glibc the extension's closure has wheels for (mamba-ssm on aarch64: 2.34)
 - ``ext-source``    a CUDA extension has a source on PyPI that builds (FA3: the sdist lacks its kernels)
 - ``ext-wheel``     a wheel-only extension has a PyPI wheel for the stack's CPU, CUDA major, torch and Python

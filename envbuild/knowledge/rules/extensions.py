@@ -45,7 +45,7 @@ def requirement_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
 
 
-def stack_nvcc(s) -> str:
+def _stack_nvcc(s) -> str:
     """The nvcc a stack compiles with: its PyPI cuda-toolkit's version, or on NVIDIA's devel
     images the stack's CUDA (the builder image's own, rule bases checks they agree)."""
     return s.cuda_toolkit or s.cuda
@@ -68,9 +68,9 @@ def _nvcc_rejection(ext, s, gpu) -> Optional[Rejection]:
     (flash-attn and mamba-ssm: sm_100/sm_120 from nvcc 12.8, no PTX) would build no kernel the GPU
     runs; the SASS audit would find that hours later."""
     for floor in ext.nvcc_for_cc:
-        if compute_capability(gpu.cc) >= compute_capability(floor.min_cc) and not contains(floor.nvcc, stack_nvcc(s)):
+        if compute_capability(gpu.cc) >= compute_capability(floor.min_cc) and not contains(floor.nvcc, _stack_nvcc(s)):
             return Rejection("ext-nvcc", f"{ext.name} {ext.version} compiled for {gpu.name} ({gpu.sm}) needs nvcc "
-                                         f"{floor.nvcc} and stack {s.id} compiles with nvcc {stack_nvcc(s)}, which emits "
+                                         f"{floor.nvcc} and stack {s.id} compiles with nvcc {_stack_nvcc(s)}, which emits "
                                          f"no code for compute capability >= {floor.min_cc} ({floor.source})")
     return None
 

@@ -194,8 +194,8 @@ class CudaExtension(_Strict):
     # tilelang has one aarch64 wheel, manylinux_2_34; its sdist compiles TVM): rule ext-glibc
     min_glibc: dict[Literal["x86_64", "aarch64"], str] = {}
     build_headers: list[str] = []  # headers its compile includes that the CUDA toolkit lacks (cudnn.h): from pip's nvidia-*
-    conflicts: list[Conflict] = []  # extensions it cannot share an image with (rule ext-conflict)
-    nvcc_for_cc: list[NvccFloor] = []  # the nvcc its source build needs for newer GPUs (rule ext-nvcc)
+    conflicts: list[Conflict] = []  # extensions it cannot share an image with (refused together at render)
+    nvcc_for_cc: list[NvccFloor] = []  # the nvcc its source build needs for newer GPUs (older ones are refused at render)
     min_cc: str  # the oldest compute capability its kernels support
     max_cc: Optional[str] = None  # the newest (None: no ceiling known)
     torch: str  # the torch releases its source builds against

@@ -670,3 +670,18 @@ def test_a_pure_python_extension_imports_as_present_and_fitting_without_a_compil
     assert children._import_extension(ext)["ok"], children._import_extension(ext)
     compiled = children._import_extension({**ext, "modules": ["packaging.version"]})
     assert not compiled["ok"] and "RECORD lists no compiled library" in compiled["detail"]
+
+
+def test_transformer_engines_core_is_locked_with_its_meta_package_of_the_same_release():
+    """The core wheel's transformer_engine/common/__init__.py asserts at import that the
+    `transformer-engine` meta package of its own version is installed from a wheel: a core locked
+    without it fails the build's import check (the opt-in TE cell found it)."""
+    from conftest import ROOT
+    from envbuild.knowledge.matrix import load_matrix
+
+    m = load_matrix(ROOT / "matrices")
+    cores = [e for e in m.extensions.values() if e.name.startswith("transformer-engine-cu")]
+    assert len(cores) == 2
+    for core in cores:
+        major = core.name.removeprefix("transformer-engine-cu")
+        assert f"transformer-engine=={core.version}" in core.requires_by_cuda[major], core.name

@@ -143,6 +143,7 @@ class Resolution:
     os_unlocked: Optional[str] = None  # why some stage's OS packages are not pinned (None: all are)
     matrix_sha256: str = ""  # the matrix it was resolved from (Matrix.sha256): recorded in the image
     toolchain_adds: tuple[str, ...] = ()  # needs of the chosen ops an extra of the toolchain adds (curand)
+    extension_loads: tuple[str, ...] = ()  # libraries the extensions load at import that such an extra adds (TE: curand)
     nccl_override: Optional[NcclOverride] = None  # --nccl: `nccl` is then its version, not torch's pin
 
     @property
@@ -364,6 +365,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         nccl=override.version if override else pin, nccl_override=override,
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
         toolchain_adds=tuple(sorted({n for o in ops for n in m.ops[o].needs if n in toolchain.adds})),
+        extension_loads=tuple(sorted({n for e in extensions for n in e.loads if n in toolchain.adds})),
         nvcc_reason=rules.nvcc_required(m, s, ops, fabric, req.extensions),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, req, fabric), node_env=node_env, node_conditions=_node_conditions(m, node_env),

@@ -305,3 +305,20 @@ def test_the_listing_counts_an_extensions_own_lock_as_a_render_does():
         assert "torch2.15-cu132-py3.12 (x86_64, aarch64)" in data[name]["stacks"], (name, data[name]["stacks"])
     assert data["mamba-ssm"]["min_glibc"] == {"aarch64": "2.34"} and "x86_64" in data["mamba-ssm"]["cpu_arch"]
     assert "triton>=3.5.0" in data["mamba-ssm"]["refused"]["torch2.8-cu128-py3.12"]
+
+
+def test_transformer_engines_core_gets_the_curand_its_import_loads(tmp_path):
+    """TE's core loads libcurand at import (transformer_engine/common/__init__.py line 496), which
+    torch 2.15's CUDA 13 wheels do not bring: the venv installs the lock's [curand] section for it,
+    and an image without it does not (the opt-in TE cell failed 'curand shared object not found')."""
+    from conftest import ROOT
+
+    said = {}
+    for name, exts in (("te", ["--ext", "transformer-engine-cu13"]), ("plain", [])):
+        out = tmp_path / name
+        r = run_here("render", "--gpu", "h20", "--stack", "torch2.15-cu132-py3.11-pypi", *exts, "-o", str(out),
+                     env={"ENVBUILD_MATRIX_DIR": str(ROOT / "matrices")})
+        assert r.returncode == 0, r.stderr
+        said[name] = (out / "Dockerfile").read_text(), (out / "envbuild" / "lock" / "venv.txt").read_text()
+    assert "with its [curand] section (extensions load it)" in said["te"][0] and "nvidia-curand==" in said["te"][1]
+    assert "[curand]" not in said["plain"][0] and "nvidia-curand" not in said["plain"][1]

@@ -50,9 +50,10 @@ class Context:
     @property
     def venv_sections(self) -> tuple[str, ...]:
         """The lock's sections the venv installs: [venv], what the toolchain adds for the chosen
-        ops ([curand]), and --nccl's [nccl], last: its wheel replaces the venv's pin of it."""
+        ops or that the extensions load at import ([curand]), and --nccl's [nccl], last: its wheel
+        replaces the venv's pin of it."""
         r = self.resolution
-        return ("venv", *r.toolchain_adds, *(("nccl",) if r.nccl_override else ()))
+        return ("venv", *sorted({*r.toolchain_adds, *r.extension_loads}), *(("nccl",) if r.nccl_override else ()))
 
     @property
     def python_pkg(self) -> str:

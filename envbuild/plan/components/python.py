@@ -84,6 +84,8 @@ def part(ctx: Context) -> Part:
                      f"{', ' + resolution.torch_index if resolution.torch_index else ', the PyPI default wheel'})"
                      + ("; the whole venv but DeepSpeed, from the stack's lock, every hash checked"
                         + "".join(f", with its [{need}] section (ops link it)" for need in resolution.toolchain_adds)
+                        + "".join(f", with its [{need}] section (extensions load it)" for need in resolution.extension_loads
+                                  if need not in resolution.toolchain_adds)
                         + (", by uv" if uses_uv(ctx) else ", by pip")
                         if lock else
                         "; NOT hash-locked: this stack has no lock in matrices/locks")),

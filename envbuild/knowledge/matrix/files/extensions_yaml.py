@@ -193,6 +193,9 @@ class CudaExtension(_Strict):
     # The oldest glibc a CPU architecture's image needs for the extension's closure (mamba-ssm's
     # tilelang has one aarch64 wheel, manylinux_2_34; its sdist compiles TVM): rule ext-glibc
     min_glibc: dict[Literal["x86_64", "aarch64"], str] = {}
+    # CUDA libraries it loads at import that torch's own wheels may not bring (TE's core: curand),
+    # from the stack's toolchain extra of that name: the venv installs that section of the lock
+    loads: list[Literal["curand"]] = []
     build_headers: list[str] = []  # headers its compile includes that the CUDA toolkit lacks (cudnn.h): from pip's nvidia-*
     conflicts: list[Conflict] = []  # extensions it cannot share an image with (refused together at render)
     nvcc_for_cc: list[NvccFloor] = []  # the nvcc its source build needs for newer GPUs (older ones are refused at render)

@@ -195,13 +195,24 @@ def shipped_releases(matrix: Path) -> dict[str, set[str]]:
         raise EnvbuildError(f"{matrix}/locks: a torch pin is not a version ({e}); run `envbuild lock`.") from None
 
 
+# An assertion's message names the file it was compiled from (`INTERNAL ASSERT FAILED at
+# "<build dir>/aten/src/ATen/core/ivalue_inl.h":138`): one from a header c10d includes is not c10d's.
+ASSERTED_AT = re.compile(r'at "([^"]+)":\d+')
+
+
+def own(text: str) -> bool:
+    """False for an assertion whose own message names a file outside c10d."""
+    at = ASSERTED_AT.search(text)
+    return at is None or C10D in at.group(1)
+
+
 def messages(extraction: Extraction) -> dict[tuple[str, str], dict]:
     """(library, text) -> its first `near`, each printf-escaped message-shaped string ({} as %s)."""
     found: dict[tuple[str, str], dict] = {}
     for member, strings in sorted(extraction.strings.items()):
         library = member.rsplit("/", 1)[-1]
         for near, text in strings:
-            if is_message(text):
+            if is_message(text) and own(text):
                 wording = text.replace("%", "%%").replace("{}", "%s")
                 found.setdefault((library, wording), {"near": near})
     return found

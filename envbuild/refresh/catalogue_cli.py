@@ -14,7 +14,6 @@ import click
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.resources import CATALOGUES, matrices_dir
 from envbuild.refresh import (
-    c10d_catalogue,
     container_catalogue,
     cuda_catalogue,
     launcher_catalogue,
@@ -76,6 +75,7 @@ def refresh_torch(wheels: Path, directory: Path, progress=lambda _: None) -> tup
 
 def refresh_c10d(wheels: Path, directory: Path, progress=lambda _: None) -> tuple[writer.FileChange, list[str]]:
     """c10d's C++ catalogue from the Linux torch wheels (or their saved extractions) the locks pin."""
+    from envbuild.refresh import c10d_catalogue  # noqa: PLC0415  (its extraction model is pydantic's: loaded here only)
     if not (directory / "locks").is_dir():
         raise EnvbuildError(f"--matrix-dir {directory} has no locks/; point it at a matrix directory such as matrices/.")
     path = directory / CATALOGUES / "c10d.yaml"

@@ -331,6 +331,10 @@ def test_docs_explain_every_marker_and_reference_users_see():
     # the docs need not explain such citations, and they never mention the notes themselves.
     shipped = {p: p.read_text() for d in ("matrices", "envbuild", "templates") for p in (ROOT / d).rglob("*")
                if p.is_file() and p.suffix in (".yaml", ".py", ".j2", ".sh")}
+    # A catalogue's `text:` is a component's own message, verbatim (c10d's assertions name their
+    # build paths, `../torch/csrc/...`): upstream's words, not a citation of ours.
+    shipped = {p: re.sub(r'\btext: "(?:[^"\\]|\\.)*"', 'text: ""', text) if "catalogues" in p.parts else text
+               for p, text in shipped.items()}
     cites = sorted(f"{p.relative_to(ROOT)}: {w}" for p, text in shipped.items() for w in _unfollowable(text))
     assert cites == []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:

@@ -25,7 +25,6 @@ read in its place, and it is what the tests hold. Same wheels (or extractions), 
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.base.errors import EnvbuildError
+from envbuild.base.files import sha256_file
 from envbuild.base.untrusted import loads_json, validated
 from envbuild.refresh import nccl_catalogue
 from envbuild.refresh.cuda_catalogue import pins
@@ -129,14 +129,6 @@ def extract(wheel: Path, digest: str) -> Extraction:
     return Extraction(wheel=wheel.name, sha256=digest, strings=strings)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _save(path: Path, extraction: Extraction) -> None:
     """The extraction beside its wheel (a file of that name envbuild did not write is left alone)."""
     if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
@@ -172,7 +164,7 @@ def release_strings(directory: Path, release: str, hashes: set[str], progress) -
     if saved:
         return saved[0], ""
     for wheel in _candidates(directory, release):
-        digest = _sha256(wheel)
+        digest = sha256_file(wheel)
         if digest in hashes:
             progress(f"c10d {wheel.name}")
             extraction = extract(wheel, digest)

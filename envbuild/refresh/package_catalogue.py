@@ -21,7 +21,6 @@ release that has it and the releases in which that exact wording exists. Same ar
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tarfile
 import zipfile
@@ -32,6 +31,7 @@ from typing import Callable, Iterator, Optional
 from packaging.version import InvalidVersion, Version
 
 from envbuild.base.errors import EnvbuildError
+from envbuild.base.files import sha256_file
 from envbuild.refresh import nccl_catalogue, torch_catalogue
 from envbuild.refresh.cuda_catalogue import pins
 from envbuild.refresh.nccl_catalogue import collate, comment, format_calls, layout, line_finder
@@ -125,14 +125,6 @@ def shipped_releases(pkg: Package, matrix: Path) -> dict[str, set[str]]:
     return {r: pinned.get(r, set()) for r in ordered}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:  # in blocks: a file named like an archive may be of any size
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _archive(pkg: Package, directory: Path, release: str, hashes: set[str]) -> tuple[Optional[Path], str]:
     """The downloaded archive of the release (one whose sha256 a lock pins, where one does), with its
     sha256; or (None, why)."""
@@ -142,7 +134,7 @@ def _archive(pkg: Package, directory: Path, release: str, hashes: set[str]) -> t
     found = sorted(p for p in Path(directory).iterdir() if pattern.fullmatch(p.name) and p.is_file()
                    and not p.is_symlink())
     for path in found:
-        digest = _sha256(path)
+        digest = sha256_file(path)
         if not hashes or digest in hashes:
             return path, digest
     return None, f"no {pkg.kind} of it in the directory" if not found else f"no {pkg.kind} whose sha256 a lock pins"

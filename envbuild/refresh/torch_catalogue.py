@@ -19,7 +19,6 @@ as compiled strings; a message built into a variable before it is raised is not 
 from __future__ import annotations
 
 import ast
-import hashlib
 import re
 import string
 import zipfile
@@ -29,6 +28,7 @@ from typing import Optional
 from packaging.version import InvalidVersion, Version
 
 from envbuild.base.errors import EnvbuildError
+from envbuild.base.files import sha256_file
 from envbuild.refresh.nccl_catalogue import collate, layout, parse
 from envbuild.refresh.nccl_catalogue import summary as nccl_summary
 
@@ -199,14 +199,6 @@ def _wheel(directory: Path, release: str) -> Optional[Path]:
     return found[0] if found else None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def messages_of(path: Path) -> dict[tuple[str, str, str], dict]:
     """Each (level, error, text) of one wheel's torch/distributed, at its first place in file order."""
     found: dict[tuple[str, str, str], dict] = {}
@@ -236,7 +228,7 @@ def derive(directory: Path, releases: list[str], progress=lambda _: None) -> dic
             missing.append({"release": release, "why": "no wheel of it in the directory"})
             continue
         progress(f"torch {wheel.name}")
-        read.append({"release": release, "file": wheel.name, "sha256": _sha256(wheel),
+        read.append({"release": release, "file": wheel.name, "sha256": sha256_file(wheel),
                      "url": f"https://pypi.org/project/torch/{release}/"})
         per_release[release] = messages_of(wheel)
     messages = collate(per_release, [r["release"] for r in read], ("level", "error", "text"))

@@ -8,8 +8,11 @@ Cells (what each costs on 2 cores is in docs/testing.md, with the date it last r
 - fa4: FlashAttention 4, PyPI's pure-Python wheel and its locked CuTe DSL closure, by hash;
 - te: Transformer Engine's cu13 core wheel and its torch binding compiled from the sdist;
 - mamba: mamba-ssm's selective scan compiled for sm_90, beside causal-conv1d.
-xformers is not a cell here: its PyPI wheel is CUDA 12 and the CI stack is CUDA 13, where it is a
-source build of hundreds of kernels.
+xformers is not a cell: its PyPI wheel is CUDA 12 (torch >= 2.10), the CI stack is CUDA 13 (there it is
+a source build of hundreds of kernels), and no CUDA 12 stack builds on this machine: those stacks'
+base is NVIDIA's devel image, which it cannot pull, and the PyPI toolchain is CUDA 13 only (rule
+`toolchain`: the CUDA 12 nvcc wheels hold no bin/nvcc, no CUDA 12 wheel holds cuobjdump). What a
+cell needs, and what the wheel passed outside a build here: docs/extensions.md.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ from envbuild.image import children
 from envbuild.knowledge.matrix import load_matrix
 
 BUILD_PYTHON = ROOT / "envbuild" / "buildsteps"
+if str(BUILD_PYTHON) not in sys.path:
+    sys.path.insert(0, str(BUILD_PYTHON))  # the build step imports sass_audit from beside it
+import sass_audit  # noqa: E402  (a build step script: stdlib only)
+
 XFORMERS_C = ROOT / "tests" / "fixtures" / "extensions" / "wheels" / "xformers-0.0.35" / "_C.dynamic.so"
 
 # torch/_ops.py's load_library: ctypes.CDLL(path), its error re-raised as an OSError naming the path
@@ -48,7 +52,6 @@ OP_LIBRARY_C = "static int registered;\n__attribute__((constructor)) static void
 
 def _step():
     """The build step extensions.py (stdlib only, run in the builder), as a module."""
-    sys.path.insert(0, str(BUILD_PYTHON))  # it imports sass_audit from beside it
     spec = importlib.util.spec_from_file_location("envbuild_extensions_step_oplib", BUILD_PYTHON / "extensions.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -110,7 +113,7 @@ def test_an_op_library_fails_an_import_and_the_build_loads_it_with_torch_ops_loa
     """The catalogue's old xformers entry (`modules: [xformers._C]`) made the build import the op
     library: it fails with no PyInit__C although the library loads; `op_libraries` loads it."""
     step = _step()
-    assert "PyInit" not in " ".join(step.sass_audit.elf_dynamic(site / "fakeop" / "_C.so")[2])
+    assert "PyInit" not in " ".join(sass_audit.elf_dynamic(site / "fakeop" / "_C.so")[2])
     with pytest.raises(SystemExit):
         step.check_imports(_entry(modules=["fakeop._C"], op_libraries=[]))
     err = capsys.readouterr().err
@@ -167,9 +170,6 @@ def test_xformers_c_is_declared_an_op_library_not_a_module(matrix, production_ma
     """The PyPI wheel's xformers/_C.so (its dynamic symbols, tests/fixtures/extensions/wheels/)
     defines no PyInit__C: `import xformers._C` cannot pass, so it is an op library, and no
     extension imports an op library it declares."""
-    sys.path.insert(0, str(BUILD_PYTHON))
-    import sass_audit
-
     assert not [s for s in sass_audit.elf_dynamic(XFORMERS_C)[2] if s.startswith("PyInit")]
     for m in (matrix, production_matrix):
         xformers = m.extension("xformers")

@@ -380,21 +380,52 @@ def install_requires_lock(entry: dict, work: Path) -> list:
     return [text if text.endswith("\n") else text + "\n"]  # its blocks: name==version with every hash
 
 
+# torch.ops.load_library wraps the loader's error (torch 2.x: OSError "Could not load this library")
+# around ctypes' own (the missing library or symbol): both are said
+LOAD_OP_LIBRARY = """import sys, torch
+try:
+    torch.ops.load_library(sys.argv[1])
+except Exception as e:
+    cause = e.__cause__ or e.__context__
+    sys.exit(f"{type(e).__name__}: {e}" + (f" ({cause})" if cause and str(cause) not in str(e) else ""))
+"""
+
+
+def op_library_path(entry: dict, lib: str) -> Path:
+    """Where a torch op library of the extension's distribution lies (`lib` is relative to
+    site-packages, as the catalogue's op_libraries gives it), or the build fails naming it."""
+    path = Path(metadata.distribution(entry["name"]).locate_file(lib))
+    if not path.is_file():
+        fail(f"{entry['name']}: its torch op library {lib} is not installed (no {path}): the catalogue's "
+             f"op_libraries names a file its wheel does not bring")
+    return path
+
+
+def import_checks(entry: dict) -> list:
+    """(what, python -c code, its arguments) for each check: each Python module is imported (a
+    compiled one defines PyInit_<name>); each torch op library (no PyInit: it registers its ops with
+    TORCH_LIBRARY, as xformers/_C.so) is loaded the way its package loads it, torch.ops.load_library,
+    since importing it fails however sound it is, and its package only warns when it does not load."""
+    checks = [(f"import {module}", f"import torch, importlib; importlib.import_module({module!r})", [])
+              for module in [*entry["modules"], *entry["packages"]]]
+    return checks + [(f"torch.ops.load_library({lib})", LOAD_OP_LIBRARY, [str(op_library_path(entry, lib))])
+                     for lib in entry.get("op_libraries") or []]
+
+
 def check_imports(entry: dict) -> None:
-    """Each compiled module imports against the venv's torch, here, without a GPU: a module built
-    for another torch fails with `undefined symbol`, which this names."""
-    for module in [*entry["modules"], *entry["packages"]]:
-        code = f"import torch, importlib; importlib.import_module({module!r})"
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    """Each compiled module imports, and each op library loads, against the venv's torch, here,
+    without a GPU: one built for another torch fails with `undefined symbol`, which this names."""
+    for what, code, args in import_checks(entry):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
             found = re.search(r"undefined symbol: (\S+)", r.stderr)
             if found:
-                fail(f"{entry['name']}: `import {module}` finds undefined symbol {found.group(1)}: it was compiled "
+                fail(f"{entry['name']}: `{what}` finds undefined symbol {found.group(1)}: it was compiled "
                      f"against another torch than this venv's ({last})")
-            fail(f"{entry['name']}: `import {module}` failed: {last}")
-        log(f"{entry['name']}: import {module} OK")
+            fail(f"{entry['name']}: `{what}` failed: {last}")
+        log(f"{entry['name']}: {what} OK")
 
 
 def shared_libraries(name: str) -> list[Path]:

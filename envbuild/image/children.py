@@ -234,20 +234,46 @@ def compiled_files_changed(name: str, path: list[str] | None = None) -> str:
     return "" if checked else f"{name}: its RECORD lists no compiled library"
 
 
+def load_op_library(name: str, lib: str) -> str:
+    """Load a torch op library of distribution `name` (`lib` relative to site-packages: a .so with
+    no PyInit_*, registered with TORCH_LIBRARY, as xformers/_C.so) the way its package does, with
+    torch.ops.load_library: '' when it loads, else the library and the loader's error (its package
+    would only log a warning, and importing the .so fails however sound it is)."""
+    from importlib import metadata
+
+    import torch
+
+    path = metadata.distribution(name).locate_file(lib)
+    if not path.is_file():
+        return f"torch op library {lib} is not installed (no {path})"
+    try:
+        torch.ops.load_library(str(path))
+    except Exception as error:  # noqa: BLE001
+        cause = error.__cause__ or error.__context__
+        said = f" ({cause})" if cause and str(cause) not in str(error) else ""
+        return f"torch.ops.load_library({lib}) failed: {type(error).__name__}: {error}{said}"
+    return ""
+
+
 def _import_extension(ext: dict) -> dict:
-    """Import a CUDA extension's packages and compiled modules (with JIT refused): a module built
-    for another torch fails here with `undefined symbol`; its installed version is the manifest's."""
+    """Import a CUDA extension's packages and compiled modules and load its torch op libraries
+    (with JIT refused): one built for another torch fails here with `undefined symbol`; its
+    installed version is the manifest's."""
     import importlib
     from importlib import metadata
 
     start = time.monotonic()
+    libraries = ext.get("op_libraries") or []  # absent from a manifest written before op_libraries
     try:
         for module in [*ext["modules"], *ext["packages"]]:
             importlib.import_module(module)
         version = metadata.version(ext["name"])
         ok = version == ext["version"]
         detail = "" if ok else f"installed {ext['name']} {version}, the image was built with {ext['version']}"
-        if ok and ext["modules"]:  # a pure-Python wheel (FA4) has no compiled library to compare
+        if ok:
+            detail = "; ".join(filter(None, (load_op_library(ext["name"], lib) for lib in libraries)))
+            ok = not detail
+        if ok and (ext["modules"] or libraries):  # a pure-Python wheel (FA4) has no compiled library to compare
             detail = compiled_files_changed(ext["name"])
             ok = not detail
     except Exception as error:  # noqa: BLE001

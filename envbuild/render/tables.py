@@ -249,6 +249,8 @@ def extension_json(m: Matrix) -> list[dict]:
 def extension_fields(e: dict) -> list[tuple[str, str]]:
     """`envbuild extensions`' rows for one entry of extension_json: label, text."""
     return [("import", ", ".join(e["packages"] + e["modules"])),
+            *((("op libraries", f"{', '.join(e['op_libraries'])} (torch.ops.load_library)"),)
+              if e.get("op_libraries") else ()),
             ("GPUs", f"compute capability >= {e['min_cc']}, hosts {', '.join(e['cpu_arch'])}: {', '.join(e['gpus'])}"),
             ("stacks", ", ".join(e["stacks"]) or "none"),
             *((f"not {sid}", why) for sid, why in e["refused"].items()),

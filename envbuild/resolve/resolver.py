@@ -360,13 +360,14 @@ def resolve(m: Matrix, req: Request) -> Resolution:
     pin = torch_nccl_pin(rel, s)
     node_env = _node_env(m, s, gpu, req, fabric)
     lock, override = lock_with_nccl(m, s, pin, req, arch, fabric)
+    builds = extension_builds(s, extensions, arch, m, lock)
     return Resolution(
         request=req, stack=s, gpu=gpu, torchvision=rel.torchvision,
         nccl=override.version if override else pin, nccl_override=override,
         arch_list=arch_list, ops=ops, dropped_ops=dropped,
         toolchain_adds=tuple(sorted({n for o in ops for n in m.ops[o].needs if n in toolchain.adds})),
         extension_loads=tuple(sorted({n for e in extensions for n in e.loads if n in toolchain.adds})),
-        nvcc_reason=rules.nvcc_required(m, s, ops, fabric, req.extensions),
+        nvcc_reason=rules.nvcc_required(m, s, ops, fabric, builds),
         torch_index=m.torch_index(rel, s.cuda), base_images=base_images,
         env=_env(m, s, gpu, req, fabric), node_env=node_env, node_conditions=_node_conditions(m, node_env),
         driver=m.driver_floor(s.cuda, gpu),
@@ -375,7 +376,7 @@ def resolve(m: Matrix, req: Request) -> Resolution:
         tag=readable_tag(s, gpu, ops, default_ops, cpu_target, req.keep_toolchain, tuple(req.env),
                          req.no_compiler, default_target, fabric.tag, extensions,
                          override.version if override else None),
-        extensions=extensions, extension_builds=extension_builds(s, extensions, arch, m, lock), fabric=fabric, arch=arch, cpu_target=cpu_target,
+        extensions=extensions, extension_builds=builds, fabric=fabric, arch=arch, cpu_target=cpu_target,
         lock=lock, os_lock=os_lock if os_locked else None, os_locked=os_locked,
         os_unlocked=os_unlocked, matrix_sha256=m.sha256,
         locked_alternative=None if lock else _newest_locked(m, [c.stack for c in valid[1:]], gpu),

@@ -1,5 +1,7 @@
 """The compatibility rules, one behaviour each."""
 
+from types import SimpleNamespace
+
 import pytest
 from packaging.version import Version
 
@@ -107,6 +109,35 @@ def test_nvcc_rule(matrix):
     assert "fused_adam" in rules.nvcc_required(matrix, new, ["cpu_adam", "fused_adam"])
     old_ds = old.model_copy(update={"deepspeed": "0.18.9"})
     assert "nvcc -V" in rules.nvcc_required(matrix, old_ds, ["cpu_adam"])
+
+
+def test_a_fitting_wheel_needs_no_nvcc_and_a_compiled_extension_does(matrix, matrix_copy):
+    """FA4's pure-Python wheel compiles nothing: no nvcc step (it rendered one, "compiled with
+    nvcc"); a compiled extension keeps it; a wheel with device code keeps the toolchain for the
+    audit's cuobjdump only. The PyPI stack's toolkit (13.0) is given cuobjdump, as 13.2 has it, so
+    that causal-conv1d's SASS audit can run there."""
+    from envbuild.knowledge.matrix import load_matrix
+    from envbuild.plan import stack_plan
+
+    bases = matrix_copy / "bases.yaml"
+    bases.write_text(bases.read_text().replace('audit_since: "13.2"', 'audit_since: "13.0"'))
+    copy = load_matrix(matrix_copy)
+
+    def toolchain_steps(*extensions):
+        r = resolve(copy, Request(gpu="h100", stack="torch2.11-cu130-py3.11-pypi", ds_ops="cpu_adam", extensions=extensions))
+        return r.nvcc_reason, [s.comment for s in stack_plan(r).builder.steps if s.name == "cuda-toolkit"]
+
+    assert toolchain_steps("flash-attn-4") == (None, [])
+    assert toolchain_steps("causal-conv1d") == ("CUDA extensions causal-conv1d are compiled with nvcc", [
+        "nvcc 13.0.2 from PyPI, outside the venv (CUDA extensions causal-conv1d are compiled with nvcc)"])
+    s = matrix.stack("torch2.11-cu130-py3.11-pypi")
+    ext = SimpleNamespace  # a resolved ExtensionBuild: the extension and the wheel that fits (None: compiled)
+    fa4, xf = matrix.extension("flash-attn-4"), matrix.extension("xformers")
+    assert rules.nvcc_required(matrix, s, ["cpu_adam"], None, (ext(ext=fa4, wheel=fa4.wheels[0]),)) is None
+    assert rules.nvcc_required(matrix, s, ["cpu_adam"], None, (ext(ext=xf, wheel=xf.wheels[0]),)) == \
+        "its cuobjdump audits the SASS of the PyPI wheels of xformers; nothing is compiled"
+    assert rules.nvcc_required(matrix, s, ["cpu_adam"], None, (ext(ext=fa4, wheel=fa4.wheels[0]), ext(ext=xf, wheel=None))) == \
+        "CUDA extensions xformers are compiled with nvcc"
 
 
 def test_pypi_stack_without_cuda_ops_skips_the_toolkit(matrix):

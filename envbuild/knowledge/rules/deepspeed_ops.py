@@ -110,14 +110,21 @@ def select_ops(m, s, arch_list: str, choice: str, cpu_arch: str = "x86_64",
 def nvcc_required(m, s, ops: list[str], fabric=None, extensions=()) -> Optional[str]:
     """Why the builder needs the CUDA toolchain (None: it does not). DeepSpeed < 0.19.8 runs
     `nvcc -V` in setup.py under DS_ACCELERATOR=cuda even for CPU-only ops; a fabric built from
-    source (aws-efa) compiles libfabric and its NCCL plugin against CUDA's headers."""
+    source (aws-efa) compiles libfabric and its NCCL plugin against CUDA's headers. `extensions`:
+    each one's build (its `ext`, and the PyPI `wheel` that fits, None: compiled from its sdist);
+    a fitting wheel compiles nothing, and needs the toolchain only for the audit's cuobjdump
+    where it carries device code (rule ext-audit), none where it is pure Python (FA4)."""
     cuda_ops = [o for o in ops if m.ops[o].kind == "cuda"]
-    compiled = ([f"CUDA ops {', '.join(cuda_ops)}"] if cuda_ops else []) + \
-        ([f"CUDA extensions {', '.join(extensions)}"] if extensions else [])
-    if compiled:
-        return f"{' and '.join(compiled)} are compiled with nvcc"
+    compiled = [b.ext.name for b in extensions if b.wheel is None]
+    listed = ([f"CUDA ops {', '.join(cuda_ops)}"] if cuda_ops else []) + \
+        ([f"CUDA extensions {', '.join(compiled)}"] if compiled else [])
+    if listed:
+        return f"{' and '.join(listed)} are compiled with nvcc"
     if not m.ds_release(s.deepspeed).nvcc_free_install:
         return f"DeepSpeed {s.deepspeed} runs `nvcc -V` at install time with DS_ACCELERATOR=cuda"
     if fabric is not None and fabric.build is not None:
         return f"fabric {fabric.name} builds {', '.join(src.name for src in fabric.build.sources)} against CUDA's headers"
+    audited = [b.ext.name for b in extensions if b.wheel is not None and b.ext.device_code]
+    if audited:
+        return f"its cuobjdump audits the SASS of the PyPI wheels of {', '.join(audited)}; nothing is compiled"
     return None

@@ -49,6 +49,7 @@ def _entry(build: ExtensionBuild, resolution: Resolution, installed: tuple[str, 
     ext, wheel = build.ext, build.wheel
     stack, arches = resolution.stack, [a for a in resolution.arch_list.split(";") if a]
     common = {"name": ext.name, "version": ext.version, "packages": ext.packages, "modules": ext.modules,
+              "op_libraries": ext.op_libraries,
               "requires": list(build.requirements), "build_only": ext.build_only, "device_code": ext.device_code,
               "cuda_major": stack.cuda.split(".")[0],
               # what it needs beyond the stack's lock (matrices/locks/ext), installed by hash before it

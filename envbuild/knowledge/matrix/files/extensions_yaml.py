@@ -9,6 +9,7 @@ from pydantic import field_validator, model_validator
 
 from envbuild.knowledge.matrix.fields import _cc, _env_name, _env_pairs, _sha256_hex, _specifier, _Strict, _version
 
+_OP_LIBRARY = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*\.so")
 _PYPI_FILE = re.compile(r"https://files\.pythonhosted\.org/packages/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{60}/[A-Za-z0-9_.+-]+")
 
 
@@ -180,7 +181,10 @@ class CudaExtension(_Strict):
     unbuildable: Optional[str] = None  # why nothing on PyPI builds it, with the file that says so: refused at render
     aliases: list[str] = []  # other names --ext takes (fa3)
     packages: list[str]  # the import names of its Python packages
-    modules: list[str]  # its compiled modules (imported by the build check and the smoke test)
+    modules: list[str]  # its compiled Python extension modules (PyInit_*: imported by the build check and the smoke test)
+    # torch op libraries (no PyInit_*: registered with TORCH_LIBRARY and loaded by torch.ops.load_library, as
+    # xformers/_C.so), relative to site-packages: the build check and the smoke test load each so, after torch
+    op_libraries: list[str] = []
     requires: list[str] = []  # its Requires-Dist names: each must already be in the stack's venv
     build_only: list[str] = []  # Requires-Dist it needs only to compile (ninja): dropped like DeepSpeed's
     build_requires: list[str] = []  # what setup.py imports besides torch (in the venv: --no-build-isolation)
@@ -253,6 +257,28 @@ class CudaExtension(_Strict):
             if not re.fullmatch(r"[A-Za-z0-9_]+\.h", h):
                 raise ValueError(f"expected a header file name like 'cudnn.h', got {h!r}")
         return v
+
+    @field_validator("op_libraries")
+    @classmethod
+    def _op_libraries(cls, v: list[str]) -> list[str]:
+        """A path inside site-packages (it reaches the build's and the smoke test's loader): relative,
+        plain names, no `..`, a shared library."""
+        for lib in v:
+            if not _OP_LIBRARY.fullmatch(lib) or ".." in lib.split("/"):
+                raise ValueError(f"expected a shared library relative to site-packages, like 'xformers/_C.so', got {lib!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _op_libraries_not_imported(self):
+        """An op library is not also a module to import: that import fails however sound the
+        library is (xformers._C, issue 42)."""
+        for lib in self.op_libraries:
+            folder, _, file = lib.rpartition("/")  # _C.so or _C.cpython-311-x86_64-linux-gnu.so: module _C
+            module = ".".join([*filter(None, folder.split("/")), file.split(".")[0]])
+            if module in self.modules:
+                raise ValueError(f"{self.name}: modules names {module}, which op_libraries loads as {lib}: a torch op "
+                                 f"library has no PyInit_* to import; drop it from modules")
+        return self
 
     @field_validator("subdirectory")
     @classmethod

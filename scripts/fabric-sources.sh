@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # fabric-sources.sh make DIR | serve DIR PORT | list
 #
-# The aws-efa fabric builds rdma-core, libfabric and aws-ofi-nccl from source, each pinned to
-# a commit and the sha256 of its source tar (matrices/fabrics.yaml). The published workflow
+# The aws-efa fabric builds rdma-core, libfabric and aws-ofi-nccl from source, and the FA3
+# extension flash-attention's hopper/ with its cutlass, each pinned to a commit and the sha256
+# of its source tar (matrices/fabrics.yaml, matrices/extensions.yaml `archives`). The published workflow
 # downloads https://github.com/OWNER/REPO/archive/COMMIT.tar.gz; a machine that cannot reach
 # GitHub builds from a local copy with the same paths, served on 127.0.0.1 (the way the tests
 # use a local registry): the URL differs only in its base.
@@ -29,23 +30,29 @@ set -euo pipefail
 
 MIRRORS=${FABRIC_MIRRORS:-}
 
-# name owner/repo commit tag tar-sha256 (tar-sha256: the uncompressed `git archive` stream),
-# one line per source of every fabric built from source, read from matrices/fabrics.yaml (the
-# one place the pins live; ENVBUILD_FABRICS_FILE names another file).
-FABRICS_FILE=${ENVBUILD_FABRICS_FILE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/matrices/fabrics.yaml}
-mapfile -t PINS < <(python3 - "$FABRICS_FILE" <<'PY'
+# name owner/repo commit tag tar-sha256 (tar-sha256: the uncompressed `git archive` stream; '-'
+# where none is recorded yet), one line per source of every fabric built from source and every
+# GitHub archive an extension compiles from (FA3: flash-attention and its cutlass), read from
+# matrices/fabrics.yaml and matrices/extensions.yaml (the one place the pins live;
+# ENVBUILD_FABRICS_FILE and ENVBUILD_EXTENSIONS_FILE name other files).
+MATRICES=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/matrices
+FABRICS_FILE=${ENVBUILD_FABRICS_FILE:-$MATRICES/fabrics.yaml}
+EXTENSIONS_FILE=${ENVBUILD_EXTENSIONS_FILE:-$MATRICES/extensions.yaml}
+mapfile -t PINS < <(python3 - "$FABRICS_FILE" "$EXTENSIONS_FILE" <<'PY'
 import re, sys
 import yaml
-for fabric in yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["fabrics"]:
-    for src in (fabric.get("build") or {}).get("sources", []):
-        if not src["url"].startswith("https://github.com/"):  # the source_mirror stands in for GitHub only
-            print(f"fabric-sources: {fabric['name']} {src['name']}: not on GitHub, fetched from {src['url']} itself",
-                  file=sys.stderr)
-            continue
-        m = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)/archive/([0-9a-f]{40})\.tar\.gz", src["url"])
-        if not m or m.group(2) != src.get("commit"):
-            sys.exit(f"fabric-sources: {fabric['name']} {src['name']}: {src['url']} is not a GitHub archive of {src.get('commit')}")
-        print(src["name"], m.group(1), src["commit"], src["version"], src["tar_sha256"])
+sources = [(fabric["name"], src) for fabric in yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["fabrics"]
+           for src in (fabric.get("build") or {}).get("sources", [])]
+sources += [(ext["name"], src) for ext in yaml.safe_load(open(sys.argv[2], encoding="utf-8"))["extensions"]
+            for src in ext.get("archives", [])]
+for owner, src in sources:
+    if not src["url"].startswith("https://github.com/"):  # the source_mirror stands in for GitHub only
+        print(f"fabric-sources: {owner} {src['name']}: not on GitHub, fetched from {src['url']} itself", file=sys.stderr)
+        continue
+    m = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)/archive/([0-9a-f]{40})\.tar\.gz", src["url"])
+    if not m or m.group(2) != src.get("commit"):
+        sys.exit(f"fabric-sources: {owner} {src['name']}: {src['url']} is not a GitHub archive of {src.get('commit')}")
+    print(src["name"], m.group(1), src["commit"], src["version"], src.get("tar_sha256") or "-")
 PY
 )
 (( ${#PINS[@]} > 0 )) || { printf 'fabric-sources: no fabric in %s is built from source\n' "$FABRICS_FILE" >&2; exit 1; }
@@ -67,7 +74,11 @@ make_dir() {
         out=$dir/$slug/archive/$commit.tar.gz
         mkdir -p "$(dirname "$out")"
         # GitHub's archive of a commit: top directory REPO-COMMIT/, from git archive.
-        tar_sha=$(git -C "$git_dir" archive --format=tar --prefix="$repo-$commit/" "$commit" | sha256sum | cut -d' ' -f1)
+        tar_sha=$(git -C "$git_dir" archive --format=tar --prefix="$repo-$commit/" "$commit" | sha256sum | cut -d' ' -f1) \
+            || die "$name $tag: git could not write the archive of $slug $commit (the mirror at $git_dir lacks an object of it?)"
+        if [[ $want == - ]]; then
+            die "$name $tag ($slug $commit): no pin is recorded; its tar stream's sha256 is $tar_sha (record it as tar_sha256)"
+        fi
         if [[ $tar_sha != "$want" ]]; then
             die "$name $tag ($slug $commit): the tar stream's sha256 is $tar_sha, the pin says $want"
         fi

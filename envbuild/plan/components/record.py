@@ -139,6 +139,8 @@ def manifest(ctx: Context, image_env: tuple[EnvVar, ...]) -> dict:
         "request": request_record(resolution),
         "matrix": {"sha256": resolution.matrix_sha256},
         "extensions": [{"name": e.name, "version": e.version, "sdist_sha256": e.sdist.sha256 if e.sdist else None,
+                        **({"archives": [{"url": a.url, "tar_sha256": a.tar_sha256, "path": a.path} for a in e.archives]}
+                           if e.archives else {}),
                         "packages": e.packages, "modules": e.modules, "arch_list": resolution.arch_list,
                         "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
                         **({"run_time_compile": {"enable_env": e.run_time_compile.enable_env,

@@ -10,6 +10,10 @@ pip_env
 cuda_link_stubs
 nvcc_reproducible
 export ENVBUILD_TMP="$TMP"
+# A source only on GitHub (FA3) is fetched from its archive URL, or from this base instead of
+# https://github.com (the fabrics' secret: a local copy), its tar stream's sha256 checked either way.
+ENVBUILD_SOURCE_MIRROR=$(secret source_mirror)
+export ENVBUILD_SOURCE_MIRROR
 # cpp_extension runs this instead of nvcc (PYTORCH_NVCC): it keeps only the GPU's arches of the
 # -gencode flags an extension's setup.py hard-codes (causal-conv1d lists nine).
 export PYTORCH_NVCC="$STEPS_DIR/nvcc-arch.sh"

@@ -263,7 +263,8 @@ class CudaExtension(_Strict):
     patches: list[SourcePatch] = []  # upstream fixes newer than the sdist, for the torch that needs them
     memory_per_job_gib: Optional[float] = None  # peak memory of one compile job: MAX_JOBS = memory // this
     nvcc_threads: Optional[int] = None  # NVCC_THREADS: nvcc's own threads per job (memory grows with it)
-    gpu_check: Optional[Literal["attention", "causal-conv1d", "flash-attn-4", "transformer-engine", "selective-scan",
+    gpu_check: Optional[Literal["attention", "causal-conv1d", "flash-attn-3", "flash-attn-4", "transformer-engine",
+                                "selective-scan",
                                 "xformers"]] = None  # the smoke test's GPU check
     build_time: str  # measured, with the machine
     sources: dict[str, str]  # fact -> public source (a URL, a file of a named release)

@@ -283,3 +283,16 @@ def test_setup_pys_git_submodule_call_meets_a_stand_in_where_the_builder_has_no_
     kept = {"PATH": str(bare)}
     step.no_git(kept, tmp_path / "work2")
     assert kept == {"PATH": str(bare)}
+
+
+def test_the_sbom_names_each_archive_a_wheel_was_compiled_from_with_its_tar_sha256():
+    """The SBOM's pedigree of a wheel compiled from archives: each commit with the sha256 of its
+    tar stream (what the build checked), not an sdist with no hash."""
+    from envbuild.supply import sbom
+
+    determines = {"archives": {".": {"commit": FA_COMMIT, "tar_sha256": "ab" * 32},
+                               "csrc/cutlass": {"commit": CUTLASS_COMMIT, "tar_sha256": "cd" * 32}}}
+    pedigree = sbom._built_pedigree({"name": "flash_attn_3", "version": "3.0.0b1"}, "flash-attn-3", determines)
+    got = [(c.name, c.version, [h.content for h in c.hashes]) for c in pedigree.ancestors]
+    assert got == [("flash_attn_3", FA_COMMIT, ["ab" * 32]), ("flash_attn_3 csrc/cutlass", CUTLASS_COMMIT, ["cd" * 32])]
+    assert "GitHub archives" in pedigree.notes

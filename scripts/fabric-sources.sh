@@ -8,13 +8,17 @@
 # GitHub builds from a local copy with the same paths, served on 127.0.0.1 (the way the tests
 # use a local registry): the URL differs only in its base.
 #
-#   make DIR        writes DIR/OWNER/REPO/archive/COMMIT.tar.gz for each pin, made with
-#                   `git archive` from local git mirrors, and DIR/SOURCES (one line each:
-#                   name, URL, sha256 of the tar stream, sha256 of our .tar.gz). Fails if a
-#                   tar stream's sha256 is not the pinned one.
+#   make DIR [NAME...]
+#                   writes DIR/OWNER/REPO/archive/COMMIT.tar.gz for each pin (those NAMEd;
+#                   default: every fabric's), made with `git archive` from local git mirrors,
+#                   and DIR/SOURCES (one line each: name, URL, sha256 of the tar stream, sha256
+#                   of our .tar.gz). Fails if a tar stream's sha256 is not the pinned one, and
+#                   for a source with no pin yet says the sha256 to record.
+#                   FA3's: `make DIR flash-attention cutlass`.
 #   serve DIR PORT  python3 -m http.server on 127.0.0.1:PORT (foreground); the build then uses
 #                   http://127.0.0.1:PORT/OWNER/REPO/archive/COMMIT.tar.gz
-#   list            the pins, one line each: name OWNER/REPO COMMIT TAG TAR-SHA256
+#   list            the pins, one line each: name OWNER/REPO COMMIT TAG TAR-SHA256 KIND
+#                   (KIND: fabric or extension)
 #
 # The mirrors: git repositories (bare or not) holding the pinned commits, at
 # $FABRIC_MIRRORS/OWNER+REPO/repo: `git clone --mirror https://github.com/OWNER/REPO
@@ -41,18 +45,18 @@ EXTENSIONS_FILE=${ENVBUILD_EXTENSIONS_FILE:-$MATRICES/extensions.yaml}
 mapfile -t PINS < <(python3 - "$FABRICS_FILE" "$EXTENSIONS_FILE" <<'PY'
 import re, sys
 import yaml
-sources = [(fabric["name"], src) for fabric in yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["fabrics"]
+sources = [(fabric["name"], src, "fabric") for fabric in yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["fabrics"]
            for src in (fabric.get("build") or {}).get("sources", [])]
-sources += [(ext["name"], src) for ext in yaml.safe_load(open(sys.argv[2], encoding="utf-8"))["extensions"]
+sources += [(ext["name"], src, "extension") for ext in yaml.safe_load(open(sys.argv[2], encoding="utf-8"))["extensions"]
             for src in ext.get("archives", [])]
-for owner, src in sources:
+for owner, src, kind in sources:
     if not src["url"].startswith("https://github.com/"):  # the source_mirror stands in for GitHub only
         print(f"fabric-sources: {owner} {src['name']}: not on GitHub, fetched from {src['url']} itself", file=sys.stderr)
         continue
     m = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)/archive/([0-9a-f]{40})\.tar\.gz", src["url"])
     if not m or m.group(2) != src.get("commit"):
         sys.exit(f"fabric-sources: {owner} {src['name']}: {src['url']} is not a GitHub archive of {src.get('commit')}")
-    print(src["name"], m.group(1), src["commit"], src["version"], src.get("tar_sha256") or "-")
+    print(src["name"], m.group(1), src["commit"], src["version"], src.get("tar_sha256") or "-", kind)
 PY
 )
 (( ${#PINS[@]} > 0 )) || { printf 'fabric-sources: no fabric in %s is built from source\n' "$FABRICS_FILE" >&2; exit 1; }
@@ -60,12 +64,15 @@ PY
 die() { printf 'fabric-sources: %s\n' "$*" >&2; exit 1; }
 
 make_dir() {
-    local dir=$1 name slug commit tag want git_dir repo out tar_sha gz_sha
+    local dir=$1 name slug commit tag want kind git_dir repo out tar_sha gz_sha made=0
+    shift
     [[ -n $MIRRORS ]] || die "set FABRIC_MIRRORS to the directory of git mirrors holding OWNER+REPO/repo for each source"
     mkdir -p "$dir"
     : > "$dir/SOURCES.tmp"
     for pin in "${PINS[@]}"; do
-        read -r name slug commit tag want <<<"$pin"
+        read -r name slug commit tag want kind <<<"$pin"
+        if (( $# )); then [[ " $* " == *" $name "* ]] || continue; else [[ $kind == fabric ]] || continue; fi
+        made=$((made + 1))
         git_dir=$MIRRORS/${slug/\//+}/repo
         [[ -d $git_dir ]] || die "no git mirror of $slug at $git_dir: \`git clone --mirror https://github.com/$slug $git_dir\`, or set FABRIC_MIRRORS to the directory holding OWNER+REPO/repo"
         git -C "$git_dir" cat-file -e "$commit^{commit}" 2>/dev/null \
@@ -88,14 +95,15 @@ make_dir() {
         printf '%s https://github.com/%s/archive/%s.tar.gz %s %s\n' "$name" "$slug" "$commit" "$tar_sha" "$gz_sha" >> "$dir/SOURCES.tmp"
         printf 'fabric-sources: %s %s -> %s (%s bytes)\n' "$name" "$tag" "$out" "$(stat -c %s "$out")" >&2
     done
+    (( made )) || die "no source is named $*: \`fabric-sources.sh list\` names them"
     mv "$dir/SOURCES.tmp" "$dir/SOURCES"
     cat "$dir/SOURCES"
 }
 
 case ${1:-} in
     make)
-        [[ $# -eq 2 ]] || die "usage: fabric-sources.sh make DIR"
-        make_dir "$2" ;;
+        [[ $# -ge 2 ]] || die "usage: fabric-sources.sh make DIR [NAME...]"
+        make_dir "${@:2}" ;;
     serve)
         [[ $# -eq 3 ]] || die "usage: fabric-sources.sh serve DIR PORT"
         [[ -f $2/SOURCES ]] || die "$2 has no SOURCES: run \`fabric-sources.sh make $2\` first"
@@ -103,5 +111,5 @@ case ${1:-} in
     list)
         printf '%s\n' "${PINS[@]}" ;;
     *)
-        die "usage: fabric-sources.sh make DIR | serve DIR PORT | list" ;;
+        die "usage: fabric-sources.sh make DIR [NAME...] | serve DIR PORT | list" ;;
 esac

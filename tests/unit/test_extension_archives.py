@@ -199,9 +199,35 @@ def test_fabric_sources_lists_the_extension_archives_with_their_pins():
     r = subprocess.run(["bash", str(ROOT / "scripts/fabric-sources.sh"), "list"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert f"cutlass NVIDIA/cutlass {CUTLASS_COMMIT} v3.9.2-18-gdc48179 -" in lines
+    assert f"cutlass NVIDIA/cutlass {CUTLASS_COMMIT} v3.9.2-18-gdc48179 - extension" in lines
     assert any(line.startswith(f"flash-attention Dao-AILab/flash-attention {FA_COMMIT} v2.8.3.post1 ") for line in lines)
-    assert any(line.startswith("libfabric ") for line in lines)
+    assert any(line.startswith("libfabric ") and line.endswith(" fabric") for line in lines)
+
+
+def test_fabric_sources_make_says_the_sha256_to_record_for_an_archive_with_no_pin(tmp_path):
+    """`make DIR cutlass` from a git mirror holding the commit: no pin is recorded, so it stops and
+    says the tar stream's sha256 (what extensions.yaml's tar_sha256 then records); `make DIR`
+    alone copies the fabrics' sources only, as before."""
+    repo = tmp_path / "mirrors" / "NVIDIA+cutlass" / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "x.h").write_text("#pragma once\n")
+    subprocess.run([*git, "add", "x.h"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True, env=dict(os.environ, GIT_COMMITTER_DATE="2020-01-01T00:00:00Z",
+                                                                        GIT_AUTHOR_DATE="2020-01-01T00:00:00Z"))
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    extensions = tmp_path / "extensions.yaml"
+    extensions.write_text((ROOT / "matrices/extensions.yaml").read_text().replace(CUTLASS_COMMIT, commit))
+    env = dict(os.environ, FABRIC_MIRRORS=str(tmp_path / "mirrors"), ENVBUILD_EXTENSIONS_FILE=str(extensions))
+    r = subprocess.run(["bash", str(ROOT / "scripts/fabric-sources.sh"), "make", str(tmp_path / "out"), "cutlass"],
+                       env=env, capture_output=True, text=True)
+    stream = subprocess.run([*git, "archive", "--format=tar", f"--prefix=cutlass-{commit}/", commit], capture_output=True,
+                            check=True).stdout
+    assert r.returncode == 1 and (f"no pin is recorded; its tar stream's sha256 is {hashlib.sha256(stream).hexdigest()}"
+                                  in r.stderr), r.stderr
+    r = subprocess.run(["bash", str(ROOT / "scripts/fabric-sources.sh"), "make", str(tmp_path / "out"), "nothing"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "no source is named nothing" in r.stderr, r.stderr
 
 
 # ---------------------------------------------------------------- the build step

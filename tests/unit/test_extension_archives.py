@@ -133,6 +133,7 @@ def test_fa3_archives_are_the_release_tag_and_the_cutlass_commit_it_pins(matrix)
      "is not https://github.com/OWNER/REPO/archive/"),
     ("path: csrc/cutlass", "path: ../cutlass", "expected '.' or a path inside the tree"),
     ("path: csrc/cutlass", "path: .", "the first archive is the repository"),
+    ("version: v2.8.3.post1", 'version: "v2.8.3 post1"', "expected letters, digits and ._+-"),  # one word in fabric-sources.sh's list
 ])
 def test_an_archive_outside_its_grammar_is_refused_at_load_naming_it(matrix_copy, old, new, said):
     """A lab's extensions.yaml is input: an archive URL that is not GitHub's archive of the commit

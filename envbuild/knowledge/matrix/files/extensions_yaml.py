@@ -70,6 +70,14 @@ class SourceArchive(_Strict):
     _sha = field_validator("tar_sha256")(lambda v: v if v is None else _sha256_hex(v))
     _n = field_validator("name")(lambda v: _word(v))
 
+    @field_validator("version")
+    @classmethod
+    def _tag(cls, v: str) -> str:
+        """A tag or `git describe`: one word (fabric-sources.sh lists it between spaces)."""
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", v):
+            raise ValueError(f"expected letters, digits and ._+- like 'v2.8.3.post1', got {v!r}")
+        return v
+
     @field_validator("commit")
     @classmethod
     def _commit(cls, v: str) -> str:

@@ -1,7 +1,9 @@
 """Build, cache, install and verify the CUDA extensions of one image (extensions.sh runs this).
 
 SPEC (extensions.json, written by the build plan) names each extension with its sdist (URL and
-sha256), its import names and the cache key of its wheel: a hash of everything that determines
+sha256) or, where PyPI has no source that builds (FA3), the GitHub archives it compiles from
+(each URL with the sha256 of its tar stream, checked here before anything in it is used, as the
+source-built fabrics' are), its import names and the cache key of its wheel: a hash of everything that determines
 the compiled file (the sdist, torch's exact build, nvcc, Python, CPU architecture, the arch
 list, the build variables). A wheel already in the cache under that key is reused; otherwise it
 is compiled here with `pip wheel --no-build-isolation` against the venv's torch, for the GPU's

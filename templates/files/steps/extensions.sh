@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # extensions.sh SPEC: the CUDA extensions SPEC (extensions.json, written by the build plan)
-# names, each compiled from its hash-checked sdist against the venv's torch for the GPU's
+# names, each compiled from its hash-checked sdist (or GitHub archives, each tar stream's
+# sha256 checked: FA3) against the venv's torch for the GPU's
 # arches only, cached by what determines the wheel, installed with hash checking and
 # verified (imports with no undefined symbol; SASS for every arch): extensions.py.
 # shellcheck source-path=SCRIPTDIR source=lib.sh

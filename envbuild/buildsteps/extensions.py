@@ -369,7 +369,7 @@ def header_dirs(headers: list, cuda_home: str, site_dirs=None) -> list[str]:
 
 
 def no_git(env: dict, work: Path) -> None:
-    """FA3's hopper/setup.py runs `git submodule update --init ../csrc/cutlass` (line 389) whether or
+    """FA3's hopper/setup.py runs `git submodule update --init` of its csrc/cutlass (line 389) whether or
     not its tree is a checkout, and dies on FileNotFoundError where there is no git (the CUDA devel
     images have none). A tree made from archives has no .git and its submodule is in place (its
     own pinned archive), so where the builder lacks git a stand-in answers as git does outside a

@@ -194,6 +194,14 @@ def _echo_nvcc(tmp_path: Path) -> Path:
     return home
 
 
+def test_the_listing_names_each_archive_and_says_which_has_no_pin():
+    r = run_here("extensions")
+    assert r.returncode == 0, r.stderr
+    text = re.sub(r"\s+", " ", r.stdout.split("flash-attn-3 3.0.0b1", 1)[1].split("flash-attn-4", 1)[0])
+    assert "source csrc/cutlass" in text and "tar stream sha256 not recorded" in text, text
+    assert "(v2.8.3.post1; tar stream sha256 bd2deb78" in text, text
+
+
 def test_fabric_sources_lists_the_extension_archives_with_their_pins():
     """scripts/fabric-sources.sh (make, serve) copies every GitHub source the matrix pins, the
     fabrics' and FA3's alike; an archive with no pin yet says '-'."""

@@ -382,9 +382,8 @@ def selective_scan_numerics() -> dict:
 
 
 GPU_CHECKS = {"attention": attention_numerics, "causal-conv1d": causal_conv1d_numerics, "flash-attn-3": fa3_numerics,
-              "flash-attn-4": fa4_numerics,
-              "transformer-engine": te_linear_numerics, "selective-scan": selective_scan_numerics,
-              "xformers": xformers_numerics}
+              "flash-attn-4": fa4_numerics, "transformer-engine": te_linear_numerics,
+              "selective-scan": selective_scan_numerics, "xformers": xformers_numerics}
 
 
 def _inductor_cpu_isa(torch) -> str:

@@ -12,7 +12,8 @@ from envbuild.knowledge.matrix.fields import _cc, _env_name, _env_pairs, _sha256
 _PYPI_FILE = re.compile(r"https://files\.pythonhosted\.org/packages/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{60}/[A-Za-z0-9_.+-]+")
 # A source only on GitHub: the archive of one commit (what the source_mirror secret stands in for),
 # or a server of this machine (a test's copy).
-_GITHUB_ARCHIVE = re.compile(r"https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/archive/(?P<commit>[0-9a-f]{40})\.tar\.gz")
+_GITHUB_ARCHIVE = re.compile(r"https://github\.com/[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*"
+                             r"/archive/(?P<commit>[0-9a-f]{40})\.tar\.gz")
 _LOCAL_ARCHIVE = re.compile(r"http://127\.0\.0\.1(:[0-9]{1,5})?/[A-Za-z0-9._~%+/-]+\.tar\.gz")
 
 
@@ -272,8 +273,7 @@ class CudaExtension(_Strict):
     memory_per_job_gib: Optional[float] = None  # peak memory of one compile job: MAX_JOBS = memory // this
     nvcc_threads: Optional[int] = None  # NVCC_THREADS: nvcc's own threads per job (memory grows with it)
     gpu_check: Optional[Literal["attention", "causal-conv1d", "flash-attn-3", "flash-attn-4", "transformer-engine",
-                                "selective-scan",
-                                "xformers"]] = None  # the smoke test's GPU check
+                                "selective-scan", "xformers"]] = None  # the smoke test's GPU check
     build_time: str  # measured, with the machine
     sources: dict[str, str]  # fact -> public source (a URL, a file of a named release)
 

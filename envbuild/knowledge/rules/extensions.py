@@ -91,8 +91,9 @@ def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[se
     elif ext.unpinned:
         out.append(Rejection("ext-source", f"{ext.name} {ext.version} cannot be built: no sha256 of the tar stream of "
                                            f"its {', '.join(ext.unpinned)} archive is recorded, and a source is fetched "
-                                           f"only by a checked hash (`scripts/fabric-sources.sh make DIR` prints it from "
-                                           f"a git mirror holding every object of the commit)"))
+                                           f"only by a checked hash (`scripts/fabric-sources.sh make DIR "
+                                           f"{' '.join(ext.unpinned)}` prints it from a git mirror holding every object "
+                                           f"of the commit)"))
     elif cpu_arch is not None:
         wheel, why = extension_wheel(ext, s, cpu_arch)
         if wheel is None and not ext.compiled:

@@ -1,7 +1,9 @@
 """Build, cache, install and verify the CUDA extensions of one image (extensions.sh runs this).
 
 SPEC (extensions.json, written by the build plan) names each extension with its sdist (URL and
-sha256), its import names and the cache key of its wheel: a hash of everything that determines
+sha256) or, where PyPI has no source that builds (FA3), the GitHub archives it compiles from
+(each URL with the sha256 of its tar stream, checked here before anything in it is used, as the
+source-built fabrics' are), its import names and the cache key of its wheel: a hash of everything that determines
 the compiled file (the sdist, torch's exact build, nvcc, Python, CPU architecture, the arch
 list, the build variables). A wheel already in the cache under that key is reused; otherwise it
 is compiled here with `pip wheel --no-build-isolation` against the venv's torch, for the GPU's
@@ -12,6 +14,7 @@ shared library carries SASS for each arch (sass_audit.py, NVIDIA's cuobjdump). W
 built, with the wheel's sha256, goes to the record and lock files the final image keeps.
 """
 
+import gzip
 import hashlib
 import importlib.util
 import json
@@ -26,6 +29,8 @@ import tarfile
 import tempfile
 import threading
 import time
+import urllib.request
+import zlib
 from importlib import metadata
 from pathlib import Path
 
@@ -98,9 +103,10 @@ def cached_wheel(entry: dict, cache: Path):
     return None
 
 
-def unpack(archive: Path, into: Path) -> Path:
-    """The sdist's top directory, unpacked with tarfile's `data` filter where this Python has it
-    (no absolute paths, no `..`, no links out), else with the same checks by hand."""
+def unpack(archive: Path, into: Path, marker: str = "setup.py") -> Path:
+    """The archive's top directory, unpacked with tarfile's `data` filter where this Python has it
+    (no absolute paths, no `..`, no links out), else with the same checks by hand; it must hold
+    `marker` (an sdist's setup.py)."""
     into.mkdir()
     try:
         with tarfile.open(archive) as tar:
@@ -115,8 +121,8 @@ def unpack(archive: Path, into: Path) -> Path:
     except (tarfile.TarError, OSError) as e:
         fail(f"{archive.name}: cannot unpack it: {e}")
     tops = [d for d in into.iterdir() if d.is_dir()]
-    if len(tops) != 1 or not (tops[0] / "setup.py").is_file():
-        fail(f"{archive.name}: expected one top directory with a setup.py, found {[d.name for d in tops]}")
+    if len(tops) != 1 or (marker and not (tops[0] / marker).exists()):
+        fail(f"{archive.name}: expected one top directory with a {marker or 'file'}, found {[d.name for d in tops]}")
     return tops[0]
 
 
@@ -157,6 +163,71 @@ def fetch_wheel(entry: dict, work: Path) -> Path:
     return found
 
 
+def archive_url(url: str, mirror: str) -> str:
+    """Where to download an archive from: the source_mirror secret (a local copy served by
+    scripts/fabric-sources.sh) stands in for https://github.com, as in fabric.sh."""
+    if mirror and url.startswith("https://github.com/"):
+        return mirror.rstrip("/") + "/" + url[len("https://github.com/"):]
+    return url
+
+
+def fetch_archive(archive: dict, into: Path, mirror: str, marker=None) -> Path:
+    """Download one GitHub archive, check the sha256 of its uncompressed tar stream (`git archive`
+    of the commit, which any copy reproduces: fabric.sh's check) before anything in it is used,
+    and unpack it into `into`: its top directory."""
+    url = archive_url(archive["url"], mirror)
+    name, version = archive["name"], archive["version"]
+    log(f"{name} {version} from {url}")
+    into.mkdir(parents=True, exist_ok=True)
+    download = into / f"{name}.tar.gz"
+    try:
+        with urllib.request.urlopen(url, timeout=300) as response, open(download, "wb") as out:
+            shutil.copyfileobj(response, out)
+    except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+        fail(f"could not download {name} {version} from {url}: {e}")
+    digest = hashlib.sha256()
+    try:
+        with gzip.open(download) as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        fail(f"{name} {version} from {url} is not a gzip-compressed tar: {e}")
+    if digest.hexdigest() != archive["tar_sha256"]:
+        fail(f"{name} {version} from {url}: the tar's sha256 is {digest.hexdigest()}, the pin is "
+             f"{archive['tar_sha256']}: not the pinned source (a changed or wrong archive); the build stops")
+    top = unpack(download, into / "tree", marker=marker)
+    download.unlink()
+    return top
+
+
+def archives_tree(entry: dict, partial: Path, mirror: str) -> Path:
+    """The repository's archive unpacked into partial/src, each submodule's archive at its path
+    (where `git archive` left the gitlink an empty directory)."""
+    first, *subs = entry["archives"]
+    top = fetch_archive(first, partial / "fetch" / first["name"], mirror, marker=".")
+    (partial / "src").mkdir()
+    top = Path(shutil.move(str(top), str(partial / "src" / top.name)))
+    for sub in subs:
+        dest = top / sub["path"]
+        if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+            fail(f"{entry['name']}: {sub['path']} in {first['name']}'s archive is not the empty directory of a "
+                 f"submodule: {sub['name']} cannot go there")
+        if dest.exists():
+            dest.rmdir()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(fetch_archive(sub, partial / "fetch" / sub["name"], mirror, marker="")), str(dest))
+        log(f"{entry['name']}: {sub['name']} {sub['version']} at {sub['path']}")
+    shutil.rmtree(partial / "fetch")
+    return top
+
+
+def source_id(entry: dict) -> str:
+    """What the unpacked tree is of: the sdist's sha256, or each archive's tar sha256."""
+    if entry.get("archives"):
+        return " ".join(a["tar_sha256"] for a in entry["archives"])
+    return entry["sdist"]["sha256"]
+
+
 def source_tree(entry: dict, cache: Path, env: dict) -> Path:
     """The unpacked, patched sdist to compile in, at a path that depends only on the wheel's cache
     key, kept in the cache until the wheel is stored: a build cut off (Ctrl-C, a killed CI job, a
@@ -165,13 +236,18 @@ def source_tree(entry: dict, cache: Path, env: dict) -> Path:
     whose command did not finish. A tree without the stamp of a finished unpack is made again."""
     partial = cache / entry["name"] / entry["cache_key"] / PARTIAL
     stamp = partial / ".envbuild-unpacked"
-    sdist = entry["sdist"]
-    if stamp.is_file() and stamp.read_text().strip() == sdist["sha256"]:
+    if stamp.is_file() and stamp.read_text().strip() == source_id(entry):
         tops = [d for d in (partial / "src").iterdir() if d.is_dir()]
         if len(tops) == 1:
             return tops[0] / (entry.get("subdirectory") or "")
     shutil.rmtree(partial, ignore_errors=True)  # a cut-off unpack: only envbuild writes here
     partial.mkdir(parents=True)
+    if entry.get("archives"):
+        tree = archives_tree(entry, partial, os.environ.get("ENVBUILD_SOURCE_MIRROR", "")) / (entry.get("subdirectory") or "")
+        apply_patches(tree, entry.get("patches", []), entry["name"])
+        stamp.write_text(source_id(entry) + "\n")
+        return tree
+    sdist = entry["sdist"]
     download = partial / "sdist"
     req = partial / "sdist.txt"
     project, version = sdist_project(sdist["filename"])
@@ -183,7 +259,7 @@ def source_tree(entry: dict, cache: Path, env: dict) -> Path:
     tree = unpack(download / sdist["filename"], partial / "src") / (entry.get("subdirectory") or "")
     apply_patches(tree, entry.get("patches", []), entry["name"])
     shutil.rmtree(download)
-    stamp.write_text(sdist["sha256"] + "\n")
+    stamp.write_text(source_id(entry) + "\n")
     return tree
 
 
@@ -292,6 +368,22 @@ def header_dirs(headers: list, cuda_home: str, site_dirs=None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def no_git(env: dict, work: Path) -> None:
+    """FA3's hopper/setup.py runs `git submodule update --init` of its csrc/cutlass (line 389) whether or
+    not its tree is a checkout, and dies on FileNotFoundError where there is no git (the CUDA devel
+    images have none). A tree made from archives has no .git and its submodule is in place (its
+    own pinned archive), so where the builder lacks git a stand-in answers as git does outside a
+    repository (exit 128): nothing is fetched."""
+    if shutil.which("git", path=env.get("PATH")):
+        return
+    stand_in = work / "no-git" / "git"
+    stand_in.parent.mkdir(parents=True, exist_ok=True)
+    stand_in.write_text("#!/bin/sh\necho 'envbuild: no git here: the source tree was made from pinned archives' >&2\n"
+                        "exit 128\n")
+    stand_in.chmod(0o755)
+    env["PATH"] = os.pathsep.join([str(stand_in.parent), *filter(None, [env.get("PATH")])])
+
+
 def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: Path) -> tuple[Path, dict]:
     """Compile the extension's sdist into a wheel; (wheel, build facts). pip downloads the sdist
     from the index (a mirror, if the build names one) and checks its sha256; the source is then
@@ -309,6 +401,8 @@ def build_wheel(entry: dict, arch_list: str, cuda_home: str, work: Path, cache: 
         env["CPATH"] = os.pathsep.join([*header_dirs(entry["build_headers"], cuda_home),
                                         *filter(None, [env.get("CPATH")])])
     tree = source_tree(entry, cache, env)
+    if entry.get("archives"):
+        no_git(env, work)
     before = finished_objects(tree)
     if before:
         log(f"{entry['name']} {entry['version']}: resuming an interrupted compile: {len(before)} objects finished "

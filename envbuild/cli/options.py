@@ -50,7 +50,7 @@ def secret_options(f):
                           "service: a mirror of the lock's moment, {archive} and {timestamp} in the URL (a secret)."),
         click.option("--apt-key", type=click.Path(dir_okay=False), callback=not_empty,
                      help="The public key that signs --apt-snapshot's Release files, when not the distro's (a secret)."),
-        click.option("--source-mirror", help="Replaces https://github.com in a fabric's source URLs, e.g. "
+        click.option("--source-mirror", help="Replaces https://github.com in the source URLs of a fabric or an extension (FA3), e.g. "
                                              "http://127.0.0.1:8765 (scripts/fabric-sources.sh serves one; the "
                                              "pinned sha256 is checked all the same; a secret)."),
         click.option("--ca-cert", type=click.Path(dir_okay=False), help="Extra CA certificate (PEM) for TLS proxies (a secret)."),

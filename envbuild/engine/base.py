@@ -31,7 +31,7 @@ class BuildSecrets:
     pip_index_url: Optional[str] = None
     torch_index_url: Optional[str] = None
     apt_mirror: Optional[str] = None
-    source_mirror: Optional[str] = None  # replaces https://github.com in a fabric's source URLs
+    source_mirror: Optional[str] = None  # replaces https://github.com in a fabric's or an extension's source URLs
     apt_snapshot: Optional[str] = None  # a mirror of the OS lock's moment of the archive ({archive}, {timestamp})
     apt_key: Optional[Path] = None  # the public key that signs that mirror (apt's signed-by)
     compile_cache: Optional[str] = None  # sccache's storage variables, NAME=VALUE lines (validate.compile_cache_secret)

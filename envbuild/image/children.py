@@ -348,6 +348,14 @@ def fa4_numerics() -> dict:
     return _attention_vs_sdpa(lambda q, k, v: flash_attn_func(q, k, v, causal=True), (2, 256, 4, 128))
 
 
+def fa3_numerics() -> dict:
+    """On a GPU, FA3's flash_attn_interface.flash_attn_func (its sm_90a kernels: Hopper only) forward
+    and backward against scaled_dot_product_attention; head dim 128, one FA3 compiles."""
+    from flash_attn_interface import flash_attn_func
+
+    return _attention_vs_sdpa(lambda q, k, v: flash_attn_func(q, k, v, causal=True), (2, 256, 4, 128))
+
+
 def xformers_numerics() -> dict:
     """On a GPU, xformers' memory_efficient_attention with a causal mask, forward and backward,
     against scaled_dot_product_attention."""
@@ -399,9 +407,9 @@ def selective_scan_numerics() -> dict:
     return {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip((out, *got), (ref, *want)))}
 
 
-GPU_CHECKS = {"attention": attention_numerics, "causal-conv1d": causal_conv1d_numerics, "flash-attn-4": fa4_numerics,
-              "transformer-engine": te_linear_numerics, "selective-scan": selective_scan_numerics,
-              "xformers": xformers_numerics}
+GPU_CHECKS = {"attention": attention_numerics, "causal-conv1d": causal_conv1d_numerics, "flash-attn-3": fa3_numerics,
+              "flash-attn-4": fa4_numerics, "transformer-engine": te_linear_numerics,
+              "selective-scan": selective_scan_numerics, "xformers": xformers_numerics}
 
 
 def _inductor_cpu_isa(torch) -> str:

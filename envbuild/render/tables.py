@@ -256,6 +256,9 @@ def extension_fields(e: dict) -> list[tuple[str, str]]:
             *((f"not {sid}", why) for sid, why in e["refused"].items()),
             *((("sdist", f"{e['sdist']['url']} (sha256 {e['sdist']['sha256']})"),) if e.get("sdist") else ()),
             *((f"wheel {w['cpu_arch']}", f"{w['url']} (sha256 {w['sha256']})") for w in e.get("wheels", [])),
+            *(("source" + (f" {a['path']}" if a["path"] != "." else ""),
+               f"{a['url']} ({a['version']}; tar stream sha256 {a.get('tar_sha256') or 'not recorded'})")
+              for a in e.get("archives", [])),
             *((("not buildable", e["unbuildable"]),) if e.get("unbuildable") else ()),
             *((("needs", ", ".join(e["needs"])),) if e.get("needs") else ()),
             *((("stable ABI", f"torch {e['stable_abi']}: cached by CUDA major and arches only"),)

@@ -290,11 +290,11 @@ def lock_inputs(matrix, stack, deepspeed_requires: Optional[tuple[list[str], str
 def _fits(matrix, e, stack, arch: str) -> bool:
     """The extension can be in the stack's image on `arch`, installed from a wheel that fits or
     from its sdist with its install_requires given as data (uv cannot read them otherwise)."""
-    return (not e.unbuildable and arch in e.cpu_arch
+    return (not e.unbuildable and not e.unpinned and arch in e.cpu_arch
             and all(rules.contains(spec, v) for spec, v in ((e.torch, stack.torch), (e.cuda, stack.cuda),
                                                             (e.python, stack.python)))
             and rules.glibc_rejection(matrix, stack, e, arch) is None
-            and (_wheel(e, stack, arch) is not None or (e.sdist is not None and e.requires_dist is not None)))
+            and (_wheel(e, stack, arch) is not None or (e.compiled and e.requires_dist is not None)))
 
 
 def _wheel(e, stack, arch: str):

@@ -147,15 +147,24 @@ def _python_components(inv: dict, records: dict, ops: list, ref: _Refs) -> list[
 
 
 def _built_pedigree(d: dict, key: str, determines: dict) -> Pedigree:
-    """Where a wheel compiled in the builder came from: its sdist (by hash) and the patches applied."""
+    """Where a wheel compiled in the builder came from: its sdist (by hash), or the GitHub archives
+    it was compiled from (FA3: each commit, by the sha256 of its uncompressed tar stream), and
+    the patches applied."""
     sdist = Component(name=d["name"], version=d["version"], type=ComponentType.LIBRARY,
                       purl=PackageURL("pypi", name=key, version=d["version"], qualifiers={"type": "sdist"}),
                       hashes=[HashType(alg=HashAlgorithm.SHA_256, content=determines["sdist_sha256"])]
                       if determines.get("sdist_sha256") else [])
+    archives = [Component(name=f"{d['name']} {path}" if path != "." else d["name"], version=a["commit"],
+                          type=ComponentType.LIBRARY,
+                          hashes=[HashType(alg=HashAlgorithm.SHA_256, content=a["tar_sha256"])] if a.get("tar_sha256") else [],
+                          properties=_props(("envbuild:hash-of", "the uncompressed tar stream (git archive of the commit)")))
+                for path, a in (determines.get("archives") or {}).items()]
     patches = [Patch(type=PatchClassification.UNOFFICIAL,
                      diff=Diff(text=AttachedText(content=json.dumps(p, sort_keys=True),
                                                  content_type="application/json")))
                for p in determines.get("patches") or []]
+    if archives:
+        return Pedigree(ancestors=archives, patches=patches, notes="compiled from pinned GitHub archives in the image's builder stage")
     return Pedigree(ancestors=[sdist], patches=patches, notes="compiled from the sdist in the image's builder stage")
 
 

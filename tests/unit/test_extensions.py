@@ -49,7 +49,7 @@ def test_every_extension_fact_names_a_public_source(production_matrix):
             source = ext.sources[fact]
             assert re.search(r"https://\S+|\.tar\.gz |wheel|cuobjdump|core", source), (ext.name, fact, source)
         assert ext.modules or ext.packages
-        assert ext.memory_per_job_gib or not ext.sdist or ext.unbuildable
+        assert ext.memory_per_job_gib or not ext.compiled or ext.unbuildable
     tags = [e.tag for e in production_matrix.extensions.values()]
     assert len(tags) == len(set(tags))
 
@@ -648,12 +648,13 @@ def test_the_build_installs_an_extensions_own_lock_by_hash_before_it_and_records
 
 
 def test_every_extensions_gpu_check_has_a_numerics_function_and_a_tolerance(production_matrix):
-    """FA4, Transformer Engine, mamba-ssm and xformers each get a forward+backward check against a
+    """FA3, FA4, Transformer Engine, mamba-ssm and xformers each get a forward+backward check against a
     torch reference on a GPU node (run only where a GPU is present)."""
     from envbuild.image import children
 
     named = {e.name: e.gpu_check for e in production_matrix.extensions.values() if e.gpu_check}
-    assert named == {"flash-attn": "attention", "causal-conv1d": "causal-conv1d", "flash-attn-4": "flash-attn-4",
+    assert named == {"flash-attn": "attention", "causal-conv1d": "causal-conv1d", "flash-attn-3": "flash-attn-3",
+                     "flash-attn-4": "flash-attn-4",
                      "transformer-engine-torch": "transformer-engine", "mamba-ssm": "selective-scan",
                      "xformers": "xformers"}
     assert set(named.values()) <= set(children.GPU_CHECKS) == set(checks.EXTENSION_TOLERANCE)

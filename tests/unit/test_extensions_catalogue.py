@@ -43,12 +43,6 @@ def test_fa4_on_a_v100_is_refused_naming_compute_capability(matrix):
         resolve(matrix, Request(gpu="v100", extensions=("fa4",)))
 
 
-def test_fa3_on_hopper_is_refused_because_pypi_has_no_source_that_builds_it(matrix):
-    with pytest.raises(EnvbuildError) as e:
-        resolve(matrix, Request(gpu="h100", extensions=("flash-attn-3",), stack="torch2.8-cu128-py3.12"))
-    assert "flash_api.cpp" in str(e.value) and "placeholder" in str(e.value), str(e.value)
-
-
 def test_flash_attn_on_gh200_renders_an_arm64_image(tmp_path):
     out = tmp_path / "out"
     r = run_here("render", "--gpu", "gh200", "--ext", "flash-attn", "-o", str(out))

@@ -47,7 +47,7 @@ the family module that makes them:
 - ``ext-conflict``    two extensions that cannot share an image (files one overwrites, disjoint pins of one dependency) are refused together
 - ``ext-nvcc``        a source build for a GPU its setup.py emits code for only from a newer nvcc (sm_100/sm_120 from 12.8) is refused
 - ``ext-glibc``       the stack's base image has the glibc the extension's closure has wheels for (mamba-ssm on aarch64: 2.34)
-- ``ext-source``    a CUDA extension has a source on PyPI that builds (FA3: the sdist lacks its kernels)
+- ``ext-source``    a CUDA extension has a source that builds, fetched by a recorded sha256 (its PyPI sdist, or GitHub archives pinned by their tar streams' sha256: FA3)
 - ``ext-wheel``     a wheel-only extension has a PyPI wheel for the stack's CPU, CUDA major, torch and Python
 - ``ext-needs``     an extension that needs another (mamba-ssm: causal-conv1d) is requested with it
 - ``ext-not-prebuilt`` a package that compiles against torch and CUDA at pip install, and that envbuild does not pre-build, is refused by name

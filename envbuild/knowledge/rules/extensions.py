@@ -88,9 +88,15 @@ def extension_rejections(m, s, ext, cpu_arch: Optional[str], locked: Optional[se
                                          f"{cpu_arch}"))
     if ext.unbuildable:
         out.append(Rejection("ext-source", f"{ext.name} {ext.version} cannot be built: {ext.unbuildable}"))
+    elif ext.unpinned:
+        out.append(Rejection("ext-source", f"{ext.name} {ext.version} cannot be built: no sha256 of the tar stream of "
+                                           f"its {', '.join(ext.unpinned)} archive is recorded, and a source is fetched "
+                                           f"only by a checked hash (`scripts/fabric-sources.sh make DIR "
+                                           f"{' '.join(ext.unpinned)}` prints it from a git mirror holding every object "
+                                           f"of the commit)"))
     elif cpu_arch is not None:
         wheel, why = extension_wheel(ext, s, cpu_arch)
-        if wheel is None and ext.sdist is None:
+        if wheel is None and not ext.compiled:
             out.append(Rejection("ext-wheel", f"no {ext.name} {ext.version} wheel on PyPI fits and it has no sdist to "
                                               f"compile: {'; '.join(why)}"))
         nvcc = wheel is None and gpu is not None and _nvcc_rejection(ext, s, gpu)

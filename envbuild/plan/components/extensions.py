@@ -18,6 +18,9 @@ from envbuild.plan.components.base import Context, Part
 from envbuild.plan.components.python import PIP_SECRETS
 from envbuild.resolve.resolver import ExtensionBuild, Resolution
 
+# The fabrics' secret: a base URL (a local copy, scripts/fabric-sources.sh serve) that replaces
+# https://github.com in each archive's URL; the tar streams' sha256 are checked all the same.
+ARCHIVE_SECRETS = ("source_mirror",)
 # Bumped when extensions.py changes how a wheel is made: every cached wheel is then rebuilt.
 EXTENSION_BUILD_RECIPE = 2
 
@@ -33,8 +36,10 @@ def _determines(build: ExtensionBuild, resolution: Resolution, build_env: dict, 
     """Everything that determines the compiled wheel (its cache key): with the stable ABI, the
     CUDA major and the arches (GPU and CPU) only, so one compile serves every stack it fits."""
     ext, stack = build.ext, resolution.stack
+    source = ({"sdist_sha256": ext.sdist.sha256} if ext.sdist else
+              {"archives": {a.path: {"commit": a.commit, "tar_sha256": a.tar_sha256} for a in ext.archives}})
     common = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
-              "sdist_sha256": ext.sdist.sha256, "cpu_arch": resolution.arch, "arch_list": resolution.arch_list,
+              **source, "cpu_arch": resolution.arch, "arch_list": resolution.arch_list,
               "build_env": build_env, **({"patches": patches} if patches else {})}
     if build.stable_abi:
         return {**common, "torch": f"stable ABI {ext.stable_abi}", "cuda_major": stack.cuda.split(".")[0]}
@@ -54,7 +59,7 @@ def _entry(build: ExtensionBuild, resolution: Resolution, installed: tuple[str, 
               "cuda_major": stack.cuda.split(".")[0],
               # what it needs beyond the stack's lock (matrices/locks/ext), installed by hash before it
               "requires_lock": build.lock.requirements("venv", exclude=installed) if build.lock else ""}
-    if wheel is not None or ext.sdist is None:
+    if wheel is not None or not ext.compiled:
         determines = {"recipe": EXTENSION_BUILD_RECIPE, "name": ext.name, "version": ext.version,
                       "wheel_sha256": wheel.sha256 if wheel else None}
         return {**common, "wheel": wheel.model_dump() if wheel else None, "sdist": None, "build_requires": [],
@@ -64,7 +69,11 @@ def _entry(build: ExtensionBuild, resolution: Resolution, installed: tuple[str, 
     build_env = {**ext.build_env, **({ext.arch_env: arch_value} if ext.arch_env else {})}
     patches = [{"file": p.file, "old": p.old, "new": p.new, "source": p.source} for p in build.patches]
     determines = _determines(build, resolution, build_env, patches)
-    return {**common, "wheel": None, "sdist": ext.sdist.model_dump(), "subdirectory": ext.subdirectory,
+    # PyPI's sdist (pip checks its sha256), or GitHub archives (each tar stream's sha256 checked)
+    source = ({"sdist": ext.sdist.model_dump()} if ext.sdist else
+              {"sdist": None, "archives": [a.model_dump(include={"name", "version", "commit", "url", "tar_sha256", "path"})
+                                           for a in ext.archives]})
+    return {**common, "wheel": None, **source, "subdirectory": ext.subdirectory,
             "build_requires": ext.build_requires, "build_env": build_env, "build_headers": ext.build_headers,
             "memory_per_job_gib": ext.memory_per_job_gib, "nvcc_threads": ext.nvcc_threads, "patches": patches,
             "stable_abi": build.stable_abi, "determines": determines,
@@ -99,6 +108,11 @@ def _entries(resolution: Resolution) -> list[dict]:
     return entries
 
 
+def _archives(resolution: Resolution) -> bool:
+    """Some extension of the image compiles from GitHub archives (which a source_mirror may serve)."""
+    return any(b.wheel is None and b.ext.archives for b in resolution.extension_builds)
+
+
 def part(ctx: Context) -> Part:
     resolution = ctx.resolution
     if not resolution.extensions:
@@ -107,10 +121,13 @@ def part(ctx: Context) -> Part:
     step = Step("extensions", (target,),
                 files=step_files("extensions.sh", "nvcc-arch.sh", "extensions.py", "sass_audit.py")
                 + (FileCopy(f"envbuild/{EXTENSION_SPEC}", target),),
-                secrets=(*PIP_SECRETS, compilecache.SECRET), caches=((EXTENSION_CACHE_ID, paths.EXTENSION_CACHE),),
+                secrets=(*PIP_SECRETS, compilecache.SECRET, *(ARCHIVE_SECRETS if _archives(resolution) else ())),
+                caches=((EXTENSION_CACHE_ID, paths.EXTENSION_CACHE),),
                 env=compilecache.env(ctx),
                 comment=f"CUDA extensions {', '.join(e.name for e in resolution.extensions)}: PyPI's wheel by "
-                        f"hash where one fits, else compiled from the sdist for {resolution.arch_list} only, cached by "
+                        f"hash where one fits, else compiled from the sdist"
+                        f"{' or the GitHub archives pinned by their tar sha256' if _archives(resolution) else ''} "
+                        f"for {resolution.arch_list} only, cached by "
                         f"what determines the wheel; the build fails unless each imports, carries SASS for it and "
                         f"links this CUDA major and torch")
     text = json.dumps(spec(resolution, ctx.toolchain_home), indent=2, sort_keys=True) + "\n"

@@ -138,16 +138,24 @@ def manifest(ctx: Context, image_env: tuple[EnvVar, ...]) -> dict:
         # What `envbuild rebuild` re-renders from: the request as given, and the matrix it met.
         "request": request_record(resolution),
         "matrix": {"sha256": resolution.matrix_sha256},
-        "extensions": [{"name": e.name, "version": e.version, "sdist_sha256": e.sdist.sha256 if e.sdist else None,
-                        "packages": e.packages, "modules": e.modules, "op_libraries": e.op_libraries,
-                        "arch_list": resolution.arch_list,
-                        "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
-                        **({"run_time_compile": {"enable_env": e.run_time_compile.enable_env,
-                                                 "cache_env": e.run_time_compile.cache_env}}
-                           if e.run_time_compile else {}),
-                        "lock": paths.EXTENSIONS_LOCK} for e in resolution.extensions],
+        "extensions": [_extension_record(e, resolution) for e in resolution.extensions],
         **_nccl_override_record(resolution),
     })
+
+
+def _extension_record(e, resolution: Resolution) -> dict:
+    """One extension of the manifest: what it was compiled from (PyPI's sdist, or GitHub archives
+    by their tar streams' sha256), its import names and where its build record and lock are."""
+    return {"name": e.name, "version": e.version, "sdist_sha256": e.sdist.sha256 if e.sdist else None,
+            **({"archives": [{"url": a.url, "tar_sha256": a.tar_sha256, "path": a.path} for a in e.archives]}
+               if e.archives else {}),
+            "packages": e.packages, "modules": e.modules, "op_libraries": e.op_libraries,
+            "arch_list": resolution.arch_list,
+            "gpu_check": e.gpu_check, "build_record": paths.EXTENSIONS_RECORD,
+            **({"run_time_compile": {"enable_env": e.run_time_compile.enable_env,
+                                     "cache_env": e.run_time_compile.cache_env}}
+               if e.run_time_compile else {}),
+            "lock": paths.EXTENSIONS_LOCK}
 
 
 def _nccl_override_record(resolution: Resolution) -> dict:

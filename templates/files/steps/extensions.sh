@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # extensions.sh SPEC: the CUDA extensions SPEC (extensions.json, written by the build plan)
-# names, each compiled from its hash-checked sdist against the venv's torch for the GPU's
+# names, each compiled from its hash-checked sdist (or GitHub archives, each tar stream's
+# sha256 checked: FA3) against the venv's torch for the GPU's
 # arches only, cached by what determines the wheel, installed with hash checking and
 # verified (imports with no undefined symbol; SASS for every arch): extensions.py.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -10,6 +11,10 @@ pip_env
 cuda_link_stubs
 nvcc_reproducible
 export ENVBUILD_TMP="$TMP"
+# A source only on GitHub (FA3) is fetched from its archive URL, or from this base instead of
+# https://github.com (the fabrics' secret: a local copy), its tar stream's sha256 checked either way.
+ENVBUILD_SOURCE_MIRROR=$(secret source_mirror)
+export ENVBUILD_SOURCE_MIRROR
 # cpp_extension runs this instead of nvcc (PYTORCH_NVCC): it keeps only the GPU's arches of the
 # -gencode flags an extension's setup.py hard-codes (causal-conv1d lists nine).
 export PYTORCH_NVCC="$STEPS_DIR/nvcc-arch.sh"

@@ -11,6 +11,11 @@ from envbuild.knowledge.matrix.fields import _cc, _env_name, _env_pairs, _sha256
 
 _OP_LIBRARY = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*\.so")
 _PYPI_FILE = re.compile(r"https://files\.pythonhosted\.org/packages/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{60}/[A-Za-z0-9_.+-]+")
+# A source only on GitHub: the archive of one commit (what the source_mirror secret stands in for),
+# or a server of this machine (a test's copy).
+_GITHUB_ARCHIVE = re.compile(r"https://github\.com/[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*"
+                             r"/archive/(?P<commit>[0-9a-f]{40})\.tar\.gz")
+_LOCAL_ARCHIVE = re.compile(r"http://127\.0\.0\.1(:[0-9]{1,5})?/[A-Za-z0-9._~%+/-]+\.tar\.gz")
 
 
 def _word(v: str) -> str:
@@ -43,6 +48,60 @@ class ExtensionSdist(_Strict):
         """The file name is the URL's last part (it becomes a path in the builder: no '/', no '..')."""
         if "/" in self.filename or self.filename.startswith(".") or not self.url.endswith("/" + self.filename):
             raise ValueError(f"filename {self.filename!r} is not the last part of its url {self.url!r}")
+        return self
+
+
+class SourceArchive(_Strict):
+    """A source only on GitHub (FA3: hopper/ of the flash-attention repository, with the CUTLASS
+    its csrc/cutlass submodule pins), as the source-built fabrics are: the archive of one commit
+    (https://github.com/OWNER/REPO/archive/COMMIT.tar.gz; the source_mirror secret may replace its
+    base) checked by the sha256 of its uncompressed tar stream, which `git archive` of that commit
+    reproduces anywhere (GitHub's gzip layer is not promised stable). `path`: where it goes in the
+    tree, '.' for the repository whose setup.py builds, a submodule's path for the others.
+    `tar_sha256` None: not pinned yet, and the extension is refused (rule ext-source) until it is."""
+
+    name: str
+    version: str  # the tag or `git describe` of the commit
+    commit: str
+    url: str
+    tar_sha256: Optional[str] = None
+    path: str = "."
+    license: str
+    source: str  # where the commit comes from (the tag, the superproject's gitlink)
+
+    _sha = field_validator("tar_sha256")(lambda v: v if v is None else _sha256_hex(v))
+    _n = field_validator("name")(lambda v: _word(v))
+
+    @field_validator("version")
+    @classmethod
+    def _tag(cls, v: str) -> str:
+        """A tag or `git describe`: one word (fabric-sources.sh lists it between spaces)."""
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", v):
+            raise ValueError(f"expected letters, digits and ._+- like 'v2.8.3.post1', got {v!r}")
+        return v
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{40}", v):
+            raise ValueError(f"expected a 40-hex-digit git commit, got {v!r}")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        if v != "." and (not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*", v)
+                         or ".." in v.split("/")):
+            raise ValueError(f"expected '.' or a path inside the tree like 'csrc/cutlass', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _archive_of_its_commit(self):
+        """GitHub's archive of the commit named (or a local copy): what fabric-sources.sh reproduces."""
+        github = _GITHUB_ARCHIVE.fullmatch(self.url)
+        if not (github or _LOCAL_ARCHIVE.fullmatch(self.url)) or (github and github.group("commit") != self.commit):
+            raise ValueError(f"url {self.url!r} is not https://github.com/OWNER/REPO/archive/{self.commit}.tar.gz "
+                             f"(or an http://127.0.0.1 copy)")
         return self
 
 
@@ -172,7 +231,10 @@ class CudaExtension(_Strict):
     description: str
     version: str
     sdist: Optional[ExtensionSdist] = None  # compiled from it where no wheel fits (None: wheels only)
-    subdirectory: Optional[str] = None  # the sdist directory whose setup.py builds it (FA3: hopper)
+    # compiled from these where PyPI has no sdist that builds (FA3): the repository first, then the
+    # submodules it needs at their paths
+    archives: list[SourceArchive] = []
+    subdirectory: Optional[str] = None  # the source directory whose setup.py builds it (FA3: hopper)
     wheels: list[ExtensionWheel] = []  # PyPI's wheels, each installed where it fits the stack
     needs: list[str] = []  # extensions it needs in the same image ({cuda_major}: the stack's)
     stable_abi: Optional[str] = None  # the torch releases torch's stable C ABI it targets spans
@@ -214,8 +276,8 @@ class CudaExtension(_Strict):
     patches: list[SourcePatch] = []  # upstream fixes newer than the sdist, for the torch that needs them
     memory_per_job_gib: Optional[float] = None  # peak memory of one compile job: MAX_JOBS = memory // this
     nvcc_threads: Optional[int] = None  # NVCC_THREADS: nvcc's own threads per job (memory grows with it)
-    gpu_check: Optional[Literal["attention", "causal-conv1d", "flash-attn-4", "transformer-engine", "selective-scan",
-                                "xformers"]] = None  # the smoke test's GPU check
+    gpu_check: Optional[Literal["attention", "causal-conv1d", "flash-attn-3", "flash-attn-4", "transformer-engine",
+                                "selective-scan", "xformers"]] = None  # the smoke test's GPU check
     build_time: str  # measured, with the machine
     sources: dict[str, str]  # fact -> public source (a URL, a file of a named release)
 
@@ -291,11 +353,27 @@ class CudaExtension(_Strict):
     def _installable(self):
         """Something to install: an sdist to compile (with the memory one compile job takes) or a
         wheel."""
-        if self.sdist is None and not self.wheels and not self.unbuildable:
-            raise ValueError(f"{self.name} has neither an sdist to compile nor a wheel to install")
-        if self.sdist is not None and not self.unbuildable and not self.memory_per_job_gib:
-            raise ValueError(f"{self.name} compiles from its sdist and needs memory_per_job_gib (MAX_JOBS)")
+        if self.sdist is None and not self.archives and not self.wheels and not self.unbuildable:
+            raise ValueError(f"{self.name} has neither an sdist or archives to compile nor a wheel to install")
+        if self.sdist is not None and self.archives:
+            raise ValueError(f"{self.name} names an sdist and archives: one source to compile")
+        if (self.sdist is not None or self.archives) and not self.unbuildable and not self.memory_per_job_gib:
+            raise ValueError(f"{self.name} compiles from its source and needs memory_per_job_gib (MAX_JOBS)")
+        if self.archives and ([a.path for a in self.archives].count(".") != 1 or self.archives[0].path != "."):
+            raise ValueError(f"{self.name}: the first archive is the repository (path '.'), the others submodules")
+        if len({a.path for a in self.archives}) != len(self.archives):
+            raise ValueError(f"{self.name}: two archives go to one path")
         return self
+
+    @property
+    def compiled(self) -> bool:
+        """It has a source to compile: PyPI's sdist or GitHub archives."""
+        return self.sdist is not None or bool(self.archives)
+
+    @property
+    def unpinned(self) -> list[str]:
+        """Its archives with no recorded tar sha256 (refused until pinned: rule ext-source)."""
+        return [a.name for a in self.archives if a.tar_sha256 is None]
 
     @field_validator("name", "tag")
     @classmethod

@@ -132,6 +132,11 @@ def _container_problems(c: dict, spec: dict, pod_fabric: set[str], known: set[st
     if fabric and not gpus and any(GPU in _resources(o) for o in _containers(spec)):
         problems.append(f"container {name} asks for {', '.join(sorted(fabric))} but not the GPUs (resources split): "
                         f"move them to the container with {GPU}")
+    pinned = {str(e.get("value")) for e in map(_dict, _list(c.get("env"))) if e.get("name") == "NCCL_NET"}
+    if gpus and not fabric and not pod_fabric and pinned - {"Socket", "socket"}:
+        problems.append(f"container {name} pins NCCL_NET={'/'.join(sorted(pinned))} but asks for no fabric resource "
+                        f"beside its GPUs (dropped, or never asked for): the pod gets no fabric device; add the device "
+                        f"plugin's resource (rdma/POOL, vpc.amazonaws.com/efa) to its limits")
     if fabric and not _has_ipc_lock(c):
         problems.append(f"container {name} asks for {', '.join(sorted(fabric))} without the IPC_LOCK capability: verbs "
                         f"cannot pin memory under the default memlock limit; add securityContext.capabilities.add: "

@@ -293,7 +293,7 @@ def trainjob(job: KubeJob, spec: dict) -> list[dict]:
     resources to another container) and the TrainJob (trainer.kubeflow.org/v1alpha1) that runs it."""
     runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
                "metadata": {"name": job.name, "namespace": job.namespace, "labels": _labels(job, queue=False)},
-               "spec": {"mlPolicy": {"numNodes": job.nodes, "torch": {"numProcPerNode": job.gpus_per_node or 2}},
+               "spec": {"mlPolicy": {"numNodes": job.nodes, "torch": {}},  # the TrainJob says the ranks per node
                         "template": {"spec": {"network": {"publishNotReadyAddresses": True},
                                               "replicatedJobs": [_replicated(job, spec, {
                                                   "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"})]}}}}

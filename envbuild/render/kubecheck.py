@@ -129,9 +129,6 @@ def _container_problems(c: dict, spec: dict, pod_fabric: set[str], known: set[st
         problems.append(f"container {name} has the GPUs but not {', '.join(sorted(pod_fabric - fabric))}, which another "
                         f"container of the pod asks for (resources split): NCCL in this container gets no fabric "
                         f"device and falls back to TCP; put every GPU and fabric resource in one container's limits")
-    if fabric and not gpus and any(GPU in _resources(o) for o in _containers(spec)):
-        problems.append(f"container {name} asks for {', '.join(sorted(fabric))} but not the GPUs (resources split): "
-                        f"move them to the container with {GPU}")
     pinned = {str(e.get("value")) for e in map(_dict, _list(c.get("env"))) if e.get("name") == "NCCL_NET"}
     if gpus and not fabric and not pod_fabric and pinned - {"Socket", "socket"}:
         problems.append(f"container {name} pins NCCL_NET={'/'.join(sorted(pinned))} but asks for no fabric resource "

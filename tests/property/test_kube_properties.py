@@ -8,11 +8,13 @@ from __future__ import annotations
 import shlex
 
 import yaml
-from hypothesis import event, given, settings
+from click.testing import CliRunner
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from envbuild.base import grammar
 from envbuild.base.errors import EnvbuildError
+from envbuild.cli import main
 from envbuild.render.kube import KubeJob, manifest
 from envbuild.render.kubecheck import manifest_problems
 from property_settings import EXAMPLES
@@ -42,9 +44,16 @@ def _job(values: dict) -> KubeJob:
                    many["toleration"], many["fabric_resource"], values["shm_size"], values["socket_ifname"])
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None)
+def _cli(values: dict, output) -> int:
+    """`envbuild job --k8s indexed` with `values` as options and -o `output`: its exit code."""
+    args = [w for k, v in values.items() for w in ("--" + k.replace("_", "-"), v)]
+    result = CliRunner().invoke(main, ["job", "--k8s", "indexed", *args, "-o", str(output)])
+    return result.exception.exit_code if isinstance(result.exception, EnvbuildError) else result.exit_code
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(option_value=option_values())
-def test_any_value_is_refused_naming_its_option_or_lands_where_it_belongs(option_value):
+def test_any_value_is_refused_naming_its_option_or_lands_where_it_belongs(option_value, tmp_path):
     option, value = option_value
     values = {**OPTIONS, option: value}
     try:
@@ -54,6 +63,7 @@ def test_any_value_is_refused_naming_its_option_or_lands_where_it_belongs(option
         flag = "--" + option.replace("_", "-")
         assert e.exit_code == 2 and flag in e.message, (option, value, e.message)
         assert "\n" not in e.message and not set(grammar.control_characters(value)) & set(e.message), e.message
+        assert _cli(values, tmp_path / "job.yaml") == 2 and list(tmp_path.iterdir()) == []  # nothing written
         return
     event(f"{option} written")
     service, job = yaml.safe_load_all(text)

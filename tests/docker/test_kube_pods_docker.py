@@ -12,7 +12,8 @@ POD.SERVICE and POD.SERVICE.NS.svc.cluster.local). Two pods, gloo on the CPU CI 
 No cluster is involved: the scheduler, the device plugins and the kubelet itself are not; the
 image is the local CI image where the manifest names it by digest. Time: the CI image's build
 (as tests/docker/test_multinode_docker.py: seconds with BuildKit's cache, minutes without), then
-about 30 s.
+230 s on this 2-core machine beside another build, 2026-11-29 (each pod's init container runs
+the whole smoke test, about 100 s, one pod after the other; the rendezvous itself takes seconds).
 """
 
 from __future__ import annotations

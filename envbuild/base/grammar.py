@@ -294,6 +294,24 @@ def quantity(value: str) -> str:
     return value
 
 
+_IFNAME = re.compile(r"^\^?=?[A-Za-z0-9_.:-]{1,15}\Z")
+
+
+def socket_ifname(value: str) -> str:
+    """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: interface names or prefixes, comma-separated, each
+    optionally ``^`` (exclude) and ``=`` (exact match) first (NCCL's env docs); a name is at most
+    15 characters (linux/if.h IFNAMSIZ 16 with its NUL) of letters, digits and ``_.:-``.
+
+    >>> socket_ifname("eth0"), socket_ifname("^docker,lo")
+    ('eth0', '^docker,lo')
+    """
+    one_line(value, "an interface list")
+    if not all(_IFNAME.match(part) for part in value.split(",")):
+        raise GrammarError("it is not a list of network interfaces (names or prefixes of at most 15 letters, digits "
+                           "and _.:-, comma-separated, each optionally led by ^ or =)")
+    return value
+
+
 # ---------------------------------------------------------------- NCCL releases
 
 NCCL_VERSION = re.compile(r"^(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})(\.post[1-9][0-9]{0,2})?\Z")

@@ -103,9 +103,9 @@ MANY = {"multiple": True, "metavar": "VALUE"}
 @click.option("--train", default="train.py", show_default=True,
               help="The command torchrun starts, split into words as a shell would; each word arrives as "
                    "written (nothing in it is run or expanded).")
-@click.option("--k8s", type=click.Choice(["indexed", "jobset", "trainjob"]),
+@click.option("--k8s", is_flag=False, flag_value="", metavar="[indexed|jobset|trainjob]",
               help="Write a Kubernetes manifest instead: an Indexed Job and its headless Service, a JobSet, or a "
-                   "Kubeflow TrainJob with its TrainingRuntime (docs/running.md).")
+                   "Kubeflow TrainJob with its TrainingRuntime (docs/running.md); `--k8s --check FILE` checks one.")
 @click.option("--check", type=click.Path(dir_okay=False), metavar="FILE",
               help="Check a Kubernetes manifest (anyone's) for the mistakes that leave NCCL on TCP or hang a job.")
 @click.option("--fabric", help="--k8s: the image's fabric profile (envbuild fabrics; default: the matrix's).")
@@ -152,7 +152,10 @@ def _misplaced(ctx, k8s, check) -> None:
     from envbuild.base.errors import EnvbuildError
 
     given = {p.name: p.opts[-1] for p in ctx.command.params if ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE}
-    wrong = [given[n] for n in (given if check else SLURM_ONLY if k8s else K8S_ONLY) if n in given and n != "check"]
+    if k8s == "" and not check:
+        raise EnvbuildError("--k8s needs the kind of manifest: --k8s indexed, --k8s jobset or --k8s trainjob.")
+    wrong = [given[n] for n in (given if check else SLURM_ONLY if k8s is not None else K8S_ONLY)
+             if n in given and n not in ("check", "k8s")]
     if wrong:
         many = len(wrong) > 1
         path = ("--check FILE takes no other option" if check else

@@ -125,7 +125,7 @@ def check_kube_job(job: KubeJob) -> KubeJob:
     _check("--name", job.name, grammar.dns_label, "e.g. --name llama-8b-run1.")
     _check("--namespace", job.namespace, grammar.dns_label, "e.g. --namespace training.")
     _check("--cluster-domain", job.cluster_domain, grammar.dns_subdomain, "the default is --cluster-domain cluster.local.")
-    _check("--socket-ifname", job.socket_ifname, grammar.dns_label, "the pod's interface, e.g. --socket-ifname eth0.")
+    _check("--socket-ifname", job.socket_ifname, grammar.socket_ifname, "the pod's interface, e.g. --socket-ifname eth0.")
     if job.queue is not None:
         _check("--queue", job.queue, grammar.dns_label, "a Kueue LocalQueue's name, e.g. --queue team-a.")
     if job.shm_size is not None:

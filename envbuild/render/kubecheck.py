@@ -91,14 +91,18 @@ def _memory_shm(container: dict, spec: dict) -> bool:
 def short_name(address: str) -> bool:
     """Whether a rendezvous address (HOST or HOST:PORT) resolves only through a search path.
 
-    >>> short_name("job-0"), short_name("job-0.job:29500"), short_name("job-0.job.ns.svc.cluster.local"), short_name("10.0.0.2")
-    (True, True, False, False)
+    >>> short_name("job-0"), short_name("job-0.job:29500"), short_name("job-0.job.ns.svc.cluster.local:29500")
+    (True, True, False)
+    >>> short_name("10.0.0.2"), short_name("[fd00::2]:29500"), short_name("$(MASTER_ADDR)")
+    (False, False, False)
     """
+    if address.startswith("[") and "]" in address:  # [IPv6]:PORT
+        address = address[1:address.index("]")]
     host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
     if not host or host.startswith("$(") or "$(" in host:
         return False  # another variable's value: judged where that variable is set
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        ipaddress.ip_address(host)
         return False
     except ValueError:
         pass

@@ -189,7 +189,7 @@ def test_check_accepts_what_envbuild_writes(tmp_path):
     for kind in ("indexed", "jobset", "trainjob"):
         target = tmp_path / f"{kind}.yaml"
         assert run("--k8s", kind, "--image", IMAGE, "--fabric", "aws-efa", "-o", str(target))[0] == 0
-        code, out, err = run("--check", str(target))
+        code, out, err = run("--k8s", "--check", str(target))
         assert code == 0 and "1 pod template(s) checked" in out, err
 
 
@@ -220,3 +220,7 @@ def test_check_refuses_a_dropped_fabric_resource_and_what_is_no_manifest(tmp_pat
     assert code == 2 and "not a regular file" in err
     code, _, err = run("--check", str(tmp_path / "m.yaml"), "--nodes", "3")
     assert code == 2 and "--check FILE takes no other option" in err
+    code, _, err = run("--k8s", "--image", IMAGE)
+    assert code == 2 and "--k8s needs the kind" in err
+    code, _, err = run("--k8s", "pod", "--image", IMAGE)
+    assert code == 2 and "--k8s 'pod': unknown; choose one of indexed, jobset, trainjob" in err

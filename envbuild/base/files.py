@@ -49,6 +49,7 @@ LIMITS = {
     "record": 16 * MIB,       # an image's build record / a render's file record
     "key": 1 * MIB,           # a PEM signing or verification key: a few KiB (RSA-4096: 3 KiB)
     "workflow": 1 * MIB,      # a GitHub Actions workflow `envbuild ci` writes: 20 KiB
+    "manifest": 4 * MIB,      # a Kubernetes manifest (`envbuild job --k8s --check`): envbuild's are 5 KiB
 }
 LOCK_WAIT_S = 120  # how long a run waits for another one writing into the same directory
 
@@ -73,7 +74,7 @@ _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO (named pipe)", 
 # What each kind of file is, and an example of one, for the messages.
 _NOUN = {"ca": "CA bundle", "requirements": "requirements file", "project": "project file",
          "matrix": "matrix file", "markdown": "Markdown page", "record": "record",
-         "key": "key", "workflow": "workflow"}
+         "key": "key", "workflow": "workflow", "manifest": "Kubernetes manifest"}
 _EXAMPLE = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.crt",
             "requirements": "a requirements file of the packages to add (one per line)",
             "project": "an envbuild.yaml of a few lines",
@@ -82,6 +83,7 @@ _EXAMPLE = {"ca": "the PEM file itself, such as /etc/ssl/certs/ca-certificates.c
             "record": "the file envbuild wrote",
             "key": "the PEM key file itself (openssl genpkey / openssl pkey -pubout write one)",
             "workflow": "the workflow `envbuild ci -o FILE` wrote",
+            "manifest": "the manifest's YAML file (kubectl apply -f takes the same)",
             "squashfs": "a .sqsh that `envbuild export --enroot` wrote",
             "ext-cache": "a file `envbuild ext-cache save` wrote"}
 
@@ -204,10 +206,12 @@ class _BoundedLoader(yaml.SafeLoader):
             self._envbuild_depth = depth
 
 
-def parse_yaml(text: str, named: str):
+def parse_yaml(text: str, named: str, documents: bool = False):
     """`text` as YAML (safe types only, bounded depth, no aliases); EnvbuildError naming `named`
-    and the line where it is not."""
+    and the line where it is not. `documents`: a stream of documents (``---``), as a list."""
     try:
+        if documents:
+            return list(yaml.load_all(text, Loader=_BoundedLoader))  # noqa: S506  (a SafeLoader)
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506  (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

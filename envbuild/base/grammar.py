@@ -198,6 +198,120 @@ def shell_words(value: str) -> list[str]:
 
 
 
+# ---------------------------------------------------------------- Kubernetes
+
+# k8s.io/apimachinery/pkg/util/validation/validation.go: what the API server accepts.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+DNS_LABEL_MAX = 63        # DNS1123LabelMaxLength
+DNS_SUBDOMAIN_MAX = 253   # DNS1123SubdomainMaxLength
+LABEL_VALUE_MAX = 63      # LabelValueMaxLength (also a qualified name's name part)
+
+
+def dns_label(value: str, limit: int = DNS_LABEL_MAX) -> str:
+    """A DNS-1123 label (a Service, a namespace, a container's name): lower-case letters, digits
+    and '-', starting and ending with a letter or digit, at most `limit` characters.
+
+    >>> dns_label("Train")
+    Traceback (most recent call last):
+    ...
+    envbuild.base.grammar.GrammarError: it is not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a letter or digit)
+    """
+    one_line(value, "a name")
+    if len(value) > limit:
+        raise GrammarError(f"it is {len(value)} characters long and this name is at most {limit}")
+    if not _DNS_LABEL.match(value):
+        raise GrammarError("it is not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with "
+                           "a letter or digit)")
+    return value
+
+
+def dns_subdomain(value: str) -> str:
+    """A DNS-1123 subdomain (a cluster domain, a label key's prefix): DNS-1123 labels joined by
+    '.', at most 253 characters."""
+    one_line(value, "a domain")
+    if len(value) > DNS_SUBDOMAIN_MAX:
+        raise GrammarError(f"it is {len(value)} characters long and a DNS-1123 subdomain is at most {DNS_SUBDOMAIN_MAX}")
+    for part in value.split("."):
+        try:
+            dns_label(part)
+        except GrammarError:
+            raise GrammarError("it is not a DNS-1123 subdomain (labels of lower-case letters, digits and '-', joined "
+                               "by '.')") from None
+    return value
+
+
+def qualified_name(value: str) -> str:
+    """A Kubernetes qualified name (a label key, an extended resource's name): an optional DNS-1123
+    subdomain prefix and '/', then at most 63 letters, digits, '-', '_' and '.', starting and
+    ending with a letter or digit."""
+    one_line(value, "a key")
+    prefix, slash, name = value.rpartition("/")
+    if slash:
+        if not prefix:
+            raise GrammarError("its prefix before '/' is empty")
+        dns_subdomain(prefix)
+    if len(name) > LABEL_VALUE_MAX or not _QUALIFIED_NAME.match(name):
+        raise GrammarError(f"it is not a qualified name ([prefix/]name, the name at most {LABEL_VALUE_MAX} letters, "
+                           f"digits, '-', '_' and '.', starting and ending with a letter or digit)")
+    return value
+
+
+def label_value(value: str) -> str:
+    """A Kubernetes label value: empty, or at most 63 letters, digits, '-', '_' and '.', starting
+    and ending with a letter or digit."""
+    one_line(value, "a label value")
+    if len(value) > LABEL_VALUE_MAX or not _LABEL_VALUE.match(value):
+        raise GrammarError(f"it is not a label value (at most {LABEL_VALUE_MAX} letters, digits, '-', '_' and '.', "
+                           f"starting and ending with a letter or digit)")
+    return value
+
+
+def extended_resource(value: str) -> str:
+    """An extended resource a device plugin advertises (``nvidia.com/gpu``, ``rdma/shared_ib``):
+    a qualified name with a domain prefix outside kubernetes.io (a device plugin's resource is
+    always prefixed, and *.kubernetes.io names are the API server's own)."""
+    qualified_name(value)
+    prefix = value.rpartition("/")[0]
+    if not prefix:
+        raise GrammarError("it has no domain prefix (a device plugin's resource is DOMAIN/NAME, e.g. rdma/shared_ib)")
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        raise GrammarError("its prefix is Kubernetes' own (kubernetes.io), which no device plugin may use")
+    return value
+
+
+_QUANTITY = re.compile(r"^(0|[1-9][0-9]{0,17})(Ki|Mi|Gi|Ti|Pi)?\Z")
+
+
+def quantity(value: str) -> str:
+    """A Kubernetes quantity as envbuild writes one: a whole number and an optional binary suffix
+    (64Gi); what resource.MustParse reads exactly, without decimal or exponent forms."""
+    one_line(value, "a quantity")
+    if not _QUANTITY.match(value):
+        raise GrammarError("it is not a quantity envbuild writes (a whole number with an optional Ki, Mi, Gi, Ti or "
+                           "Pi suffix, e.g. 64Gi)")
+    return value
+
+
+_IFNAME = re.compile(r"^\^?=?[A-Za-z0-9_.:-]{1,15}\Z")
+
+
+def socket_ifname(value: str) -> str:
+    """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: interface names or prefixes, comma-separated, each
+    optionally ``^`` (exclude) and ``=`` (exact match) first (NCCL's env docs); a name is at most
+    15 characters (linux/if.h IFNAMSIZ 16 with its NUL) of letters, digits and ``_.:-``.
+
+    >>> socket_ifname("eth0"), socket_ifname("^docker,lo")
+    ('eth0', '^docker,lo')
+    """
+    one_line(value, "an interface list")
+    if not all(_IFNAME.match(part) for part in value.split(",")):
+        raise GrammarError("it is not a list of network interfaces (names or prefixes of at most 15 letters, digits "
+                           "and _.:-, comma-separated, each optionally led by ^ or =)")
+    return value
+
+
 # ---------------------------------------------------------------- NCCL releases
 
 NCCL_VERSION = re.compile(r"^(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})(\.post[1-9][0-9]{0,2})?\Z")

@@ -121,12 +121,13 @@ def loads_json(data: bytes | str, named: str, max_bytes: int = 16 * MIB, *, max_
     return value
 
 
-def loads_yaml(data: bytes | str, named: str, max_bytes: int = MIB, *, max_values: int = MAX_VALUES) -> Any:
+def loads_yaml(data: bytes | str, named: str, max_bytes: int = MIB, *, max_values: int = MAX_VALUES,
+               documents: bool = False) -> Any:
     """`data` as YAML (safe types, no aliases, bounded depth, bounded integers); EnvbuildError
-    naming `named` otherwise."""
+    naming `named` otherwise. `documents`: a stream of documents (``---``), as a list."""
     check_size(data, named, max_bytes, max_values)
     text = decode(data, named) if isinstance(data, bytes) else data
-    value = parse_yaml(text, named)
+    value = parse_yaml(text, named, documents)
     _check_ints(value, named)
     return value
 

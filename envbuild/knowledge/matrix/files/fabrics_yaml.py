@@ -271,6 +271,27 @@ class FabricFile(_Strict):
     _p = field_validator("path")(lambda v: grammar.path_word(v))
 
 
+class KubeResource(_Strict):
+    """One device plugin's resource a pod asks for beside its GPUs, in the same container's
+    limits: its name as the plugin advertises it, how many a pod asks for, and where that is said."""
+
+    name: str
+    count: int = Field(ge=1, le=1024)  # a device plugin counts slots or NICs: p5.48xlarge has 32 EFA
+    source: str
+
+    _n = field_validator("name")(lambda v: grammar.extended_resource(v))
+
+
+class FabricKubernetes(_Strict):
+    """How a pod on Kubernetes reaches this fabric (`envbuild job --k8s`): the resources its
+    device plugin advertises (overridable with --fabric-resource), and the most GPUs a node of
+    this fabric holds where the fabric is one machine type."""
+
+    resources: list[KubeResource] = []
+    max_gpus_per_node: Optional[int] = Field(default=None, ge=1, le=64)
+    source: str = ""
+
+
 class Fabric(_Strict):
     """How NCCL reaches other nodes: the user space the image carries (or the host injects),
     the transport NCCL must then choose, and the environment that pins or tunes it."""
@@ -294,6 +315,7 @@ class Fabric(_Strict):
     env: list[EnvDefault] = []  # baked (no `node:`) or decided on the node at start-up
     requires: Optional[FabricRequires] = None
     build: Optional[FabricBuild] = None
+    kubernetes: FabricKubernetes = FabricKubernetes()  # what a pod asks for to reach it (envbuild job --k8s)
     size: str  # what it adds to the image, measured
     source: str
     notes: list[str] = []

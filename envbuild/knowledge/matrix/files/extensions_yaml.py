@@ -58,7 +58,7 @@ class SourceArchive(_Strict):
     base) checked by the sha256 of its uncompressed tar stream, which `git archive` of that commit
     reproduces anywhere (GitHub's gzip layer is not promised stable). `path`: where it goes in the
     tree, '.' for the repository whose setup.py builds, a submodule's path for the others.
-    `tar_sha256` None: not pinned yet, and the extension is refused (rule ext-source) until it is."""
+    `tar_sha256` None: not pinned yet, and the extension is refused by ext-source until it is."""
 
     name: str
     version: str  # the tag or `git describe` of the commit

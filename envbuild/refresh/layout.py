@@ -14,6 +14,8 @@ import re
 
 import yaml
 
+from envbuild.base.files import parse_yaml
+
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
 
@@ -75,6 +77,6 @@ def dump(data: dict, header: str, comments: dict[str, str]) -> str:
         lines += _mapping({key: value}, 0, 0)
         chunks.append("\n".join(lines))
     text = "\n\n".join(chunks) + "\n"
-    if yaml.safe_load(text) != data:
+    if parse_yaml(text, "the layout just written") != data:
         raise AssertionError("the YAML layout does not read back as the data it was given")
     return text

@@ -27,6 +27,7 @@ from typing import Iterable, Optional, Protocol
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from envbuild.base.files import parse_yaml
 from envbuild.base.errors import EnvbuildError
 
 URL = "https://github.com/NVIDIA/nccl"
@@ -342,7 +343,7 @@ def layout(header: str, data: dict, scalars: tuple[str, ...], lists: tuple[str, 
         lines.append(f"{key}:" if data[key] else f"{key}: []")
         lines += ["  - {" + ", ".join(f"{k}: {_s(v)}" for k, v in row.items()) + "}" for row in data[key]]
     text = "\n".join(lines) + "\n"
-    if yaml.safe_load(text) != data:
+    if parse_yaml(text, "the layout just written") != data:
         raise AssertionError(f"the {data['component']} catalogue's layout does not read back as the data it was given")
     return text
 

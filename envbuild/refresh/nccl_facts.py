@@ -14,6 +14,7 @@ import json
 import yaml
 from packaging.version import Version
 
+from envbuild.base.files import parse_yaml
 from envbuild.base.errors import EnvbuildError
 from envbuild.refresh.pypi import SIMPLE_URL, Index
 from envbuild.refresh.torch_facts import TorchFacts
@@ -79,7 +80,7 @@ def render(data: dict) -> str:
             lines += [f"      - version: {_s(r['version'])}", f"        source: {_s(r['source'])}", "        wheels:"]
             lines += ["          - {" + ", ".join(f"{k}: {_s(v)}" for k, v in w.items()) + "}" for w in r["wheels"]]
     text = "\n".join(lines) + "\n"
-    if yaml.safe_load(text) != data:
+    if parse_yaml(text, "the layout just written") != data:
         raise AssertionError("nccl.yaml's layout does not read back as the data it was given")
     return text
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.base.errors import EnvbuildError
 from envbuild.refresh import nccl_catalogue as catalogue
 
@@ -63,7 +63,7 @@ def test_a_release_without_sources_is_said_not_catalogued():
 def test_the_same_sources_give_the_same_bytes():
     first, second = catalogue.render(derived()), catalogue.render(derived())
     assert first == second
-    assert catalogue.render(yaml.safe_load(first)) == first
+    assert catalogue.render(load_yaml(first)) == first
 
 
 @pytest.mark.parametrize("source, level, text", [
@@ -100,8 +100,8 @@ def test_nccl_result_messages_come_from_ncclGetErrorString():
 
 def test_the_shipped_catalogue_covers_every_release_the_matrix_ships():
     """A release refresh adds to matrices/nccl.yaml is catalogued (or said not to be) before this passes."""
-    data = yaml.safe_load(SHIPPED.read_text())
-    shipped = catalogue.shipped_releases(yaml.safe_load((ROOT / "matrices" / "nccl.yaml").read_text()))
+    data = load_yaml(SHIPPED.read_text())
+    shipped = catalogue.shipped_releases(load_yaml((ROOT / "matrices" / "nccl.yaml").read_text()))
     assert [r["release"] for r in data["releases"]] + [r["release"] for r in data["not_catalogued"]] == shipped
     assert catalogue.render(data) == SHIPPED.read_text()
     assert len(data["messages"]) > 1000

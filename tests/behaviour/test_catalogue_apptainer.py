@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import hashlib
 
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.refresh import container_catalogue as containers
 
 FIXTURES = ROOT / "tests" / "fixtures" / "catalogue" / "apptainer"
@@ -61,7 +60,7 @@ def test_only_apptainer_s_logger_is_read_not_the_toolkit_s():
 
 def test_the_shipped_catalogue_is_what_the_tool_writes():
     path = ROOT / "matrices" / "catalogues" / "apptainer.yaml"
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path.read_text())
     assert containers.render(SPEC, data) == path.read_text()
     assert all(m["file"] and m["line"] > 0 and m["releases"] for m in data["messages"])
     assert all(m["file"].startswith(containers.APPTAINER_ROOTS) for m in data["messages"])

@@ -17,9 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.base.errors import EnvbuildError
 from envbuild.refresh import c10d_catalogue as c10d
 
@@ -97,7 +96,7 @@ def test_the_command_reads_a_pinned_wheel_then_its_extraction_and_writes_the_sam
     first = cli("matrix", "catalogue", "--c10d-wheels", wheels, "--matrix-dir", directory, "--write")
     assert first.returncode == 0, first.stderr
     written = (directory / "catalogues" / "c10d.yaml").read_text()
-    data = yaml.safe_load(written)
+    data = load_yaml(written)
     assert data["releases"] == [{"release": "2.15.0", "file": path.name, "sha256": digest,
                                  "url": "https://pypi.org/project/torch/2.15.0/#files", "members": list(c10d.MEMBERS)}]
     assert [m["release"] for m in data["not_catalogued"]] == ["2.14.1"]
@@ -152,7 +151,7 @@ def test_a_wheel_without_the_libraries_or_not_an_elf_is_an_error_naming_it(tmp_p
 
 
 def test_the_shipped_catalogue_holds_the_public_pieces_in_the_releases_read():
-    data = yaml.safe_load((ROOT / "matrices" / "catalogues" / "c10d.yaml").read_text())
+    data = load_yaml((ROOT / "matrices" / "catalogues" / "c10d.yaml").read_text())
     read = [r["release"] for r in data["releases"]]
     assert {"2.14.1", "2.15.0"} <= set(read) and all(len(r["sha256"]) == 64 for r in data["releases"])
     texts = {m["text"] for m in data["messages"]}

@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.refresh import container_catalogue as containers
 
 FIXTURES = ROOT / "tests" / "fixtures" / "catalogue"
@@ -81,7 +80,7 @@ def test_what_is_not_a_go_message_is_left_out(source):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_shipped_catalogues_are_what_the_tool_writes(name):
     path = ROOT / "matrices" / "catalogues" / f"{name}.yaml"
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path.read_text())
     assert containers.render(containers.component(name), data) == path.read_text()
     assert all(m["file"] and m["line"] > 0 and m["releases"] for m in data["messages"])
     assert [r["release"].rsplit(".", 1)[0] for r in data["releases"]] + [r["release"] for r in data["not_catalogued"]] \

@@ -12,9 +12,8 @@ import hashlib
 import zipfile
 from pathlib import Path
 
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.refresh import cuda_catalogue as cuda
 
 FIXTURE = ROOT / "tests" / "fixtures" / "catalogue" / "cuda"
@@ -84,7 +83,7 @@ def test_the_command_writes_both_catalogues_then_finds_them_current(tmp_path, cl
 
 
 def test_the_shipped_catalogue_covers_every_pinned_cuda_runtime():
-    data = yaml.safe_load((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
+    data = load_yaml((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
     pinned = cuda.pins(ROOT / "matrices" / "locks")
     assert {(r["package"], r["release"]) for r in data["releases"]} == set(pinned)
     assert all(r["sha256"] in pinned[(r["package"], r["release"])] for r in data["releases"])

@@ -12,9 +12,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.refresh import launcher_catalogue as launchers
 from envbuild.refresh import nccl_catalogue
 
@@ -113,7 +112,7 @@ def test_the_same_sources_give_the_same_bytes(name):
     component = launchers.component(name)
     first, second = launchers.render(component, derived(name)), launchers.render(component, derived(name))
     assert first == second
-    assert launchers.render(component, yaml.safe_load(first)) == first
+    assert launchers.render(component, load_yaml(first)) == first
 
 
 @pytest.mark.parametrize("name, releases", [
@@ -123,7 +122,7 @@ def test_the_same_sources_give_the_same_bytes(name):
 ])
 def test_the_shipped_catalogues_cover_every_release_line(name, releases):
     path = ROOT / "matrices" / "catalogues" / f"{name}.yaml"
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path.read_text())
     assert [r["release"] for r in data["releases"]] == releases and data["not_catalogued"] == []
     assert len(data["releases"]) == len(launchers.component(name).lines)
     assert launchers.render(launchers.component(name), data) == path.read_text()

@@ -17,9 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.refresh import package_catalogue as packages
 
 FIXTURES = ROOT / "tests" / "fixtures" / "catalogue"
@@ -156,7 +155,7 @@ def test_a_file_named_like_an_sdist_that_is_not_one_is_a_one_paragraph_error(tmp
 @pytest.mark.parametrize("name, shipped", [("deepspeed", "deepspeed.yaml"), ("triton", "locks")])
 def test_the_shipped_catalogues_cover_the_releases_the_matrix_ships(name, shipped):
     """Every release of the matrix is catalogued or listed as not catalogued, with why; locked archives by the locks' sha256."""
-    data = yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())
+    data = load_yaml((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())
     pkg = packages.package(name)
     releases = packages.shipped_releases(pkg, ROOT / "matrices")
     assert [r["release"] for r in data["releases"]] + [r["release"] for r in data["not_catalogued"]] == list(releases)

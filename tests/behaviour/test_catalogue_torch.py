@@ -13,9 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.refresh import torch_catalogue as torch
 
 FIXTURE = ROOT / "tests" / "fixtures" / "catalogue" / "torch"
@@ -105,8 +104,8 @@ def test_a_file_named_like_a_wheel_that_is_not_one_is_a_one_paragraph_error(tmp_
 
 def test_the_shipped_catalogue_covers_the_shipped_releases_it_could_read():
     """Every release of matrices/torch.yaml is catalogued or listed as not catalogued, with why."""
-    data = yaml.safe_load((ROOT / "matrices" / "catalogues" / "torch.yaml").read_text())
-    shipped = torch.shipped_releases(yaml.safe_load((ROOT / "matrices" / "torch.yaml").read_text()))
+    data = load_yaml((ROOT / "matrices" / "catalogues" / "torch.yaml").read_text())
+    shipped = torch.shipped_releases(load_yaml((ROOT / "matrices" / "torch.yaml").read_text()))
     assert [r["release"] for r in data["releases"]] + [r["release"] for r in data["not_catalogued"]] == shipped
     texts = {m["text"] for m in data["messages"]}
     assert "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s" in texts

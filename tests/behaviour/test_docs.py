@@ -10,7 +10,7 @@ import sys
 import click
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 
 REGENERATE = "python -m envbuild.reference docs/cli.md"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -49,7 +49,6 @@ def test_matrix_schemas_are_current_and_validate_the_shipped_matrix():
     import json
 
     import jsonschema
-    import yaml
 
     from envbuild.reference import matrix_schemas
 
@@ -57,7 +56,7 @@ def test_matrix_schemas_are_current_and_validate_the_shipped_matrix():
     on_disk = {p.name: p.read_text() for p in (ROOT / "docs" / "schemas").glob("*.schema.json")}
     assert on_disk == generated, "docs/schemas is stale: run `python -m envbuild.reference docs/schemas`"
     for name, text in generated.items():
-        data = yaml.safe_load((ROOT / "matrices" / name.replace(".schema.json", ".yaml")).read_text())
+        data = load_yaml((ROOT / "matrices" / name.replace(".schema.json", ".yaml")).read_text())
         jsonschema.validate(data, json.loads(text))
     stacks = json.loads(generated["stacks.schema.json"])
     with pytest.raises(jsonschema.ValidationError):

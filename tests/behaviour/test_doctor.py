@@ -16,9 +16,8 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import LogReader, diagnose_log, diagnose_text, load_issues
 from envbuild.doctor.reading import MAX_LINE
 from envbuild.doctor.signatures import literal_guard
@@ -26,7 +25,7 @@ from envbuild.base.errors import EnvbuildError
 
 ISSUES = load_issues(ROOT / "matrices")
 LOGS = ROOT / "tests" / "fixtures" / "logs"
-INDEX = yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"]
+INDEX = load_yaml((LOGS / "INDEX.yaml").read_text())["logs"]
 
 
 def ids(findings):
@@ -177,7 +176,7 @@ def test_index_lists_every_fixture_once_with_a_source():
     # Signatures written from a catalogue are measured on real logs of their own threads
     # (tests/fixtures/said, package-said and launcher-said: INDEX.yaml; tests/behaviour/test_doctor_said*.py).
     from_catalogue = {i for folder in ("said", "package-said", "launcher-said")
-                      for e in yaml.safe_load((ROOT / "tests" / "fixtures" / folder / "INDEX.yaml").read_text())["logs"]
+                      for e in load_yaml((ROOT / "tests" / "fixtures" / folder / "INDEX.yaml").read_text())["logs"]
                       for i in e["verdicts"]}
     assert len(INDEX) >= 25 and known - with_image <= {i for e in INDEX for i in e["expected"]} | written_here | from_catalogue
 

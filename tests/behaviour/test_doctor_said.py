@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import diagnose_log, diagnose_text, load_issues
 
 ISSUES = load_issues(ROOT / "matrices")
@@ -91,7 +90,7 @@ def test_a_name_that_is_no_cuda_error_is_not_a_lead():
 
 
 REAL = ROOT / "tests" / "fixtures" / "said"
-INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["logs"]
+INDEX = load_yaml((REAL / "INDEX.yaml").read_text())["logs"]
 
 
 @pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
@@ -157,7 +156,7 @@ def family_accuracy() -> list[tuple[str, int, int]]:
     folders = ((LOGS, "expected"), (REAL, "verdicts"), (ROOT / "tests" / "fixtures" / "package-said", "verdicts"),
                (ROOT / "tests" / "fixtures" / "launcher-said", "verdicts"), (ROOT / "tests" / "fixtures" / "xid", "verdicts"))
     for folder, key in folders:
-        for entry in yaml.safe_load((folder / "INDEX.yaml").read_text())["logs"]:
+        for entry in load_yaml((folder / "INDEX.yaml").read_text())["logs"]:
             got = sorted({f.issue.id for f in diagnose_log(str(folder / entry["file"]), issues) if f.explained})
             for name in {family[i] for i in entry[key]} or {"(clean: nothing to find)"}:
                 count = counts.setdefault(name, [0, 0])
@@ -173,8 +172,8 @@ def catalogue_share() -> list[tuple[str, int, int]]:
 
     from envbuild.doctor.said import CONTAINERS, CONVERSION, LAUNCHERS, PYTHON, TORCH_REPORTED, _torch_line, printed
     patterns = [re.compile(i.pattern) for i in ISSUES]
-    nccl = yaml.safe_load((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
-    cuda = yaml.safe_load((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
+    nccl = load_yaml((ROOT / "matrices" / "catalogues" / "nccl.yaml").read_text())
+    cuda = load_yaml((ROOT / "matrices" / "catalogues" / "cuda.yaml").read_text())
     lines: dict[str, list[str]] = {}
     for m in nccl["messages"]:
         text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), m["text"])
@@ -183,17 +182,17 @@ def catalogue_share() -> list[tuple[str, int, int]]:
     for e in cuda["errors"]:
         lines.setdefault(f"CUDA {'cudaError_t' if e['api'] == 'runtime' else 'CUresult'} names", []).append(e["name"])
     for name, (title, levels, _, _) in LAUNCHERS.items():
-        for m in yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
+        for m in load_yaml((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
             if m["level"] in levels:
                 text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), printed(m["text"]))
                 lines.setdefault(f"{title} {m['level']} format strings", []).append(LAUNCHER_LINE[m["call"]] + text)
     for name, (title, _, _) in PYTHON.items():  # what each package raises or logs as an error
-        for m in yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
+        for m in load_yaml((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
             if m["level"] in TORCH_REPORTED:
                 text = CONVERSION.sub(lambda c: SAMPLE.get(c.group("kind"), "0"), _torch_line(m["text"]))
                 lines.setdefault(f"{title} {m['level']} messages", []).append(text)
     for name, (title, levels, _) in CONTAINERS.items():
-        for m in yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
+        for m in load_yaml((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text())["messages"]:
             if m["level"] in levels:
                 lines.setdefault(f"{title} {m['level']} messages", []).append(container_line(name, m))
     return [(label, len(set(texts)), sum(any(p.search(t) for p in patterns) for t in set(texts)))

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import diagnose_log, diagnose_text, load_issues
 from envbuild.doctor.said import drift
 from envbuild.doctor.signatures import Quote
@@ -21,8 +20,8 @@ from envbuild.doctor.signatures import Quote
 ISSUES = load_issues(ROOT / "matrices")
 REAL = ROOT / "tests" / "fixtures" / "apptainer-said"
 LOGS = ROOT / "tests" / "fixtures" / "logs"
-INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["logs"]
-CATALOGUE = yaml.safe_load((ROOT / "matrices" / "catalogues" / "apptainer.yaml").read_text())
+INDEX = load_yaml((REAL / "INDEX.yaml").read_text())["logs"]
+CATALOGUE = load_yaml((ROOT / "matrices" / "catalogues" / "apptainer.yaml").read_text())
 
 
 def leads(findings) -> dict:
@@ -71,7 +70,7 @@ def test_apptainer_s_warnings_and_info_are_catalogued_not_reported(cli, tmp_path
 
 
 def test_the_clean_real_logs_get_no_apptainer_lead():
-    clean = [e["file"] for e in yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
+    clean = [e["file"] for e in load_yaml((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
     assert len(clean) >= 12
     assert [f for name in clean for f in leads(diagnose_log(str(LOGS / name), ISSUES))] == []
 

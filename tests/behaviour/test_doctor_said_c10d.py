@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import diagnose_log, diagnose_text, load_issues
 
 ISSUES = load_issues(ROOT / "matrices")
 REAL = ROOT / "tests" / "fixtures" / "c10d-said"
-INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["logs"]
+INDEX = load_yaml((REAL / "INDEX.yaml").read_text())["logs"]
 LOGS = ROOT / "tests" / "fixtures" / "logs"
-CLEAN = [e["file"] for e in yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"] if "clean" in e["file"]]
+CLEAN = [e["file"] for e in load_yaml((LOGS / "INDEX.yaml").read_text())["logs"] if "clean" in e["file"]]
 
 
 @pytest.mark.parametrize("entry", INDEX, ids=[e["file"] for e in INDEX])
@@ -41,7 +40,7 @@ def test_the_six_logs_come_from_six_threads():
 
 def test_a_lead_names_the_releases_the_library_and_the_wheel_it_was_read_from():
     (lead,) = [f for f in diagnose_log(str(REAL / "sglang-20859-recvvalue-reset.log"), ISSUES) if not f.explained]
-    catalogue = yaml.safe_load((ROOT / "matrices" / "catalogues" / "c10d.yaml").read_text())
+    catalogue = load_yaml((ROOT / "matrices" / "catalogues" / "c10d.yaml").read_text())
     newest = catalogue["releases"][-1]["release"]
     assert lead.detail.startswith("torch ") and f"..{newest}, libtorch_cpu.so (among c10d/" in lead.detail
     assert lead.issue.source == f"https://pypi.org/project/torch/{newest}/#files"

@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import diagnose_log, diagnose_text, load_issues
 
 ISSUES = load_issues(ROOT / "matrices")
 REAL = ROOT / "tests" / "fixtures" / "container-said"
 LOGS = ROOT / "tests" / "fixtures" / "logs"
-INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["logs"]
+INDEX = load_yaml((REAL / "INDEX.yaml").read_text())["logs"]
 SAID = ("container-toolkit-said", "libnvidia-container-said")
 
 
@@ -69,7 +68,7 @@ def test_pasting_does_not_hide_what_the_stack_said():
 
 
 def test_the_clean_real_logs_get_no_container_lead(cli, tmp_path):
-    clean = [e["file"] for e in yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
+    clean = [e["file"] for e in load_yaml((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
     assert len(clean) >= 12
     assert [f for name in clean for f in leads(diagnose_log(str(LOGS / name), ISSUES))] == []
     log = tmp_path / "healthy.log"

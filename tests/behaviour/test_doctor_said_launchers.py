@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import diagnose_log, diagnose_text, load_issues
 
 ISSUES = load_issues(ROOT / "matrices")
@@ -93,7 +92,7 @@ def test_a_launcher_lead_alone_does_not_make_the_exit_status_a_verdict(cli, tmp_
 
 
 def test_the_clean_real_logs_get_no_launcher_lead():
-    clean = [e["file"] for e in yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
+    clean = [e["file"] for e in load_yaml((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
     assert len(clean) >= 12
     assert [f for name in clean for f in leads(diagnose_log(str(LOGS / name), ISSUES))] == []
 
@@ -109,7 +108,7 @@ def test_a_malformed_launcher_catalogue_is_a_one_paragraph_error_naming_it(tmp_p
 
 
 TIME_LIMIT = ROOT / "tests" / "fixtures" / "launcher-said"
-TIME_LIMIT_INDEX = yaml.safe_load((TIME_LIMIT / "INDEX.yaml").read_text())["logs"]
+TIME_LIMIT_INDEX = load_yaml((TIME_LIMIT / "INDEX.yaml").read_text())["logs"]
 
 
 @pytest.mark.parametrize("entry", TIME_LIMIT_INDEX, ids=[e["file"] for e in TIME_LIMIT_INDEX])
@@ -144,7 +143,7 @@ def test_a_sigkill_after_the_time_limit_is_slurm_s_not_the_oom_killer():
 
 def test_the_clean_real_logs_get_neither_new_signature():
     """0 hits of the signatures added from the catalogues on the clean logs (scary words, healthy runs)."""
-    clean = [e["file"] for e in yaml.safe_load((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
+    clean = [e["file"] for e in load_yaml((LOGS / "INDEX.yaml").read_text())["logs"] if not e["expected"]]
     assert len(clean) >= 12
     hits = [(name, f.issue.id) for name in clean for f in diagnose_log(str(LOGS / name), ISSUES)
             if f.issue.id in ("slurm-time-limit", "triton-shared-memory")]

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import diagnose_log, diagnose_text, load_issues
 
 ISSUES = load_issues(ROOT / "matrices")
 REAL = ROOT / "tests" / "fixtures" / "torch-said"
-INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["logs"]
+INDEX = load_yaml((REAL / "INDEX.yaml").read_text())["logs"]
 EXITCODE = "torch.distributed said: failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
 
 

@@ -13,15 +13,14 @@ releases they missed.
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, load_yaml
 from envbuild.doctor import load_issues
 from envbuild.doctor.said import Said, drift, to_regex
 from envbuild.doctor.signatures import QUOTED, Quote
 
 ISSUES = load_issues(ROOT / "matrices")
-CATALOGUES = {name: yaml.safe_load((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text()) for name in QUOTED}
+CATALOGUES = {name: load_yaml((ROOT / "matrices" / "catalogues" / f"{name}.yaml").read_text()) for name in QUOTED}
 CATALOGUE = CATALOGUES["nccl"]
 # The patterns of 8bc6d8d^ (git show 8bc6d8d^:matrices/known_issues.yaml), before the audit's fix.
 OLD = {

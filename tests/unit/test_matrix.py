@@ -407,3 +407,38 @@ def test_every_node_condition_the_matrices_name_is_declared_with_its_source(prod
                              *(e for f in m.fabrics for e in f.env)] if e.node for n in e.node.conditions}
         assert named == {"infiniband", "efa"}
         assert all(c.source and c.means for c in m.fabrics_file.node_conditions.values())
+
+
+def test_the_digest_is_read_again_when_a_file_changes_under_the_same_matrix(tmp_path, monkeypatch):
+    """Matrix.sha256 keeps a digest while no file's stat changes (a publish plan resolves every
+    variant), and only for files older than RACY_NS; a lock rewritten in place to the same size,
+    replaced, added or removed gives the digest of the files as they are now, as a fresh read does."""
+    import shutil
+
+    from conftest import FIXTURE_MATRIX
+    from envbuild.knowledge.matrix import core, load_matrix
+
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURE_MATRIX, d)
+    m = load_matrix(d)
+    lock = next((d / "locks").glob("*.txt"))
+
+    def fresh() -> str:
+        core._DIGESTS.clear()
+        return m.sha256
+
+    first = m.sha256
+    assert not any(key[0] == str(d.resolve()) for key in core._DIGESTS)  # just copied: too recent to keep
+    monkeypatch.setattr(core, "RACY_NS", -10 ** 12)  # as if every file were old
+    assert m.sha256 == first and any(key[0] == str(d.resolve()) for key in core._DIGESTS)
+    text = lock.read_text()
+    lock.write_text(text.replace("==", "=~", 1))  # the same size, in place
+    assert m.sha256 == fresh() != first
+    replaced = lock.with_name("new.tmp")
+    replaced.write_text(text)
+    replaced.replace(lock)
+    assert m.sha256 == fresh() == first
+    (d / "locks" / "extra.txt").write_text("# a lock\n")
+    assert m.sha256 == fresh() != first
+    (d / "locks" / "extra.txt").unlink()
+    assert m.sha256 == first

@@ -2,11 +2,14 @@
 hostile shape is an EnvbuildError (exit 2) naming the document, never a traceback."""
 
 import json
+import re
 
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+from conftest import ROOT
 from envbuild.base.errors import EnvbuildError
+from envbuild.base.files import parse_yaml
 from envbuild.base.untrusted import loads_json, loads_yaml, validated
 
 HOSTILE = {
@@ -61,3 +64,34 @@ def test_a_wrong_field_is_named_by_its_path():
     with pytest.raises(EnvbuildError) as e:
         validated(Record, {"bases": [{"image": "a", "size": 1}, {"image": 3, "size": 1}]}, "manifest.json")
     assert "'bases[1].image'" in e.value.message and e.value.message.startswith("manifest.json: ")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("a: &x [1]\nb: *x", "an alias (*name)"),
+    ("a:" + " [" * 64 + " 1" + " ]" * 64, "nesting deeper than 64 levels"),
+    ("a:" + " [" * 100_000, "nesting deeper than 64 levels"),  # libyaml's own stack: refused before composing
+    ("a: [1, 2", "is not valid YAML at line 1"),
+])
+def test_the_libyaml_path_refuses_as_the_bounded_loader_does(text, said):
+    """parse_yaml takes libyaml only where a document is plainly within the bounds, so an alias,
+    deep nesting or a broken document gets the bounded loader's own words, and never a crash."""
+    with pytest.raises(EnvbuildError, match=re.escape(said)):
+        parse_yaml(text, "publish.yaml")
+
+
+def test_the_libyaml_path_gives_the_bounded_loaders_values_for_every_shipped_yaml_file():
+    """Every YAML file this checkout ships or tests with reads the same through libyaml as through
+    PyYAML's own loader (the matrix digest and every golden render hang on those values)."""
+    import yaml
+
+    from envbuild.base import files
+
+    paths = sorted({*ROOT.glob("matrices/**/*.yaml"), *ROOT.glob("tests/fixtures/**/*.yaml")})
+    assert len(paths) > 50 and files._LIBYAML is not None
+    for path in paths:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            expected = yaml.load(text, Loader=files._BoundedLoader)  # noqa: S506  (a SafeLoader)
+        except (yaml.YAMLError, ValueError):
+            continue
+        assert parse_yaml(text, str(path)) == expected, path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -35,6 +36,20 @@ BASE_DIGESTS = "base-digests.yaml"  # optional: written by `envbuild lock --base
 # here changes an image, so none is in the digest an image records (a new doctor signature or a
 # lab's choice of variants re-renders no image, so nothing is rebuilt and no rebuild breaks).
 NOT_IN_IMAGES = (PUBLISH, ALLOWLIST, KNOWN_ISSUES, CATALOGUES)
+_DIGESTS: dict[tuple, str] = {}  # Matrix.sha256 by what the directory's files' stat says (path, inode, size, times)
+RACY_NS = 2_000_000_000  # a file changed this recently may change again with the same stat
+
+
+def _image_files(root: Path) -> list[str]:
+    """The files of a matrix directory that can change an image, relative, in Path order (by
+    parts): not NOT_IN_IMAGES at the top, nothing hidden, no __pycache__."""
+    found = []
+    for where, dirs, names in os.walk(root):
+        rel = Path(where).relative_to(root).parts
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__" and (rel or d not in NOT_IN_IMAGES)]
+        found += [(*rel, n) for n in names if not n.startswith(".") and (rel or n not in NOT_IN_IMAGES)
+                  and os.path.isfile(os.path.join(where, n))]
+    return ["/".join(parts) for parts in sorted(found)]
 
 
 class Matrix:
@@ -64,15 +79,26 @@ class Matrix:
         locks, OS locks): what an image records, so `envbuild rebuild` knows whether this matrix is
         the one it was made from. What CI publishes and which advisories its gate allows
         and what doctor knows (NOT_IN_IMAGES) change no image: a lab choosing its variants breaks no
-        rebuild, and a new doctor signature republishes nothing. Read each time: the Matrix is
-        cached by its YAML files' text, and a lock written since is not among them."""
-        digest = hashlib.sha256()
+        rebuild, and a new doctor signature republishes nothing. Looked at each time: the Matrix is
+        cached by its YAML files' text, and a lock written since is not among them. A digest is
+        kept (a publish plan resolves every variant) while no file's size, inode or times change,
+        and only once every file is older than RACY_NS: a file's times move in kernel ticks, so
+        one written twice within a tick at the same size would look unchanged (git's "racy clean")."""
         root = Path(self.directory)
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] not in
-                           NOT_IN_IMAGES and not any(part.startswith(".") or part == "__pycache__"
-                                                     for part in p.relative_to(root).parts)):
-            digest.update(f"{path.relative_to(root).as_posix()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"
-                          .encode())
+        files = _image_files(root)
+        stats = [(root / rel).stat() for rel in files]
+        seen = (str(root.resolve()), tuple((rel, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+                                           for rel, s in zip(files, stats)))
+        if seen in _DIGESTS:
+            return _DIGESTS[seen]
+        digest = hashlib.sha256()
+        for rel in files:
+            digest.update(f"{rel}\0{hashlib.sha256((root / rel).read_bytes()).hexdigest()}\n".encode())
+        settled = time.time_ns() - RACY_NS
+        if all(max(s.st_mtime_ns, s.st_ctime_ns) < settled for s in stats):
+            if len(_DIGESTS) >= 64:
+                _DIGESTS.clear()
+            _DIGESTS[seen] = digest.hexdigest()
         return digest.hexdigest()
 
     # lookups ----------------------------------------------------------

@@ -180,6 +180,39 @@ def decode(data: bytes, named: str, encoding: str = "utf-8") -> str:
     return text.removeprefix("\ufeff")
 
 
+# ---------------------------------------------------------------- what files say, kept while they say it
+
+RACY_NS = 2_000_000_000  # a file changed this recently may change again and keep its stat
+
+
+class StatCache:
+    """Values derived from files (a digest, a parsed lock), kept in this process while the files'
+    stat (inode, size, modification and change times) is unchanged, and only once each is older
+    than RACY_NS: a file's times move in kernel ticks, so one rewritten within a tick at the same
+    size would look unchanged (git calls this "racily clean"). A cache, never a source: a miss
+    derives the value from the files as they are now."""
+
+    def __init__(self, size: int = 64):
+        self._kept: dict[tuple, object] = {}
+        self._size = size
+
+    def get(self, key: tuple, paths: list[Path], make: Callable[[], object]):
+        stats = [p.stat() for p in paths]
+        seen = (key, tuple((s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for s in stats))
+        if seen in self._kept:
+            return self._kept[seen]
+        value = make()
+        settled = time.time_ns() - RACY_NS
+        if all(max(s.st_mtime_ns, s.st_ctime_ns) < settled for s in stats):
+            if len(self._kept) >= self._size:
+                self._kept.clear()
+            self._kept[seen] = value
+        return value
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
 # ---------------------------------------------------------------- YAML, bounded
 
 YAML_DEPTH = 64  # nesting deeper than any matrix file's (5 today); a deeper file is refused, not recursed into

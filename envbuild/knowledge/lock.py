@@ -46,7 +46,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.base import grammar
 from envbuild.base.errors import EnvbuildError
-from envbuild.base.files import read_text
+from envbuild.base.files import StatCache, read_text
 
 LOCK_DIR = "locks"
 SECTIONS = ("venv", "toolchain", "nccl")
@@ -188,12 +188,15 @@ def added_sections(header: dict[str, str]) -> tuple[str, ...]:
     return tuple(word.split("=", 1)[0] for word in header.get("toolchain-adds", "").split())
 
 
+_LOCKS = StatCache()  # a resolve per variant reads the same lock: parsed once while its file is unchanged
+
+
 def load_lock(matrix_dir: Path, stack_id: str, arch: str) -> Optional[Lock]:
     """The stack's lock, or None when the matrix has none for it."""
     path = lock_path(matrix_dir, stack_id, arch)
     if not path.is_file():
         return None
-    return parse_lock(read_text(path, "lock file", "matrix"), str(path))
+    return _LOCKS.get((str(path),), [path], lambda: parse_lock(read_text(path, "lock file", "matrix"), str(path)))
 
 
 def disagreements(lock: Lock, expected: dict[str, str]) -> list[str]:

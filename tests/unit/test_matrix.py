@@ -411,11 +411,12 @@ def test_every_node_condition_the_matrices_name_is_declared_with_its_source(prod
 
 def test_the_digest_is_read_again_when_a_file_changes_under_the_same_matrix(tmp_path, monkeypatch):
     """Matrix.sha256 keeps a digest while no file's stat changes (a publish plan resolves every
-    variant), and only for files older than RACY_NS; a lock rewritten in place to the same size,
+    variant), and only for files older than files.RACY_NS; a lock rewritten in place to the same size,
     replaced, added or removed gives the digest of the files as they are now, as a fresh read does."""
     import shutil
 
     from conftest import FIXTURE_MATRIX
+    from envbuild.base import files
     from envbuild.knowledge.matrix import core, load_matrix
 
     d = tmp_path / "m"
@@ -427,10 +428,13 @@ def test_the_digest_is_read_again_when_a_file_changes_under_the_same_matrix(tmp_
         core._DIGESTS.clear()
         return m.sha256
 
+    def kept() -> bool:
+        return any(key[0][0] == str(d.resolve()) for key in core._DIGESTS._kept)
+
     first = m.sha256
-    assert not any(key[0] == str(d.resolve()) for key in core._DIGESTS)  # just copied: too recent to keep
-    monkeypatch.setattr(core, "RACY_NS", -10 ** 12)  # as if every file were old
-    assert m.sha256 == first and any(key[0] == str(d.resolve()) for key in core._DIGESTS)
+    assert not kept()  # just copied: too recent to keep
+    monkeypatch.setattr(files, "RACY_NS", -10 ** 12)  # as if every file were old
+    assert m.sha256 == first and kept()
     text = lock.read_text()
     lock.write_text(text.replace("==", "=~", 1))  # the same size, in place
     assert m.sha256 == fresh() != first

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +14,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from envbuild.base.errors import EnvbuildError, nearest
-from envbuild.base.files import read_yaml
+from envbuild.base.files import StatCache, read_yaml
 from envbuild.base.grammar import shown
 from envbuild.base.resources import CATALOGUES, KNOWN_ISSUES
 from envbuild.knowledge import rules
@@ -36,8 +35,7 @@ BASE_DIGESTS = "base-digests.yaml"  # optional: written by `envbuild lock --base
 # here changes an image, so none is in the digest an image records (a new doctor signature or a
 # lab's choice of variants re-renders no image, so nothing is rebuilt and no rebuild breaks).
 NOT_IN_IMAGES = (PUBLISH, ALLOWLIST, KNOWN_ISSUES, CATALOGUES)
-_DIGESTS: dict[tuple, str] = {}  # Matrix.sha256 by what the directory's files' stat says (path, inode, size, times)
-RACY_NS = 2_000_000_000  # a file changed this recently may change again with the same stat
+_DIGESTS = StatCache()  # Matrix.sha256 by the matrix files' stat
 
 
 def _image_files(root: Path) -> list[str]:
@@ -50,6 +48,13 @@ def _image_files(root: Path) -> list[str]:
         found += [(*rel, n) for n in names if not n.startswith(".") and (rel or n not in NOT_IN_IMAGES)
                   and os.path.isfile(os.path.join(where, n))]
     return ["/".join(parts) for parts in sorted(found)]
+
+
+def _digest(root: Path, files: list[str]) -> str:
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(f"{rel}\0{hashlib.sha256((root / rel).read_bytes()).hexdigest()}\n".encode())
+    return digest.hexdigest()
 
 
 class Matrix:
@@ -82,24 +87,11 @@ class Matrix:
         rebuild, and a new doctor signature republishes nothing. Looked at each time: the Matrix is
         cached by its YAML files' text, and a lock written since is not among them. A digest is
         kept (a publish plan resolves every variant) while no file's size, inode or times change,
-        and only once every file is older than RACY_NS: a file's times move in kernel ticks, so
-        one written twice within a tick at the same size would look unchanged (git's "racy clean")."""
+        and every file has settled (base/files.py StatCache)."""
         root = Path(self.directory)
         files = _image_files(root)
-        stats = [(root / rel).stat() for rel in files]
-        seen = (str(root.resolve()), tuple((rel, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-                                           for rel, s in zip(files, stats)))
-        if seen in _DIGESTS:
-            return _DIGESTS[seen]
-        digest = hashlib.sha256()
-        for rel in files:
-            digest.update(f"{rel}\0{hashlib.sha256((root / rel).read_bytes()).hexdigest()}\n".encode())
-        settled = time.time_ns() - RACY_NS
-        if all(max(s.st_mtime_ns, s.st_ctime_ns) < settled for s in stats):
-            if len(_DIGESTS) >= 64:
-                _DIGESTS.clear()
-            _DIGESTS[seen] = digest.hexdigest()
-        return digest.hexdigest()
+        return _DIGESTS.get((str(root.resolve()), tuple(files)), [root / rel for rel in files],
+                            lambda: _digest(root, files))
 
     # lookups ----------------------------------------------------------
     def torch_release(self, version: str) -> TorchRelease:

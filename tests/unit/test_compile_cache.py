@@ -205,8 +205,8 @@ def test_a_cache_that_does_not_answer_fails_the_step_naming_it(sccache, tmp_path
     need_tool("g++", "g++")
     (tmp_path / "unit.cc").write_text(CXX)
     url = f"SCCACHE_REDIS_ENDPOINT=redis://127.0.0.1:{_free_port()}"
-    r = _step(COMPILE, {**_env(tmp_path, sccache, url), "OUT": "a.o"}, tmp_path)
-    assert r.returncode != 0 and "the cache it was handed does not answer" in r.stderr
+    r = _step(COMPILE, {**_env(tmp_path, sccache, url), "OUT": "a.o", "ENVBUILD_COMPILE_CACHE_WAIT": "30"}, tmp_path)
+    assert r.returncode != 0 and "within 3 s; the cache it was handed does not answer" in r.stderr
     assert not (tmp_path / "a.o").exists()
 
 

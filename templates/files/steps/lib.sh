@@ -188,8 +188,11 @@ compile_cache_start() {
     # can stop it whatever happens: one whose storage does not answer never opens its socket.
     SCCACHE_START_SERVER=1 SCCACHE_NO_DAEMON=1 "$bin" > "$TMP/probe.out" 2>&1 &
     ENVBUILD_SCCACHE_PID=$!
-    local waited=0
-    while [[ ! -S $SCCACHE_SERVER_UDS ]] && kill -0 "$ENVBUILD_SCCACHE_PID" 2> /dev/null && ((waited < 300)); do
+    # How long sccache may take to open its socket, in tenths of a second: 30 s (the tests shorten
+    # it with ENVBUILD_COMPILE_CACHE_WAIT, digits only, to see a dead cache refused quickly)
+    local waited=0 limit=300
+    if [[ ${ENVBUILD_COMPILE_CACHE_WAIT:-} =~ ^[0-9]{1,4}$ ]]; then limit=$ENVBUILD_COMPILE_CACHE_WAIT; fi
+    while [[ ! -S $SCCACHE_SERVER_UDS ]] && kill -0 "$ENVBUILD_SCCACHE_PID" 2> /dev/null && ((waited < limit)); do
         sleep 0.1
         waited=$((waited + 1))
     done
@@ -202,7 +205,7 @@ compile_cache_start() {
         done
         kill "$ENVBUILD_SCCACHE_PID" 2> /dev/null || true
         wait "$ENVBUILD_SCCACHE_PID" 2> /dev/null || true
-        log "compile cache: sccache did not start or a probe compile through it failed within 30 s; the cache it was handed does not answer" \
+        log "compile cache: sccache did not start or a probe compile through it failed within $((limit / 10)) s; the cache it was handed does not answer" \
             "(sccache: $said). Check it from this machine (redis-cli -u URL ping), or build without --compile-cache"
         return 1
     fi

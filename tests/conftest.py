@@ -33,6 +33,12 @@ hypothesis_settings.register_profile("explore", derandomize=False, database=None
 hypothesis_settings.load_profile("explore" if os.environ.get("ENVBUILD_PROPERTY_EXAMPLES") else "fast")
 
 ROOT = Path(__file__).resolve().parent.parent
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24, and a rich Console created while
+# COLUMNS is set keeps that width for good: envbuild's, made when a test first imports the CLI,
+# would then ignore the COLUMNS a test hands `envbuild matrix --wide` (run_here's env), as it
+# never does in a process of its own. Unset, its width is read at each print, as in a terminal.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 FIXTURE_MATRIX = ROOT / "tests" / "fixtures" / "matrix"
 MATRIX_COMMANDS = {"render", "build", "matrix", "gpus", "extend", "extensions"}  # the commands that resolve stacks
 # tests/ holds no test file of its own: each lies in the folder of its kind, and a file holds

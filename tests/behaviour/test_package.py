@@ -59,7 +59,7 @@ def test_readme_quick_start_is_two_commands_and_ci_runs_the_test_one():
     assert len(blocks) == 2, blocks
     assert "envbuild render --gpu h20" in blocks[0]
     quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    assert '\n```\npython3 -m pytest -m "not docker" -q -p no:cacheprovider\n```\n' in quick  # the fast tests, verbatim
+    assert '\n```\npython3 -m pytest -m "not docker" -q -p no:cacheprovider -n auto\n```\n' in quick  # verbatim
     test_cmd = blocks[1].strip()
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_cmd in ci, f".ci/run must call the README's test command: {test_cmd}"

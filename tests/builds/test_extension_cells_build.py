@@ -7,7 +7,7 @@ extension present and fitting). The numerics checks against torch need a GPU nod
 Cells (what each costs on 2 cores is in docs/testing.md, with the date it last ran):
 - fa4: FlashAttention 4, PyPI's pure-Python wheel and its locked CuTe DSL closure, by hash;
 - te: Transformer Engine's cu13 core wheel and its torch binding compiled from the sdist;
-- mamba: mamba-ssm's selective scan compiled for sm_90, beside causal-conv1d.
+- mamba: mamba-ssm's selective scan compiled for sm_90, beside causal-conv1d (17 min cold here).
 xformers is not a cell: its PyPI wheel is CUDA 12 (torch >= 2.10), the CI stack is CUDA 13 (there it is
 a source build of hundreds of kernels), and no CUDA 12 stack builds on this machine: those stacks'
 base is NVIDIA's devel image, which it cannot pull, and the PyPI toolchain is CUDA 13 only (rule

@@ -130,6 +130,22 @@ def assert_holds_as_data(out: Path, baseline: dict[str, str], same_layout: bool 
     for text in shell_texts(files):
         assert subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True).returncode == 0, text[:500]
 
+def refused_or_data_with(matrix_dir: Path, file_name: str, document: dict, path: tuple, value: str,
+                         request: list[str], baseline: dict[str, str]) -> None:
+    """`document` with `value` at `path`, written as the matrix's `file_name`, then rendered:
+    refused naming the file and writing nothing, or rendered with the value as data."""
+    _set(document, path, value)
+    (matrix_dir / file_name).write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=False))
+    out = matrix_dir.parent / "o"
+    r = envbuild("render", *request, "--matrix-dir", str(matrix_dir), "-o", str(out))
+    assert r.code in (0, 2), (r.code, r.err[-3000:])
+    if r.code == 2:
+        refused(r)
+        assert file_name in r.message and not out.exists(), (path, r.message)
+        return
+    assert_holds_as_data(out, baseline)
+
+
 
 def _leaves(data, path=()):
     """(path, value) of every string in a YAML document: the matrix fields a lab can set."""

@@ -5,7 +5,7 @@ every model derives from (no unknown key, frozen, every string one line)."""
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -124,6 +124,20 @@ def _env_pairs(v: dict[str, str]) -> dict[str, str]:
     for name, value in v.items():
         _env_name(name)
         grammar.env_value(value, name)
+    return v
+
+
+def _git_commit(v: Optional[str]) -> Optional[str]:
+    """A commit a source archive is of (the fabrics' sources, an extension's GitHub archives)."""
+    if v is not None and not re.match(r"^[0-9a-f]{40}\Z", v):
+        raise ValueError(f"expected a 40-hex-digit git commit, got {v!r}")
+    return v
+
+
+def _source_word(v: str) -> str:
+    """A source's name or version: one word, as scripts/fabric-sources.sh lists it between spaces."""
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z", v):
+        raise ValueError(f"expected letters, digits and ._+- like 'libfabric' or 'v2.8.3.post1', got {v!r}")
     return v
 
 

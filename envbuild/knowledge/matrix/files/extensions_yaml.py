@@ -7,7 +7,8 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import field_validator, model_validator
 
-from envbuild.knowledge.matrix.fields import _cc, _env_name, _env_pairs, _sha256_hex, _specifier, _Strict, _version
+from envbuild.knowledge.matrix.fields import (_cc, _env_name, _env_pairs, _git_commit, _sha256_hex, _source_word, _specifier,
+                                             _Strict, _version)
 
 _OP_LIBRARY = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*\.so")
 _PYPI_FILE = re.compile(r"https://files\.pythonhosted\.org/packages/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{60}/[A-Za-z0-9_.+-]+")
@@ -72,20 +73,8 @@ class SourceArchive(_Strict):
     _sha = field_validator("tar_sha256")(lambda v: v if v is None else _sha256_hex(v))
     _n = field_validator("name")(lambda v: _word(v))
 
-    @field_validator("version")
-    @classmethod
-    def _tag(cls, v: str) -> str:
-        """A tag or `git describe`: one word (fabric-sources.sh lists it between spaces)."""
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", v):
-            raise ValueError(f"expected letters, digits and ._+- like 'v2.8.3.post1', got {v!r}")
-        return v
-
-    @field_validator("commit")
-    @classmethod
-    def _commit(cls, v: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]{40}", v):
-            raise ValueError(f"expected a 40-hex-digit git commit, got {v!r}")
-        return v
+    _v = field_validator("version")(lambda v: _source_word(v))  # one word: fabric-sources.sh lists it between spaces
+    _c = field_validator("commit")(lambda v: _git_commit(v))
 
     @field_validator("path")
     @classmethod

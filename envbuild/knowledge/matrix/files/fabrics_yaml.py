@@ -8,7 +8,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from envbuild.base import grammar
-from envbuild.knowledge.matrix.fields import _env_pairs, _sha256_hex, _specifier, _Strict
+from envbuild.knowledge.matrix.fields import _env_pairs, _git_commit, _sha256_hex, _source_word, _specifier, _Strict
 from envbuild.knowledge.matrix.files.gpus_yaml import CONDITION_NAME, DeviceCondition, EnvDefault, _condition_name
 
 
@@ -114,19 +114,8 @@ class FabricSource(_Strict):
     _o = field_validator("options")(lambda v: [_option(x) for x in v])
     _r = field_validator("version_file", "config_header")(lambda v: v if v is None else _relative(v))
 
-    @field_validator("name", "version")
-    @classmethod
-    def _word(cls, v: str) -> str:
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z", v):
-            raise ValueError(f"expected letters, digits and ._+- like 'libfabric' or 'v2.6.0', got {v!r}")
-        return v
-
-    @field_validator("commit")
-    @classmethod
-    def _commit(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[0-9a-f]{40}\Z", v):
-            raise ValueError(f"expected a 40-hex-digit git commit, got {v!r}")
-        return v
+    _w = field_validator("name", "version")(lambda v: _source_word(v))
+    _c = field_validator("commit")(lambda v: _git_commit(v))
 
 
 class FabricLink(_Strict):

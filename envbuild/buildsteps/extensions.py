@@ -242,11 +242,16 @@ def source_tree(entry: dict, cache: Path, env: dict) -> Path:
             return tops[0] / (entry.get("subdirectory") or "")
     shutil.rmtree(partial, ignore_errors=True)  # a cut-off unpack: only envbuild writes here
     partial.mkdir(parents=True)
-    if entry.get("archives"):
-        tree = archives_tree(entry, partial, os.environ.get("ENVBUILD_SOURCE_MIRROR", "")) / (entry.get("subdirectory") or "")
-        apply_patches(tree, entry.get("patches", []), entry["name"])
-        stamp.write_text(source_id(entry) + "\n")
-        return tree
+    top = (archives_tree(entry, partial, os.environ.get("ENVBUILD_SOURCE_MIRROR", "")) if entry.get("archives")
+           else sdist_tree(entry, partial, env))
+    tree = top / (entry.get("subdirectory") or "")
+    apply_patches(tree, entry.get("patches", []), entry["name"])
+    stamp.write_text(source_id(entry) + "\n")
+    return tree
+
+
+def sdist_tree(entry: dict, partial: Path, env: dict) -> Path:
+    """PyPI's sdist, downloaded by pip with its sha256 required, unpacked into partial/src."""
     sdist = entry["sdist"]
     download = partial / "sdist"
     req = partial / "sdist.txt"
@@ -256,11 +261,9 @@ def source_tree(entry: dict, cache: Path, env: dict) -> Path:
         "-r", str(req), "-d", str(download), env=env)  # its metadata step runs setup.py: CUDA_HOME
     if not (download / sdist["filename"]).is_file():
         fail(f"{entry['name']}: pip did not download {sdist['filename']}")
-    tree = unpack(download / sdist["filename"], partial / "src") / (entry.get("subdirectory") or "")
-    apply_patches(tree, entry.get("patches", []), entry["name"])
+    top = unpack(download / sdist["filename"], partial / "src")
     shutil.rmtree(download)
-    stamp.write_text(source_id(entry) + "\n")
-    return tree
+    return top
 
 
 def finished_objects(tree: Path) -> dict[str, tuple[int, int, int]]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import secrets
-import subprocess
 import time
 
 import pytest
@@ -30,6 +28,7 @@ import pytest
 import conftest
 from conftest import ci_stack_id, remove_images, run_build, unique
 from envbuild.render.kube import KubeJob, manifest_documents
+from test_multinode_docker import Cluster
 
 REPO = unique("envbuild-kube")
 OPS = "cpu_adam,fused_adam"
@@ -78,41 +77,14 @@ def docker_run_args(container: dict, pod: dict, index: int, name: str, aliases: 
     return ["run", "-d", *flags, image, *(expand(w, env) for w in container["args"])]
 
 
-class Pods:
-    """The containers of one run on one network; everything it made goes in `close`."""
-
-    def __init__(self):
-        self.network = f"envbuild-kube-{secrets.token_hex(3)}"
-        self.names: list[str] = []
-        docker("network", "create", "--driver", "bridge", self.network)
-
-    def start(self, args: list[str]) -> str:
-        self.names.append(args[args.index("--name") + 1])
-        docker(*args)
-        return self.names[-1]
-
-    def wait(self, name: str, limit: float = RUN_LIMIT) -> tuple[int, str]:
-        try:
-            code = int(docker("wait", name, timeout=limit).stdout.strip())
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still runs after {limit:g}s (a hang): "
-                                 f"{docker('logs', name, check=False).stdout[-2000:]}") from None
-        logs = docker("logs", name, check=False)
-        return code, logs.stdout + logs.stderr
-
-    def close(self) -> None:
-        if self.names:
-            docker("rm", "-f", *self.names, check=False)
-        docker("network", "rm", self.network, check=False)
-
-
 @pytest.fixture
 def pods():
-    p = Pods()
+    """The pods' containers on one bridge network (the multi-node test's Cluster)."""
+    c = Cluster()
     try:
-        yield p
+        yield c
     finally:
-        p.close()
+        c.close()
 
 
 def test_two_pods_of_an_indexed_job_meet_at_rank_0s_full_name(ci_image, pods):
@@ -126,15 +98,15 @@ def test_two_pods_of_an_indexed_job_meet_at_rank_0s_full_name(ci_image, pods):
     tag = pods.network[-6:]
     # each pod's first step, before its other containers; the pods' init containers run at once,
     # as each node's kubelet starts its own
-    inits = [pods.start(docker_run_args(init, pod, i, f"kt-init-{i}-{tag}", [], pods.network, ci_image))
+    inits = [pods.run(docker_run_args(init, pod, i, f"kt-init-{i}-{tag}", [], pods.network, ci_image))
              for i in range(2)]
-    for code, logs in [pods.wait(name) for name in inits]:
-        assert code == 0 and "transport" in logs, logs[-3000:]
+    for run in pods.wait(inits, RUN_LIMIT).values():
+        assert run["rc"] == 0 and "transport" in run["out"] + run["err"], (run["out"] + run["err"])[-3000:]
     names = []
     for i in range(2):
         aliases = [f"kt-{i}.kt", f"kt-{i}.kt.ns.svc.cluster.local"]  # the headless Service's records
-        names.append(pods.start(docker_run_args(node, pod, i, f"kt-{i}-{tag}", aliases, pods.network, ci_image)))
-    done = [pods.wait(n) for n in names]
+        names.append(pods.run(docker_run_args(node, pod, i, f"kt-{i}-{tag}", aliases, pods.network, ci_image)))
+    done = [(run["rc"], run["out"] + run["err"]) for run in pods.wait(names, RUN_LIMIT).values()]
     assert [c for c, _ in done] == [0, 0], [logs[-3000:] for _, logs in done]
     [report] = [json.loads(line) for line in done[0][1].splitlines() if line.startswith("{") and '"checks"' in line]
     assert report["ok"] and report["world"]["world_size"] == 4 and report["world"]["backend"] == "gloo"

@@ -77,10 +77,15 @@ class Cluster:
 
     def start(self, node: str, image: str, command: list[str], env: dict | None = None) -> str:
         name = f"{self.prefix}-{node}"
-        self.names.append(name)
         flags = [f for key, value in (env or {}).items() for f in ("-e", f"{key}={value}")]
-        docker("run", "-d", "--name", name, "--hostname", name, "--network", self.network, *flags, image, *command)
-        return name
+        return self.run(["run", "-d", "--name", name, "--hostname", name, "--network", self.network, *flags, image,
+                         *command])
+
+    def run(self, args: list[str]) -> str:
+        """`docker run -d ARGS` (its --name among them), removed in `close`: the container's name."""
+        self.names.append(args[args.index("--name") + 1])
+        docker(*args)
+        return self.names[-1]
 
     def address(self, name: str) -> str:
         return docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name).stdout.strip()

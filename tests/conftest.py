@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-import yaml
 from hypothesis import settings as hypothesis_settings
 
 # The property tests: the same examples every run of the fast suite (a property that found a bug
@@ -416,7 +415,24 @@ def redis_server(where: Path, password: Optional[str] = None):
         proc.wait(timeout=10)
 
 
+def build_step(name: str):
+    """A build-stage script of envbuild/buildsteps (stdlib only, run in the builder, so not a
+    package pytest imports) as a fresh module; its folder on sys.path, as the scripts import
+    each other (extensions.py imports sass_audit)."""
+    import importlib.util
+
+    if str(ROOT / "envbuild" / "buildsteps") not in sys.path:
+        sys.path.insert(0, str(ROOT / "envbuild" / "buildsteps"))
+    spec = importlib.util.spec_from_file_location(f"envbuild_step_{name.removesuffix('.py')}",
+                                                  ROOT / "envbuild" / "buildsteps" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_yaml(text: str):
-    """YAML as a test reads a file this checkout ships (the catalogues are hundreds of KB): with
-    libyaml where PyYAML has it, the same safe constructor, about ten times faster."""
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506  (a safe loader)
+    """YAML as a test reads a file this checkout ships (the catalogues are hundreds of KB): the
+    project's own parser, libyaml within its bounds."""
+    from envbuild.base.files import parse_yaml
+
+    return parse_yaml(text, "a file this checkout ships")

@@ -198,15 +198,9 @@ def test_ext_audit_refuses_only_an_extension_with_device_code_to_audit(matrix):
 def test_the_build_step_looks_for_cuobjdump_only_where_there_is_device_code(monkeypatch, tmp_path):
     """What rule ext-audit lets through builds: a spec whose extensions have no device code of
     their own does not fail for want of cuobjdump; one with device code still does."""
-    import importlib.util
-    import sys
+    from conftest import build_step
 
-    from conftest import ROOT
-
-    sys.path.insert(0, str(ROOT / "envbuild" / "buildsteps"))
-    spec_ = importlib.util.spec_from_file_location("envbuild_extensions_step_audit", ROOT / "envbuild" / "buildsteps" / "extensions.py")
-    step = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(step)
+    step = build_step("extensions.py")
     asked = []
     monkeypatch.setattr(step.sass_audit, "find_cuobjdump", lambda home: asked.append("required") or "/x/cuobjdump")
     monkeypatch.setattr(step.sass_audit, "which_cuobjdump", lambda home: asked.append("optional") or "")

@@ -10,8 +10,7 @@ import subprocess
 import sys
 import time
 
-from test_extensions import _step
-
+from conftest import build_step
 
 NINJA_FILE = """rule compile
   command = sh -c 'echo partial > $out; if [ -e $in.hang ]; then sleep 60; fi; echo done >> $out'
@@ -26,7 +25,7 @@ def test_ninja_compiles_again_only_what_a_kill_cut_off(tmp_path):
     """The premise of resuming, on the real ninja: an object whose command was killed half-way
     (its file written, not finished) is compiled again; finished ones are not. torch's
     BuildExtension compiles every extension through ninja."""
-    step = _step()
+    step = build_step("extensions.py")
     build = tmp_path / "tree" / "build" / "temp.linux-x86_64-cpython-311"
     build.mkdir(parents=True)
     (build / "build.ninja").write_text(NINJA_FILE)

@@ -259,11 +259,10 @@ def test_os_drop_purges_only_the_installed_matches(tmp_path, status, purged):
 def test_the_build_stage_scripts_examples_hold(name):
     """Their doctests, which pytest does not collect (the package holds scripts that run at import)."""
     import doctest
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), buildsteps.path(name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from conftest import build_step
+
+    module = build_step(name)
     assert doctest.testmod(module).attempted > 0 and doctest.testmod(module).failed == 0
 
 

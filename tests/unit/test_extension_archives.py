@@ -11,7 +11,6 @@ import functools
 import gzip
 import hashlib
 import http.server
-import importlib.util
 import io
 import json
 import os
@@ -24,22 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURE_MATRIX, ROOT, run_here
+from conftest import FIXTURE_MATRIX, ROOT, build_step, run_here
 from envbuild.base.errors import EnvbuildError
 from envbuild.resolve.resolver import Request, resolve
 
 FA_COMMIT = "a8aa52b1ab3e9ca574c8a33b3f35afc017ffa2e2"
 CUTLASS_COMMIT = "dc4817921edda44a549197ff3a9dcf5df0636e7b"
 UNPINNED_CUTLASS = "        path: csrc/cutlass\n"  # the cutlass archive's line after where its pin goes
-
-
-def _step():
-    """envbuild/buildsteps/extensions.py as the builder runs it (a stdlib-only script)."""
-    spec = importlib.util.spec_from_file_location("envbuild_extensions_step_archives",
-                                                  ROOT / "envbuild" / "buildsteps" / "extensions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tar_stream(top: str, files: dict[str, bytes], dirs=()) -> bytes:
@@ -248,7 +238,7 @@ def test_the_build_fetches_each_archive_by_its_pin_and_places_the_submodule(tmp_
     to build is hopper/, kept for a resumed compile (a second build downloads nothing)."""
     _, base, requested = mirror
     monkeypatch.setenv("ENVBUILD_SOURCE_MIRROR", base)
-    step = _step()
+    step = build_step("extensions.py")
     entry = fa3_entry(hashlib.sha256(FA_TAR).hexdigest(), hashlib.sha256(CUTLASS_TAR).hexdigest())
     tree = step.source_tree(entry, tmp_path / "cache", {})
     assert tree.name == "hopper" and (tree / "setup.py").read_bytes() == b"# FA3\n"
@@ -267,7 +257,7 @@ def test_a_changed_tar_stream_stops_the_build_naming_both_hashes(tmp_path, mirro
     (root / "NVIDIA/cutlass/archive" / f"{CUTLASS_COMMIT}.tar.gz").write_bytes(gzip.compress(changed, mtime=0))
     entry = fa3_entry(hashlib.sha256(FA_TAR).hexdigest(), hashlib.sha256(CUTLASS_TAR).hexdigest())
     with pytest.raises(SystemExit):
-        _step().source_tree(entry, tmp_path / "cache", {})
+        build_step("extensions.py").source_tree(entry, tmp_path / "cache", {})
     said = capsys.readouterr().err
     assert (f"cutlass v3.9.2-18-gdc48179 from {base}/NVIDIA/cutlass/archive/{CUTLASS_COMMIT}.tar.gz: the tar's sha256 is "
             f"{hashlib.sha256(changed).hexdigest()}, the pin is {hashlib.sha256(CUTLASS_TAR).hexdigest()}") in said, said
@@ -280,11 +270,11 @@ def test_an_archive_that_is_not_gzip_or_not_there_stops_the_build(tmp_path, mirr
     (root / "Dao-AILab/flash-attention/archive" / f"{FA_COMMIT}.tar.gz").write_bytes(FA_TAR)  # not compressed
     entry = fa3_entry(hashlib.sha256(FA_TAR).hexdigest(), hashlib.sha256(CUTLASS_TAR).hexdigest())
     with pytest.raises(SystemExit):
-        _step().source_tree(entry, tmp_path / "cache", {})
+        build_step("extensions.py").source_tree(entry, tmp_path / "cache", {})
     assert "is not a gzip-compressed tar" in capsys.readouterr().err
     (root / "Dao-AILab/flash-attention/archive" / f"{FA_COMMIT}.tar.gz").unlink()
     with pytest.raises(SystemExit):
-        _step().source_tree(entry, tmp_path / "cache2", {})
+        build_step("extensions.py").source_tree(entry, tmp_path / "cache2", {})
     assert f"could not download flash-attention v2.8.3.post1 from {base}/Dao-AILab" in capsys.readouterr().err
 
 
@@ -297,7 +287,7 @@ def test_a_submodule_path_holding_files_is_not_overwritten(tmp_path, mirror, mon
                        dirs=("hopper", "csrc", "csrc/cutlass"))
     (root / "Dao-AILab/flash-attention/archive" / f"{FA_COMMIT}.tar.gz").write_bytes(gzip.compress(other, mtime=0))
     with pytest.raises(SystemExit):
-        _step().source_tree(fa3_entry(hashlib.sha256(other).hexdigest(), hashlib.sha256(CUTLASS_TAR).hexdigest()),
+        build_step("extensions.py").source_tree(fa3_entry(hashlib.sha256(other).hexdigest(), hashlib.sha256(CUTLASS_TAR).hexdigest()),
                             tmp_path / "cache", {})
     assert "csrc/cutlass in flash-attention's archive is not the empty directory of a submodule" in capsys.readouterr().err
 
@@ -306,7 +296,7 @@ def test_setup_pys_git_submodule_call_meets_a_stand_in_where_the_builder_has_no_
     """hopper/setup.py line 389 runs `git submodule update --init ../csrc/cutlass` unconditionally:
     without git it would die on FileNotFoundError; the stand-in answers as git outside a
     repository does (exit 128) and fetches nothing. Where git exists, PATH is left alone."""
-    step = _step()
+    step = build_step("extensions.py")
     bare = tmp_path / "bin"
     bare.mkdir()
     env = {"PATH": str(bare)}

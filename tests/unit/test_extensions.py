@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, run_here
+from conftest import ROOT, build_step, run_here
 from envbuild.base.errors import EnvbuildError
 from envbuild.resolve.extend import split_cuda_extensions
 from envbuild.image import checks
@@ -227,16 +227,6 @@ def test_the_cache_key_follows_what_determines_the_wheel(matrix):
 UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
 
 
-def _step():
-    """The build step extensions.py (stdlib only, run in the builder), as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("envbuild_extensions_step", BUILD_PYTHON / "extensions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_each_source_patch_matches_its_real_upstream_file_exactly_once(production_matrix):
     """A patch is checked against the real file of the sdist it names (saved verbatim, with its
     URL and sha256): the build would otherwise fail on it, or compile the source unpatched."""
@@ -254,7 +244,7 @@ def test_each_source_patch_matches_its_real_upstream_file_exactly_once(productio
 def test_mamba_ssm_on_torch_2_13_compiles_its_two_cxx17_flags_as_cxx20_and_leaves_rocms_alone(production_matrix, tmp_path):
     """mamba-ssm 2.3.2.post1 passes -std=c++17 to g++ and nvcc (setup.py lines 226, 230) and to
     its ROCm branch (213, 216): the patch changes the CUDA two, in the real file."""
-    step = _step()
+    step = build_step("extensions.py")
     setup = (UPSTREAM / "mamba_ssm-2.3.2.post1.tar.gz" / "setup.py").read_text()
     lines = setup.splitlines()
     assert [i + 1 for i, ln in enumerate(lines) if "c++17" in ln] == [213, 216, 226, 230]
@@ -269,7 +259,7 @@ def test_mamba_ssm_on_torch_2_13_compiles_its_two_cxx17_flags_as_cxx20_and_leave
 def test_the_build_finds_each_header_in_pips_nvidia_wheels_or_fails_naming_it(tmp_path, capsys):
     """Transformer Engine's binding includes cudnn.h and nccl.h, which NVIDIA's devel images do
     not have: the build step puts the directory of pip's nvidia-* wheel that holds each on CPATH."""
-    step = _step()
+    step = build_step("extensions.py")
     site, cuda = tmp_path / "site", tmp_path / "cuda"
     for d, h in (("nvidia/cudnn/include", "cudnn.h"), ("nvidia/nccl/include", "nccl.h"), ("nvidia/cu13/include", "x.h")):
         (site / d).mkdir(parents=True)
@@ -307,7 +297,7 @@ def _sdist(tmp_path, setup_text: str, extra=None):
 
 
 def test_the_build_step_unpacks_the_sdist_and_applies_each_patch(production_matrix, tmp_path):
-    step = _step()
+    step = build_step("extensions.py")
     setup = (UPSTREAM / "flash_attn-2.8.3.post2.tar.gz" / "setup.py").read_text()
     tree = step.unpack(_sdist(tmp_path, setup), tmp_path / "src")
     step.apply_patches(tree, _spec(production_matrix, "h100", stack="torch2.15-cu132-py3.11-pypi")["patches"],
@@ -317,7 +307,7 @@ def test_the_build_step_unpacks_the_sdist_and_applies_each_patch(production_matr
 
 
 def test_a_patch_that_does_not_match_fails_the_build_naming_it(tmp_path, capsys):
-    step = _step()
+    step = build_step("extensions.py")
     tree = step.unpack(_sdist(tmp_path, "flags = ['-std=c++17']\n"), tmp_path / "src")
     with pytest.raises(SystemExit) as exit_:
         step.apply_patches(tree, [{"file": "setup.py", "old": '"-std=c++17"', "new": '"-std=c++20"',
@@ -328,7 +318,7 @@ def test_a_patch_that_does_not_match_fails_the_build_naming_it(tmp_path, capsys)
 
 
 def test_an_sdist_member_outside_its_directory_is_refused(tmp_path):
-    step = _step()
+    step = build_step("extensions.py")
     with pytest.raises(SystemExit):
         step.unpack(_sdist(tmp_path, "x = 1\n", {"../evil.py": "boom\n"}), tmp_path / "src")
     assert not (tmp_path / "evil.py").exists()
@@ -346,7 +336,7 @@ def _entry(archive):
 def offline_step(tmp_path, monkeypatch):
     """The build step with `pip download` answered from a local sdist (no index here); the
     calls are counted."""
-    step = _step()
+    step = build_step("extensions.py")
     archive = _sdist(tmp_path, "x = 1\n")
     calls = []
 
@@ -384,7 +374,7 @@ def test_an_unpack_that_was_cut_off_is_made_again(offline_step, tmp_path):
 
 
 def test_each_attempt_leaves_its_time_and_the_one_that_finishes_counts_them_all(tmp_path):
-    step = _step()
+    step = build_step("extensions.py")
     tree = tmp_path / "partial" / "src" / "pkg-1.0"
     tree.mkdir(parents=True)
     (tmp_path / "partial" / "attempts.json").write_text(
@@ -400,7 +390,7 @@ def test_each_attempt_leaves_its_time_and_the_one_that_finishes_counts_them_all(
 
 
 def test_a_compile_never_resumed_is_removed_after_its_days_and_nothing_else(tmp_path):
-    step = _step()
+    step = build_step("extensions.py")
     old, fresh = (tmp_path / "pkg" / key / step.PARTIAL for key in ("old", "fresh"))
     for partial in (old, fresh):
         partial.mkdir(parents=True)
@@ -636,7 +626,7 @@ def test_the_extensions_listing_shows_each_patch_with_its_source(cli):
 def test_the_build_installs_an_extensions_own_lock_by_hash_before_it_and_records_its_pins(tmp_path, monkeypatch):
     """FA4's closure (matrices/locks/ext) goes in with --require-hashes --no-deps; its blocks join
     the image's extension lock, so the smoke test's `lock` check expects those packages."""
-    step = _step()
+    step = build_step("extensions.py")
     calls = []
     monkeypatch.setattr(step, "pip", lambda *args, env=None: calls.append((args, (tmp_path / "requires-lock.txt").read_text())))
     block = "quack-kernels==0.6.5 \\\n    --hash=sha256:" + "a" * 64 + "\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_here
+from conftest import ROOT, build_step, run_here
 from envbuild.base.errors import EnvbuildError
 from envbuild.plan.components import extensions as ext_plan
 from envbuild.resolve.resolver import Request, resolve
@@ -198,19 +198,8 @@ def test_every_wheel_and_sdist_of_the_catalogue_is_a_distinct_pypi_file(producti
 # ---------------------------------------------------------------- the build step's wheel path
 
 
-def _step():
-    """The build step extensions.py (stdlib only, run in the builder), as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("envbuild_extensions_step_42",
-                                                  ROOT / "envbuild" / "buildsteps" / "extensions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_fa3_is_downloaded_as_the_flash_attn_sdist_it_is_built_from():
-    step = _step()
+    step = build_step("extensions.py")
     assert step.sdist_project("flash_attn-2.8.3.post2.tar.gz") == ("flash_attn", "2.8.3.post2")
     assert step.sdist_project("transformer_engine_torch-2.20.2.tar.gz") == ("transformer_engine_torch", "2.20.2")
 
@@ -223,7 +212,7 @@ def _wheel_entry(data: bytes) -> dict:
 
 
 def test_a_pypi_wheel_is_fetched_with_its_hash_required_and_refused_when_it_differs(tmp_path, monkeypatch):
-    step, calls = _step(), []
+    step, calls = build_step("extensions.py"), []
 
     def pip(*args, env=None):
         calls.append(args)
@@ -243,7 +232,7 @@ def test_the_build_refuses_pypis_cu12_xformers_library_in_a_cuda_13_image(tmp_pa
                                                                         recorded_cuobjdump):
     """The same audit a compiled wheel passes: the real library's SASS fits sm_90, and its
     libcudart.so.12 does not fit CUDA 13: the build fails naming it."""
-    step = _step()
+    step = build_step("extensions.py")
     monkeypatch.setattr(step, "shared_libraries", lambda name: [XFORMERS / "_C.dynamic.so"])
     monkeypatch.setattr(step.importlib.util, "find_spec", lambda name: None)  # no torch here: CUDA only
     with pytest.raises(SystemExit):

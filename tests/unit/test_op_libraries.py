@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, build_step
 from envbuild.base.errors import EnvbuildError
 from envbuild.image import children
 from envbuild.knowledge.matrix import load_matrix
@@ -48,14 +48,6 @@ ops = _Ops()
 # what a TORCH_LIBRARY block compiles to: a static initializer that registers, no PyInit_*
 OP_LIBRARY_C = "static int registered;\n__attribute__((constructor)) static void add(void) { registered = 1; }\n" \
                "int fakeop_registered(void) { return registered; }\n"
-
-
-def _step():
-    """The build step extensions.py (stdlib only, run in the builder), as a module."""
-    spec = importlib.util.spec_from_file_location("envbuild_extensions_step_oplib", BUILD_PYTHON / "extensions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _gcc(source: str, out: Path, *flags: str) -> None:
@@ -112,7 +104,7 @@ def _entry(**changes) -> dict:
 def test_an_op_library_fails_an_import_and_the_build_loads_it_with_torch_ops_load_library(site, capsys):
     """The catalogue's old xformers entry (`modules: [xformers._C]`) made the build import the op
     library: it fails with no PyInit__C although the library loads; `op_libraries` loads it."""
-    step = _step()
+    step = build_step("extensions.py")
     assert "PyInit" not in " ".join(sass_audit.elf_dynamic(site / "fakeop" / "_C.so")[2])
     with pytest.raises(SystemExit):
         step.check_imports(_entry(modules=["fakeop._C"], op_libraries=[]))
@@ -126,7 +118,7 @@ def test_an_op_library_fails_an_import_and_the_build_loads_it_with_torch_ops_loa
 
 
 def test_an_op_library_that_does_not_load_fails_the_build_naming_it_and_the_loaders_error(site, capsys):
-    step = _step()
+    step = build_step("extensions.py")
     with pytest.raises(SystemExit):
         step.check_imports(_entry(op_libraries=["fakeop/_broken.so"]))
     err = capsys.readouterr().err
@@ -135,7 +127,7 @@ def test_an_op_library_that_does_not_load_fails_the_build_naming_it_and_the_load
 
 
 def test_a_catalogue_entry_naming_a_missing_op_library_fails_the_build_naming_it(site, capsys):
-    step = _step()
+    step = build_step("extensions.py")
     with pytest.raises(SystemExit):
         step.check_imports(_entry(op_libraries=["fakeop/_D.so"]))
     err = capsys.readouterr().err

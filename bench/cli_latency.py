@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import checkout
+
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {"--help": ["--help"], "render --gpu h20": ["render", "--gpu", "h20", "-o", "{out}"],
             "gpus --json": ["gpus", "--json"]}
@@ -40,19 +42,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-") as tmp:
-        base = Path(tmp) / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), opts.baseline], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
+        with checkout(opts.baseline, Path(tmp) / "baseline") as base:
             times: dict[tuple[str, str], list[float]] = {}
             for i in range(opts.runs):
                 for name, args in COMMANDS.items():
-                    for label, checkout in (("baseline", base), ("this", ROOT)):
+                    for label, tree in (("baseline", base), ("this", ROOT)):
                         out = Path(tmp) / f"{label}-{i}"
                         out.mkdir(exist_ok=True)
-                        times.setdefault((name, label), []).append(_time(checkout, args, out / "build"))
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
+                        times.setdefault((name, label), []).append(_time(tree, args, out / "build"))
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"{opts.runs} runs each, interleaved; baseline {opts.baseline}")
     print(f"{'command':<20} {'baseline s':>11} {'this s':>8} {'ratio':>6}")

@@ -3,6 +3,7 @@ a table. Benchmarks measure; they assert nothing (tests do)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import subprocess
@@ -79,3 +80,14 @@ def table(title: str, headers: list[str], rows: list[list]) -> str:
                       *map(line, rows)])
     print(text + "\n", flush=True)
     return text
+
+
+@contextlib.contextmanager
+def checkout(rev: str, where: Path):
+    """Commit `rev` of this repository checked out at `where` (a detached git worktree), the
+    baseline a benchmark runs beside this checkout; removed afterwards."""
+    subprocess.run(["git", "worktree", "add", "--detach", str(where), rev], cwd=ROOT, check=True, capture_output=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, capture_output=True)

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, table
+from common import checkout, machine, table
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = "tests/fixtures/logs/areal-639-socket-bond.log"  # a public issue's log (its URL: tests/fixtures/logs/INDEX.yaml)
@@ -46,18 +46,13 @@ def main() -> None:
     opts = parser.parse_args()
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-") as tmp:
-        base = Path(tmp) / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), opts.baseline], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
+        with checkout(opts.baseline, Path(tmp) / "baseline") as base:
             for i in range(opts.runs):
                 for name, args in COMMANDS.items():
-                    for label, checkout in (("baseline", base), ("this", ROOT)):
+                    for label, tree in (("baseline", base), ("this", ROOT)):
                         out = Path(tmp) / f"{label}-{i}"
                         out.mkdir(exist_ok=True)
-                        times.setdefault((name, label), []).append(_time(checkout, args, out))
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=True)
+                        times.setdefault((name, label), []).append(_time(tree, args, out))
     print(f"{machine()}; {opts.runs} runs each, interleaved; baseline {opts.baseline}")
     rows = []
     for name in COMMANDS:

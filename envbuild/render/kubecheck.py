@@ -14,7 +14,9 @@ mistake that leaves a multi-node job slow or hung without an error:
   path; the full name (``pod.service.ns.svc.cluster.local``) or an IP resolves anywhere.
 
 The file is a user's: a regular file, size-bounded, parsed by :mod:`envbuild.base.untrusted`
-(a stream of documents); its strings are only compared, never written anywhere.
+(a stream of documents); its strings are only compared, never written anywhere. A name or image
+the API server would refuse (a newline in a reference, a name that is no DNS-1123 name) is
+named by its field before any rule is judged.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from pathlib import Path
 
 from envbuild.base.errors import EnvbuildError
 from envbuild.base.files import read_bytes
+from envbuild.base import grammar
 from envbuild.base.grammar import escaped, shown
 from envbuild.base.untrusted import loads_yaml
 from envbuild.knowledge.matrix.loader import load_matrix
+from envbuild.oci.registry import reference_problems
 
 GPU = "nvidia.com/gpu"
 FABRIC_PREFIXES = ("rdma/",)  # the RDMA shared device plugin's and the SR-IOV plugin's usual pools
@@ -158,17 +162,48 @@ def _containers(spec: dict) -> list[dict]:
     return [_dict(c) for c in _list(spec.get("initContainers")) + _list(spec.get("containers"))]
 
 
+def _name_problems(doc: dict) -> list[str]:
+    """The document's metadata.name, where the API server would refuse it."""
+    name = _dict(doc.get("metadata")).get("name")
+    if isinstance(name, str):
+        try:
+            grammar.dns_subdomain(name)
+        except grammar.GrammarError as e:
+            return [f"metadata.name {shown(name)}: {e}"]
+    return []
+
+
+def _container_fields(spec: dict, where: str) -> list[str]:
+    """A pod template's container names and images the API server would refuse, each by its field."""
+    problems = []
+    for c in _containers(spec):
+        if isinstance(c.get("name"), str):
+            try:
+                grammar.dns_label(c["name"])
+            except grammar.GrammarError as e:
+                problems.append(f"{where}container name {shown(c['name'])}: {e}")
+        if isinstance(c.get("image"), str) and reference_problems(c["image"]):
+            problems.append(f"{where}container {shown(str(c.get('name', '?')))} image {shown(c['image'])}: "
+                            f"{'; '.join(reference_problems(c['image']))}")
+    return problems
+
+
 def manifest_problems(docs: list) -> list[str]:
     """Each mistake in `docs` (the documents of a manifest), named by document and container."""
     known, problems, pods = fabric_resources(), [], 0
     for index, doc in enumerate(docs):
         doc = _dict(doc)
-        for where, spec in _pod_specs(doc):
-            pods += 1
+        head = f"document {index + 1} ({escaped(str(doc.get('kind')))} {shown(str(_dict(doc.get('metadata')).get('name')))}) "
+        specs = _pod_specs(doc)
+        pods += len(specs)
+        fields = (_name_problems(doc) if specs else []) + [p for where, spec in specs for p in _container_fields(spec, where)]
+        if fields:  # a manifest the API server would refuse: its rules are not judged
+            problems += [f"{head}{p}" for p in fields]
+            continue
+        for where, spec in specs:
             containers = _containers(spec)
             pod_fabric = {n for c in containers for n in _resources(c) if _is_fabric(n, known)}
-            head = f"document {index + 1} ({escaped(str(doc.get('kind')))} {shown(str(_dict(doc.get('metadata')).get('name')))}) {where}"
-            problems += [f"{head}{p}" for c in containers for p in _container_problems(c, spec, pod_fabric, known)]
+            problems += [f"{head}{where}{p}" for c in containers for p in _container_problems(c, spec, pod_fabric, known)]
     if not pods:
         problems.append("it holds no pod template (no Job, JobSet, TrainingRuntime or Pod)")
     return problems

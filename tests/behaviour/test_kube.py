@@ -5,6 +5,7 @@ deliberately broken manifest of tests/fixtures/k8s-broken for its own reason."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from pathlib import Path
@@ -224,3 +225,23 @@ def test_check_refuses_a_dropped_fabric_resource_and_what_is_no_manifest(tmp_pat
     assert code == 2 and "--k8s needs the kind" in err
     code, _, err = run("--k8s", "pod", "--image", IMAGE)
     assert code == 2 and "--k8s 'pod': unknown; choose one of indexed, jobset, trainjob" in err
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("name", "train\njob", "metadata.name 'train\\njob': it holds the control character"),
+    ("image", "ghcr.io/acme/envbuild\n@sha256:" + "a" * 64, "image 'ghcr.io/acme/envbuild\\n@sha256:"),
+    ("container", "Node;id", "container name 'Node;id': it is not a DNS-1123 label"),
+])
+def test_check_names_a_name_or_image_the_api_server_would_refuse(field, value, said, tmp_path):
+    """Someone else's manifest with a newline in its name or image reference, or a container name
+    that is no DNS-1123 label: exit 2 naming the field and its value as data, before any rule."""
+    service, job = json.loads(json.dumps(manifest_documents(KubeJob("indexed", IMAGE, fabric="ib"))))  # no shared nodes
+    pod = job["spec"]["template"]["spec"]
+    if field == "name":
+        job["metadata"]["name"] = value
+    else:
+        pod["containers"][0]["image" if field == "image" else "name"] = value
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump_all([service, job]))
+    code, _, err = run("--check", str(tmp_path / "m.yaml"))
+    assert code == 2 and said in err and "\n" not in err, err
+    assert "resources split" not in err and "IPC_LOCK" not in err

@@ -18,35 +18,18 @@ the whole smoke test, about 100 s) one after the other; they now run at once, as
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import time
 
 import pytest
 
-import conftest
-from conftest import ci_stack_id, remove_images, run_build, unique
 from envbuild.render.kube import KubeJob, manifest_documents
-from test_multinode_docker import Cluster
+from test_multinode_docker import Cluster, ci_image  # noqa: F401  (the multi-node test's CI image fixture)
 
-REPO = unique("envbuild-kube")
-OPS = "cpu_adam,fused_adam"
 DIGEST_IMAGE = "127.0.0.1:5000/envbuild-kube@sha256:" + "d" * 64  # what the manifest names; the local image runs
 RUN_LIMIT = 180
 INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-
-docker = functools.partial(conftest.docker, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def ci_image(docker_engine, tmp_path_factory):
-    """The CI image (h20, the CI stack, CPU and fused Adam ops), as the multi-node test builds it."""
-    out = tmp_path_factory.mktemp("kube") / "h20"
-    r = run_build("--gpu", "h20", "--stack", ci_stack_id(), "--ds-ops", OPS, "--image-repo", REPO, "-o", str(out))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    yield f"{REPO}:{json.loads((out / 'manifest.json').read_text())['tag']}"
-    remove_images(REPO)
 
 
 def expand(word: str, env: dict[str, str]) -> str:
@@ -87,7 +70,7 @@ def pods():
         c.close()
 
 
-def test_two_pods_of_an_indexed_job_meet_at_rank_0s_full_name(ci_image, pods):
+def test_two_pods_of_an_indexed_job_meet_at_rank_0s_full_name(ci_image, pods):  # noqa: F811
     job = KubeJob("indexed", DIGEST_IMAGE, nodes=2, gpus_per_node=0, fabric="none", name="kt", namespace="ns",
                   train="/opt/envbuild/smoke.py --multinode --json --timeout 60 --size-mb 1")
     service, manifest = manifest_documents(job)
